@@ -1,0 +1,338 @@
+"""The `ckptfs` command.
+
+`mount` runs the daemon (in the foreground, or detached with `--daemon`);
+every other command talks to a running daemon through its control socket,
+found via the `user.ckptfs.control` xattr on the mount root. Every error a
+user can cause is one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import typer
+
+from gateway.config import ConfigError, fmt_bytes, load_config, parse_source
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="ckptfs: a write-back checkpoint gateway to S3.")
+
+CONTROL_XATTR = "user.ckptfs.control"
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> None:
+    typer.echo(f"ckptfs: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _one_line_errors(fn):  # type: ignore[no-untyped-def]
+    """Turn a CliError from a command into one line on stderr and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CliError as e:
+            fail(str(e), e.code)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+
+    return wrapper
+
+
+# ----------------------------------------------------------------- helpers
+def find_mount_root(path: str) -> Path:
+    p = Path(os.path.abspath(path))
+    try:
+        if not p.exists():
+            raise CliError(f"{path}: no such file or directory")
+    except OSError as e:
+        raise CliError(f"{path}: {e.strerror} (is the ckptfs daemon for it still running?)") from None
+    cur = p
+    while not os.path.ismount(cur):
+        if cur.parent == cur:
+            break
+        cur = cur.parent
+    try:
+        os.getxattr(cur, CONTROL_XATTR)
+    except OSError:
+        raise CliError(f"{path} is not inside a ckptfs mount") from None
+    return cur
+
+
+def control_socket(mount_root: Path) -> str:
+    try:
+        return os.getxattr(mount_root, CONTROL_XATTR).decode()
+    except OSError as e:
+        raise CliError(f"{mount_root} is not a ckptfs mount ({e.strerror})") from None
+
+
+def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0) -> Iterator[dict[str, Any]]:
+    """Send one request; yield each response line until the daemon closes the connection."""
+    path = control_socket(mount_root)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+    except OSError as e:
+        raise CliError(f"cannot reach the ckptfs daemon of {mount_root} at {path}: {e.strerror}") from None
+    with s:
+        s.sendall(json.dumps(obj).encode() + b"\n")
+        buf = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                raise CliError(f"the ckptfs daemon of {mount_root} did not answer in time") from None
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if not msg.get("ok"):
+                    raise CliError(msg.get("error", "the daemon refused the request"))
+                yield msg
+
+
+def get_status(mount_root: Path) -> dict[str, Any]:
+    for msg in request(mount_root, {"cmd": "status"}):
+        return msg["status"]
+    raise CliError("the daemon closed the connection without an answer")
+
+
+def parse_options(options: list[str]) -> dict[str, str]:
+    out = {}
+    for opt in options:
+        key, sep, value = opt.partition("=")
+        if not sep:
+            raise CliError(f"-o {opt!r} is not KEY=VALUE (for example -o part_size=128MiB)", EXIT_USAGE)
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+# ---------------------------------------------------------------- commands
+@app.command()
+def mount(
+    source: str = typer.Argument(..., help="s3://BUCKET[/PREFIX]"),
+    mountpoint: str = typer.Argument(..., help="Empty directory to mount on."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Local cache directory (journal + data)."),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint (MinIO, SeaweedFS, Ceph)."),
+    config: Optional[str] = typer.Option(None, "--config", help="TOML config file; flags override it."),
+    metrics_addr: Optional[str] = typer.Option(None, "--metrics-addr", help="HOST:PORT for Prometheus /metrics."),
+    daemon: bool = typer.Option(False, "--daemon", help="Detach; return once the mount is ready."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Any config option as KEY=VALUE (repeatable)."),
+    ready_fd: Optional[int] = typer.Option(None, "--ready-fd", hidden=True),
+) -> None:
+    """Mount a bucket. Foreground by default (for systemd); --daemon detaches."""
+    try:
+        bucket, prefix = parse_source(source)
+        overrides: dict[str, Any] = dict(parse_options(option))
+        overrides.update(bucket=bucket, prefix=prefix, mountpoint=mountpoint, cache_dir=cache_dir,
+                         endpoint_url=endpoint_url, metrics_addr=metrics_addr)
+        cfg = load_config(config, overrides=overrides)
+    except (ConfigError, CliError) as e:
+        fail(str(e), EXIT_USAGE)
+    if daemon:
+        detach([a for a in sys.argv[1:] if a != "--daemon"], cfg.cache_dir, cfg.mountpoint)
+        return
+    from gateway.daemon import run_daemon
+
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    raise typer.Exit(run_daemon(cfg, ready_fd))
+
+
+def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
+    """Start the foreground daemon as a detached child; wait until it says READY or ERROR."""
+    log_path = Path(cache_dir) / "ckptfs.log"
+    try:
+        log_file = open(log_path, "ab")
+    except OSError as e:
+        fail(f"cannot write the log {log_path}: {e.strerror} (is --cache-dir a writable directory?)")
+    r, w = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "cli", *argv, "--ready-fd", str(w)],
+        stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(w,), start_new_session=True,
+    )
+    os.close(w)
+    log_file.close()
+    with os.fdopen(r, "rb") as pipe:
+        line = pipe.readline().decode(errors="replace").strip()
+    if line == "READY":
+        typer.echo(f"ckptfs: mounted at {mountpoint} (pid {child.pid}, log {log_path})")
+        return
+    if line.startswith("ERROR "):
+        child.wait(timeout=30)
+        fail(line[6:])
+    code = child.wait()
+    tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+    fail(f"the daemon exited during start-up (status {code}): {tail[0] if tail else 'no log'} (log: {log_path})")
+
+
+@app.command()
+@_one_line_errors
+def unmount(
+    mountpoint: str = typer.Argument(..., help="The mount point."),
+    flush: bool = typer.Option(False, "--flush", help="Wait until everything is durable in the bucket first."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="With --flush: give up after this many seconds."),
+) -> None:
+    """Unmount. Dirty data stays in the journal for the next mount unless --flush."""
+    root = Path(os.path.abspath(mountpoint))
+    try:
+        st = get_status(root)
+    except CliError as e:
+        if os.path.ismount(root) or _is_dead_mount(root):
+            subprocess.run(["fusermount3", "-u", "-z", str(root)], check=False, capture_output=True)
+            typer.echo(f"ckptfs: {root} had no reachable daemon ({e}); unmounted it")
+            return
+        fail(f"{mountpoint} is not mounted")
+        return
+    if flush:
+        wait_durable(root, "", timeout)
+    pid = st["pid"]
+    for _ in request(root, {"cmd": "unmount", "flush": flush}):
+        break
+    deadline = time.monotonic() + float(st.get("shutdown_timeout", 30)) + 30
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            fail(f"daemon pid {pid} did not stop in time; it may still be draining (kill -TERM {pid} again, or wait)")
+        time.sleep(0.1)
+    typer.echo(f"ckptfs: unmounted {root}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _is_dead_mount(path: Path) -> bool:
+    try:
+        os.stat(path)
+        return False
+    except OSError as e:
+        import errno
+
+        return e.errno == errno.ENOTCONN
+
+
+@app.command()
+@_one_line_errors
+def status(
+    mountpoint: str = typer.Argument(..., help="The mount point."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Show the cache and drain state of a mount."""
+    root = find_mount_root(mountpoint)
+    st = get_status(root)
+    if as_json:
+        typer.echo(json.dumps(st, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"ckptfs {st['mountpoint']} <- {st['source']}", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    rows = [
+        ("daemon pid", str(st["pid"])),
+        ("dirty files", f"{st['dirty_files']} ({st['uploading_files']} uploading)"),
+        ("dirty bytes", fmt_bytes(st["dirty_bytes"])),
+        ("oldest dirty age", f"{st['oldest_dirty_age_seconds']:.1f} s"),
+        ("pending deletes", str(st["pending_deletes"])),
+        ("cache", f"{fmt_bytes(st['cache_used_bytes'])} of {fmt_bytes(st['cache_capacity_bytes'])}"),
+        ("uploaded", f"{fmt_bytes(st['uploaded_bytes_total'])} in {st['uploaded_files_total']} files"),
+        ("upload errors", str(st["upload_errors_total"])),
+        ("last error", st["last_error"] or "-"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+
+
+@app.command()
+@_one_line_errors
+def flush(
+    path: str = typer.Argument(..., help="A file or directory in the mount, or the mount point."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 1)."),
+) -> None:
+    """Block until every file under PATH is durable in the bucket."""
+    root = find_mount_root(path)
+    rel = os.path.relpath(os.path.abspath(path), root)
+    wait_durable(root, "" if rel == "." else rel, timeout, label=path)
+    typer.echo(f"ckptfs: {path} is durable")
+
+
+def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None) -> None:
+    label = label or str(root)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    progress = None
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("flush {task.description}"), BarColumn(), DownloadColumn(binary_units=True), TextColumn("{task.fields[files]} files left"), TimeElapsedColumn())
+        progress.start()
+        task = progress.add_task(label, total=None, files="?")
+    try:
+        total = 0
+        sock_timeout = None if timeout is None else max(timeout, 1.0)
+        try:
+            for msg in request(root, {"cmd": "flush", "path": rel}, timeout=sock_timeout):
+                if msg.get("done"):
+                    if progress:
+                        progress.update(task, total=max(total, 1), completed=max(total, 1), files=0)
+                    return
+                last = msg
+                total = max(total, msg["bytes"])
+                if progress:
+                    progress.update(task, total=total, completed=total - msg["bytes"], files=msg["files"])
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CliError(
+                        f"timed out after {timeout:g}s: {last['files']} files ({fmt_bytes(last['bytes'])}) and "
+                        f"{last['deletes']} deletions under {label} are not durable yet; see `ckptfs status {root}`"
+                    )
+        except CliError as e:
+            if "did not answer in time" in str(e) and deadline is not None:
+                raise CliError(f"timed out after {timeout:g}s waiting for {label} to become durable; see `ckptfs status {root}`") from None
+            raise
+        raise CliError("the daemon stopped before the flush finished (is it shutting down?)")
+    finally:
+        if progress:
+            progress.stop()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

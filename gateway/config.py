@@ -1,0 +1,285 @@
+"""One typed configuration object for the daemon.
+
+Every option is declared once, in `Config`, with its default and a help text.
+The sources are layered: defaults < TOML file < environment (`CKPTFS_<NAME>`)
+< command-line flags. `docs/configuration.md` is generated from these
+declarations (`python -m gateway.config --markdown`), so it cannot drift.
+
+Validation happens here, before anything is mounted, and every problem is
+reported as one `ConfigError` line that names the option and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+TiB = 1024 * GiB
+
+S3_MIN_PART_SIZE = 5 * MiB
+S3_MAX_PART_SIZE = 5 * GiB
+S3_MAX_PARTS = 10_000
+
+
+class ConfigError(Exception):
+    """A user-fixable configuration problem; the message is one line."""
+
+
+def _opt(default: Any, help: str, kind: str = "", **extra: Any) -> Any:
+    meta = {"help": help, "kind": kind, **extra}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Config:
+    """What one mount is configured with. Field order is the order in the docs."""
+
+    # where
+    bucket: str = _opt("", "Bucket that backs the mount (from `s3://BUCKET/PREFIX`).")
+    prefix: str = _opt("", "Key prefix under which the mount's tree is stored; empty for the bucket root.")
+    mountpoint: str = _opt("", "Directory to mount on (must exist and be empty).")
+    cache_dir: str = _opt("", "Local directory (NVMe) for cached file data and the journal. Must exist and be writable.")
+    endpoint_url: str = _opt("", "S3 endpoint URL (MinIO, SeaweedFS, Ceph RGW); empty for AWS S3.")
+    region: str = _opt("us-east-1", "S3 region name used for request signing.")
+    profile: str = _opt("", "AWS profile name for credentials; empty for the default chain (environment, ~/.aws, instance role).")
+    metrics_addr: str = _opt("", "HOST:PORT to serve Prometheus metrics on (`/metrics`); empty to disable. Use 127.0.0.1 unless it must be reachable from elsewhere.")
+
+    # drain
+    upload_delay: float = _opt(0.5, "Seconds a closed file waits before its upload starts, so that `write tmp, close, rename` renames before any byte is sent.", "seconds")
+    multipart_threshold: int = _opt(16 * MiB, "Files at least this large are uploaded as multipart uploads; smaller ones with one PutObject.", "bytes")
+    part_size: int = _opt(64 * MiB, "Multipart part size. Between 5 MiB and 5 GiB, and large enough that `max_file_size` needs at most 10,000 parts. Parts are streamed from the cache file, so this does not set memory use.", "bytes")
+    max_parts_in_flight: int = _opt(8, "Parts (or small objects) uploaded at once across all files.")
+    max_file_size: int = _opt(600 * GiB, "Largest file the mount accepts; writes beyond it fail with EFBIG.", "bytes")
+    commit_markers: list[str] = _opt(
+        [".metadata", "*.index.json", "latest", "COMMIT"],
+        "File name patterns (fnmatch) of commit markers: a marker is uploaded only after every other file under its directory written on this node is durable.",
+    )
+
+    # cache
+    cache_capacity: int = _opt(0, "Bytes of cache the mount may use; 0 means 90% of the cache file system's size. Writes that would exceed it get ENOSPC.", "bytes")
+
+    # object store client
+    connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store.", "seconds")
+    read_timeout: float = _opt(60.0, "Seconds to wait for a response from the object store before retrying.", "seconds")
+    retry_max_backoff: float = _opt(60.0, "Upper bound, in seconds, of the exponential backoff between attempts to upload a file. Attempts never stop for acknowledged data.", "seconds")
+
+    # lifecycle
+    shutdown_timeout: float = _opt(30.0, "On SIGTERM or `ckptfs unmount`, seconds to keep draining before stopping; what is left stays in the journal for the next mount.", "seconds")
+    allow_other: bool = _opt(False, "Let users other than the mounting one access the mount (FUSE allow_other; needed for NFS re-export).")
+    log_level: str = _opt("info", "Log level: debug, info, warning or error.")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def key_prefix(self) -> str:
+        """The prefix as it is joined to paths: empty, or ending in '/'."""
+        p = self.prefix.strip("/")
+        return f"{p}/" if p else ""
+
+    @property
+    def control_socket(self) -> Path:
+        return Path(self.cache_dir) / "control.sock"
+
+    # -------------------------------------------------------------- validation
+    def validate(self) -> None:
+        if not self.bucket:
+            raise ConfigError("no bucket: give the source as s3://BUCKET[/PREFIX]")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", self.bucket):
+            raise ConfigError(f"bucket name {self.bucket!r} is not a valid S3 bucket name")
+        if not self.mountpoint:
+            raise ConfigError("no mount point given")
+        if not self.cache_dir:
+            raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
+        for name in ("upload_delay", "connect_timeout", "read_timeout", "shutdown_timeout", "retry_max_backoff"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
+        for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a size in bytes >= 0")
+        if self.part_size < S3_MIN_PART_SIZE:
+            raise ConfigError(f"part_size = {fmt_bytes(self.part_size)} is below the S3 minimum of 5 MiB: raise it")
+        if self.part_size > S3_MAX_PART_SIZE:
+            raise ConfigError(f"part_size = {fmt_bytes(self.part_size)} is above the S3 maximum of 5 GiB: lower it")
+        if self.max_file_size > self.part_size * S3_MAX_PARTS:
+            need = -(-self.max_file_size // S3_MAX_PARTS)
+            raise ConfigError(
+                f"part_size = {fmt_bytes(self.part_size)} would need more than 10,000 parts for max_file_size = "
+                f"{fmt_bytes(self.max_file_size)}: raise part_size to at least {fmt_bytes(need)} or lower max_file_size"
+            )
+        if self.multipart_threshold < 1:
+            raise ConfigError("multipart_threshold must be at least 1 byte")
+        if self.max_parts_in_flight < 1:
+            raise ConfigError(f"max_parts_in_flight = {self.max_parts_in_flight}: give at least 1")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
+        if self.metrics_addr:
+            parse_hostport(self.metrics_addr)
+        if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):
+            raise ConfigError(f"endpoint_url = {self.endpoint_url!r} is not an http:// or https:// URL")
+
+
+# ---------------------------------------------------------------------- values
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
+
+
+def parse_size(value: Any, name: str = "size") -> int:
+    """Bytes from an int or a string like '64MiB', '1.5G', '4096'. Binary units."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} = {value!r} is not a size: give bytes or a string like '64MiB'")
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ConfigError(f"{name} = {value!r} is not a size: give bytes or a string like '64MiB'")
+    unit = (m.group(2) or "").upper()[:1]
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
+        raise ConfigError(f"metrics_addr = {value!r} is not HOST:PORT (for example 127.0.0.1:9464)")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def parse_source(source: str) -> tuple[str, str]:
+    """`s3://bucket/prefix` -> (bucket, prefix)."""
+    m = re.fullmatch(r"s3://([^/]+)(?:/(.*))?", source.strip())
+    if not m:
+        raise ConfigError(f"source {source!r} is not of the form s3://BUCKET[/PREFIX]")
+    return m.group(1), (m.group(2) or "").strip("/")
+
+
+def _coerce(f: dataclasses.Field, value: Any, origin: str) -> Any:
+    name = f.name
+    ftype = f.type if isinstance(f.type, str) else f.type.__name__
+    try:
+        if f.metadata.get("kind") == "bytes":
+            return parse_size(value, name)
+        if ftype == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if ftype == "int":
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if ftype == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if ftype.startswith("list"):
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return list(value)
+            raise ValueError
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ValueError
+        return str(value)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name} = {value!r} in {origin} is not a valid {ftype}") from None
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def load_config(
+    config_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Defaults < TOML file < CKPTFS_* environment < overrides (CLI flags)."""
+    values: dict[str, Any] = {}
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {config_file} does not exist: check the path given to --config")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"config file {config_file} cannot be read: {e.strerror}") from None
+        if "source" in data:
+            data["bucket"], data["prefix"] = parse_source(str(data.pop("source")))
+        for key, value in data.items():
+            if key not in FIELDS:
+                raise ConfigError(f"unknown option {key!r} in {config_file}: see docs/configuration.md for the valid names")
+            values[key] = _coerce(FIELDS[key], value, config_file)
+    env = os.environ if environ is None else environ
+    for name, f in FIELDS.items():
+        var = f"CKPTFS_{name.upper()}"
+        if var in env:
+            values[name] = _coerce(f, env[var], f"environment variable {var}")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in FIELDS:
+            raise ConfigError(f"unknown option {key!r}")
+        values[key] = _coerce(FIELDS[key], value, "the command line")
+    cfg = Config(**values)
+    cfg.validate()
+    return cfg
+
+
+def markdown_reference() -> str:
+    """The configuration reference, generated from `Config` itself."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- generated by `python -m gateway.config --markdown`; do not edit by hand -->",
+        "",
+        "Options come from, lowest precedence first: the defaults below, the TOML file given",
+        "with `--config`, environment variables `CKPTFS_<NAME>`, and command-line flags.",
+        "Sizes accept bytes or strings with binary units (`\"64MiB\"`, `\"1G\"`). In the TOML",
+        "file, `source = \"s3://bucket/prefix\"` may stand for `bucket` and `prefix`.",
+        "",
+        "| option | environment | default | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, f in FIELDS.items():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.metadata.get("kind") == "bytes" and default:
+            shown = f"{default} ({fmt_bytes(default)})"
+        elif isinstance(default, list):
+            shown = ", ".join(f"`{d}`" for d in default)
+        else:
+            shown = f"`{default!r}`" if default != "" else "(empty)"
+        unit = f.metadata.get("kind")
+        unit = f" ({unit})" if unit else ""
+        lines.append(f"| `{name}`{unit} | `CKPTFS_{name.upper()}` | {shown} | {f.metadata['help']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(markdown_reference())
+    else:
+        sys.exit("usage: python -m gateway.config --markdown")

@@ -1,0 +1,112 @@
+"""The control socket: how the `ckptfs` CLI talks to a running daemon.
+
+A Unix stream socket in the cache directory, mode 0600 (only the mounting
+user may ask it anything), found by the CLI through the `user.ckptfs.control`
+xattr on the mount root. One JSON object per line each way:
+
+  {"cmd": "status"}                      -> {"ok": true, "status": {...}}
+  {"cmd": "flush", "path": "a/b"}        -> progress lines {"files", "bytes", "deletes"}
+                                            ... then {"ok": true, "done": true}
+  {"cmd": "unmount", "flush": false}     -> {"ok": true, "pid": N}; the daemon then stops
+Errors: {"ok": false, "error": "one line"}.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Protocol
+
+import trio
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL = 0.2
+
+
+class Daemon(Protocol):
+    def status(self) -> dict[str, Any]: ...
+    def flush_progress(self, path: str) -> dict[str, int]: ...
+    def request_stop(self, flush: bool) -> None: ...
+    def exists(self, path: str) -> bool: ...
+
+
+class ControlServer:
+    def __init__(self, path: Path, daemon: Daemon) -> None:
+        self.path = path
+        self.daemon = daemon
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        old = os.umask(0o177)
+        try:
+            await sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(16)
+        listener = trio.SocketListener(sock)
+        task_status.started()
+        try:
+            await trio.serve_listeners(self._handle, [listener])
+        finally:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                line = await _read_line(stream)
+                if line is None:
+                    return
+                request = json.loads(line)
+                await self._dispatch(request, lambda obj: stream.send_all(json.dumps(obj).encode() + b"\n"))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the client went away (e.g. flush timed out)
+            except (ValueError, KeyError, TypeError) as e:
+                try:
+                    await stream.send_all(json.dumps({"ok": False, "error": f"bad request: {e}"}).encode() + b"\n")
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    async def _dispatch(self, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
+        cmd = request.get("cmd")
+        if cmd == "status":
+            await send({"ok": True, "status": self.daemon.status()})
+        elif cmd == "flush":
+            path = str(request.get("path", "")).strip("/")
+            if not self.daemon.exists(path):
+                await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
+                return
+            while True:
+                progress = self.daemon.flush_progress(path)
+                if not any(progress.values()):
+                    await send({"ok": True, "done": True})
+                    return
+                await send({"ok": True, **progress})
+                await trio.sleep(PROGRESS_INTERVAL)
+        elif cmd == "unmount":
+            await send({"ok": True, "pid": os.getpid()})
+            self.daemon.request_stop(bool(request.get("flush")))
+        else:
+            await send({"ok": False, "error": f"unknown command {cmd!r}"})
+
+
+async def _read_line(stream: trio.SocketStream, limit: int = 65536) -> bytes | None:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return buf or None
+        buf += chunk
+        if len(buf) > limit:
+            raise ValueError("request too long")
+    return buf.split(b"\n", 1)[0]

@@ -1,0 +1,280 @@
+"""Wiring: check the environment, mount, run FUSE + drainer + control + metrics, stop cleanly.
+
+Start-up checks everything a user can get wrong before mounting, and reports
+each as one `UserError` line. Shutdown (SIGTERM, SIGINT, `ckptfs unmount`, or
+an external unmount) unmounts first, so no new writes arrive, then keeps
+draining up to `shutdown_timeout` (without limit for `unmount --flush`);
+whatever is left stays in the journal for the next mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .cache import Cache
+from .config import Config, parse_hostport
+from .control import ControlServer
+from .drain import Drainer
+from .journal import Journal, JournalError
+from .metrics import Metrics
+from .namespace import Namespace
+from .store import Store, StoreError
+
+log = logging.getLogger("ckptfs")
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message is one line naming it and the fix."""
+
+
+# ------------------------------------------------------------------ preflight
+def check_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse) or, in a container, pass --device /dev/fuse")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise UserError("/dev/fuse is not readable and writable by this user: run as root or fix its permissions")
+    if shutil.which("fusermount3") is None:
+        raise UserError("fusermount3 is not installed: install the fuse3 package (apt-get install fuse3)")
+
+
+def check_mountpoint(path: str) -> None:
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise UserError(f"mount point {path} does not exist: create it with mkdir -p {path}") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            # a FUSE mount whose daemon died: unmount the corpse, it serves nobody
+            log.warning("mount point %s is a dead FUSE mount (its daemon died); unmounting it", path)
+            subprocess.run(["fusermount3", "-u", "-z", path], check=False, capture_output=True)
+            try:
+                st = p.stat()
+            except OSError:
+                raise UserError(f"mount point {path} is a dead mount that could not be cleaned: run fusermount3 -uz {path}") from None
+        else:
+            raise UserError(f"mount point {path} cannot be used: {e.strerror}") from None
+    if not p.is_dir():
+        raise UserError(f"mount point {path} is not a directory: give a directory")
+    if os.path.ismount(path):
+        raise UserError(f"mount point {path} is already mounted: unmount it first (ckptfs unmount {path})")
+    if any(p.iterdir()):
+        raise UserError(f"mount point {path} is not empty: use an empty directory")
+
+
+def check_cache_dir(path: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"cache directory {path} does not exist: create it (mkdir -p {path}) on the local NVMe")
+    if not p.is_dir():
+        raise UserError(f"cache directory {path} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserError(f"cache directory {path} is not writable by this user: fix its permissions or run as its owner")
+
+
+def lock_cache_dir(path: str) -> int:
+    """Hold an exclusive lock on the cache dir for the daemon's life: two daemons on one journal would corrupt it."""
+    lock_path = Path(path) / "lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UserError(f"cache directory {path} is in use by a running ckptfs (pid {owner}): unmount it first or use another --cache-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+# --------------------------------------------------------------------- daemon
+class Daemon:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.started = time.time()
+        self._stop = trio.Event()
+        self.flush_on_stop = False
+        self.fuse_done = trio.Event()
+        self.metrics_port: int | None = None
+
+    # ---- wiring, before trio
+    def prepare(self) -> None:
+        cfg = self.cfg
+        check_fuse()
+        check_mountpoint(cfg.mountpoint)
+        check_cache_dir(cfg.cache_dir)
+        self.lock_fd = lock_cache_dir(cfg.cache_dir)
+        try:
+            self.store = Store(cfg)
+            self.store.check()
+        except StoreError as e:
+            raise UserError(str(e)) from None
+        try:
+            self.journal = Journal(Path(cfg.cache_dir) / "journal.sqlite3", cfg.bucket, cfg.prefix.strip("/"))
+        except JournalError as e:
+            raise UserError(str(e)) from None
+        self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity)
+        self.ns = Namespace(cfg, self.journal, self.cache)
+        self.ns.recover()
+        self.metrics = Metrics(self.status)
+        self.ns.on_durable = self.metrics.time_to_durable.observe
+        self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
+        self.control = ControlServer(cfg.control_socket, self)
+
+    # ---- control API
+    def status(self) -> dict[str, Any]:
+        s: dict[str, Any] = dict(self.ns.stats())
+        s.update(
+            pid=os.getpid(),
+            mountpoint=os.path.abspath(self.cfg.mountpoint),
+            source=f"s3://{self.cfg.bucket}/{self.cfg.prefix}".rstrip("/"),
+            cache_dir=os.path.abspath(self.cfg.cache_dir),
+            cache_used_bytes=self.cache.used_bytes,
+            cache_capacity_bytes=self.cache.capacity_bytes,
+            uploaded_bytes_total=int(self.metrics.uploaded_bytes._value.get()),
+            uploaded_files_total=int(self.metrics.uploaded_files._value.get()),
+            upload_errors_total=int(self.metrics.errors_total()),
+            last_error=self.drainer.last_error,
+            uptime_seconds=round(time.time() - self.started, 1),
+        )
+        return s
+
+    def exists(self, path: str) -> bool:
+        return self.journal.resolve(path) is not None
+
+    def flush_progress(self, path: str) -> dict[str, int]:
+        self.ns.mark_urgent(path)
+        files, size, deletes = self.ns.pending_under(path)
+        return {"files": files, "bytes": size, "deletes": deletes}
+
+    def request_stop(self, flush: bool) -> None:
+        self.flush_on_stop = self.flush_on_stop or flush
+        self._stop.set()
+
+    # ---- running
+    async def run(self, ready_fd: int | None = None) -> None:
+        import pyfuse3  # only fs.py and this wiring know FUSE
+
+        from .fs import CkptFS
+
+        cfg = self.cfg
+        fs = CkptFS(self.ns, str(cfg.control_socket.resolve()))
+        options = set(pyfuse3.default_options)
+        options |= {"fsname=ckptfs", "subtype=ckptfs"}
+        if cfg.allow_other:
+            options.add("allow_other")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.control.serve)
+            if cfg.metrics_addr:
+                host, port = parse_hostport(cfg.metrics_addr)
+                try:
+                    self.metrics_port = await nursery.start(self.metrics.serve, host, port)
+                except OSError as e:
+                    raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
+            pyfuse3.init(fs, cfg.mountpoint, options)
+            nursery.start_soon(self._fuse_main, pyfuse3)
+            await nursery.start(self.drainer.run)
+            nursery.start_soon(self._signals)
+            # ready only once the mount answers a request
+            await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+            log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
+            if ready_fd is not None:
+                os.write(ready_fd, b"READY\n")
+                os.close(ready_fd)
+            notify_systemd(b"READY=1")
+            await self._stop.wait()
+            notify_systemd(b"STOPPING=1")
+            log.info("stopping: unmounting %s", cfg.mountpoint)
+            if not self.fuse_done.is_set():
+                pyfuse3.terminate()
+                await self.fuse_done.wait()
+            pyfuse3.close(unmount=True)
+            self.ns.persist_all()  # handles still open at unmount will never be released to us
+            await self._drain_before_exit()
+            nursery.cancel_scope.cancel()
+        self.journal.sync()
+        left = self.ns.stats()
+        if left["dirty_files"] or left["pending_deletes"]:
+            log.warning("stopped with %d files (%d bytes) and %d deletions not yet in the bucket; the next mount of %s uploads them",
+                        left["dirty_files"], left["dirty_bytes"], left["pending_deletes"], cfg.cache_dir)
+        else:
+            log.info("stopped; everything is durable")
+        self.journal.close()
+
+    async def _fuse_main(self, pyfuse3: Any) -> None:
+        try:
+            await pyfuse3.main()
+        finally:
+            self.fuse_done.set()
+            self._stop.set()  # an external unmount (fusermount3 -u) stops the daemon too
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s", signal.Signals(signum).name)
+                self.request_stop(flush=False)
+
+    async def _drain_before_exit(self) -> None:
+        deadline = None if self.flush_on_stop else trio.current_time() + self.cfg.shutdown_timeout
+        with trio.move_on_at(deadline if deadline is not None else float("inf")):
+            while True:
+                s = self.ns.stats()
+                if not s["dirty_files"] and not s["pending_deletes"] and self.drainer.idle():
+                    return
+                self.ns.mark_urgent("")
+                await trio.sleep(0.1)
+
+
+def notify_systemd(message: bytes) -> None:
+    """sd_notify without libsystemd: one datagram to $NOTIFY_SOCKET, if set."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    import socket
+
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(message)
+    except OSError as e:
+        log.warning("could not notify systemd: %s", e)
+
+
+def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
+    """Foreground entry point. Returns the exit status."""
+    daemon = Daemon(cfg)
+    try:
+        daemon.prepare()
+        try:
+            trio.run(daemon.run, ready_fd)
+        except BaseExceptionGroup as group:
+            user_errors = group.subgroup(UserError)
+            if user_errors is None:
+                raise
+            raise user_errors.exceptions[0] from None
+        except RuntimeError as e:
+            if "mount" in str(e).lower():  # pyfuse3.init could not mount
+                raise UserError(f"FUSE mount of {cfg.mountpoint} failed ({e}): see the log lines above") from None
+            raise
+    except UserError as e:
+        log.error("%s", e)
+        if ready_fd is not None:
+            try:
+                os.write(ready_fd, f"ERROR {e}\n".encode())
+            except OSError:
+                pass
+        return 1
+    return 0

@@ -1,0 +1,311 @@
+"""The drainer: uploads finished files to the object store in the background.
+
+Scheduling: files become eligible `upload_delay` seconds after their last
+close (so `write tmp, close, rename` renames first), oldest close first;
+commit markers wait for every other file under their directory. A global
+`CapacityLimiter` bounds parts in flight across all files.
+
+Correctness rests on one check: before an upload is published (PutObject
+returns, or before CompleteMultipartUpload) the file's version and path must
+still be what the upload started from. Otherwise the upload is abandoned
+(aborted) and the file re-queued, so a reader of the bucket never sees bytes
+the file no longer has, under a name it no longer has.
+
+Failed requests are retried forever for acknowledged data, with exponential
+backoff and jitter per file, capped at `retry_max_backoff`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+import zlib
+from dataclasses import dataclass
+
+import trio
+import xxhash
+
+from .cache import Cache
+from .config import MiB, S3_MAX_PARTS, Config
+from .journal import UploadRecord
+from .metrics import Metrics
+from .namespace import Namespace, Pending, UploadTicket
+from .store import NO_UPLOAD, Store, StoreError, crc32_b64
+
+log = logging.getLogger(__name__)
+
+XXH3_META = "xxh3"  # user metadata key: x-amz-meta-xxh3 holds the whole file's xxh3-128 (hex)
+
+
+class Abandoned(Exception):
+    """The file changed, moved or vanished while it was uploading."""
+
+
+@dataclass
+class Backoff:
+    attempts: int = 0
+    next_at: float = 0.0
+
+    def fail(self, cap: float) -> float:
+        self.attempts += 1
+        delay = min(cap, 0.5 * 2 ** min(self.attempts, 20)) * random.uniform(0.5, 1.0)
+        self.next_at = time.monotonic() + delay
+        return delay
+
+
+def part_size_for(size: int, configured: int) -> int:
+    """The configured part size, raised (in whole MiB) if the file would need more than 10,000 parts."""
+    need = math.ceil(size / S3_MAX_PARTS)
+    if need <= configured:
+        return configured
+    return math.ceil(need / MiB) * MiB
+
+
+def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tuple[str, list[str]]:
+    """One pass over the cached bytes: the whole file's xxh3-128 and each part's CRC32."""
+    h = xxhash.xxh3_128()
+    crcs: list[str] = []
+    offset = 0
+    while True:
+        part_end = min(size, offset + part_size)
+        crc = 0
+        while offset < part_end:
+            data = os.pread(fd, min(chunk, part_end - offset), offset)
+            if not data:
+                raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
+            h.update(data)
+            crc = zlib.crc32(data, crc)
+            offset += len(data)
+        crcs.append(crc32_b64(crc))
+        if offset >= size:
+            return h.hexdigest(), crcs
+
+
+class Drainer:
+    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: Store, metrics: Metrics) -> None:
+        self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
+        self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
+        self.hashing = trio.CapacityLimiter(2)
+        self.max_files = max(2, cfg.max_parts_in_flight)
+        self.busy: set[int] = set()
+        self.busy_keys: set[str] = set()
+        self.deleting: set[int] = set()
+        self.backoff: dict[int, Backoff] = {}
+        self.delete_backoff: dict[int, Backoff] = {}
+        self.last_error: str = ""
+        self._wake = trio.Event()
+        ns.on_change = self.wake
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def idle(self) -> bool:
+        return not self.busy and not self.deleting
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                self._wake = trio.Event()
+                next_at = self._schedule(nursery)
+                timeout = 5.0 if next_at is None else max(0.01, next_at - time.time())
+                with trio.move_on_after(timeout):
+                    await self._wake.wait()
+
+    def _schedule(self, nursery: trio.Nursery) -> float | None:
+        now_mono = time.monotonic()
+        waiting = {ino for ino, b in self.backoff.items() if b.next_at > now_mono}
+        ready, next_at = self.ns.candidates(time.time(), self.busy | waiting)
+        for p in ready:
+            if len(self.busy) >= self.max_files:
+                break
+            if p.key in self.busy_keys:
+                continue
+            self.busy.add(p.ino)
+            self.busy_keys.add(p.key)
+            nursery.start_soon(self._upload_file, p)
+        for delete_id, key in self.ns.ready_deletes(self.busy_keys):
+            b = self.delete_backoff.get(delete_id)
+            if delete_id in self.deleting or (b and b.next_at > now_mono):
+                continue
+            self.deleting.add(delete_id)
+            self.busy_keys.add(key)
+            nursery.start_soon(self._delete, delete_id, key)
+        pending_retry = [b.next_at for b in (*self.backoff.values(), *self.delete_backoff.values()) if b.next_at > now_mono]
+        if pending_retry:
+            retry_at = time.time() + (min(pending_retry) - now_mono)
+            next_at = retry_at if next_at is None else min(next_at, retry_at)
+        return next_at
+
+    # ----------------------------------------------------------------- upload
+    async def _upload_file(self, p: Pending) -> None:
+        ticket = self.ns.begin_upload(p.ino)
+        try:
+            if ticket is None:
+                return
+            try:
+                fd = self.cache.open(p.ino)
+            except FileNotFoundError:
+                return
+            try:
+                etag, xxh3 = await self._upload(ticket, fd)
+            finally:
+                os.close(fd)
+            if self.ns.finish_upload(ticket, etag, xxh3):
+                self.backoff.pop(p.ino, None)
+                self.metrics.uploaded_files.inc()
+                log.info("durable: %s (%d bytes, etag %s)", ticket.key, ticket.size, etag)
+            else:
+                self.metrics.abandoned_uploads.inc()
+        except Abandoned as e:
+            log.info("upload of %s abandoned: %s", p.key, e)
+            self.metrics.abandoned_uploads.inc()
+            self.ns.upload_failed(p.ino)
+        except StoreError as e:
+            self.metrics.upload_errors.labels(e.kind).inc()
+            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
+            self.last_error = str(e)
+            level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
+            log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
+            self.ns.upload_failed(p.ino)
+        except OSError as e:
+            # the cache file could not be read: keep it queued, never drop acknowledged data
+            self.metrics.upload_errors.labels("other").inc()
+            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
+            self.last_error = f"reading cache file for {p.key}: {e}"
+            log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
+            self.ns.upload_failed(p.ino)
+        except Exception as e:  # noqa: BLE001 - a bug must not stop the drain of everything else
+            self.metrics.upload_errors.labels("other").inc()
+            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
+            self.last_error = f"internal error uploading {p.key}: {e!r}"
+            log.exception("upload of %s failed (retry in %.1fs)", p.key, delay)
+            self.ns.upload_failed(p.ino)
+        finally:
+            self.busy.discard(p.ino)
+            self.busy_keys.discard(p.key)
+            self.wake()
+
+    def _check(self, ticket: UploadTicket) -> None:
+        if not self.ns.still_current(ticket):
+            raise Abandoned("file changed, moved or was removed")
+
+    async def _upload(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
+        size = ticket.size
+        multipart = size >= self.cfg.multipart_threshold
+        part_size = part_size_for(size, self.cfg.part_size) if multipart else max(size, 1)
+        async with self.hashing:
+            xxh3, crcs = await trio.to_thread.run_sync(file_digests, fd, size, part_size)
+        self._check(ticket)
+        metadata = {XXH3_META: xxh3}
+        if not multipart:
+            async with self.parts:
+                self.metrics.parts_in_flight.inc()
+                try:
+                    etag = await trio.to_thread.run_sync(self.store.put_object, ticket.key, fd, size, crcs[0], metadata)
+                finally:
+                    self.metrics.parts_in_flight.dec()
+            self.metrics.uploaded_bytes.inc(size)
+            return etag, xxh3
+        return await self._multipart(ticket, fd, part_size, xxh3, crcs, metadata), xxh3
+
+    async def _multipart(self, ticket: UploadTicket, fd: int, part_size: int, xxh3: str, crcs: list[str], metadata: dict[str, str]) -> str:
+        journal = self.ns.journal
+        count = len(crcs)
+        done: dict[int, str] = {}
+        rec = journal.upload_of(ticket.ino)
+        if rec and (rec.key, rec.size, rec.xxh3, rec.part_size) == (ticket.key, ticket.size, xxh3, part_size):
+            try:
+                remote = await trio.to_thread.run_sync(self.store.list_parts, rec.key, rec.upload_id)
+                for n, (etag, crc) in rec.parts.items():
+                    r = remote.get(n)
+                    if r is not None and r.etag == etag and n <= count and crc == crcs[n - 1]:
+                        done[n] = etag
+                upload_id = rec.upload_id
+                log.info("resuming upload of %s: %d of %d parts already in the bucket", ticket.key, len(done), count)
+            except StoreError as e:
+                if e.kind != NO_UPLOAD:
+                    raise
+                rec = None
+        elif rec:
+            await trio.to_thread.run_sync(self.store.abort, rec.key, rec.upload_id)
+            journal.forget_upload(ticket.ino)
+            rec = None
+        if rec is None:
+            upload_id = await trio.to_thread.run_sync(self.store.create_multipart, ticket.key, metadata)
+            journal.start_upload(UploadRecord(ticket.ino, ticket.key, upload_id, part_size, ticket.size, xxh3, time.time(), {}))
+
+        async def send(n: int) -> None:
+            async with self.parts:
+                self._check(ticket)
+                offset = (n - 1) * part_size
+                length = min(part_size, ticket.size - offset)
+                self.metrics.parts_in_flight.inc()
+                try:
+                    etag = await trio.to_thread.run_sync(
+                        self.store.upload_part, ticket.key, upload_id, n, fd, offset, length, crcs[n - 1]
+                    )
+                finally:
+                    self.metrics.parts_in_flight.dec()
+                journal.record_part(ticket.ino, n, etag, crcs[n - 1])
+                done[n] = etag
+                self.metrics.uploaded_bytes.inc(length)
+
+        try:
+            async with trio.open_nursery() as parts:
+                for n in range(1, count + 1):
+                    if n not in done:
+                        parts.start_soon(send, n)
+            self._check(ticket)
+        except Abandoned:
+            await trio.to_thread.run_sync(self.store.abort, ticket.key, upload_id)
+            journal.forget_upload(ticket.ino)
+            raise
+        except BaseException as e:
+            if isinstance(e, BaseExceptionGroup):
+                # a part failed: report the first store error, keep the upload for resuming
+                store_errors = e.subgroup(StoreError)
+                abandoned = e.subgroup(Abandoned)
+                if abandoned is not None:
+                    await trio.to_thread.run_sync(self.store.abort, ticket.key, upload_id)
+                    journal.forget_upload(ticket.ino)
+                    raise abandoned.exceptions[0] from None
+                if store_errors is not None:
+                    raise _first(store_errors) from None
+            raise
+        try:
+            return await trio.to_thread.run_sync(
+                self.store.complete, ticket.key, upload_id, [(n, done[n], crcs[n - 1]) for n in range(1, count + 1)]
+            )
+        except StoreError as e:
+            if e.kind == NO_UPLOAD:
+                journal.forget_upload(ticket.ino)
+            raise
+
+    # ----------------------------------------------------------------- delete
+    async def _delete(self, delete_id: int, key: str) -> None:
+        try:
+            await trio.to_thread.run_sync(self.store.delete, key)
+            self.ns.delete_done(delete_id)
+            self.delete_backoff.pop(delete_id, None)
+            self.metrics.deleted_objects.inc()
+            log.info("deleted object %s", key)
+        except StoreError as e:
+            self.metrics.upload_errors.labels(e.kind).inc()
+            delay = self.delete_backoff.setdefault(delete_id, Backoff()).fail(self.cfg.retry_max_backoff)
+            self.last_error = str(e)
+            log.warning("delete of %s failed: %s (retry in %.1fs)", key, e, delay)
+        finally:
+            self.deleting.discard(delete_id)
+            self.busy_keys.discard(key)
+            self.wake()
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,294 @@
+"""FUSE operations: translate kernel requests into namespace calls. Owns no policy.
+
+The only module that knows FUSE. pyfuse3 tears the mount down on any
+exception that is not a `FUSEError`, so every handler goes through `_fuse`,
+which maps `OSError` to its errno and anything unexpected to EIO (logged).
+
+Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
+inline on the trio thread: they hit the page cache and a thread hop would
+cost more than the copy. `fsync` is the one blocking call sent to a thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
+
+import pyfuse3
+import trio
+
+from .journal import ROOT_INODE, Row
+from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+XATTR_STATE = b"user.ckptfs.state"
+XATTR_ETAG = b"user.ckptfs.etag"
+XATTR_XXH3 = b"user.ckptfs.xxh3"
+XATTR_CONTROL = b"user.ckptfs.control"  # on the root: path of the control socket
+FILE_XATTRS = (XATTR_STATE, XATTR_ETAG, XATTR_XXH3)
+
+ATTR_TIMEOUT = 1.0
+BLOCK = 4096
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _fuse(fn: F) -> F:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except trio.Cancelled:
+            raise
+        except Exception:
+            log.exception("internal error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _name(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # object keys are UTF-8; a name that is not cannot be stored
+        raise OSError(errno.EILSEQ, "file name is not valid UTF-8") from None
+
+
+@dataclass
+class Handle:
+    ino: int
+    fd: int
+    write: bool
+
+
+class CkptFS(pyfuse3.Operations):
+    supports_dot_lookup = True
+
+    def __init__(self, ns: Namespace, control_socket: str) -> None:
+        super().__init__()
+        self.ns = ns
+        self.control_socket = control_socket
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = 1
+
+    # ------------------------------------------------------------- attributes
+    def _entry(self, row: Row) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = row.ino
+        e.generation = 0
+        e.entry_timeout = ATTR_TIMEOUT
+        e.attr_timeout = ATTR_TIMEOUT
+        e.st_mode = row.mode
+        e.st_nlink = 2 if row.is_dir else 1
+        e.st_uid = row.uid
+        e.st_gid = row.gid
+        e.st_rdev = 0
+        e.st_size = row.size if not row.is_dir else BLOCK
+        e.st_blksize = BLOCK
+        e.st_blocks = (e.st_size + 511) // 512
+        e.st_atime_ns = row.mtime_ns
+        e.st_mtime_ns = row.mtime_ns
+        e.st_ctime_ns = row.ctime_ns
+        return e
+
+    @_fuse
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(self.ns.row(inode))
+
+    @_fuse
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if name == b".":
+            row = self.ns.row(parent_inode)
+        elif name == b"..":
+            prow = self.ns.row(parent_inode)
+            row = self.ns.row(prow.parent if prow.parent is not None else ROOT_INODE)
+        else:
+            row = self.ns.lookup(parent_inode, _name(name))
+        self.ns.ref(row.ino)
+        return self._entry(row)
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for ino, n in inode_list:
+            try:
+                self.ns.forget(ino, n)
+            except Exception:  # forget cannot report errors
+                log.exception("forget(%d)", ino)
+
+    @_fuse
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if fields.update_size:
+            if self.ns.row(inode).is_dir:
+                raise OSError(errno.EISDIR, "is a directory")
+            self.ns.truncate(inode, attr.st_size)
+        self.ns.setattr(
+            inode,
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+        )
+        return self._entry(self.ns.row(inode))
+
+    @_fuse
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        cache = self.ns.cache
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = BLOCK
+        s.f_blocks = cache.capacity_bytes // BLOCK
+        s.f_bfree = s.f_bavail = max(0, cache.capacity_bytes - cache.used_bytes) // BLOCK
+        s.f_files = 1 << 32
+        s.f_ffree = s.f_favail = 1 << 31
+        s.f_namemax = 255
+        return s
+
+    # ------------------------------------------------------------- directories
+    @_fuse
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        row = self.ns.mkdir(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
+        self.ns.ref(row.ino)
+        return self._entry(row)
+
+    @_fuse
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if not self.ns.row(inode).is_dir:
+            raise OSError(errno.ENOTDIR, "not a directory")
+        return inode
+
+    @_fuse
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        children = self.ns.children(fh)
+        for i, row in enumerate(children[start_id:], start=start_id):
+            if not pyfuse3.readdir_reply(token, row.name.encode(), self._entry(row), i + 1):
+                return
+            self.ns.ref(row.ino)
+
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    @_fuse
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        self.ns.journal.sync()
+
+    @_fuse
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self.ns.rmdir(parent_inode, _name(name))
+
+    @_fuse
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self.ns.unlink(parent_inode, _name(name))
+
+    @_fuse
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        self.ns.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+
+    @_fuse
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        raise OSError(errno.EPERM, "hard links are not supported")
+
+    @_fuse
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        raise OSError(errno.EPERM, "symbolic links are not supported")
+
+    @_fuse
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EPERM, "only regular files and directories are supported")
+        row = self.ns.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid, closed=True)
+        self.ns.ref(row.ino)
+        return self._entry(row)
+
+    # ------------------------------------------------------------------- files
+    def _add_handle(self, ino: int, fd: int, write: bool) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = Handle(ino, fd, write)
+        return fh
+
+    @_fuse
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        row = self.ns.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
+        fd = self.ns.open(row.ino, write=True)
+        self.ns.ref(row.ino)
+        return pyfuse3.FileInfo(fh=self._add_handle(row.ino, fd, True)), self._entry(row)
+
+    @_fuse
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        write = (flags & os.O_ACCMODE) != os.O_RDONLY
+        fd = self.ns.open(inode, write)
+        if write and flags & os.O_TRUNC:
+            # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
+            self.ns.truncate(inode, 0)
+        return pyfuse3.FileInfo(fh=self._add_handle(inode, fd, write), keep_cache=True)
+
+    @_fuse
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return os.pread(self.handles[fh].fd, size, off)
+
+    @_fuse
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self.handles[fh]
+        return self.ns.write(h.ino, h.fd, off, buf)
+
+    @_fuse
+    async def flush(self, fh: int) -> None:
+        return None
+
+    @_fuse
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self.handles[fh]
+        await trio.to_thread.run_sync(os.fsync, h.fd)
+        self.ns.fsync(h.ino)
+
+    @_fuse
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh)
+        try:
+            os.close(h.fd)
+        finally:
+            self.ns.release(h.ino, h.write)
+
+    # ------------------------------------------------------------------ xattrs
+    @_fuse
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode == ROOT_INODE and name == XATTR_CONTROL:
+            return self.control_socket.encode()
+        row = self.ns.row(inode)
+        if row.is_dir:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
+        if name in (XATTR_ETAG, XATTR_XXH3) and row.state != "durable":
+            value = None
+        if not value:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value.encode()
+
+    @_fuse
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        if inode == ROOT_INODE:
+            return [XATTR_CONTROL]
+        row = self.ns.row(inode)
+        if row.is_dir:
+            return []
+        return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == "durable" else [])
+
+    @_fuse
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise OSError(errno.ENOTSUP, "extended attributes are read-only")
+
+    @_fuse
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        raise OSError(errno.ENOTSUP, "extended attributes are read-only")

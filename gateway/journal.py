@@ -1,0 +1,332 @@
+"""The node's source of truth: a SQLite journal (WAL mode) in the cache directory.
+
+Why SQLite: every metadata change (create, rename, state change) must be one
+atomic, crash-safe transaction, and rename of a whole tree must be a single
+commit. SQLite in WAL mode gives that with one file and no server.
+
+Durability: ordinary commits use `synchronous=NORMAL` (they survive a crash of
+the daemon, because the WAL is written before COMMIT returns). Commits that
+acknowledge data to an application (`fsync`, last `close`, `fsyncdir`) call
+`sync()`, which makes every earlier commit survive power loss too.
+
+Inode numbers come from an AUTOINCREMENT key and are never reused, not even
+after a restart: the kernel may still hold an old number in its caches.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+ROOT_INODE = 1
+SCHEMA_VERSION = 1
+
+DIRTY = "dirty"
+UPLOADING = "uploading"
+DURABLE = "durable"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS inodes(
+    ino        INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent     INTEGER,            -- NULL: unlinked while still open (an orphan)
+    name       TEXT,
+    kind       TEXT NOT NULL,      -- 'dir' | 'file'
+    mode       INTEGER NOT NULL,
+    uid        INTEGER NOT NULL,
+    gid        INTEGER NOT NULL,
+    size       INTEGER NOT NULL DEFAULT 0,
+    mtime_ns   INTEGER NOT NULL,
+    ctime_ns   INTEGER NOT NULL,
+    version    INTEGER NOT NULL DEFAULT 0,   -- bumped on every change that needs a new upload
+    state      TEXT,                         -- files: dirty | uploading | durable
+    closed_at  REAL,                         -- wall time of the last close that left it dirty
+    xxh3       TEXT,                         -- xxh3-128 of the durable bytes
+    etag       TEXT,
+    remote_key TEXT,                         -- object holding this file's durable bytes
+    UNIQUE(parent, name)
+);
+CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
+CREATE TABLE IF NOT EXISTS uploads(
+    ino        INTEGER PRIMARY KEY,
+    key        TEXT NOT NULL,
+    upload_id  TEXT NOT NULL,
+    part_size  INTEGER NOT NULL,
+    size       INTEGER NOT NULL,
+    xxh3       TEXT NOT NULL,
+    started_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS parts(
+    ino         INTEGER NOT NULL,
+    part_number INTEGER NOT NULL,
+    etag        TEXT NOT NULL,
+    crc32       TEXT NOT NULL,
+    PRIMARY KEY(ino, part_number)
+);
+CREATE TABLE IF NOT EXISTS deletes(
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    key        TEXT NOT NULL,
+    after_ino  INTEGER,     -- wait until this inode is durable (or gone): rename = upload new, then delete old
+    queued_at  REAL NOT NULL
+);
+"""
+
+
+class JournalError(Exception):
+    """The journal cannot be used (corrupt, foreign, newer schema); message is one line."""
+
+
+@dataclass
+class Row:
+    ino: int
+    parent: int | None
+    name: str | None
+    kind: str
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    version: int
+    state: str | None
+    closed_at: float | None
+    xxh3: str | None
+    etag: str | None
+    remote_key: str | None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+
+@dataclass
+class UploadRecord:
+    ino: int
+    key: str
+    upload_id: str
+    part_size: int
+    size: int
+    xxh3: str
+    started_at: float
+    parts: dict[int, tuple[str, str]]  # part number -> (etag, crc32)
+
+
+_COLUMNS = "ino, parent, name, kind, mode, uid, gid, size, mtime_ns, ctime_ns, version, state, closed_at, xxh3, etag, remote_key"
+
+
+class Journal:
+    def __init__(self, path: Path, bucket: str, prefix: str) -> None:
+        self.path = path
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=OFF")
+            ok = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise JournalError(f"journal {path} is corrupt ({ok}): move it aside and remount (unuploaded data in it would be lost)")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise JournalError(f"journal {path} cannot be opened ({e}): move it aside and remount") from None
+        self._depth = 0
+        self._bind(bucket, prefix)
+
+    def _bind(self, bucket: str, prefix: str) -> None:
+        """A journal belongs to one bucket and prefix; reusing it elsewhere would upload to the wrong place."""
+        meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        if not meta:
+            with self.transaction():
+                self.db.executemany(
+                    "INSERT INTO meta(key, value) VALUES (?, ?)",
+                    [("schema", str(SCHEMA_VERSION)), ("bucket", bucket), ("prefix", prefix), ("created", str(time.time()))],
+                )
+                now = time.time_ns()
+                self.db.execute(
+                    "INSERT INTO inodes(ino, parent, name, kind, mode, uid, gid, mtime_ns, ctime_ns) "
+                    "VALUES (?, NULL, NULL, 'dir', ?, 0, 0, ?, ?)",
+                    (ROOT_INODE, 0o40755, now, now),
+                )
+            self.sync()
+            return
+        if meta.get("schema") != str(SCHEMA_VERSION):
+            raise JournalError(f"journal {self.path} has schema {meta.get('schema')}, this ckptfs understands {SCHEMA_VERSION}: use the matching ckptfs version")
+        if (meta.get("bucket"), meta.get("prefix")) != (bucket, prefix):
+            where = f"s3://{meta.get('bucket')}/{meta.get('prefix')}".rstrip("/")
+            raise JournalError(
+                f"cache dir belongs to {where}, not s3://{bucket}/{prefix}".rstrip("/")
+                + ": use another --cache-dir, or mount that source to drain it first"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------ transactions
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One atomic change; nested uses join the outer transaction."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.db.execute("COMMIT")
+
+    def sync(self) -> None:
+        """Make every earlier commit survive power loss (fsync the WAL)."""
+        self.db.execute("PRAGMA synchronous=FULL")
+        try:
+            with self.transaction():
+                self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('synced', ?)", (str(time.time()),))
+        finally:
+            self.db.execute("PRAGMA synchronous=NORMAL")
+
+    # ------------------------------------------------------------------ inodes
+    def get(self, ino: int) -> Row | None:
+        r = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE ino = ?", (ino,)).fetchone()
+        return Row(*r) if r else None
+
+    def lookup(self, parent: int, name: str) -> Row | None:
+        r = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? AND name = ?", (parent, name)).fetchone()
+        return Row(*r) if r else None
+
+    def children(self, parent: int) -> list[Row]:
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? ORDER BY name", (parent,)).fetchall()
+        return [Row(*r) for r in rows]
+
+    def has_children(self, parent: int) -> bool:
+        return self.db.execute("SELECT 1 FROM inodes WHERE parent = ? LIMIT 1", (parent,)).fetchone() is not None
+
+    def insert(self, parent: int, name: str, kind: str, mode: int, uid: int, gid: int, state: str | None) -> Row:
+        now = time.time_ns()
+        cur = self.db.execute(
+            "INSERT INTO inodes(parent, name, kind, mode, uid, gid, mtime_ns, ctime_ns, state, version) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (parent, name, kind, mode, uid, gid, now, now, state, 1 if kind == "file" else 0),
+        )
+        row = self.get(cur.lastrowid)
+        assert row is not None
+        return row
+
+    def update(self, ino: int, **fields: object) -> None:
+        if not fields:
+            return
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE inodes SET {cols} WHERE ino = ?", (*fields.values(), ino))
+
+    def delete(self, ino: int) -> None:
+        with self.transaction():
+            self.db.execute("DELETE FROM inodes WHERE ino = ?", (ino,))
+            self.forget_upload(ino)
+
+    def descendants(self, ino: int) -> list[Row]:
+        """Every inode below `ino` (not `ino` itself)."""
+        rows = self.db.execute(
+            f"""WITH RECURSIVE sub(i) AS (SELECT ino FROM inodes WHERE parent = ?
+                 UNION ALL SELECT inodes.ino FROM inodes JOIN sub ON inodes.parent = sub.i)
+               SELECT {_COLUMNS} FROM inodes WHERE ino IN (SELECT i FROM sub)""",
+            (ino,),
+        ).fetchall()
+        return [Row(*r) for r in rows]
+
+    def is_ancestor(self, ancestor: int, ino: int) -> bool:
+        """True if `ancestor` is `ino` or one of its parents."""
+        cur: int | None = ino
+        while cur is not None:
+            if cur == ancestor:
+                return True
+            r = self.db.execute("SELECT parent FROM inodes WHERE ino = ?", (cur,)).fetchone()
+            cur = r[0] if r else None
+        return False
+
+    def path_of(self, ino: int) -> str | None:
+        """'a/b/c' relative to the mount root; None for an orphan; '' for the root."""
+        names: list[str] = []
+        cur = ino
+        while cur != ROOT_INODE:
+            r = self.db.execute("SELECT parent, name FROM inodes WHERE ino = ?", (cur,)).fetchone()
+            if r is None or r[0] is None:
+                return None
+            names.append(r[1])
+            cur = r[0]
+        return "/".join(reversed(names))
+
+    def resolve(self, path: str) -> Row | None:
+        """The live inode at a mount-relative path, if any."""
+        row = self.get(ROOT_INODE)
+        for part in [p for p in path.split("/") if p]:
+            if row is None or not row.is_dir:
+                return None
+            row = self.lookup(row.ino, part)
+        return row
+
+    def pending_files(self) -> list[Row]:
+        """Files not yet durable (dirty or uploading), orphans included."""
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM inodes WHERE kind = 'file' AND state IN ('dirty', 'uploading')"
+        ).fetchall()
+        return [Row(*r) for r in rows]
+
+    def orphans(self) -> list[Row]:
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent IS NULL AND ino != ?", (ROOT_INODE,)).fetchall()
+        return [Row(*r) for r in rows]
+
+    def all_inodes(self) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT ino FROM inodes")]
+
+    # ----------------------------------------------------------------- uploads
+    def start_upload(self, rec: UploadRecord) -> None:
+        with self.transaction():
+            self.forget_upload(rec.ino)
+            self.db.execute(
+                "INSERT INTO uploads(ino, key, upload_id, part_size, size, xxh3, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (rec.ino, rec.key, rec.upload_id, rec.part_size, rec.size, rec.xxh3, rec.started_at),
+            )
+
+    def record_part(self, ino: int, part_number: int, etag: str, crc32: str) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO parts(ino, part_number, etag, crc32) VALUES (?, ?, ?, ?)",
+            (ino, part_number, etag, crc32),
+        )
+
+    def upload_of(self, ino: int) -> UploadRecord | None:
+        r = self.db.execute(
+            "SELECT ino, key, upload_id, part_size, size, xxh3, started_at FROM uploads WHERE ino = ?", (ino,)
+        ).fetchone()
+        if r is None:
+            return None
+        parts = {n: (e, c) for n, e, c in self.db.execute("SELECT part_number, etag, crc32 FROM parts WHERE ino = ?", (ino,))}
+        return UploadRecord(*r, parts=parts)
+
+    def all_uploads(self) -> list[UploadRecord]:
+        inos = [r[0] for r in self.db.execute("SELECT ino FROM uploads")]
+        return [u for u in (self.upload_of(i) for i in inos) if u is not None]
+
+    def forget_upload(self, ino: int) -> None:
+        self.db.execute("DELETE FROM uploads WHERE ino = ?", (ino,))
+        self.db.execute("DELETE FROM parts WHERE ino = ?", (ino,))
+
+    # ----------------------------------------------------------------- deletes
+    def queue_delete(self, key: str, after_ino: int | None = None) -> None:
+        self.db.execute("INSERT INTO deletes(key, after_ino, queued_at) VALUES (?, ?, ?)", (key, after_ino, time.time()))
+
+    def pending_deletes(self) -> list[tuple[int, str, int | None]]:
+        return list(self.db.execute("SELECT id, key, after_ino FROM deletes ORDER BY id"))
+
+    def drop_delete(self, delete_id: int) -> None:
+        self.db.execute("DELETE FROM deletes WHERE id = ?", (delete_id,))

@@ -1,0 +1,99 @@
+"""Prometheus metrics and their HTTP endpoint.
+
+Gauges are computed at scrape time from the namespace (one source of truth,
+no gauge to forget to update). Counters and the time-to-durable histogram are
+updated by the drainer as things happen.
+
+The endpoint is served by a small trio handler instead of
+`prometheus_client.start_http_server`, which would start a thread outside the
+daemon's structured concurrency and read daemon state from that thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import trio
+from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+DURABLE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, float("inf"))
+
+GAUGES = {
+    "dirty_files": "Files written on this node that are not durable in the bucket yet (dirty or uploading).",
+    "dirty_bytes": "Bytes of those files.",
+    "uploading_files": "Files whose upload is running.",
+    "oldest_dirty_age_seconds": "Seconds since the oldest not-yet-durable file was closed: the drain lag.",
+    "pending_deletes": "Object deletions queued (removed or renamed files).",
+    "cache_used_bytes": "Bytes of file data in the local cache.",
+    "cache_capacity_bytes": "Bytes the cache may hold.",
+}
+
+
+class _StateCollector(Collector):
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self.read = read
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        values = self.read()
+        for name, doc in GAUGES.items():
+            g = GaugeMetricFamily(f"ckptfs_{name}", doc)
+            g.add_metric([], float(values.get(name, 0)))
+            yield g
+
+
+class Metrics:
+    def __init__(self, read_state: Callable[[], dict[str, float]]) -> None:
+        disable_created_metrics()  # the *_created series only clutter dashboards
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.uploaded_bytes = Counter("ckptfs_uploaded_bytes", "Bytes uploaded to the object store (parts and single objects that succeeded).", registry=r)
+        self.uploaded_files = Counter("ckptfs_uploaded_files", "Files that became durable.", registry=r)
+        self.upload_errors = Counter("ckptfs_upload_errors", "Failed object store requests while draining (each is retried).", ["kind"], registry=r)
+        self.deleted_objects = Counter("ckptfs_deleted_objects", "Objects deleted because their file was removed or renamed.", registry=r)
+        self.abandoned_uploads = Counter("ckptfs_abandoned_uploads", "Uploads abandoned because the file changed, moved or was removed meanwhile.", registry=r)
+        self.parts_in_flight = Gauge("ckptfs_parts_in_flight", "Parts or single-object uploads being sent now.", registry=r)
+        self.time_to_durable = Histogram(
+            "ckptfs_time_to_durable_seconds", "Seconds from a file's last close to it being durable in the bucket.",
+            buckets=DURABLE_BUCKETS, registry=r,
+        )
+        r.register(_StateCollector(read_state))
+        for kind in ("network", "server", "auth", "no-bucket", "no-upload", "other"):
+            self.upload_errors.labels(kind)
+
+    def errors_total(self) -> float:
+        return sum(self.upload_errors.labels(k)._value.get() for k in ("network", "server", "auth", "no-bucket", "no-upload", "other"))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve GET /metrics until cancelled; reports the bound port when listening."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            with trio.move_on_after(10):
+                request = b""
+                while b"\r\n\r\n" not in request and len(request) < 16384:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        return
+                    request += chunk
+                line = request.split(b"\r\n", 1)[0].split()
+                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] in (b"/metrics", b"/"):
+                    body, status, ctype = self.render(), b"200 OK", b"text/plain; version=0.0.4; charset=utf-8"
+                else:
+                    body, status, ctype = b"not found: try /metrics\n", b"404 Not Found", b"text/plain"
+                head = b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (status, ctype, len(body))
+                await stream.send_all(head + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await stream.aclose()

@@ -1,0 +1,584 @@
+"""The tree the mount shows, and every rule about how a change to it reaches the bucket.
+
+The journal holds the tree; this module adds the state that changes too often
+to commit on every call (sizes, versions and open handles of files being
+written) and the policy that ties them together:
+
+* a write bumps the file's *version*; an upload is published only if the
+  version it started from is still current, so a changed file is re-queued;
+* a rename is one journal transaction; a file renamed before its upload goes
+  straight to its final key, and a durable file renamed is uploaded again
+  under its new key before its old object is deleted;
+* deleting the object of a removed file waits while another live file owns
+  the same key and is not yet durable (its upload will replace the object).
+
+Everything here is synchronous and runs on the trio thread; the FS and the
+drainer call it. Errors are `OSError(errno)` for the FS to map.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .cache import Cache
+from .config import Config
+from .journal import DIRTY, DURABLE, ROOT_INODE, UPLOADING, Journal, Row
+
+log = logging.getLogger(__name__)
+
+NAME_MAX = 255
+
+
+@dataclass
+class Live:
+    """In-memory state of a file being used; the journal catches up on close/fsync."""
+
+    version: int
+    size: int
+    mtime_ns: int
+    handles: int = 0
+    writers: int = 0
+    modified: bool = False  # changes not yet written to the journal
+
+
+@dataclass
+class Pending:
+    """A file the drainer may upload, as seen when scheduling."""
+
+    ino: int
+    key: str
+    size: int
+    closed_at: float
+
+
+@dataclass
+class UploadTicket:
+    ino: int
+    version: int
+    size: int
+    key: str
+    closed_at: float
+
+
+@dataclass
+class Counters:
+    """Totals since this daemon started (exported as metrics and status)."""
+
+    uploaded_bytes_total: int = 0
+    uploaded_files_total: int = 0
+    upload_errors_total: int = 0
+    deleted_objects_total: int = 0
+    time_to_durable: list[float] = field(default_factory=list)
+
+
+class Namespace:
+    def __init__(self, cfg: Config, journal: Journal, cache: Cache) -> None:
+        self.cfg = cfg
+        self.journal = journal
+        self.cache = cache
+        self.live: dict[int, Live] = {}
+        self.lookups: dict[int, int] = {}
+        self.urgent: set[int] = set()  # flush asked for these: skip upload_delay and open writers
+        self.on_change: Callable[[], None] = lambda: None  # the drainer's wake-up
+        self.on_durable: Callable[[float], None] = lambda seconds: None
+
+    # --------------------------------------------------------------- start-up
+    def recover(self) -> None:
+        """Bring the journal to a consistent state after any kind of stop, crash included."""
+        j = self.journal
+        with j.transaction():
+            for row in j.orphans():
+                # unlinked while open when the daemon stopped: nobody can open it again
+                if row.kind == "file":
+                    self.cache.remove(row.ino, row.size)
+                j.db.execute("DELETE FROM inodes WHERE ino = ?", (row.ino,))
+                j.forget_upload(row.ino)
+            now = time.time()
+            for row in j.pending_files():
+                # the cache file is the truth for the size: writes reach it before the journal
+                j.update(row.ino, state=DIRTY, size=self.cache.size(row.ino), closed_at=row.closed_at or now)
+        j.sync()
+        self.cache.scan({ino for ino in j.all_inodes()})
+
+    # ---------------------------------------------------------------- lookups
+    def key_of(self, path: str) -> str:
+        return self.cfg.key_prefix + path
+
+    def path_of_key(self, key: str) -> str:
+        return key[len(self.cfg.key_prefix):]
+
+    def row(self, ino: int) -> Row:
+        row = self.journal.get(ino)
+        if row is None:
+            raise OSError(errno.ENOENT, "no such inode")
+        live = self.live.get(ino)
+        if live is not None:
+            row.size, row.mtime_ns = live.size, live.mtime_ns
+            if live.modified:
+                row.state = DIRTY
+        return row
+
+    def lookup(self, parent: int, name: str) -> Row:
+        row = self.journal.lookup(parent, name)
+        if row is None:
+            raise OSError(errno.ENOENT, name)
+        return self.row(row.ino)
+
+    def ref(self, ino: int, n: int = 1) -> None:
+        """The kernel now holds `n` more references to `ino` (lookup count)."""
+        self.lookups[ino] = self.lookups.get(ino, 0) + n
+
+    def forget(self, ino: int, n: int) -> None:
+        left = self.lookups.get(ino, 0) - n
+        if left > 0:
+            self.lookups[ino] = left
+            return
+        self.lookups.pop(ino, None)
+        self._reap(ino)
+
+    def _reap(self, ino: int) -> None:
+        """Drop an unlinked inode once neither the kernel nor an open handle refers to it."""
+        if ino == ROOT_INODE or self.lookups.get(ino) or (ino in self.live and self.live[ino].handles):
+            return
+        row = self.journal.get(ino)
+        if row is None or row.parent is not None:
+            if ino in self.live and not self.live[ino].modified:
+                del self.live[ino]
+            return
+        self.live.pop(ino, None)
+        self.urgent.discard(ino)
+        if row.kind == "file":
+            self.cache.remove(ino, row.size)
+        self.journal.delete(ino)
+
+    def children(self, parent: int) -> list[Row]:
+        return [self.row(r.ino) if r.ino in self.live else r for r in self.journal.children(parent)]
+
+    def state_of(self, ino: int) -> str | None:
+        return self.row(ino).state
+
+    # --------------------------------------------------------------- creation
+    def _check_name(self, parent: int, name: str) -> Row:
+        if len(name.encode()) > NAME_MAX:
+            raise OSError(errno.ENAMETOOLONG, name)
+        prow = self.journal.get(parent)
+        if prow is None or prow.parent is None and parent != ROOT_INODE:
+            raise OSError(errno.ENOENT, "parent directory was removed")
+        if not prow.is_dir:
+            raise OSError(errno.ENOTDIR, name)
+        if self.journal.lookup(parent, name) is not None:
+            raise OSError(errno.EEXIST, name)
+        return prow
+
+    def create(self, parent: int, name: str, mode: int, uid: int, gid: int, closed: bool = False) -> Row:
+        """A new empty file; `closed` if no handle is opened on it (mknod), so it is eligible at once."""
+        self._check_name(parent, name)
+        with self.journal.transaction():
+            row = self.journal.insert(parent, name, "file", stat.S_IFREG | (mode & 0o7777), uid, gid, DIRTY)
+            self.cache.create(row.ino)
+            self._touch_dir(parent)
+            if closed:
+                self.journal.update(row.ino, closed_at=time.time())
+        if not closed:
+            # even an empty file is uploaded: the new file is a change to persist on close
+            self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, modified=True)
+        else:
+            self.on_change()
+        return row
+
+    def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Row:
+        self._check_name(parent, name)
+        with self.journal.transaction():
+            row = self.journal.insert(parent, name, "dir", stat.S_IFDIR | (mode & 0o7777), uid, gid, None)
+            self._touch_dir(parent)
+        return row
+
+    def _touch_dir(self, ino: int) -> None:
+        now = time.time_ns()
+        self.journal.update(ino, mtime_ns=now, ctime_ns=now)
+
+    # ------------------------------------------------------------ file data
+    def _live(self, ino: int) -> Live:
+        live = self.live.get(ino)
+        if live is None:
+            row = self.journal.get(ino)
+            if row is None:
+                raise OSError(errno.ENOENT, "no such inode")
+            live = Live(version=row.version, size=row.size, mtime_ns=row.mtime_ns)
+            self.live[ino] = live
+        return live
+
+    def open(self, ino: int, write: bool) -> int:
+        row = self.row(ino)
+        if row.is_dir:
+            raise OSError(errno.EISDIR, "is a directory")
+        fd = self.cache.open(ino)
+        live = self._live(ino)
+        live.handles += 1
+        if write:
+            live.writers += 1
+        return fd
+
+    def _modified(self, ino: int, live: Live, new_size: int) -> None:
+        """Record that the file's bytes changed: a new version that must be uploaded."""
+        live.version += 1
+        live.size = new_size
+        live.mtime_ns = time.time_ns()
+        if not live.modified:
+            live.modified = True
+            row = self.journal.get(ino)
+            if row is not None and row.parent is not None and row.state != DIRTY:
+                # a durable file that changes must never be taken for durable after a crash
+                self.journal.update(ino, state=DIRTY, version=live.version)
+
+    def write(self, ino: int, fd: int, offset: int, data: bytes) -> int:
+        live = self._live(ino)
+        end = offset + len(data)
+        if end > self.cfg.max_file_size:
+            raise OSError(errno.EFBIG, "file larger than max_file_size")
+        if end > live.size:
+            self.cache.grow(live.size, end)
+        try:
+            n = os.pwrite(fd, data, offset)
+        except OSError:
+            if end > live.size:
+                self.cache.grow(end, live.size)
+            raise
+        self._modified(ino, live, max(live.size, offset + n))
+        return n
+
+    def truncate(self, ino: int, size: int) -> None:
+        if size > self.cfg.max_file_size:
+            raise OSError(errno.EFBIG, "file larger than max_file_size")
+        live = self._live(ino)
+        self.cache.grow(live.size, size)
+        try:
+            os.truncate(self.cache.path(ino), size)
+        except OSError:
+            self.cache.grow(size, live.size)
+            raise
+        self._modified(ino, live, size)
+        if not live.handles:
+            self._persist(ino, closed=True)
+
+    def _persist(self, ino: int, closed: bool) -> None:
+        """Write a file's in-memory state to the journal."""
+        live = self.live.get(ino)
+        if live is None or not live.modified:
+            return
+        fields: dict[str, object] = dict(size=live.size, mtime_ns=live.mtime_ns, ctime_ns=live.mtime_ns, version=live.version)
+        row = self.journal.get(ino)
+        if row is not None and row.parent is not None:
+            fields["state"] = DIRTY  # an unlinked file stays out of the drain
+        if closed:
+            fields["closed_at"] = time.time()
+        self.journal.update(ino, **fields)
+        live.modified = False
+
+    def fsync(self, ino: int) -> None:
+        """Called after the cache file itself was fsynced: make the journal entry durable too."""
+        if ino in self.live:
+            self._persist(ino, closed=False)
+        self.journal.sync()
+
+    def persist_all(self) -> None:
+        """At unmount: handles still open will never be released, so close them in the journal now."""
+        with self.journal.transaction():
+            for ino, live in self.live.items():
+                live.writers = live.handles = 0
+                self._persist(ino, closed=True)
+
+    def release(self, ino: int, write: bool) -> None:
+        live = self.live.get(ino)
+        if live is None:
+            return
+        live.handles -= 1
+        if write:
+            live.writers -= 1
+        if live.writers == 0 and live.modified:
+            self._persist(ino, closed=True)
+            self.on_change()
+        if not live.handles:
+            self._reap(ino)
+
+    def setattr(self, ino: int, mode: int | None, uid: int | None, gid: int | None, atime_ns: int | None, mtime_ns: int | None) -> None:
+        row = self.row(ino)
+        fields: dict[str, object] = {}
+        if mode is not None:
+            fields["mode"] = (row.mode & ~0o7777) | (mode & 0o7777)
+        if uid is not None:
+            fields["uid"] = uid
+        if gid is not None:
+            fields["gid"] = gid
+        if mtime_ns is not None:
+            fields["mtime_ns"] = mtime_ns
+            if ino in self.live:
+                self.live[ino].mtime_ns = mtime_ns
+        if fields:
+            fields["ctime_ns"] = time.time_ns()
+            self.journal.update(ino, **fields)
+
+    # ---------------------------------------------------------------- removal
+    def _drop_remote(self, row: Row) -> None:
+        """The object of a file that leaves the tree must leave the bucket."""
+        if row.remote_key:
+            self.journal.queue_delete(row.remote_key)
+        if row.ino in self.live:
+            self.live[row.ino].version += 1  # aborts an upload in flight
+        self.journal.update(row.ino, parent=None, name=None, remote_key=None, state=None)
+        self.journal.forget_upload(row.ino)
+
+    def unlink(self, parent: int, name: str) -> None:
+        row = self.journal.lookup(parent, name)
+        if row is None:
+            raise OSError(errno.ENOENT, name)
+        if row.is_dir:
+            raise OSError(errno.EISDIR, name)
+        with self.journal.transaction():
+            self._drop_remote(row)
+            self._touch_dir(parent)
+        self._reap(row.ino)
+        self.on_change()
+
+    def rmdir(self, parent: int, name: str) -> None:
+        row = self.journal.lookup(parent, name)
+        if row is None:
+            raise OSError(errno.ENOENT, name)
+        if not row.is_dir:
+            raise OSError(errno.ENOTDIR, name)
+        if self.journal.has_children(row.ino):
+            raise OSError(errno.ENOTEMPTY, name)
+        with self.journal.transaction():
+            self.journal.update(row.ino, parent=None, name=None)
+            self._touch_dir(parent)
+        self._reap(row.ino)
+
+    # ----------------------------------------------------------------- rename
+    def rename(self, old_parent: int, old_name: str, new_parent: int, new_name: str, noreplace: bool) -> None:
+        j = self.journal
+        src = j.lookup(old_parent, old_name)
+        if src is None:
+            raise OSError(errno.ENOENT, old_name)
+        if len(new_name.encode()) > NAME_MAX:
+            raise OSError(errno.ENAMETOOLONG, new_name)
+        dst_parent = j.get(new_parent)
+        if dst_parent is None or not dst_parent.is_dir:
+            raise OSError(errno.ENOTDIR, new_name)
+        if src.is_dir and j.is_ancestor(src.ino, new_parent):
+            raise OSError(errno.EINVAL, "cannot move a directory into itself")
+        dst = j.lookup(new_parent, new_name)
+        if dst is not None and dst.ino == src.ino:
+            return
+        if dst is not None:
+            if noreplace:
+                raise OSError(errno.EEXIST, new_name)
+            if dst.is_dir and not src.is_dir:
+                raise OSError(errno.EISDIR, new_name)
+            if src.is_dir and not dst.is_dir:
+                raise OSError(errno.ENOTDIR, new_name)
+            if dst.is_dir and j.has_children(dst.ino):
+                raise OSError(errno.ENOTEMPTY, new_name)
+        with j.transaction():
+            if dst is not None:
+                if dst.is_dir:
+                    j.update(dst.ino, parent=None, name=None)
+                else:
+                    self._drop_remote(dst)
+            j.update(src.ino, parent=new_parent, name=new_name, ctime_ns=time.time_ns())
+            moved = [src] if not src.is_dir else [r for r in j.descendants(src.ino) if r.kind == "file"]
+            for row in moved:
+                self._requeue_moved(row)
+            self._touch_dir(old_parent)
+            if new_parent != old_parent:
+                self._touch_dir(new_parent)
+        if dst is not None:
+            self._reap(dst.ino)
+        self.on_change()
+
+    def _requeue_moved(self, row: Row) -> None:
+        """A moved file must end up under its new key; nothing to do if it was never uploaded."""
+        if row.state == DIRTY and not row.remote_key:
+            return  # not uploaded yet: it will go straight to the final key
+        live = self._live(row.ino)
+        live.version += 1  # an upload under the old key in flight is abandoned
+        if row.remote_key:
+            # upload under the new key first, then delete the old object
+            self.journal.queue_delete(row.remote_key, after_ino=row.ino)
+        self.journal.update(row.ino, state=DIRTY, version=live.version, remote_key=None, closed_at=time.time())
+        self.journal.forget_upload(row.ino)
+
+    # ---------------------------------------------------------- drain support
+    def is_marker(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pat) for pat in self.cfg.commit_markers)
+
+    def _ancestors(self, ino: int, memo: dict[int, int | None]) -> list[int]:
+        out = []
+        cur: int | None = ino
+        while cur is not None and cur != ROOT_INODE:
+            if cur not in memo:
+                row = self.journal.get(cur)
+                memo[cur] = row.parent if row else None
+            cur = memo[cur]
+            if cur is not None:
+                out.append(cur)
+        return out
+
+    def candidates(self, now: float, busy: set[int]) -> tuple[list[Pending], float | None]:
+        """Files ready to upload, oldest close first, and when the next one becomes ready."""
+        rows = [r for r in self.journal.pending_files() if r.parent is not None]
+        memo: dict[int, int | None] = {}
+        # directories that still hold a non-marker file which is not durable
+        blocking_dirs: set[int] = set()
+        for r in rows:
+            if not self.is_marker(r.name or ""):
+                blocking_dirs.update(self._ancestors(r.ino, memo))
+        ready: list[Pending] = []
+        next_at: float | None = None
+        for r in rows:
+            if r.ino in busy:
+                continue
+            live = self.live.get(r.ino)
+            urgent = r.ino in self.urgent
+            if live is not None and live.writers and not urgent:
+                continue
+            if self.is_marker(r.name or "") and r.parent in blocking_dirs:
+                continue
+            closed_at = r.closed_at or 0.0  # never closed but no writer left: due now
+            due = closed_at + self.cfg.upload_delay
+            if due > now and not urgent:
+                next_at = due if next_at is None else min(next_at, due)
+                continue
+            path = self.journal.path_of(r.ino)
+            if path is None:
+                continue
+            size = live.size if live is not None else r.size
+            ready.append(Pending(r.ino, self.key_of(path), size, closed_at))
+        ready.sort(key=lambda p: p.closed_at)
+        return ready, next_at
+
+    def begin_upload(self, ino: int) -> UploadTicket | None:
+        """Snapshot what is about to be uploaded; None if the file is gone or moved away."""
+        row = self.journal.get(ino)
+        if row is None or row.parent is None or row.state not in (DIRTY, UPLOADING):
+            return None
+        live = self.live.get(ino)
+        if live is not None and live.modified:
+            self._persist(ino, closed=live.writers == 0)
+            row = self.journal.get(ino)
+            assert row is not None
+        path = self.journal.path_of(ino)
+        if path is None:
+            return None
+        self.journal.update(ino, state=UPLOADING)
+        version = live.version if live is not None else row.version
+        return UploadTicket(ino, version, row.size, self.key_of(path), row.closed_at or time.time())
+
+    def still_current(self, ticket: UploadTicket) -> bool:
+        """True if publishing `ticket` now would publish the file's current bytes at its current key."""
+        row = self.journal.get(ticket.ino)
+        if row is None or row.parent is None:
+            return False
+        live = self.live.get(ticket.ino)
+        version = live.version if live is not None else row.version
+        if version != ticket.version:
+            return False
+        return self.journal.path_of(ticket.ino) == self.path_of_key(ticket.key)
+
+    def finish_upload(self, ticket: UploadTicket, etag: str, xxh3: str) -> bool:
+        """The object at ticket.key is complete. Make the file durable, or clean up if it moved on."""
+        j = self.journal
+        if self.still_current(ticket):
+            with j.transaction():
+                j.update(ticket.ino, state=DURABLE, etag=etag, xxh3=xxh3, remote_key=ticket.key)
+                j.forget_upload(ticket.ino)
+            self.urgent.discard(ticket.ino)
+            self.on_durable(max(0.0, time.time() - ticket.closed_at))
+            self.on_change()
+            return True
+        with j.transaction():
+            row = j.get(ticket.ino)
+            owner = j.resolve(self.path_of_key(ticket.key))
+            if owner is None or owner.ino != ticket.ino:
+                j.queue_delete(ticket.key)  # a stale object under a name the file no longer has
+            if row is not None and row.state == UPLOADING:
+                j.update(ticket.ino, state=DIRTY)
+            j.forget_upload(ticket.ino)
+        self.on_change()
+        return False
+
+    def upload_failed(self, ino: int) -> None:
+        row = self.journal.get(ino)
+        if row is not None and row.state == UPLOADING:
+            self.journal.update(ino, state=DIRTY)
+
+    def ready_deletes(self, busy_keys: set[str]) -> list[tuple[int, str]]:
+        """Queued object deletions that may run now; drops those a live file has made moot."""
+        out = []
+        for delete_id, key, after_ino in self.journal.pending_deletes():
+            if key in busy_keys:
+                continue
+            if after_ino is not None:
+                waited = self.journal.get(after_ino)
+                if waited is not None and waited.parent is not None and waited.state != DURABLE:
+                    continue
+            owner = self.journal.resolve(self.path_of_key(key))
+            if owner is not None and owner.kind == "file":
+                if owner.state == DURABLE and owner.remote_key == key:
+                    self.journal.drop_delete(delete_id)  # the live file's upload replaced the object
+                continue  # its upload will replace the object; wait and see
+            out.append((delete_id, key))
+        return out
+
+    def delete_done(self, delete_id: int) -> None:
+        self.journal.drop_delete(delete_id)
+
+    # ------------------------------------------------------------------ flush
+    def _under(self, prefix_path: str, path: str) -> bool:
+        return not prefix_path or path == prefix_path or path.startswith(prefix_path + "/")
+
+    def pending_under(self, path: str) -> tuple[int, int, int]:
+        """(files, bytes, deletes) not yet durable at or below `path` (mount-relative)."""
+        files = size = 0
+        for r in self.journal.pending_files():
+            p = self.journal.path_of(r.ino)
+            if p is not None and self._under(path, p):
+                files += 1
+                live = self.live.get(r.ino)
+                size += live.size if live else r.size
+        deletes = sum(1 for _, key, _ in self.journal.pending_deletes() if self._under(path, self.path_of_key(key)))
+        return files, size, deletes
+
+    def mark_urgent(self, path: str) -> None:
+        for r in self.journal.pending_files():
+            p = self.journal.path_of(r.ino)
+            if p is not None and self._under(path, p):
+                self.urgent.add(r.ino)
+        self.on_change()
+
+    def stats(self) -> dict[str, float]:
+        rows = self.journal.pending_files()
+        now = time.time()
+        dirty_bytes = 0
+        oldest = 0.0
+        uploading = 0
+        for r in rows:
+            live = self.live.get(r.ino)
+            dirty_bytes += live.size if live else r.size
+            if r.state == UPLOADING:
+                uploading += 1
+            if r.closed_at:
+                oldest = max(oldest, now - r.closed_at)
+        return {
+            "dirty_files": len(rows),
+            "dirty_bytes": dirty_bytes,
+            "uploading_files": uploading,
+            "oldest_dirty_age_seconds": round(oldest, 3),
+            "pending_deletes": len(self.journal.pending_deletes()),
+        }

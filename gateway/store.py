@@ -1,0 +1,193 @@
+"""The object store: the only module that imports boto3.
+
+Every call is blocking and meant to run in a worker thread
+(`trio.to_thread.run_sync`). Part bodies are streamed from the cache file
+through `RangeReader`, so a part is never held whole in memory. Every
+failure becomes a `StoreError` whose message is one line a user can act on,
+and whose `kind` tells the caller whether retrying can help.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.exceptions as bexc
+from botocore.config import Config as BotoConfig
+
+from .config import Config
+
+# kinds of failure
+NETWORK = "network"  # unreachable, timed out, connection reset: retry
+SERVER = "server"  # 5xx, SlowDown: retry
+AUTH = "auth"  # bad credentials or no permission: retry slowly, report loudly
+NO_BUCKET = "no-bucket"  # retry slowly, report loudly
+NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
+OTHER = "other"
+
+
+class StoreError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def crc32_b64(crc: int) -> str:
+    """S3's ChecksumCRC32 encoding: base64 of the big-endian 4-byte value."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+class RangeReader(io.RawIOBase):
+    """A seekable, read-only view of `length` bytes of `fd` at `offset` (pread, no shared file position)."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        super().__init__()
+        self.fd, self.offset, self.length, self.pos = fd, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = max(0, min(self.length, base + pos))
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        left = self.length - self.pos
+        if n is None or n < 0 or n > left:
+            n = left
+        if n <= 0:
+            return b""
+        data = os.pread(self.fd, n, self.offset + self.pos)
+        if len(data) < n:
+            raise OSError(f"cache file shrank while uploading (wanted {n} bytes, got {len(data)})")
+        self.pos += len(data)
+        return data
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+@dataclass
+class RemotePart:
+    etag: str
+    size: int
+
+
+def _classify(e: Exception, bucket: str, what: str) -> StoreError:
+    if isinstance(e, StoreError):
+        return e
+    if isinstance(e, bexc.NoCredentialsError):
+        return StoreError(AUTH, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or a profile with --config profile=...")
+    if isinstance(e, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
+        return StoreError(NETWORK, f"cannot reach the object store ({e}): check endpoint_url and that the server is up")
+    if isinstance(e, (bexc.ReadTimeoutError, bexc.ConnectionClosedError, bexc.HTTPClientError)):
+        return StoreError(NETWORK, f"object store did not answer {what} in time ({type(e).__name__})")
+    if isinstance(e, bexc.ClientError):
+        err = e.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in ("NoSuchBucket",) or (what == "HeadBucket" and status == 404):
+            return StoreError(NO_BUCKET, f"bucket {bucket!r} does not exist: create it or fix the source s3://BUCKET")
+        if code == "NoSuchUpload":
+            return StoreError(NO_UPLOAD, f"multipart upload no longer exists ({what})")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+            return StoreError(AUTH, f"the object store rejected the credentials ({code}): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile")
+        if code in ("AccessDenied", "403", "Forbidden") or status == 403:
+            return StoreError(AUTH, f"access denied to bucket {bucket!r} ({what}): check the credentials and the bucket policy")
+        if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
+            return StoreError(SERVER, f"object store error {code or status} on {what}: will retry")
+        return StoreError(OTHER, f"object store refused {what}: {code} {err.get('Message', '')}".strip())
+    if isinstance(e, bexc.BotoCoreError):
+        return StoreError(NETWORK, f"object store request {what} failed: {e}")
+    if isinstance(e, OSError):
+        return StoreError(OTHER, f"{what}: {e}")
+    raise e
+
+
+class Store:
+    def __init__(self, cfg: Config) -> None:
+        self.bucket = cfg.bucket
+        session = boto3.session.Session(profile_name=cfg.profile or None, region_name=cfg.region)
+        self.client = session.client(
+            "s3",
+            endpoint_url=cfg.endpoint_url or None,
+            config=BotoConfig(
+                connect_timeout=cfg.connect_timeout,
+                read_timeout=cfg.read_timeout,
+                retries={"mode": "standard", "max_attempts": 3},
+                max_pool_connections=cfg.max_parts_in_flight + 8,
+                s3={"addressing_style": "path"} if cfg.endpoint_url else None,
+                # we send our own CRC32 per part; no second pass by botocore
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        )
+
+    def _call(self, what: str, fn: Any, **kw: Any) -> Any:
+        try:
+            return fn(Bucket=self.bucket, **kw)
+        except Exception as e:  # noqa: BLE001 - every failure becomes a StoreError
+            raise _classify(e, self.bucket, what) from None
+
+    def check(self) -> None:
+        """Mount-time check: endpoint reachable, credentials valid, bucket present and ours."""
+        self._call("HeadBucket", self.client.head_bucket)
+
+    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
+        r = self._call(
+            "PutObject", self.client.put_object, Key=key, Body=RangeReader(fd, 0, size),
+            ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata,
+        )
+        return r["ETag"].strip('"')
+
+    def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        r = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=key, Metadata=metadata, ChecksumAlgorithm="CRC32")
+        return r["UploadId"]
+
+    def upload_part(self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int, crc32: str) -> str:
+        r = self._call(
+            "UploadPart", self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
+            Body=RangeReader(fd, offset, length), ContentLength=length, ChecksumCRC32=crc32,
+        )
+        return r["ETag"].strip('"')
+
+    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]]) -> str:
+        r = self._call(
+            "CompleteMultipartUpload", self.client.complete_multipart_upload, Key=key, UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"', "ChecksumCRC32": c} for n, e, c in parts]},
+        )
+        return r["ETag"].strip('"')
+
+    def abort(self, key: str, upload_id: str) -> None:
+        try:
+            self._call("AbortMultipartUpload", self.client.abort_multipart_upload, Key=key, UploadId=upload_id)
+        except StoreError as e:
+            if e.kind != NO_UPLOAD:
+                raise
+
+    def list_parts(self, key: str, upload_id: str) -> dict[int, RemotePart]:
+        out: dict[int, RemotePart] = {}
+        marker = 0
+        while True:
+            r = self._call("ListParts", self.client.list_parts, Key=key, UploadId=upload_id, PartNumberMarker=marker)
+            for p in r.get("Parts", []):
+                out[p["PartNumber"]] = RemotePart(p["ETag"].strip('"'), p["Size"])
+            if not r.get("IsTruncated"):
+                return out
+            marker = r["NextPartNumberMarker"]
+
+    def delete(self, key: str) -> None:
+        self._call("DeleteObject", self.client.delete_object, Key=key)
