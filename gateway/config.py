@@ -60,7 +60,7 @@ class Config:
     multipart_threshold: int = _opt(16 * MiB, "Files at least this large are uploaded as multipart uploads; smaller ones with one PutObject.", "bytes")
     part_size: int = _opt(64 * MiB, "Multipart part size. Between 5 MiB and 5 GiB, and large enough that `max_file_size` needs at most 10,000 parts. Parts are streamed from the cache file, so this does not set memory use.", "bytes")
     max_parts_in_flight: int = _opt(8, "Parts (or small objects) uploaded at once across all files.")
-    max_file_size: int = _opt(600 * GiB, "Largest file the mount accepts; writes beyond it fail with EFBIG.", "bytes")
+    max_file_size: int = _opt(0, "Largest file the mount accepts; writes beyond it fail with EFBIG. 0 means part_size x 10,000 (the most one multipart upload can hold).", "bytes")
     commit_markers: list[str] = _opt(
         [".metadata", "*.index.json", "latest", "COMMIT"],
         "File name patterns (fnmatch) of commit markers: a marker is uploaded only after every other file under its directory written on this node is durable.",
@@ -87,6 +87,10 @@ class Config:
         return f"{p}/" if p else ""
 
     @property
+    def file_size_limit(self) -> int:
+        return self.max_file_size or self.part_size * S3_MAX_PARTS
+
+    @property
     def control_socket(self) -> Path:
         return Path(self.cache_dir) / "control.sock"
 
@@ -110,7 +114,7 @@ class Config:
             raise ConfigError(f"part_size = {fmt_bytes(self.part_size)} is below the S3 minimum of 5 MiB: raise it")
         if self.part_size > S3_MAX_PART_SIZE:
             raise ConfigError(f"part_size = {fmt_bytes(self.part_size)} is above the S3 maximum of 5 GiB: lower it")
-        if self.max_file_size > self.part_size * S3_MAX_PARTS:
+        if self.file_size_limit > self.part_size * S3_MAX_PARTS:
             need = -(-self.max_file_size // S3_MAX_PARTS)
             raise ConfigError(
                 f"part_size = {fmt_bytes(self.part_size)} would need more than 10,000 parts for max_file_size = "

@@ -241,7 +241,7 @@ class Namespace:
     def write(self, ino: int, fd: int, offset: int, data: bytes) -> int:
         live = self._live(ino)
         end = offset + len(data)
-        if end > self.cfg.max_file_size:
+        if end > self.cfg.file_size_limit:
             raise OSError(errno.EFBIG, "file larger than max_file_size")
         if end > live.size:
             self.cache.grow(live.size, end)
@@ -255,7 +255,7 @@ class Namespace:
         return n
 
     def truncate(self, ino: int, size: int) -> None:
-        if size > self.cfg.max_file_size:
+        if size > self.cfg.file_size_limit:
             raise OSError(errno.EFBIG, "file larger than max_file_size")
         live = self._live(ino)
         self.cache.grow(live.size, size)
