@@ -46,6 +46,7 @@ class Live:
     handles: int = 0
     writers: int = 0
     modified: bool = False  # changes not yet written to the journal
+    unclosed: bool = False  # changed since the last close: the next last-close makes it eligible
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Namespace:
             return
         row = self.journal.get(ino)
         if row is None or row.parent is not None:
-            if ino in self.live and not self.live[ino].modified:
+            if ino in self.live and not (self.live[ino].modified or self.live[ino].unclosed):
                 del self.live[ino]
             return
         self.live.pop(ino, None)
@@ -188,7 +189,7 @@ class Namespace:
                 self.journal.update(row.ino, closed_at=time.time())
         if not closed:
             # even an empty file is uploaded: the new file is a change to persist on close
-            self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, modified=True)
+            self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, modified=True, unclosed=True)
         else:
             self.on_change()
         return row
@@ -231,6 +232,7 @@ class Namespace:
         live.version += 1
         live.size = new_size
         live.mtime_ns = time.time_ns()
+        live.unclosed = True
         if not live.modified:
             live.modified = True
             row = self.journal.get(ino)
@@ -271,7 +273,7 @@ class Namespace:
     def _persist(self, ino: int, closed: bool) -> None:
         """Write a file's in-memory state to the journal."""
         live = self.live.get(ino)
-        if live is None or not live.modified:
+        if live is None or not (live.modified or (closed and live.unclosed)):
             return
         fields: dict[str, object] = dict(size=live.size, mtime_ns=live.mtime_ns, ctime_ns=live.mtime_ns, version=live.version)
         row = self.journal.get(ino)
@@ -279,6 +281,7 @@ class Namespace:
             fields["state"] = DIRTY  # an unlinked file stays out of the drain
         if closed:
             fields["closed_at"] = time.time()
+            live.unclosed = False
         self.journal.update(ino, **fields)
         live.modified = False
 
@@ -302,7 +305,7 @@ class Namespace:
         live.handles -= 1
         if write:
             live.writers -= 1
-        if live.writers == 0 and live.modified:
+        if live.writers == 0 and (live.modified or live.unclosed):
             self._persist(ino, closed=True)
             self.on_change()
         if not live.handles:

@@ -154,3 +154,19 @@ def test_recover_after_crash_requeues_uploading_files(tmp_path: Path) -> None:
     assert row.state == DIRTY and row.size == 5
     ready, _ = ns2.candidates(now=1e12, busy=set())
     assert [p.key for p in ready] == ["p/f"]
+
+
+def test_fsync_then_close_still_waits_for_upload_delay(tmp_path: Path) -> None:
+    import os
+    import time
+
+    ns = make_ns(tmp_path, upload_delay=60)
+    row = ns.create(ROOT_INODE, "f.tmp", 0o644, 0, 0)
+    fd = ns.open(row.ino, write=True)
+    ns.write(row.ino, fd, 0, b"data")
+    ns.fsync(row.ino)
+    os.close(fd)
+    ns.release(row.ino, write=True)
+    now = time.time()
+    ready, next_at = ns.candidates(now=now, busy=set())
+    assert ready == [] and next_at is not None and next_at > now + 50
