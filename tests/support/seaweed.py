@@ -28,6 +28,7 @@ Quirks of ``weed mini`` 4.48 handled here (see ``_command``):
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -36,6 +37,7 @@ import stat
 import subprocess
 import sys
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -153,14 +155,34 @@ def _signal_group(pid: int, sig: int) -> bool:
         return False
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _remove_stale_sockets(ports: dict[str, int]) -> None:
+    """Unix sockets weed leaves in /tmp after an unclean exit (ours only: they are named by our ports)."""
+    if not ports:
+        return
+    candidates = [
+        f"/tmp/seaweedfs-{name}-grpc-{ports[f'{name}.port.grpc']}.sock"
+        for name in ("master", "volume", "filer", "s3", "admin")
+    ] + [
+        f"/tmp/seaweedfs-filer-{ports['filer.port']}.sock",
+        f"/tmp/seaweedfs-s3-{ports['s3.port']}.sock",
+    ]
+    for path in candidates:
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _kill_group(proc: subprocess.Popen[bytes], ports: dict[str, int]) -> None:
     """Last-resort cleanup (object finalizer / interpreter exit): SIGKILL the group and reap."""
     if proc.poll() is None:
         _signal_group(proc.pid, signal.SIGKILL)
         try:
             proc.wait(5)
         except subprocess.TimeoutExpired:
-            pass
+            return
+    _remove_stale_sockets(ports)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -331,7 +353,7 @@ class SeaweedServer:
                 )
             self._proc = proc
             self.ports = ports
-            self._finalizer = weakref.finalize(self, _kill_group, proc)
+            self._finalizer = weakref.finalize(self, _kill_group, proc, ports)
             error = self._wait_ready(READY_TIMEOUT)
             if error is None:
                 self.startup_seconds = time.monotonic() - t0
@@ -387,31 +409,10 @@ class SeaweedServer:
             self._finalizer = None
         self._proc = None
         self._paused = False
-        self._remove_stale_sockets()
-
-    def _remove_stale_sockets(self) -> None:
-        """Unix sockets weed leaves in /tmp after an unclean exit (ours only: named by our ports)."""
-        p = self.ports
-        if not p:
-            return
-        candidates = [
-            f"/tmp/seaweedfs-master-grpc-{p['master.port.grpc']}.sock",
-            f"/tmp/seaweedfs-volume-grpc-{p['volume.port.grpc']}.sock",
-            f"/tmp/seaweedfs-filer-grpc-{p['filer.port.grpc']}.sock",
-            f"/tmp/seaweedfs-s3-grpc-{p['s3.port.grpc']}.sock",
-            f"/tmp/seaweedfs-admin-grpc-{p['admin.port.grpc']}.sock",
-            f"/tmp/seaweedfs-filer-{p['filer.port']}.sock",
-            f"/tmp/seaweedfs-s3-{p['s3.port']}.sock",
-        ]
-        for path in candidates:
-            try:
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)
-            except OSError:
-                pass
+        _remove_stale_sockets(self.ports)
 
     def stop(self) -> None:
-        """SIGTERM the process group, wait up to 10 s, then SIGKILL.  Idempotent."""
+        """SIGTERM the process group, wait up to 10 s, then SIGKILL.  Idempotent; a no-op after detach()."""
         self._terminate()
 
     def detach(self) -> int:
@@ -426,12 +427,25 @@ class SeaweedServer:
             self._finalizer.detach()
             self._finalizer = None
         pid = self._proc.pid
-        # Forget the Popen so nothing here waits on or signals it any more.
-        self._proc = None
+        # Forget the Popen so nothing here waits on or signals it any more;
+        # dropping it while the child runs is the point, not a leak.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            self._proc = None
+            gc.collect()  # start()'s frame can linger in a traceback cycle and still hold the Popen
         return pid
 
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def pause(self) -> None:
-        """SIGSTOP the whole server (requests hang until resume())."""
+        """SIGSTOP the whole server until resume().
+
+        The kernel still completes TCP handshakes on its listening sockets, so
+        clients connect fine and then hit their *read* timeout (not "connection
+        refused").  stop() works on a paused server.
+        """
         if not self.running():
             raise RuntimeError("SeaweedServer is not running")
         assert self._proc is not None
