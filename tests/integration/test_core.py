@@ -316,3 +316,18 @@ def test_posix_operations(mount: Mount) -> None:
     mount.flush()
     assert mount.keys() == [mount.key("dir/file.bin")]
     assert mount.object_sha256("dir/file.bin") == __import__("hashlib").sha256(b"0123").hexdigest()
+
+
+def test_file_changed_during_upload_is_reuploaded(make_mount) -> None:  # type: ignore[no-untyped-def]
+    m: Mount = make_mount(max_parts_in_flight=1, part_size="5MiB", multipart_threshold="5MiB")
+    f = m.path / "moving.bin"
+    write_random(f, 60 * MiB, seed=50, fsync=False)
+    wait_until(lambda: xattr(f, "state") == "uploading", "state uploading")
+    with open(f, "r+b") as fh:  # change the middle while parts are going out
+        fh.seek(30 * MiB)
+        fh.write(b"changed!" * 1000)
+    assert xattr(f, "state") == "dirty"
+    m.flush()
+    assert m.object_sha256("moving.bin") == sha256_file(f)
+    assert m.head("moving.bin")["Metadata"]["xxh3"] == xxhash.xxh3_128_hexdigest(f.read_bytes())
+    assert m.s3.client().list_multipart_uploads(Bucket=m.bucket).get("Uploads", []) == []
