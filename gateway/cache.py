@@ -13,17 +13,43 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
+
+DISK_SAMPLE_SECONDS = 0.25
+
+
+class CacheFull(OSError):
+    """Growing a file would pass the cache's capacity or its disk reserve."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(errno.ENOSPC, "ckptfs cache is full")
+        self.needed = needed
 
 
 class Cache:
-    def __init__(self, root: Path, capacity: int) -> None:
+    def __init__(self, root: Path, capacity: int, min_free: int = 0) -> None:
         self.data_dir = root / "data"
         self.data_dir.mkdir(exist_ok=True)
         st = os.statvfs(self.data_dir)
         fs_size = st.f_blocks * st.f_frsize
         self.capacity_bytes = capacity if capacity > 0 else int(fs_size * 0.9)
+        self.min_free = min_free
         self.used_bytes = 0
+        self._disk_free = 0
+        self._sampled_at = -1e9
+        self._grown_since_sample = 0
+
+    def room(self) -> int:
+        """Bytes that may still be added: the lesser of the capacity left and the disk above its reserve."""
+        now = time.monotonic()
+        if now - self._sampled_at > DISK_SAMPLE_SECONDS:
+            st = os.statvfs(self.data_dir)
+            self._disk_free = st.f_bavail * st.f_frsize
+            self._sampled_at = now
+            self._grown_since_sample = 0
+        disk_room = self._disk_free - self._grown_since_sample - self.min_free
+        return min(self.capacity_bytes - self.used_bytes, disk_room)
 
     def path(self, ino: int) -> Path:
         return self.data_dir / str(ino)
@@ -61,10 +87,12 @@ class Cache:
         except FileNotFoundError:
             return
         self.used_bytes = max(0, self.used_bytes - size)
+        self._grown_since_sample -= size
 
     def grow(self, old_size: int, new_size: int) -> None:
-        """Account a size change; raise ENOSPC if growing would pass the capacity."""
+        """Account a size change; raise CacheFull if growing would pass the capacity or the disk reserve."""
         delta = new_size - old_size
-        if delta > 0 and self.used_bytes + delta > self.capacity_bytes:
-            raise OSError(errno.ENOSPC, "ckptfs cache is full")
+        if delta > 0 and delta > self.room():
+            raise CacheFull(delta)
         self.used_bytes += delta
+        self._grown_since_sample += delta

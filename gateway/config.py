@@ -67,12 +67,16 @@ class Config:
     )
 
     # cache
-    cache_capacity: int = _opt(0, "Bytes of cache the mount may use; 0 means 90% of the cache file system's size. Writes that would exceed it get ENOSPC.", "bytes")
+    cache_capacity: int = _opt(0, "Bytes of cache the mount may use; 0 means 90% of the cache file system's size.", "bytes")
+    cache_min_free: int = _opt(1 << 30, "Free space to leave on the cache file system, whatever the capacity says.", "bytes")
+    write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC.", "seconds")
 
     # object store client
     connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store.", "seconds")
     read_timeout: float = _opt(60.0, "Seconds to wait for a response from the object store before retrying.", "seconds")
     retry_max_backoff: float = _opt(60.0, "Upper bound, in seconds, of the exponential backoff between attempts to upload a file. Attempts never stop for acknowledged data.", "seconds")
+    retry_auth_backoff: float = _opt(30.0, "Seconds between attempts while the store answers 403 (credentials, permissions) or 404 (bucket gone): these need an operator, so retry slowly.", "seconds")
+    abort_stale_uploads_after: float = _opt(86400.0, "At mount, abort multipart uploads under the prefix started this many seconds ago or more that no journal owns (left by a crashed node). 0 disables.", "seconds")
 
     # lifecycle
     shutdown_timeout: float = _opt(30.0, "On SIGTERM or `ckptfs unmount`, seconds to keep draining before stopping; what is left stays in the journal for the next mount.", "seconds")
@@ -104,10 +108,11 @@ class Config:
             raise ConfigError("no mount point given")
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
-        for name in ("upload_delay", "connect_timeout", "read_timeout", "shutdown_timeout", "retry_max_backoff"):
+        for name in ("upload_delay", "connect_timeout", "read_timeout", "shutdown_timeout", "retry_max_backoff",
+                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
-        for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity"):
+        for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity", "cache_min_free"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a size in bytes >= 0")
         if self.part_size < S3_MIN_PART_SIZE:

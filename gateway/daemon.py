@@ -26,6 +26,7 @@ from .cache import Cache
 from .config import Config, parse_hostport
 from .control import ControlServer
 from .drain import Drainer
+from .fetch import Fetcher
 from .journal import Journal, JournalError
 from .metrics import Metrics
 from .namespace import Namespace
@@ -124,12 +125,13 @@ class Daemon:
             self.journal = Journal(Path(cfg.cache_dir) / "journal.sqlite3", cfg.bucket, cfg.prefix.strip("/"))
         except JournalError as e:
             raise UserError(str(e)) from None
-        self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity)
+        self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity, cfg.cache_min_free)
         self.ns = Namespace(cfg, self.journal, self.cache)
         self.ns.recover()
         self.metrics = Metrics(self.status)
         self.ns.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
+        self.fetcher = Fetcher(self.ns, self.store)
         self.control = ControlServer(cfg.control_socket, self)
 
     # ---- control API
@@ -146,6 +148,9 @@ class Daemon:
             uploaded_files_total=int(self.metrics.uploaded_files._value.get()),
             upload_errors_total=int(self.metrics.errors_total()),
             last_error=self.drainer.last_error,
+            fetched_bytes_total=self.fetcher.fetched_bytes_total,
+            checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
+            shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
         )
         return s
@@ -169,7 +174,7 @@ class Daemon:
         from .fs import CkptFS
 
         cfg = self.cfg
-        fs = CkptFS(self.ns, str(cfg.control_socket.resolve()))
+        fs = CkptFS(self.ns, self.fetcher, str(cfg.control_socket.resolve()))
         options = set(pyfuse3.default_options)
         options |= {"fsname=ckptfs", "subtype=ckptfs"}
         if cfg.allow_other:

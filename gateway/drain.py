@@ -33,7 +33,7 @@ from .config import MiB, S3_MAX_PARTS, Config
 from .journal import UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
-from .store import NO_UPLOAD, Store, StoreError, crc32_b64
+from .store import AUTH, NO_BUCKET, NO_UPLOAD, Store, StoreError, crc32_b64
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,10 @@ class Backoff:
     attempts: int = 0
     next_at: float = 0.0
 
-    def fail(self, cap: float) -> float:
+    def fail(self, cap: float, floor: float = 0.0) -> float:
+        """Exponential backoff with jitter; `floor` for errors only an operator can fix."""
         self.attempts += 1
-        delay = min(cap, 0.5 * 2 ** min(self.attempts, 20)) * random.uniform(0.5, 1.0)
+        delay = max(floor, min(cap, 0.5 * 2 ** min(self.attempts, 20)) * random.uniform(0.5, 1.0))
         self.next_at = time.monotonic() + delay
         return delay
 
@@ -99,6 +100,9 @@ class Drainer:
         self._wake = trio.Event()
         ns.on_change = self.wake
 
+    def _floor(self, e: StoreError) -> float:
+        return self.cfg.retry_auth_backoff if e.kind in (AUTH, NO_BUCKET) else 0.0
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -108,6 +112,7 @@ class Drainer:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             task_status.started()
+            nursery.start_soon(self._abort_leaked_uploads)
             while True:
                 self._wake = trio.Event()
                 next_at = self._schedule(nursery)
@@ -166,7 +171,7 @@ class Drainer:
             self.ns.upload_failed(p.ino)
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
-            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
+            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
             self.last_error = str(e)
             level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
             log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
@@ -285,6 +290,36 @@ class Drainer:
                 journal.forget_upload(ticket.ino)
             raise
 
+    async def _abort_leaked_uploads(self) -> None:
+        """Multipart uploads no journal will finish cost storage forever: abort them.
+
+        Ours: an upload of a key this journal owns but does not record (a crash
+        between CreateMultipartUpload and the journal commit). Anyone's: uploads
+        older than `abort_stale_uploads_after`, left by a node that never came back.
+        """
+        if not self.cfg.abort_stale_uploads_after:
+            return
+        try:
+            uploads = await trio.to_thread.run_sync(self.store.list_uploads, self.cfg.key_prefix)
+        except StoreError as e:
+            log.warning("could not list multipart uploads to clean up: %s", e)
+            return
+        known = {u.upload_id for u in self.ns.journal.all_uploads()}
+        now = time.time()
+        for key, upload_id, started in uploads:
+            if upload_id in known:
+                continue
+            owner = self.ns.journal.resolve(self.ns.path_of_key(key))
+            ours = owner is not None and owner.kind == "file"
+            stale = now - started >= self.cfg.abort_stale_uploads_after
+            if not (ours and key not in self.busy_keys) and not stale:
+                continue
+            try:
+                await trio.to_thread.run_sync(self.store.abort, key, upload_id)
+                log.info("aborted leaked multipart upload %s of %s", upload_id, key)
+            except StoreError as e:
+                log.warning("could not abort leaked multipart upload %s of %s: %s", upload_id, key, e)
+
     # ----------------------------------------------------------------- delete
     async def _delete(self, delete_id: int, key: str) -> None:
         try:
@@ -295,7 +330,7 @@ class Drainer:
             log.info("deleted object %s", key)
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
-            delay = self.delete_backoff.setdefault(delete_id, Backoff()).fail(self.cfg.retry_max_backoff)
+            delay = self.delete_backoff.setdefault(delete_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
             self.last_error = str(e)
             log.warning("delete of %s failed: %s (retry in %.1fs)", key, e, delay)
         finally:

@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import pyfuse3
 import trio
 
+from .fetch import Fetcher
 from .journal import ROOT_INODE, Row
 from .namespace import Namespace
 
@@ -75,9 +76,10 @@ class Handle:
 class CkptFS(pyfuse3.Operations):
     supports_dot_lookup = True
 
-    def __init__(self, ns: Namespace, control_socket: str) -> None:
+    def __init__(self, ns: Namespace, fetcher: Fetcher, control_socket: str) -> None:
         super().__init__()
         self.ns = ns
+        self.fetcher = fetcher
         self.control_socket = control_socket
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -130,6 +132,8 @@ class CkptFS(pyfuse3.Operations):
         if fields.update_size:
             if self.ns.row(inode).is_dir:
                 raise OSError(errno.EISDIR, "is a directory")
+            if self.ns.needs_fetch(inode):
+                await self.fetcher.ensure_local(inode)
             self.ns.truncate(inode, attr.st_size)
         self.ns.setattr(
             inode,
@@ -228,6 +232,8 @@ class CkptFS(pyfuse3.Operations):
     @_fuse
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
+        if self.ns.needs_fetch(inode):
+            await self.fetcher.ensure_local(inode)
         fd = self.ns.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
@@ -241,7 +247,7 @@ class CkptFS(pyfuse3.Operations):
     @_fuse
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self.handles[fh]
-        return self.ns.write(h.ino, h.fd, off, buf)
+        return await self.ns.write_waiting(h.ino, h.fd, off, buf)
 
     @_fuse
     async def flush(self, fh: int) -> None:

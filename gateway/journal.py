@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS inodes(
     xxh3       TEXT,                         -- xxh3-128 of the durable bytes
     etag       TEXT,
     remote_key TEXT,                         -- object holding this file's durable bytes
+    cached     INTEGER NOT NULL DEFAULT 1,   -- 0: the cache copy of a durable file was evicted
+    atime      REAL,                         -- last open, for least-recently-used eviction
     UNIQUE(parent, name)
 );
 CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
@@ -98,6 +100,8 @@ class Row:
     xxh3: str | None
     etag: str | None
     remote_key: str | None
+    cached: int = 1
+    atime: float | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -116,7 +120,7 @@ class UploadRecord:
     parts: dict[int, tuple[str, str]]  # part number -> (etag, crc32)
 
 
-_COLUMNS = "ino, parent, name, kind, mode, uid, gid, size, mtime_ns, ctime_ns, version, state, closed_at, xxh3, etag, remote_key"
+_COLUMNS = "ino, parent, name, kind, mode, uid, gid, size, mtime_ns, ctime_ns, version, state, closed_at, xxh3, etag, remote_key, cached, atime"
 
 
 class Journal:
@@ -279,6 +283,14 @@ class Journal:
         """Files not yet durable (dirty or uploading), orphans included."""
         rows = self.db.execute(
             f"SELECT {_COLUMNS} FROM inodes WHERE kind = 'file' AND state IN ('dirty', 'uploading')"
+        ).fetchall()
+        return [Row(*r) for r in rows]
+
+    def evictable(self) -> list[Row]:
+        """Durable files with a local copy, least recently used first."""
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM inodes WHERE kind = 'file' AND state = 'durable' AND cached = 1 "
+            "AND parent IS NOT NULL ORDER BY COALESCE(atime, 0), ino"
         ).fetchall()
         return [Row(*r) for r in rows]
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import trio
 from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,18 @@ GAUGES = {
     "pending_deletes": "Object deletions queued (removed or renamed files).",
     "cache_used_bytes": "Bytes of file data in the local cache.",
     "cache_capacity_bytes": "Bytes the cache may hold.",
+    "stalled_writers": "Writes waiting for the drain to free cache space (backpressure).",
+}
+
+# totals kept by the namespace and fetcher, exported as counters (names without _total)
+STATE_COUNTERS = {
+    "evicted_files": "Clean cache copies evicted to make room.",
+    "evicted_bytes": "Bytes of clean cache copies evicted.",
+    "write_stalls": "Writes that had to wait for cache space.",
+    "write_stall_seconds": "Seconds writers spent waiting for cache space.",
+    "enospc": "Writes refused with ENOSPC after waiting write_stall_timeout.",
+    "fetched_bytes": "Bytes downloaded to restore evicted cache copies.",
+    "checksum_mismatches": "Downloads refused because the object's bytes did not match the recorded xxh3.",
 }
 
 
@@ -44,6 +56,10 @@ class _StateCollector(Collector):
             g = GaugeMetricFamily(f"ckptfs_{name}", doc)
             g.add_metric([], float(values.get(name, 0)))
             yield g
+        for name, doc in STATE_COUNTERS.items():
+            c = CounterMetricFamily(f"ckptfs_{name}", doc)
+            c.add_metric([], float(values.get(f"{name}_total", 0)))
+            yield c
 
 
 class Metrics:

@@ -12,8 +12,9 @@ written) and the policy that ties them together:
 * deleting the object of a removed file waits while another live file owns
   the same key and is not yet durable (its upload will replace the object).
 
-Everything here is synchronous and runs on the trio thread; the FS and the
-drainer call it. Errors are `OSError(errno)` for the FS to map.
+Everything here runs on the trio thread and is synchronous, except
+`write_waiting`, where a writer waits for the drain to free space
+(backpressure). Errors are `OSError(errno)` for the FS to map.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import logging
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from .cache import Cache
+import trio
+
+from .cache import Cache, CacheFull
 from .config import Config
 from .journal import DIRTY, DURABLE, ROOT_INODE, UPLOADING, Journal, Row
 
@@ -68,17 +71,6 @@ class UploadTicket:
     closed_at: float
 
 
-@dataclass
-class Counters:
-    """Totals since this daemon started (exported as metrics and status)."""
-
-    uploaded_bytes_total: int = 0
-    uploaded_files_total: int = 0
-    upload_errors_total: int = 0
-    deleted_objects_total: int = 0
-    time_to_durable: list[float] = field(default_factory=list)
-
-
 class Namespace:
     def __init__(self, cfg: Config, journal: Journal, cache: Cache) -> None:
         self.cfg = cfg
@@ -89,6 +81,14 @@ class Namespace:
         self.urgent: set[int] = set()  # flush asked for these: skip upload_delay and open writers
         self.on_change: Callable[[], None] = lambda: None  # the drainer's wake-up
         self.on_durable: Callable[[float], None] = lambda seconds: None
+        self._space_freed = trio.Event()
+        # totals since start, exported as metrics and in status
+        self.evicted_files_total = 0
+        self.evicted_bytes_total = 0
+        self.write_stall_seconds_total = 0.0
+        self.write_stalls_total = 0
+        self.enospc_total = 0
+        self.stalled_writers = 0
 
     # --------------------------------------------------------------- start-up
     def recover(self) -> None:
@@ -157,6 +157,7 @@ class Namespace:
         self.urgent.discard(ino)
         if row.kind == "file":
             self.cache.remove(ino, row.size)
+            self.space_freed()
         self.journal.delete(ino)
 
     def children(self, parent: int) -> list[Row]:
@@ -216,11 +217,18 @@ class Namespace:
             self.live[ino] = live
         return live
 
+    def needs_fetch(self, ino: int) -> bool:
+        row = self.journal.get(ino)
+        return row is not None and row.kind == "file" and not row.cached
+
     def open(self, ino: int, write: bool) -> int:
         row = self.row(ino)
         if row.is_dir:
             raise OSError(errno.EISDIR, "is a directory")
+        if not row.cached:
+            raise OSError(errno.EIO, "cache copy missing; fetch it first")
         fd = self.cache.open(ino)
+        self.journal.update(ino, atime=time.time())
         live = self._live(ino)
         live.handles += 1
         if write:
@@ -255,6 +263,70 @@ class Namespace:
             raise
         self._modified(ino, live, max(live.size, offset + n))
         return n
+
+    async def write_waiting(self, ino: int, fd: int, offset: int, data: bytes) -> int:
+        """`write`, but when the cache is full evict clean copies, then wait for the drain, then ENOSPC."""
+        try:
+            return self.write(ino, fd, offset, data)
+        except CacheFull as full:
+            needed = full.needed
+        if self.evict(needed) >= needed:
+            try:
+                return self.write(ino, fd, offset, data)
+            except CacheFull as full:
+                needed = full.needed
+        started = trio.current_time()
+        deadline = started + self.cfg.write_stall_timeout
+        self.write_stalls_total += 1
+        self.stalled_writers += 1
+        self.on_change()  # make sure the drainer is looking
+        try:
+            while True:
+                with trio.move_on_at(deadline):
+                    await self._space_freed.wait()
+                self.evict(needed)
+                try:
+                    return self.write(ino, fd, offset, data)
+                except CacheFull as full:
+                    needed = full.needed
+                    if trio.current_time() >= deadline:
+                        self.enospc_total += 1
+                        log.warning("cache full for %.0fs: write of %d bytes gets ENOSPC (raise cache_capacity or check the drain)",
+                                    self.cfg.write_stall_timeout, needed)
+                        raise
+        finally:
+            self.stalled_writers -= 1
+            self.write_stall_seconds_total += trio.current_time() - started
+
+    def space_freed(self) -> None:
+        self._space_freed.set()
+        self._space_freed = trio.Event()
+
+    def evict(self, needed: int) -> int:
+        """Drop local copies of durable files, least recently used first, until `needed` bytes are free."""
+        freed = 0
+        for row in self.journal.evictable():
+            if freed >= needed:
+                break
+            live = self.live.get(row.ino)
+            if live is not None and (live.handles or live.modified):
+                continue
+            self.cache.remove(row.ino, row.size)
+            self.journal.update(row.ino, cached=0)
+            freed += row.size
+            self.evicted_files_total += 1
+            self.evicted_bytes_total += row.size
+            log.info("evicted clean cache copy of inode %d (%d bytes)", row.ino, row.size)
+        return freed
+
+    def make_room(self, needed: int) -> None:
+        """Room for a fetch: evict if needed, else raise CacheFull."""
+        if self.cache.room() < needed:
+            self.evict(needed - self.cache.room())
+        self.cache.grow(0, needed)
+
+    def fetched(self, ino: int) -> None:
+        self.journal.update(ino, cached=1, atime=time.time())
 
     def truncate(self, ino: int, size: int) -> None:
         if size > self.cfg.file_size_limit:
@@ -503,6 +575,7 @@ class Namespace:
                 j.forget_upload(ticket.ino)
             self.urgent.discard(ticket.ino)
             self.on_durable(max(0.0, time.time() - ticket.closed_at))
+            self.space_freed()  # a durable file can be evicted to make room
             self.on_change()
             return True
         with j.transaction():
@@ -584,4 +657,10 @@ class Namespace:
             "uploading_files": uploading,
             "oldest_dirty_age_seconds": round(oldest, 3),
             "pending_deletes": len(self.journal.pending_deletes()),
+            "stalled_writers": self.stalled_writers,
+            "evicted_files_total": self.evicted_files_total,
+            "evicted_bytes_total": self.evicted_bytes_total,
+            "write_stalls_total": self.write_stalls_total,
+            "write_stall_seconds_total": round(self.write_stall_seconds_total, 3),
+            "enospc_total": self.enospc_total,
         }

@@ -189,5 +189,38 @@ class Store:
                 return out
             marker = r["NextPartNumberMarker"]
 
+    def download(self, key: str, path: str) -> tuple[str, int, str]:
+        """Stream an object into `path`; return (xxh3-128 of the bytes received, size, etag)."""
+        r = self._call("GetObject", self.client.get_object, Key=key)
+        try:
+            digest, size = _download_into(r["Body"], path)
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        return digest, size, r["ETag"].strip('"')
+
+    def list_uploads(self, prefix: str) -> list[tuple[str, str, float]]:
+        """Multipart uploads in progress under `prefix`: (key, upload id, start time as epoch seconds)."""
+        out: list[tuple[str, str, float]] = []
+        kw: dict[str, Any] = {"Prefix": prefix}
+        while True:
+            r = self._call("ListMultipartUploads", self.client.list_multipart_uploads, **kw)
+            out += [(u["Key"], u["UploadId"], u["Initiated"].timestamp()) for u in r.get("Uploads", [])]
+            if not r.get("IsTruncated"):
+                return out
+            kw.update(KeyMarker=r.get("NextKeyMarker", ""), UploadIdMarker=r.get("NextUploadIdMarker", ""))
+
     def delete(self, key: str) -> None:
         self._call("DeleteObject", self.client.delete_object, Key=key)
+
+
+def _download_into(body: Any, path: str) -> tuple[str, int]:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    size = 0
+    with open(path, "wb") as f:
+        for chunk in iter(lambda: body.read(8 << 20), b""):
+            h.update(chunk)
+            f.write(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
