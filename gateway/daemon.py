@@ -105,6 +105,7 @@ class Daemon:
         self.cfg = cfg
         self.started = time.time()
         self._stop = trio.Event()
+        self._stop_now = trio.Event()  # a second signal: stop draining at once
         self.flush_on_stop = False
         self.fuse_done = trio.Event()
         self.metrics_port: int | None = None
@@ -227,18 +228,23 @@ class Daemon:
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("received %s", signal.Signals(signum).name)
+                if self._stop.is_set():
+                    log.warning("received %s again: stopping without waiting for the drain", signal.Signals(signum).name)
+                    self._stop_now.set()
+                    continue
+                log.info("received %s: unmounting, then draining for up to %gs", signal.Signals(signum).name, self.cfg.shutdown_timeout)
                 self.request_stop(flush=False)
 
     async def _drain_before_exit(self) -> None:
         deadline = None if self.flush_on_stop else trio.current_time() + self.cfg.shutdown_timeout
         with trio.move_on_at(deadline if deadline is not None else float("inf")):
-            while True:
+            while not self._stop_now.is_set():
                 s = self.ns.stats()
                 if not s["dirty_files"] and not s["pending_deletes"] and self.drainer.idle():
                     return
                 self.ns.mark_urgent("")
-                await trio.sleep(0.1)
+                with trio.move_on_after(0.1):
+                    await self._stop_now.wait()
 
 
 def notify_systemd(message: bytes) -> None:
