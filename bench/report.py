@@ -1,0 +1,307 @@
+"""Figures from the runs: ratios against the limit measured in the same run, median / min / max.
+
+A figure is computed per run (so a slow moment of the shared machine hits the
+figure and its limit alike), then summarised over the runs. `holds` judges
+the median against the issue's target; min and max show the spread.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+MiB = 1 << 20
+
+
+def _get(run: dict[str, Any], *path: str) -> Any:
+    cur: Any = run
+    for p in path:
+        if not isinstance(cur, dict) or p not in cur:
+            return None
+        cur = cur[p]
+    return cur
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _faster(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
+@dataclass
+class Figure:
+    id: str
+    label: str
+    unit: str  # "x" for a ratio (higher is better unless op is "<=")
+    op: str  # ">=", "<=" or "" (information only)
+    target: float | None
+    compute: Callable[[dict[str, Any], dict[str, Any]], float | None]
+    chart: bool = False  # drawn in the PNG (ratios where higher is better)
+    parts: tuple[str, ...] = ()  # the parts of a run it reads, to say why it is missing
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            known = ("raw", "s5cmd", "boto3", "rclone", "s3fs", "cold_read")
+            self.parts = tuple(p for p in known if p in self.id) + ("ckptfs",)
+            if self.id.startswith("ack"):
+                self.parts = ("raw", "ckptfs")
+            elif self.id.startswith("drain"):
+                self.parts = ("s5cmd", "boto3", "ckptfs")
+            elif self.id.startswith("cold") or "download" in self.id:
+                self.parts = ("ckptfs", "cold_read")
+
+
+def _ack(workload: str, limit: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: _ratio(_get(run, limit, workload, "ack_s"), _get(run, "ckptfs", workload, "ack_s"))
+
+
+def _drain(workload: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: _ratio(
+        _faster(_get(run, "s5cmd", workload, "upload_s"), _get(run, "boto3", workload, "upload_s")),
+        _get(run, "ckptfs", workload, "durable_from_close_s"),
+    )
+
+
+def _peer(peer: str, workload: str, field: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: _ratio(_get(run, peer, workload, field), _get(run, "ckptfs", workload, field))
+
+
+def _mibps(size_key: str, *path: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        t = _get(run, *path)
+        return meta["sizes"][size_key] / MiB / t if t else None
+
+    return f
+
+
+def _rename_ms(target: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: (lambda s: s * 1000 if s is not None else None)(_get(run, target, "single", "rename_s"))
+
+
+def _store_bytes_ratio(target: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: _ratio(_get(run, target, "single", "received_bytes"), meta["sizes"]["single"])
+
+
+def _cold(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    return _ratio(_get(run, "cold_read", "direct_s"), _get(run, "cold_read", "mount", "read_s"))
+
+
+def _rss(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    v = _get(run, "ckptfs", "daemon", "peak_rss_bytes")
+    return v / MiB if v else None
+
+
+FIGURES: list[Figure] = [
+    Figure("ack_single", "Acknowledge, 1 file: ckptfs / raw disk throughput", "x", ">=", 0.8, _ack("single", "raw"), True),
+    Figure("ack_sharded", "Acknowledge, 8 writers: ckptfs / raw disk throughput", "x", ">=", 0.7, _ack("sharded", "raw"), True),
+    Figure("rename_ms", "Rename of the un-uploaded big file (ckptfs)", "ms", "<=", 10.0, _rename_ms("ckptfs")),
+    Figure("rename_bytes", "Store bytes received during that rename (ckptfs)", "bytes", "<=", 0.0,
+           lambda run, meta: _get(run, "ckptfs", "single", "rename_received_bytes")),
+    Figure("rename_store_ratio", "Store bytes received for the renamed file / its size (ckptfs; 1 = no copy)", "x", "<=", 1.0,
+           _store_bytes_ratio("ckptfs")),
+    Figure("rename_copies", "Server-side copy requests for the renamed file (ckptfs)", "count", "<=", 0.0,
+           lambda run, meta: _get(run, "ckptfs", "single", "copy_requests")),
+    Figure("drain_single", "Drain, 1 file: faster of s5cmd/boto3 / ckptfs close-to-durable", "x", ">=", 0.9, _drain("single"), True),
+    Figure("drain_sharded", "Drain, 8 files: faster of s5cmd/boto3 / ckptfs close-to-durable", "x", ">=", 0.9, _drain("sharded"), True),
+    Figure("vs_s3fs_ack_single", "Peers, 1 file: s3fs / ckptfs time to acknowledge", "x", ">=", 3.0, _peer("s3fs", "single", "ack_s"), True),
+    Figure("vs_s3fs_ack_sharded", "Peers, 8 writers: s3fs / ckptfs time to acknowledge", "x", ">=", 3.0, _peer("s3fs", "sharded", "ack_s"), True),
+    Figure("vs_rclone_ack_single", "Peers, 1 file: rclone / ckptfs time to acknowledge", "x", ">=", 1.0, _peer("rclone", "single", "ack_s"), True),
+    Figure("vs_rclone_ack_sharded", "Peers, 8 writers: rclone / ckptfs time to acknowledge", "x", ">=", 1.0, _peer("rclone", "sharded", "ack_s"), True),
+    Figure("vs_s3fs_durable_single", "Peers, 1 file: s3fs / ckptfs time until the bucket holds it", "x", ">=", 1.0,
+           _peer("s3fs", "single", "durable_from_start_s"), True),
+    Figure("vs_s3fs_durable_sharded", "Peers, 8 writers: s3fs / ckptfs time until the bucket holds all", "x", ">=", 1.0,
+           _peer("s3fs", "sharded", "durable_from_start_s"), True),
+    Figure("vs_rclone_durable_single", "Peers, 1 file: rclone / ckptfs time until the bucket holds it", "x", ">=", 1.0,
+           _peer("rclone", "single", "durable_from_start_s"), True),
+    Figure("vs_rclone_durable_sharded", "Peers, 8 writers: rclone / ckptfs time until the bucket holds all", "x", ">=", 1.0,
+           _peer("rclone", "sharded", "durable_from_start_s"), True),
+    Figure("rclone_rename_ms", "Rename of the un-uploaded big file (rclone)", "ms", "", None, _rename_ms("rclone")),
+    Figure("rclone_rename_store_ratio", "Store bytes received for it / its size (rclone)", "x", "", None, _store_bytes_ratio("rclone")),
+    Figure("s3fs_rename_ms", "Rename of the big file (s3fs; it uploaded on close)", "ms", "", None, _rename_ms("s3fs")),
+    Figure("s3fs_rename_copies", "Server-side copy requests for that rename (s3fs)", "count", "", None,
+           lambda run, meta: _get(run, "s3fs", "single", "copy_requests")),
+    Figure("cold_read", "Cold read of the big file: fresh ckptfs mount / direct ranged download throughput", "x", ">=", 0.8, _cold, True),
+    Figure("rss_peak", "ckptfs daemon peak RSS over the run (writes + drain of all data)", "MiB", "<=", 300.0, _rss),
+    Figure("cpu_written", "ckptfs daemon CPU seconds per GiB written", "s/GiB", "", None,
+           lambda run, meta: _get(run, "ckptfs", "daemon", "cpu_per_gib_written")),
+    Figure("cpu_drained", "ckptfs daemon CPU seconds per GiB drained", "s/GiB", "", None,
+           lambda run, meta: _get(run, "ckptfs", "daemon", "cpu_per_gib_drained")),
+    # absolute throughputs, for reading the ratios
+    Figure("mibps_raw_single", "raw disk, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "raw", "single", "ack_s")),
+    Figure("mibps_ckptfs_single", "ckptfs, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "ckptfs", "single", "ack_s")),
+    Figure("mibps_raw_sharded", "raw disk, 8 writers", "MiB/s", "", None, _mibps("sharded", "raw", "sharded", "ack_s")),
+    Figure("mibps_ckptfs_sharded", "ckptfs, 8 writers", "MiB/s", "", None, _mibps("sharded", "ckptfs", "sharded", "ack_s")),
+    Figure("mibps_s5cmd_single", "s5cmd upload, 1 file", "MiB/s", "", None, _mibps("single", "s5cmd", "single", "upload_s")),
+    Figure("mibps_boto3_single", "boto3 transfer manager upload, 1 file", "MiB/s", "", None, _mibps("single", "boto3", "single", "upload_s")),
+    Figure("mibps_ckptfs_drain_single", "ckptfs drain, 1 file (close to durable)", "MiB/s", "", None,
+           _mibps("single", "ckptfs", "single", "durable_from_close_s")),
+    Figure("mibps_s5cmd_sharded", "s5cmd upload, 8 files", "MiB/s", "", None, _mibps("sharded", "s5cmd", "sharded", "upload_s")),
+    Figure("mibps_boto3_sharded", "boto3 transfer manager upload, 8 files", "MiB/s", "", None, _mibps("sharded", "boto3", "sharded", "upload_s")),
+    Figure("mibps_ckptfs_drain_sharded", "ckptfs drain, 8 files (last close to durable)", "MiB/s", "", None,
+           _mibps("sharded", "ckptfs", "sharded", "durable_from_close_s")),
+    Figure("mibps_direct_download", "direct ranged download, 1 file", "MiB/s", "", None, _mibps("single", "cold_read", "direct_s")),
+]
+
+
+def _why_missing(runs: list[dict[str, Any]], fig: Figure) -> str:
+    """The first error, skip or 'not available' reason among the parts of a run a figure reads."""
+    for run in runs:
+        for part in fig.parts:
+            node = run.get(part)
+            if not isinstance(node, dict):
+                continue
+            for where in (node, node.get("mount")):
+                if isinstance(where, dict):
+                    for key in ("error", "skipped", "not_available"):
+                        if key in where:
+                            return f"{part}: {where[key]}"
+    return "not measured in this run"
+
+
+def summarise(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for fig in FIGURES:
+        values = []
+        for run in runs:
+            try:
+                v = fig.compute(run, meta)
+            except (TypeError, KeyError, ZeroDivisionError):
+                v = None
+            values.append(None if v is None else float(v))
+        known = [v for v in values if v is not None]
+        entry: dict[str, Any] = {
+            "id": fig.id, "label": fig.label, "unit": fig.unit, "op": fig.op, "target": fig.target,
+            "values": values, "median": None, "min": None, "max": None, "holds": None, "chart": fig.chart,
+        }
+        if known:
+            med = statistics.median(known)
+            entry.update(median=med, min=min(known), max=max(known))
+            if fig.op == ">=":
+                entry["holds"] = med >= fig.target  # type: ignore[operator]
+            elif fig.op == "<=":
+                entry["holds"] = med <= fig.target  # type: ignore[operator]
+        else:
+            entry["why_missing"] = _why_missing(runs, fig)
+        out.append(entry)
+    return out
+
+
+# ------------------------------------------------------------------ rendering
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "n/a"
+    if unit == "x":
+        return f"{v:.2f}"
+    if unit in ("bytes", "count"):
+        return f"{v:.0f}"
+    if unit == "ms":
+        return f"{v:.2f}"
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def markdown(result: dict[str, Any], chart_name: str | None) -> str:
+    meta = result["meta"]
+    sizes = meta["sizes"]
+    figs = result["figures"]
+    lines = [
+        f"Recorded {meta['finished']} on {meta['machine']}: {meta['runs']} run(s), "
+        f"1 file of {sizes['single'] / MiB:.0f} MiB, {sizes['shards']} writers of {sizes['shard'] / MiB:.0f} MiB, "
+        f"writes of {sizes['chunk'] / MiB:.0f} MiB (scale {meta['scale']:g}). "
+        f"Load average before/after: {meta['loadavg_before']} / {meta['loadavg_after']}. "
+        f"Raw data: `{meta['results_file']}`.",
+        "",
+        "| figure | target | median | min | max | holds |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for f in figs:
+        if f["id"].startswith("mibps_"):
+            continue
+        target = f"{f['op']} {_fmt(f['target'], f['unit'])} {'' if f['unit'] == 'x' else f['unit']}".strip() if f["op"] else "(info)"
+        holds = {True: "yes", False: "**no**", None: "n/a" if f["op"] else ""}[f["holds"]]
+        median = _fmt(f["median"], f["unit"])
+        if f["median"] is None and f.get("why_missing"):
+            median = f"n/a ({f['why_missing']})"
+        unit = "" if f["unit"] in ("x", "count") else f" {f['unit']}"
+        lines.append(f"| {f['label']} | {target} | {median}{unit if f['median'] is not None else ''} | "
+                     f"{_fmt(f['min'], f['unit'])} | {_fmt(f['max'], f['unit'])} | {holds} |")
+    lines += ["", "Absolute throughputs behind the ratios (MiB/s):", "", "| what | median | min | max |", "| --- | --- | --- | --- |"]
+    for f in figs:
+        if f["id"].startswith("mibps_"):
+            lines.append(f"| {f['label']} | {_fmt(f['median'], 'MiB/s')} | {_fmt(f['min'], 'MiB/s')} | {_fmt(f['max'], 'MiB/s')} |")
+    versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    lines += ["", f"Versions: {versions}."]
+    if chart_name:
+        lines += ["", f"![ratios against their limits]({chart_name})"]
+    return "\n".join(lines) + "\n"
+
+
+def chart(result: dict[str, Any], path: Path) -> bool:
+    """Horizontal bars: median ratio per figure, min-max whiskers, the target as a red tick. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figs = [f for f in result["figures"] if f["chart"]]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(figs) + 1.5))
+    for i, f in enumerate(figs):
+        y = len(figs) - 1 - i
+        if f["median"] is not None:
+            color = "tab:green" if f["holds"] else "tab:orange"
+            ax.barh(y, f["median"], color=color, alpha=0.8)
+            ax.errorbar(f["median"], y, xerr=[[f["median"] - f["min"]], [f["max"] - f["median"]]], fmt="none", ecolor="black", capsize=3)
+            ax.text(f["median"], y, f" {f['median']:.2f}", va="center", fontsize=8)
+        else:
+            ax.text(0.02, y, " n/a", va="center", fontsize=8, transform=ax.get_yaxis_transform())
+        if f["target"] is not None:
+            ax.plot([f["target"], f["target"]], [y - 0.4, y + 0.4], color="red", linewidth=2)
+    ax.set_yticks(range(len(figs)))
+    ax.set_yticklabels([f["label"] for f in reversed(figs)], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="grey", linewidth=0.5)
+    ax.set_xlabel("ratio against the limit measured in the same run (higher is better; red tick = target)")
+    ax.set_title(f"ckptfs benchmarks ({result['meta']['runs']} runs: median, min-max)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+BEGIN = "<!-- bench:results:begin (generated by python -m bench; do not edit by hand) -->"
+END = "<!-- bench:results:end -->"
+
+DOC_SKELETON = f"""# Benchmarks
+
+`make bench` (or `python -m bench`) runs every workload below against one local SeaweedFS server
+in one run and rewrites the results section of this page, `bench/results/*.json` and
+`docs/benchmarks.png`.
+
+## Results
+
+{BEGIN}
+{END}
+"""
+
+
+def update_doc(doc: Path, block: str) -> None:
+    """Replace the generated block between the markers; keep the hand-written rest of the page."""
+    text = doc.read_text() if doc.exists() else DOC_SKELETON
+    if BEGIN not in text or END not in text:
+        text = text.rstrip() + "\n\n## Results\n\n" + BEGIN + "\n" + END + "\n"
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(head + BEGIN + "\n" + block + END + tail)
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")

