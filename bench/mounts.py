@@ -82,13 +82,15 @@ class CkptfsMount(Mounted):
 
     name = "ckptfs"
 
-    def __init__(self, server: BenchServer, bucket: str, path: Path, state_dir: Path, **options: object) -> None:
+    def __init__(self, server: BenchServer, bucket: str, path: Path, state_dir: Path, code_root: Path = ROOT,
+                 **options: object) -> None:
         super().__init__(server, bucket, path, state_dir)
         self.cache_dir = state_dir / "cache"
+        self.code_root = code_root  # another checkout of ckptfs, to compare two versions in one run
         self.options = options
 
     def _cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=self.code_root,
                               env={**os.environ, **self.server.env()}, timeout=timeout)
 
     def start(self) -> "CkptfsMount":

@@ -41,6 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="markdown page to update (default docs/benchmarks.md at full scale only; 'none' to skip)")
     p.add_argument("--profile", type=Path, default=None,
                    help="record py-spy profiles of the ckptfs daemon (acknowledge and drain phases) into this directory")
+    p.add_argument("--compare", type=Path, default=None,
+                   help="another ckptfs checkout: run its daemon too (as ckptfs_base) for a before/after in one run")
     args = p.parse_args(argv)
     if args.quick:
         args.scale = min(args.scale, QUICK_SCALE)
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         work=args.work.absolute() / f"run-{os.getpid()}",
         targets=args.only.split(","),
         profile_dir=args.profile.absolute() if args.profile else None,
+        compare_root=args.compare.absolute() if args.compare else None,
     )
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or (ROOT / "bench" / "results" / (f"{stamp}.json" if full else f"tmp/{stamp}.json"))

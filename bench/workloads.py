@@ -35,6 +35,7 @@ class Plan:
     work: Path  # scratch directory on the same file system as the ckptfs cache
     targets: list[str]
     profile_dir: Path | None = None
+    compare_root: Path | None = None  # a second ckptfs checkout, run as "ckptfs_base" next to this one
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -207,16 +208,21 @@ def mount_flows(plan: Plan, mounted: Mounted, server: BenchServer, daemon: bool 
 
 
 def mount_target(plan: Plan, server: BenchServer, kind: str, bucket: str, state: Path) -> dict[str, Any]:
-    cls = {"ckptfs": CkptfsMount, "rclone": RcloneMount, "s3fs": S3fsMount}[kind]
     server.make_bucket(bucket)
     _fresh(state)
-    mounted = cls(server, bucket, state / "mnt", state)
+    mounted: Mounted
+    if kind == "ckptfs_base":
+        assert plan.compare_root is not None
+        mounted = CkptfsMount(server, bucket, state / "mnt", state, code_root=plan.compare_root)
+    else:
+        cls = {"ckptfs": CkptfsMount, "rclone": RcloneMount, "s3fs": S3fsMount}[kind]
+        mounted = cls(server, bucket, state / "mnt", state)
     try:
         mounted.start()
     except Exception as e:  # noqa: BLE001
         return {"error": f"mount failed: {e}"[:500]}
     try:
-        return mount_flows(plan, mounted, server, daemon=(kind == "ckptfs"))
+        return mount_flows(plan, mounted, server, daemon=kind.startswith("ckptfs"))
     finally:
         mounted.stop()
 
@@ -312,6 +318,15 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
             finally:
                 server.drop_bucket(bucket)
         shutil.rmtree(raw_dir, ignore_errors=True)
+
+        if plan.compare_root is not None:
+            log(f"ckptfs_base ({plan.compare_root})")
+            bucket = f"bench-{tag}-base"
+            try:
+                run["ckptfs_base"] = guarded(lambda: mount_target(plan, server, "ckptfs_base", bucket, plan.work / "base"))
+            finally:
+                shutil.rmtree(plan.work / "base", ignore_errors=True)
+                server.drop_bucket(bucket)
 
         if "ckptfs" in want:
             log("ckptfs")
