@@ -319,7 +319,9 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
                 server.drop_bucket(bucket)
         shutil.rmtree(raw_dir, ignore_errors=True)
 
-        if plan.compare_root is not None:
+        def base() -> None:
+            if plan.compare_root is None:
+                return
             log(f"ckptfs_base ({plan.compare_root})")
             bucket = f"bench-{tag}-base"
             try:
@@ -328,6 +330,8 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
                 shutil.rmtree(plan.work / "base", ignore_errors=True)
                 server.drop_bucket(bucket)
 
+        if index % 2:  # alternate which version goes first, so drift in the machine's load hits both
+            base()
         if "ckptfs" in want:
             log("ckptfs")
             bucket = f"bench-{tag}-ckptfs"
@@ -341,6 +345,8 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
                 shutil.rmtree(plan.work / "ckptfs", ignore_errors=True)
                 shutil.rmtree(plan.work / "cold", ignore_errors=True)
                 server.drop_bucket(bucket)
+        if not index % 2:
+            base()
 
         for peer in ("rclone", "s3fs"):
             if peer not in want:
