@@ -227,7 +227,8 @@ class CkptFS(pyfuse3.Operations):
         row = self.ns.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
         fd = self.ns.open(row.ino, write=True)
         self.ns.ref(row.ino)
-        return pyfuse3.FileInfo(fh=self._add_handle(row.ino, fd, True)), self._entry(row)
+        direct = self.ns.cfg.direct_io_writes
+        return pyfuse3.FileInfo(fh=self._add_handle(row.ino, fd, True), direct_io=direct), self._entry(row)
 
     @_fuse
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
@@ -238,7 +239,10 @@ class CkptFS(pyfuse3.Operations):
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
             self.ns.truncate(inode, 0)
-        return pyfuse3.FileInfo(fh=self._add_handle(inode, fd, write), keep_cache=True)
+        # a write handle with direct_io: no copy into the kernel's page cache, and no cached pages
+        # for the kernel to drop when the file's attributes change (see config direct_io_writes)
+        direct = write and self.ns.cfg.direct_io_writes
+        return pyfuse3.FileInfo(fh=self._add_handle(inode, fd, write), keep_cache=not direct, direct_io=direct)
 
     @_fuse
     async def read(self, fh: int, off: int, size: int) -> bytes:
