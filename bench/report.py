@@ -97,6 +97,13 @@ def _rss(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
     return v / MiB if v else None
 
 
+def _cpu_per_gib(run: dict[str, Any], meta: dict[str, Any], tool: str) -> float | None:
+    a, b = _get(run, tool, "single", "cpu_s"), _get(run, tool, "sharded", "cpu_s")
+    if a is None or b is None:
+        return None
+    return (a + b) / ((meta["sizes"]["single"] + meta["sizes"]["sharded"]) / (1 << 30))
+
+
 FIGURES: list[Figure] = [
     Figure("ack_single", "Acknowledge, 1 file: ckptfs / raw disk throughput", "x", ">=", 0.8, _ack("single", "raw"), True),
     Figure("ack_sharded", "Acknowledge, 8 writers: ckptfs / raw disk throughput", "x", ">=", 0.7, _ack("sharded", "raw"), True),
@@ -132,6 +139,10 @@ FIGURES: list[Figure] = [
            lambda run, meta: _get(run, "ckptfs", "daemon", "cpu_per_gib_written")),
     Figure("cpu_drained", "ckptfs daemon CPU seconds per GiB drained", "s/GiB", "", None,
            lambda run, meta: _get(run, "ckptfs", "daemon", "cpu_per_gib_drained")),
+    Figure("cpu_s5cmd", "s5cmd CPU seconds per GiB uploaded (both workloads)", "s/GiB", "", None,
+           lambda run, meta: _cpu_per_gib(run, meta, "s5cmd")),
+    Figure("cpu_boto3", "boto3 transfer manager CPU seconds per GiB uploaded (both workloads)", "s/GiB", "", None,
+           lambda run, meta: _cpu_per_gib(run, meta, "boto3")),
     # absolute throughputs, for reading the ratios
     Figure("mibps_raw_single", "raw disk, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "raw", "single", "ack_s")),
     Figure("mibps_ckptfs_single", "ckptfs, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "ckptfs", "single", "ack_s")),

