@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
             log(f"run {i + 1} of {args.runs}")
             runs.append(one_run(plan, server, i + 1, lambda m, i=i: log(f"run {i + 1}: {m}")))
+            # what is measured so far survives an interrupted or killed run
+            report.write_json({"meta": {**meta, "partial": True}, "runs": runs}, out.with_suffix(".partial.json"))
     except KeyboardInterrupt:
         meta["stopped_early"] = "interrupted"
         log("interrupted: writing what was measured")
@@ -143,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 results_file=os.path.relpath(out, ROOT) if str(out.absolute()).startswith(str(ROOT)) else str(out))
     result = {"meta": meta, "runs": runs, "figures": report.summarise(runs, meta)}
     report.write_json(result, out)
+    out.with_suffix(".partial.json").unlink(missing_ok=True)
     log(f"results: {out}")
     if doc is not None:
         chart_path = doc.parent / "benchmarks.png"
