@@ -286,9 +286,69 @@ def flush(
 ) -> None:
     """Block until every file under PATH is durable in the bucket."""
     root = find_mount_root(path)
-    rel = os.path.relpath(os.path.abspath(path), root)
-    wait_durable(root, "" if rel == "." else rel, timeout, label=path)
+    wait_durable(root, _rel(root, path), timeout, label=path)
     typer.echo(f"ckptfs: {path} is durable")
+
+
+def _rel(root: Path, path: str) -> str:
+    rel = os.path.relpath(os.path.abspath(path), root)
+    return "" if rel == "." else rel
+
+
+@app.command()
+@_one_line_errors
+def warmup(
+    paths: list[str] = typer.Argument(..., help="Files or directories in the mount to read into the local cache."),
+) -> None:
+    """Pre-stage files or trees from the bucket into the local cache (exit 1 if any file fails)."""
+    root = find_mount_root(paths[0])
+    rels = []
+    for p in paths:
+        if find_mount_root(p) != root:
+            raise CliError(f"{p} is not in the same ckptfs mount as {paths[0]}: run one warmup per mount")
+        rels.append(_rel(root, p))
+    progress = None
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+        progress = Progress(TextColumn("warmup {task.fields[files]} files"), BarColumn(), DownloadColumn(binary_units=True),
+                            TransferSpeedColumn(), TimeElapsedColumn())
+        progress.start()
+        task = progress.add_task("warmup", total=None, files="?")
+    files = total = 0
+    failed: list[list[str]] = []
+    try:
+        for msg in request(root, {"cmd": "warmup", "paths": rels}, timeout=None):
+            if msg.get("done"):
+                failed = msg["failed"]
+                break
+            files, total = msg["files"], msg["bytes"]
+            if progress:
+                progress.update(task, total=total, completed=msg["done_bytes"], files=files)
+        else:
+            raise CliError("the daemon stopped before the warmup finished (is it shutting down?)")
+    finally:
+        if progress:
+            progress.stop()
+    for path, error in failed:
+        typer.echo(f"ckptfs: {path}: {error}", err=True)
+    if failed:
+        raise CliError(f"{len(failed)} of {max(files, len(failed))} files could not be read from the bucket (see above)")
+    typer.echo(f"ckptfs: {files} files ({fmt_bytes(total)}) are in the cache")
+
+
+@app.command()
+@_one_line_errors
+def evict(
+    path: str = typer.Argument(..., help="A file or directory in the mount, or the mount point."),
+) -> None:
+    """Drop the local copies of durable files under PATH (they are read from the bucket again when needed)."""
+    root = find_mount_root(path)
+    for msg in request(root, {"cmd": "evict", "path": _rel(root, path)}):
+        note = f"; {msg['skipped']} not durable yet or in use were kept" if msg["skipped"] else ""
+        typer.echo(f"ckptfs: evicted {msg['files']} files ({fmt_bytes(msg['bytes'])}){note}")
+        return
+    raise CliError("the daemon closed the connection without an answer")
 
 
 def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None) -> None:

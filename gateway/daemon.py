@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -30,6 +30,7 @@ from .fetch import Fetcher
 from .journal import Journal, JournalError
 from .metrics import Metrics
 from .namespace import Namespace
+from .remote import Remote
 from .store import Store, StoreError
 
 log = logging.getLogger("ckptfs")
@@ -132,7 +133,8 @@ class Daemon:
         self.metrics = Metrics(self.status)
         self.ns.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
-        self.fetcher = Fetcher(self.ns, self.store)
+        self.fetcher = Fetcher(cfg, self.ns, self.store)
+        self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
         self.control = ControlServer(cfg.control_socket, self)
 
     # ---- control API
@@ -150,6 +152,9 @@ class Daemon:
             upload_errors_total=int(self.metrics.errors_total()),
             last_error=self.drainer.last_error,
             fetched_bytes_total=self.fetcher.fetched_bytes_total,
+            fetched_files_total=self.fetcher.fetched_files_total,
+            read_errors_total=self.fetcher.read_errors_total,
+            listings_total=self.remote.listings_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
@@ -164,6 +169,57 @@ class Daemon:
         files, size, deletes = self.ns.pending_under(path)
         return {"files": files, "bytes": size, "deletes": deletes}
 
+    async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]:
+        """Read files (or whole trees) from the bucket into the cache; returns (path, error) of those that failed."""
+        journal = self.journal
+        files: dict[int, tuple[str, int]] = {}
+        failed: list[tuple[str, str]] = []
+        for path in paths:
+            ino = await self.remote.resolve(path)
+            row = journal.get(ino) if ino is not None else None
+            if row is None:
+                failed.append((path or "/", "no such file or directory in the mount"))
+                continue
+            if row.is_dir:
+                await self.remote.refresh_tree(ino)  # type: ignore[arg-type]
+                for r in journal.descendants(row.ino):
+                    if r.kind == "file":
+                        files[r.ino] = (journal.path_of(r.ino) or "?", r.size)
+            else:
+                files[row.ino] = (path, row.size)
+        total = sum(size for _, size in files.values())
+        done = 0
+
+        async def one(ino: int, path: str, size: int) -> None:
+            nonlocal done
+            try:
+                await self.fetcher.ensure_local(ino)
+            except OSError as e:
+                failed.append((path, e.strerror or str(e)))
+            done += size
+
+        limit = trio.CapacityLimiter(2)
+
+        async def limited(ino: int, path: str, size: int) -> None:
+            async with limit:
+                await one(ino, path, size)
+
+        async with trio.open_nursery() as nursery:
+            for ino, (path, size) in files.items():
+                nursery.start_soon(limited, ino, path, size)
+            while True:
+                in_flight = sum(sum(dl.done) * dl.range_size for dl in self.fetcher.downloads.values() if dl.ino in files)
+                await progress({"files": len(files), "bytes": total, "done_bytes": min(total, done + in_flight)})
+                if not nursery.child_tasks:
+                    break
+                with trio.move_on_after(0.2):
+                    await trio.sleep_forever()
+        return failed
+
+    def evict(self, path: str) -> dict[str, int]:
+        files, size, skipped = self.ns.evict_under(path)
+        return {"files": files, "bytes": size, "skipped": skipped}
+
     def request_stop(self, flush: bool) -> None:
         self.flush_on_stop = self.flush_on_stop or flush
         self._stop.set()
@@ -175,7 +231,7 @@ class Daemon:
         from .fs import CkptFS
 
         cfg = self.cfg
-        fs = CkptFS(self.ns, self.fetcher, str(cfg.control_socket.resolve()))
+        fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()))
         options = set(pyfuse3.default_options)
         options |= {"fsname=ckptfs", "subtype=ckptfs"}
         if cfg.allow_other:
@@ -188,6 +244,7 @@ class Daemon:
                     self.metrics_port = await nursery.start(self.metrics.serve, host, port)
                 except OSError as e:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
+            await nursery.start(self.fetcher.run)
             pyfuse3.init(fs, cfg.mountpoint, options)
             nursery.start_soon(self._fuse_main, pyfuse3)
             await nursery.start(self.drainer.run)
@@ -240,7 +297,7 @@ class Daemon:
         with trio.move_on_at(deadline if deadline is not None else float("inf")):
             while not self._stop_now.is_set():
                 s = self.ns.stats()
-                if not s["dirty_files"] and not s["pending_deletes"] and self.drainer.idle():
+                if not s["dirty_files"] and not s["pending_deletes"] and not s["pending_markers"] and self.drainer.idle():
                     return
                 self.ns.mark_urgent("")
                 with trio.move_on_after(0.1):

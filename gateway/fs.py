@@ -7,6 +7,9 @@ which maps `OSError` to its errno and anything unexpected to EIO (logged).
 Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
 inline on the trio thread: they hit the page cache and a thread hop would
 cost more than the copy. `fsync` is the one blocking call sent to a thread.
+A file that is only in the bucket is opened at once; its reads wait for the
+ranges they need (`fetch.Download`). Lookups and readdir first let `remote`
+refresh the directory's listing when it is older than `metadata_ttl`.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import Any, Awaitable, Callable, TypeVar
 import pyfuse3
 import trio
 
-from .fetch import Fetcher
+from .fetch import Download, Fetcher
 from .journal import ROOT_INODE, Row
 from .namespace import Namespace
+from .remote import Remote
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +75,18 @@ class Handle:
     ino: int
     fd: int
     write: bool
+    download: Download | None = None  # bytes still arriving from the bucket
 
 
 class CkptFS(pyfuse3.Operations):
     supports_dot_lookup = True
 
-    def __init__(self, ns: Namespace, fetcher: Fetcher, control_socket: str) -> None:
+    def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str) -> None:
         super().__init__()
         self.ns = ns
         self.fetcher = fetcher
+        self.remote = remote
+        self._opened_etag: dict[int, str | None] = {}  # the bytes the kernel may still cache for a file
         self.control_socket = control_socket
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -116,6 +123,7 @@ class CkptFS(pyfuse3.Operations):
             prow = self.ns.row(parent_inode)
             row = self.ns.row(prow.parent if prow.parent is not None else ROOT_INODE)
         else:
+            await self.remote.refresh(parent_inode)
             row = self.ns.lookup(parent_inode, _name(name))
         self.ns.ref(row.ino)
         return self._entry(row)
@@ -168,6 +176,7 @@ class CkptFS(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         if not self.ns.row(inode).is_dir:
             raise OSError(errno.ENOTDIR, "not a directory")
+        await self.remote.refresh(inode)
         return inode
 
     @_fuse
@@ -187,6 +196,9 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        row = self.ns.lookup(parent_inode, _name(name))
+        if row.is_dir:
+            await self.remote.refresh_tree(row.ino)  # objects never looked at here still make it non-empty
         self.ns.rmdir(parent_inode, _name(name))
 
     @_fuse
@@ -197,6 +209,9 @@ class CkptFS(pyfuse3.Operations):
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        src = self.ns.lookup(parent_inode_old, _name(name_old))
+        if src.is_dir:
+            await self.remote.refresh_tree(src.ino)  # every object below moves, looked at here or not
         self.ns.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_fuse
@@ -232,17 +247,33 @@ class CkptFS(pyfuse3.Operations):
     @_fuse
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
+        truncate = write and bool(flags & os.O_TRUNC)
+        download = None
         if self.ns.needs_fetch(inode):
-            await self.fetcher.ensure_local(inode)
+            if truncate and inode not in self.ns.fetching:
+                self.ns.empty_uncached(inode)  # about to be emptied: nothing to read from the bucket
+            elif write:
+                await self.fetcher.ensure_local(inode)  # writes go to a complete copy
+            else:
+                download = self.fetcher.start(inode)
         fd = self.ns.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
             self.ns.truncate(inode, 0)
-        return pyfuse3.FileInfo(fh=self._add_handle(inode, fd, write), keep_cache=True)
+        fh = self._add_handle(inode, fd, write)
+        self.handles[fh].download = download
+        # the kernel may keep its cached pages only if they are of the same bytes
+        etag = self.ns.row(inode).etag
+        keep = download is None and self._opened_etag.get(inode, etag) == etag
+        self._opened_etag[inode] = etag
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     @_fuse
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return os.pread(self.handles[fh].fd, size, off)
+        h = self.handles[fh]
+        if h.download is not None:
+            await h.download.wait(off, size)
+        return os.pread(h.fd, size, off)
 
     @_fuse
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -29,6 +29,7 @@ GAUGES = {
     "uploading_files": "Files whose upload is running.",
     "oldest_dirty_age_seconds": "Seconds since the oldest not-yet-durable file was closed: the drain lag.",
     "pending_deletes": "Object deletions queued (removed or renamed files).",
+    "pending_markers": "Directory marker objects (`dir/`, for empty directories) queued.",
     "cache_used_bytes": "Bytes of file data in the local cache.",
     "cache_capacity_bytes": "Bytes the cache may hold.",
     "stalled_writers": "Writes waiting for the drain to free cache space (backpressure).",
@@ -41,7 +42,12 @@ STATE_COUNTERS = {
     "write_stalls": "Writes that had to wait for cache space.",
     "write_stall_seconds": "Seconds writers spent waiting for cache space.",
     "enospc": "Writes refused with ENOSPC after waiting write_stall_timeout.",
-    "fetched_bytes": "Bytes downloaded to restore evicted cache copies.",
+    "fetched_bytes": "Bytes read from the bucket into the cache (files not written here, or evicted).",
+    "fetched_files": "Files read whole from the bucket into the cache and checked.",
+    "read_errors": "Reads from the bucket that failed (the reader got EIO).",
+    "listings": "Directory listings of the bucket.",
+    "remote_removed": "Entries removed from the mount because their object was deleted from the bucket elsewhere.",
+    "remote_changed": "Files whose object was replaced in the bucket elsewhere (their cached copy was dropped).",
     "checksum_mismatches": "Downloads refused because the object's bytes did not match the recorded xxh3.",
 }
 
@@ -71,6 +77,7 @@ class Metrics:
         self.uploaded_files = Counter("ckptfs_uploaded_files", "Files that became durable.", registry=r)
         self.upload_errors = Counter("ckptfs_upload_errors", "Failed object store requests while draining (each is retried).", ["kind"], registry=r)
         self.deleted_objects = Counter("ckptfs_deleted_objects", "Objects deleted because their file was removed or renamed.", registry=r)
+        self.copied_objects = Counter("ckptfs_copied_objects", "Objects copied inside the store because a durable file was renamed.", registry=r)
         self.abandoned_uploads = Counter("ckptfs_abandoned_uploads", "Uploads abandoned because the file changed, moved or was removed meanwhile.", registry=r)
         self.parts_in_flight = Gauge("ckptfs_parts_in_flight", "Parts or single-object uploads being sent now.", registry=r)
         self.time_to_durable = Histogram(
