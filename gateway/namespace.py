@@ -606,7 +606,13 @@ class Namespace:
         self.on_change()
 
     def _drop_marker(self, row: Row) -> None:
-        """A directory leaving its path: its marker object (if it may have one) must go."""
+        """A directory leaving its path: its `dir/` object must go, if the bucket may have one.
+
+        A directory's state is DURABLE once the bucket holds anything under it
+        (its marker, or a file's object). Deleting `dir/` also removes what some
+        stores (SeaweedFS) keep of a directory after its last object is gone; it
+        runs after the deletes of everything under it (see `ready_deletes`).
+        """
         path = self.journal.path_of(row.ino)
         if path is not None and row.state == DURABLE:
             self.journal.queue_delete(self.key_of(path) + "/")
@@ -766,6 +772,9 @@ class Namespace:
         if self.still_current(ticket):
             with j.transaction():
                 j.update(ticket.ino, state=DURABLE, etag=etag, xxh3=xxh3 or None, remote_key=ticket.key, copy_from=None, seen_at=time.time())
+                for ancestor in self._ancestors(ticket.ino, {}):
+                    if ancestor != ROOT_INODE:
+                        j.update(ancestor, state=DURABLE)  # the bucket now holds something under it
                 j.forget_upload(ticket.ino)
             self.urgent.discard(ticket.ino)
             self.on_durable(max(0.0, time.time() - ticket.closed_at))
@@ -791,7 +800,8 @@ class Namespace:
     def ready_deletes(self, busy_keys: set[str]) -> list[tuple[int, str]]:
         """Queued object deletions that may run now; drops those a live file has made moot."""
         out = []
-        for delete_id, key, after_ino in self.journal.pending_deletes():
+        pending = self.journal.pending_deletes()
+        for delete_id, key, after_ino in pending:
             if key in busy_keys:
                 continue
             if after_ino is not None:
@@ -799,9 +809,12 @@ class Namespace:
                 if waited is not None and waited.parent is not None and waited.state != DURABLE:
                     continue
             owner = self.journal.resolve(self.path_of_key(key))
-            if key.endswith("/") and owner is not None and owner.is_dir:
-                self.journal.drop_delete(delete_id)  # the directory exists again: its marker stays
-                continue
+            if key.endswith("/"):
+                if owner is not None and owner.is_dir:
+                    self.journal.drop_delete(delete_id)  # the directory exists again: its marker stays
+                    continue
+                if any(k != key and k.startswith(key) for _, k, _ in pending):
+                    continue  # objects under it go first
             if owner is not None and owner.kind == "file":
                 if owner.state == DURABLE and owner.remote_key == key:
                     self.journal.drop_delete(delete_id)  # the live file's upload replaced the object
@@ -829,7 +842,7 @@ class Namespace:
             if key in busy_keys:
                 continue
             row = self.journal.resolve(self.path_of_key(key))
-            if row is None or not row.is_dir or self.journal.has_children(row.ino) or row.state == DURABLE:
+            if row is None or not row.is_dir or self.journal.has_children(row.ino):
                 self.journal.drop_delete(marker_id)
                 continue
             due = queued_at + self.cfg.upload_delay
