@@ -163,6 +163,12 @@ def mount(
 
 def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     """Start the foreground daemon as a detached child; wait until it says READY or ERROR."""
+    from gateway.daemon import UserError, check_cache_dir
+
+    try:
+        check_cache_dir(cache_dir)  # the log goes there: say what is wrong with it, as the daemon would
+    except UserError as e:
+        fail(str(e))
     log_path = Path(cache_dir) / "ckptfs.log"
     try:
         log_file = open(log_path, "ab")

@@ -167,7 +167,15 @@ class Store:
 
     def check(self) -> None:
         """Mount-time check: endpoint reachable, credentials valid, bucket present and ours."""
-        self._call("HeadBucket", self.client.head_bucket)
+        try:
+            self._call("HeadBucket", self.client.head_bucket)
+        except StoreError as e:
+            if e.kind != AUTH:
+                raise
+            # HEAD answers carry no error code: ask again with a request whose answer says
+            # whether the credentials are wrong or only the permission is missing
+            self._call("ListObjectsV2", self.client.list_objects_v2, MaxKeys=1)
+            raise
 
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(

@@ -62,6 +62,7 @@ class Mount:
     cache_dir: Path
     options: dict[str, Any] = field(default_factory=dict)
     metrics_port: int | None = None
+    endpoint_url: str | None = None  # e.g. a fault-injecting proxy in front of the server
 
     @property
     def env(self) -> dict[str, str]:
@@ -70,16 +71,21 @@ class Mount:
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
-    def start(self) -> None:
+    def mount_args(self, daemon: bool = True) -> list[str]:
         args = [
             "mount", f"s3://{self.bucket}/{self.prefix}".rstrip("/"), str(self.path),
-            "--cache-dir", str(self.cache_dir), "--endpoint-url", self.s3.endpoint_url, "--daemon",
+            "--cache-dir", str(self.cache_dir), "--endpoint-url", self.endpoint_url or self.s3.endpoint_url,
         ]
+        if daemon:
+            args.append("--daemon")
         if self.metrics_port:
             args += ["--metrics-addr", f"127.0.0.1:{self.metrics_port}"]
         for k, v in self.options.items():
             args += ["-o", f"{k}={v}"]
-        run_cli(*args, env=self.env, timeout=120, check=True)
+        return args
+
+    def start(self) -> None:
+        run_cli(*self.mount_args(), env=self.env, timeout=120, check=True)
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return run_cli(*args, env=self.env, timeout=timeout)
@@ -96,8 +102,9 @@ class Mount:
     def stop(self) -> None:
         if os.path.ismount(self.path):
             self.cli("unmount", str(self.path), timeout=120)
-        if os.path.ismount(self.path):
-            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False)
+        # a dead mount (daemon killed) fails os.path.ismount: look in the mount table
+        if str(self.path) in open("/proc/self/mounts").read():
+            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False, capture_output=True)
 
     # bucket helpers
     def keys(self) -> list[str]:
@@ -124,13 +131,13 @@ def make_mount(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Any]:
         pytest.skip("/dev/fuse is not usable here")
     mounts: list[Mount] = []
 
-    def factory(name: str = "m", prefix: str = "ckpt", start: bool = True, **options: Any) -> Mount:
+    def factory(name: str = "m", prefix: str = "ckpt", start: bool = True, endpoint_url: str | None = None, **options: Any) -> Mount:
         path = tmp_path / f"{name}-mnt"
         cache = tmp_path / f"{name}-cache"
         path.mkdir(exist_ok=True)
         cache.mkdir(exist_ok=True)
         opts = {"upload_delay": 0.2, **options}
-        m = Mount(s3, bucket, prefix, path, cache, opts)
+        m = Mount(s3, bucket, prefix, path, cache, opts, endpoint_url=endpoint_url)
         mounts.append(m)
         if start:
             m.start()
