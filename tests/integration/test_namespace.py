@@ -266,3 +266,38 @@ def test_renamed_durable_file_that_was_evicted_is_copied(make_mount, tmp_path: P
     a.flush()
     assert a.keys() == [a.key("new.bin")]
     assert sha256_file(a.path / "new.bin") == digest
+
+
+def test_crash_between_copy_and_delete_is_finished_on_restart(make_mount, s3) -> None:  # type: ignore[no-untyped-def]
+    import signal
+
+    from tests.support.faultproxy import FaultProxy
+
+    proxy = FaultProxy(s3.s3_port)
+    try:
+        a: Mount = make_mount("a", endpoint_url=proxy.url, retry_max_backoff=1)
+        digest = write_random(a.path / "step_1.bin", 6 * MiB, seed=120)
+        a.flush()
+        proxy.fail(503, "SlowDown", count=10_000, methods={"DELETE"})  # the copy lands, the delete cannot
+        os.rename(a.path / "step_1.bin", a.path / "final.bin")
+        wait_for("the copy", lambda: a.key("final.bin") in a.keys() and a.status()["pending_deletes"] == 1)
+        assert a.key("step_1.bin") in a.keys()  # both objects: never neither
+        pid = a.status()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for("the mount to be dead", lambda: not _stat_ok(a.path))
+        proxy.fail(503, "SlowDown", count=0)
+        a.start()
+        a.flush()
+        assert a.keys() == [a.key("final.bin")]
+        assert a.object_sha256("final.bin") == digest
+        assert sha256_file(a.path / "final.bin") == digest
+    finally:
+        proxy.close()
+
+
+def _stat_ok(path: Path) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except OSError:
+        return False
