@@ -1,6 +1,6 @@
 # Dev/test tasks for ckptfs.  Debian 12, run as root (or with sudo available).
 #
-#   make deps    system packages (fuse3, ...), .venv, pip install -e '.[test]'
+#   make deps    system packages (fuse3, ...), .venv, pip install -e '.[test,train]'
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it)
 #   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt
 #   make stop    unmount ./mnt (flushing), stop the local S3, drop its data
@@ -50,7 +50,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY) system-deps
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,train]'
 	touch $@
 
 test: deps
