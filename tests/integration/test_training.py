@@ -10,28 +10,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
-
 import pytest
 
-from tests.conftest import ROOT, Mount, sha256_file
+from tests.conftest import ROOT, Mount, sha256_file, wait_for
 
 torch = pytest.importorskip("torch", reason="the train extra (torch==2.13.0) is not installed")
 
 MiB = 1 << 20
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 300.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.1)
 
 
 def durable_order(m: Mount) -> list[str]:
