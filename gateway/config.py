@@ -70,7 +70,7 @@ class Config:
     metadata_ttl: float = _opt(5.0, "Seconds a directory's bucket listing is trusted: files written, changed or deleted by other nodes show up after their upload plus at most this long. 0 lists on every lookup.", "seconds")
     read_range_size: int = _opt(8 * MiB, "Size of each ranged GET when a file that is only in the bucket is read into the cache.", "bytes")
     read_concurrency: int = _opt(8, "Ranged GETs in flight per file being read from the bucket.")
-    kernel_read_ahead: int = _opt(2 * MiB, "Read-ahead the kernel uses on the mount (its `read_ahead_kb`, set at mount when running as root). Larger reads mean fewer FUSE requests: the default 2 MiB read a cold 1 GiB file ~1.4x faster than the kernel's 128 KiB here. 0 keeps the kernel's default.", "bytes")
+    kernel_read_ahead: int = _opt(2 * MiB, "Read-ahead the kernel uses on the mount (its `read_ahead_kb`, set at mount when running as root). Larger reads mean fewer FUSE requests, each one a round trip through Python. 0 keeps the kernel's default.", "bytes")
     copy_multipart_threshold: int = _opt(5 * GiB, "Renaming a durable file copies its object inside the store; objects at least this large are copied in parts (UploadPartCopy of `part_size`), as S3 requires above 5 GiB.", "bytes")
 
     # cache
