@@ -26,7 +26,7 @@ import pyfuse3
 import trio
 
 from .fetch import Download, Fetcher
-from .journal import ROOT_INODE, Row
+from .journal import DURABLE, ROOT_INODE, Row
 from .namespace import Namespace
 from .remote import Remote
 
@@ -248,6 +248,11 @@ class CkptFS(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
         truncate = write and bool(flags & os.O_TRUNC)
+        row = self.ns.row(inode)
+        if row.state == DURABLE and row.parent is not None:
+            # close-to-open: the kernel may reuse a name for ATTR_TIMEOUT without a lookup, so the
+            # listing (and with it a changed ETag) is checked here too once it is older than the TTL
+            await self.remote.refresh(row.parent)
         download = None
         if self.ns.needs_fetch(inode):
             if truncate and inode not in self.ns.fetching:
@@ -307,7 +312,7 @@ class CkptFS(pyfuse3.Operations):
         if row.is_dir:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
-        if name in (XATTR_ETAG, XATTR_XXH3) and row.state != "durable":
+        if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
         if not value:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
@@ -320,7 +325,7 @@ class CkptFS(pyfuse3.Operations):
         row = self.ns.row(inode)
         if row.is_dir:
             return []
-        return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == "durable" else [])
+        return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == DURABLE else [])
 
     @_fuse
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import random
+import time
 
 import pytest
 
+from gateway.fs import ATTR_TIMEOUT
 from tests.conftest import Mount, sha256_file, write_random
 
 MiB = 1 << 20
@@ -70,8 +72,12 @@ def test_corrupted_object_is_not_served(make_mount) -> None:  # type: ignore[no-
     m.flush()
     # corrupt the object behind the gateway's back: other bytes, same size, the old checksum kept
     stored = m.head("victim.bin")["Metadata"]
+    # let the kernel's entry for the name expire, then look it up again: for the next ATTR_TIMEOUT
+    # the kernel opens it without a lookup, so only open's own check can see the change below
+    time.sleep(ATTR_TIMEOUT * 1.5)
+    (m.path / "victim.bin").stat()
     m.s3.client().put_object(Bucket=m.bucket, Key=m.key("victim.bin"), Body=os.urandom(12 * MiB), Metadata=stored)
-    # the listing sees a new ETag: the cached copy is dropped, the next read fetches and checks
+    # open lists again and sees a new ETag: the cached copy is dropped, the read fetches and checks
     with pytest.raises(OSError) as e:
         (m.path / "victim.bin").read_bytes()
     assert e.value.errno == errno.EIO
