@@ -158,6 +158,7 @@ class Daemon:
             fetched_files_total=self.fetcher.fetched_files_total,
             read_errors_total=self.fetcher.read_errors_total,
             listings_total=self.remote.listings_total,
+            listing_errors_total=self.remote.listing_errors_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
