@@ -1,6 +1,6 @@
 # Dev/test tasks for ckptfs.  Debian 12, run as root (or with sudo available).
 #
-#   make deps    system packages (fuse3, ...), .venv, pip install -e '.[test]'
+#   make deps    system packages (fuse3, ...), .venv, pip install -e '.[test,train]'
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it); also installs
 #                what the ops tests drive: prometheus, nfs-ganesha, rpcbind, libnfs-utils
 #   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt
@@ -73,7 +73,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY) system-deps
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,train]'
 	touch $@
 
 test: deps test-deps

@@ -56,7 +56,7 @@ def check_fuse() -> None:
 def check_mountpoint(path: str) -> None:
     p = Path(path)
     try:
-        st = p.stat()
+        p.stat()
     except FileNotFoundError:
         raise UserError(f"mount point {path} does not exist: create it with mkdir -p {path}") from None
     except OSError as e:
@@ -65,7 +65,7 @@ def check_mountpoint(path: str) -> None:
             log.warning("mount point %s is a dead FUSE mount (its daemon died); unmounting it", path)
             subprocess.run(["fusermount3", "-u", "-z", path], check=False, capture_output=True)
             try:
-                st = p.stat()
+                p.stat()
             except OSError:
                 raise UserError(f"mount point {path} is a dead mount that could not be cleaned: run fusermount3 -uz {path}") from None
         else:

@@ -24,6 +24,7 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 
 import trio
 import xxhash
@@ -357,37 +358,32 @@ class Drainer:
             except StoreError as e:
                 log.warning("could not abort leaked multipart upload %s of %s: %s", upload_id, key, e)
 
-    # ----------------------------------------------------------------- delete
+    # ------------------------------------------------------ object operations
     async def _put_marker(self, marker_id: int, key: str) -> None:
-        try:
-            await trio.to_thread.run_sync(self.store.put_marker, key)
+        if await self._object_op(marker_id, key, "put of directory marker", self.store.put_marker):
             self.ns.marker_done(marker_id, key)
-            self.delete_backoff.pop(marker_id, None)
             log.info("put directory marker %s", key)
-        except StoreError as e:
-            self.metrics.upload_errors.labels(e.kind).inc()
-            delay = self.delete_backoff.setdefault(marker_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
-            self.last_error = str(e)
-            log.warning("put of directory marker %s failed: %s (retry in %.1fs)", key, e, delay)
-        finally:
-            self.deleting.discard(marker_id)
-            self.busy_keys.discard(key)
-            self.wake()
 
     async def _delete(self, delete_id: int, key: str) -> None:
-        try:
-            await trio.to_thread.run_sync(self.store.delete, key)
+        if await self._object_op(delete_id, key, "delete of", self.store.delete):
             self.ns.delete_done(delete_id, key)
-            self.delete_backoff.pop(delete_id, None)
             self.metrics.deleted_objects.inc()
             log.info("deleted object %s", key)
+
+    async def _object_op(self, op_id: int, key: str, what: str, call: Callable[[str], None]) -> bool:
+        """One queued delete or marker put, with the drain's backoff; True once it succeeded."""
+        try:
+            await trio.to_thread.run_sync(call, key)
+            self.delete_backoff.pop(op_id, None)
+            return True
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
-            delay = self.delete_backoff.setdefault(delete_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
+            delay = self.delete_backoff.setdefault(op_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
             self.last_error = str(e)
-            log.warning("delete of %s failed: %s (retry in %.1fs)", key, e, delay)
+            log.warning("%s %s failed: %s (retry in %.1fs)", what, key, e, delay)
+            return False
         finally:
-            self.deleting.discard(delete_id)
+            self.deleting.discard(op_id)
             self.busy_keys.discard(key)
             self.wake()
 

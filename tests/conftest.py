@@ -155,6 +155,31 @@ def mount(make_mount: Any) -> Mount:
     return make_mount()
 
 
+def wait_for(what: str, check: Any, timeout: float = 300.0) -> Any:
+    """Poll until `check()` is truthy: for background work to reach a state, never to assert speed."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.1)
+
+
+def mount_is_dead(path: Path) -> bool:
+    """True once the daemon behind a FUSE mount is gone (every thread of it: the kernel says ENOTCONN)."""
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    return False
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -7,42 +7,21 @@ bucket's bytes against what was written.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import sqlite3
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import CKPTFS, ROOT, Mount, run_cli, sha256_file, write_random
+from tests.conftest import CKPTFS, ROOT, Mount, mount_is_dead, run_cli, sha256_file, wait_for, write_random
 from tests.support.faultproxy import FaultProxy
 from tests.support.seaweed import SeaweedServer, free_port
 
 MiB = 1 << 20
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    """Poll until `check()` is truthy (waiting for a state, never asserting speed)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.1)
-
-
-def _dead(path: Path) -> bool:
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno == errno.ENOTCONN
-    return False
 
 
 @pytest.fixture
@@ -69,7 +48,7 @@ def test_kill9_mid_upload_resumes_from_the_parts_in_the_bucket(make_mount, proxy
     wait_for("half the upload to reach the bucket", lambda: proxy.bytes_up >= 30 * MiB)
     pid = m.status()["pid"]
     os.kill(pid, signal.SIGKILL)
-    wait_for("the mount to be dead", lambda: _dead(m.path))  # once every thread of the daemon is gone
+    wait_for("the mount to be dead", lambda: mount_is_dead(m.path))  # once every thread of the daemon is gone
     proxy.set_mode("pass", rate=0)
     proxy.bytes_up = 0
     m.start()  # same cache dir: cleans up the dead mount, replays the journal

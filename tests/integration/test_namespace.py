@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 
-from tests.conftest import Mount, sha256_file, write_random
+from tests.conftest import Mount, mount_is_dead, sha256_file, wait_for, write_random
 
 MiB = 1 << 20
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    """Poll until `check()` is truthy: for background work (eviction), never to assert speed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -284,7 +270,7 @@ def test_crash_between_copy_and_delete_is_finished_on_restart(make_mount, s3) ->
         assert a.key("step_1.bin") in a.keys()  # both objects: never neither
         pid = a.status()["pid"]
         os.kill(pid, signal.SIGKILL)
-        wait_for("the mount to be dead", lambda: not _stat_ok(a.path))
+        wait_for("the mount to be dead", lambda: mount_is_dead(a.path))
         proxy.fail(503, "SlowDown", count=0)
         a.start()
         a.flush()
@@ -294,10 +280,3 @@ def test_crash_between_copy_and_delete_is_finished_on_restart(make_mount, s3) ->
     finally:
         proxy.close()
 
-
-def _stat_ok(path: Path) -> bool:
-    try:
-        os.stat(path)
-        return True
-    except OSError:
-        return False
