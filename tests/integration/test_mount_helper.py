@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, fuse_usable, write_random
-from tests.integration.test_core import wait_until
+from tests.conftest import ROOT, fuse_usable, write_random, wait_for
 
 MiB = 1 << 20
 
@@ -73,4 +72,4 @@ def test_fstab_line_mounts_with_mount8(s3, bucket: str, tmp_path: Path, form: st
     # the bytes reached the bucket, and umount(8) stopped the daemon
     body = s3.client().get_object(Bucket=bucket, Key="fstab/step_1.bin")["Body"].read()
     assert hashlib.sha256(body).hexdigest() == digest
-    wait_until(lambda: "stopped; everything is durable" in (cache / "ckptfs.log").read_text(), "the daemon stops after umount")
+    wait_for("the daemon stops after umount", lambda: "stopped; everything is durable" in (cache / "ckptfs.log").read_text())

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Mount, sha256_file, write_random
-from tests.integration.test_core import wait_until, xattr
+from tests.conftest import Mount, sha256_file, write_random, wait_for
+from tests.integration.test_core import xattr
 from tests.support.ganesha import GaneshaServer, missing_tools
 
 MiB = 1 << 20
@@ -63,6 +63,6 @@ def test_write_read_and_drain_through_nfs(make_mount, ganesha_for, tmp_path: Pat
     assert sha256_file(m.path / "step_7" / "shard.bin") == digest
 
     # Ganesha closes the idle file, so it drains without a flush
-    wait_until(lambda: xattr(m.path / "step_7" / "shard.bin", "state") == "durable", "the NFS-written file becomes durable")
+    wait_for("the NFS-written file becomes durable", lambda: xattr(m.path / "step_7" / "shard.bin", "state") == "durable")
     assert m.object_sha256("step_7/shard.bin") == digest
     assert m.key("step_7/shard.bin") in m.keys()

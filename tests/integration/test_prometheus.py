@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Mount, write_random
-from tests.integration.test_core import wait_until
+from tests.conftest import Mount, write_random, wait_for
 from tests.support.promql import ROOT
 from tests.support.seaweed import free_port
 from tests.unit.test_deploy_grafana import load as load_dashboard
@@ -49,7 +48,7 @@ class Prometheus:
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=self.log, stderr=self.log, cwd=workdir, start_new_session=True,
         )
-        wait_until(self._ready, "prometheus answers /-/ready")
+        wait_for("prometheus answers /-/ready", self._ready)
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -102,18 +101,17 @@ def test_prometheus_records_the_drain_lag_of_a_draining_file(make_mount, prometh
     m.start()
     instance = f"127.0.0.1:{m.metrics_port}"
     prom = prometheus_for([instance])
-    wait_until(lambda: prom.query('up{job="ckptfs"} == 1'), "prometheus scrapes the mount")
+    wait_for("prometheus scrapes the mount", lambda: prom.query('up{job="ckptfs"} == 1'))
 
     (m.path / "step_1").mkdir()
     digest = write_random(m.path / "step_1" / "model.bin", 8 * MiB, seed=100)
-    lagging = wait_until(lambda: prom.query('ckptfs_oldest_dirty_age_seconds{job="ckptfs"} > 0'),
-                         "a scrape sees the file waiting")
+    lagging = wait_for("a scrape sees the file waiting", lambda: prom.query('ckptfs_oldest_dirty_age_seconds{job="ckptfs"} > 0'))
     assert lagging[0]["metric"]["instance"] == instance
     assert prom.query('ckptfs_dirty_bytes{job="ckptfs"}')[0]["value"][1] == str(8 * MiB)
 
     m.flush()
     assert m.object_sha256("step_1/model.bin") == digest
-    wait_until(lambda: prom.query('ckptfs_oldest_dirty_age_seconds{job="ckptfs"} == 0'), "a scrape sees the drain done")
+    wait_for("a scrape sees the drain done", lambda: prom.query('ckptfs_oldest_dirty_age_seconds{job="ckptfs"} == 0'))
 
     # the lag series as Prometheus stored it: non-zero while the file waited, 0 now
     peak = prom.query('max_over_time(ckptfs_oldest_dirty_age_seconds{job="ckptfs"}[10m])')
@@ -126,7 +124,7 @@ def test_prometheus_records_the_drain_lag_of_a_draining_file(make_mount, prometh
         rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
         return rules if rules and all(r.get("lastEvaluation", "").startswith("20") and r["health"] != "unknown" for r in rules) else None
 
-    rules = wait_until(rules_evaluated, "prometheus evaluates the alert rules")
+    rules = wait_for("prometheus evaluates the alert rules", rules_evaluated)
     assert sorted(r["name"] for r in rules) == sorted(alerts())
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
     assert not any(r["state"] == "firing" for r in rules), "a healthy mount fires no alert"
