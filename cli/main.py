@@ -131,8 +131,8 @@ def parse_options(options: list[str]) -> dict[str, str]:
 # ---------------------------------------------------------------- commands
 @app.command()
 def mount(
-    source: str = typer.Argument(..., help="s3://BUCKET[/PREFIX]"),
-    mountpoint: str = typer.Argument(..., help="Empty directory to mount on."),
+    source: Optional[str] = typer.Argument(None, help="s3://BUCKET or s3://BUCKET/PREFIX; may instead be `source` in the --config file."),
+    mountpoint: Optional[str] = typer.Argument(None, help="Empty directory to mount on; may instead be `mountpoint` in the --config file."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Local cache directory (journal + data)."),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint (MinIO, SeaweedFS, Ceph)."),
     config: Optional[str] = typer.Option(None, "--config", help="TOML config file; flags override it."),
@@ -141,12 +141,19 @@ def mount(
     option: list[str] = typer.Option([], "--option", "-o", help="Any config option as KEY=VALUE (repeatable)."),
     ready_fd: Optional[int] = typer.Option(None, "--ready-fd", hidden=True),
 ) -> None:
-    """Mount a bucket. Foreground by default (for systemd); --daemon detaches."""
+    """Mount a bucket. Foreground by default (for systemd); --daemon detaches.
+
+    `ckptfs mount --config FILE` takes the source, mount point and everything
+    else from FILE (as the systemd unit does); arguments and flags override it.
+    """
+    if source is not None and mountpoint is None and not source.startswith("s3://"):
+        source, mountpoint = None, source  # `ckptfs mount --config FILE MOUNTPOINT`
     try:
-        bucket, prefix = parse_source(source)
         overrides: dict[str, Any] = dict(parse_options(option))
-        overrides.update(bucket=bucket, prefix=prefix, mountpoint=mountpoint, cache_dir=cache_dir,
-                         endpoint_url=endpoint_url, metrics_addr=metrics_addr)
+        if source is not None:
+            overrides["bucket"], overrides["prefix"] = parse_source(source)
+        flags = dict(mountpoint=mountpoint, cache_dir=cache_dir, endpoint_url=endpoint_url, metrics_addr=metrics_addr)
+        overrides.update({k: v for k, v in flags.items() if v is not None})  # a flag not given leaves -o KEY=VALUE alone
         cfg = load_config(config, overrides=overrides)
     except (ConfigError, CliError) as e:
         fail(str(e), EXIT_USAGE)
@@ -155,10 +162,38 @@ def mount(
         return
     from gateway.daemon import run_daemon
 
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(cfg.log_level)
+    raise typer.Exit(run_daemon(cfg, ready_fd))
+
+
+class JournalFormatter(logging.Formatter):
+    """Log lines for systemd's journal: a `<N>` syslog priority prefix (sd-daemon(3)), no timestamp (the journal adds it)."""
+
+    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{self.PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
+
+
+def stderr_is_journal() -> bool:
+    """True when stderr is systemd's journal stream ($JOURNAL_STREAM names its device and inode)."""
+    dev_ino = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return dev_ino == f"{st.st_dev}:{st.st_ino}"
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    if stderr_is_journal():
+        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    raise typer.Exit(run_daemon(cfg, ready_fd))
 
 
 def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
@@ -397,6 +432,20 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
 
 
 def main() -> None:
+    from cli.fstab import FstabError, is_mount_helper_call, mount_args
+
+    argv = sys.argv[1:]
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
+    if is_mount_helper_call(argv, commands):
+        # run by mount(8) via mount.fuse3 (`mount -t fuse.ckptfs`, fstab): SOURCE MOUNTPOINT -o OPTIONS
+        try:
+            args = mount_args(argv)
+        except FstabError as e:
+            typer.echo(f"ckptfs: error: {e}", err=True)
+            sys.exit(EXIT_USAGE)
+        if args is None:
+            return
+        sys.argv = [sys.argv[0], *args]  # `--daemon` re-runs sys.argv[1:] in the child
     app()
 
 

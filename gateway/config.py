@@ -110,11 +110,11 @@ class Config:
     # -------------------------------------------------------------- validation
     def validate(self) -> None:
         if not self.bucket:
-            raise ConfigError("no bucket: give the source as s3://BUCKET[/PREFIX]")
+            raise ConfigError("no bucket: give the source as s3://BUCKET[/PREFIX], or source = \"s3://BUCKET[/PREFIX]\" in the config file")
         if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", self.bucket):
             raise ConfigError(f"bucket name {self.bucket!r} is not a valid S3 bucket name")
         if not self.mountpoint:
-            raise ConfigError("no mount point given")
+            raise ConfigError("no mount point: give MOUNTPOINT, or mountpoint = \"/path\" in the config file")
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
         for name in ("upload_delay", "connect_timeout", "read_timeout", "shutdown_timeout", "retry_max_backoff",

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from .cache import Cache
-from .config import Config, parse_hostport
+from .config import Config, fmt_bytes, parse_hostport
 from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
@@ -34,6 +34,9 @@ from .remote import Remote
 from .store import Store, StoreError
 
 log = logging.getLogger("ckptfs")
+
+STATUS_INTERVAL = 2.0  # seconds between STATUS= updates to systemd
+STOP_MARGIN_SECONDS = 30.0  # on top of shutdown_timeout: unmounting, journal sync, exit
 
 
 class UserError(Exception):
@@ -155,6 +158,7 @@ class Daemon:
             fetched_files_total=self.fetcher.fetched_files_total,
             read_errors_total=self.fetcher.read_errors_total,
             listings_total=self.remote.listings_total,
+            listing_errors_total=self.remote.listing_errors_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
@@ -256,9 +260,14 @@ class Daemon:
             if ready_fd is not None:
                 os.write(ready_fd, b"READY\n")
                 os.close(ready_fd)
-            notify_systemd(b"READY=1")
+            source = f"s3://{cfg.bucket}/{cfg.prefix}".rstrip("/")
+            notify_systemd(f"READY=1\nSTATUS=mounted {source} at {cfg.mountpoint}".encode())
+            if os.environ.get("NOTIFY_SOCKET"):
+                nursery.start_soon(self._report_status)
             await self._stop.wait()
-            notify_systemd(b"STOPPING=1")
+            # the stop may take up to shutdown_timeout: tell systemd, whatever its TimeoutStopSec says
+            extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
+            notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
             if not self.fuse_done.is_set():
                 pyfuse3.terminate()
@@ -275,6 +284,18 @@ class Daemon:
         else:
             log.info("stopped; everything is durable")
         self.journal.close()
+
+    async def _report_status(self) -> None:
+        """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
+        while True:
+            s = self.ns.stats()
+            what = f"{s['dirty_files']} files ({fmt_bytes(s['dirty_bytes'])}) not yet in the bucket"
+            if self._stop.is_set():
+                notify_systemd(f"STATUS=stopping: draining, {what}".encode())
+            else:
+                notify_systemd(f"STATUS={what}, drain lag {s['oldest_dirty_age_seconds']:.0f}s, "
+                               f"cache {fmt_bytes(self.cache.used_bytes)} of {fmt_bytes(self.cache.capacity_bytes)}".encode())
+            await trio.sleep(STATUS_INTERVAL)
 
     async def _fuse_main(self, pyfuse3: Any) -> None:
         try:

@@ -27,6 +27,7 @@ import trio
 
 from .fetch import Download, Fetcher
 from .journal import DURABLE, ROOT_INODE, Row
+from .metrics import FUSE_COUNTERS
 from .namespace import Namespace
 from .remote import Remote
 
@@ -45,18 +46,26 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 def _fuse(fn: F) -> F:
+    op = fn.__name__
+    requests = FUSE_COUNTERS.requests  # counted per request: a plain dict increment
+    requests.setdefault(op, 0)
+
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        requests[op] += 1
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as e:
+            FUSE_COUNTERS.error(op, e.errno)
             raise
         except OSError as e:
+            FUSE_COUNTERS.error(op, e.errno or errno.EIO)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except trio.Cancelled:
             raise
         except Exception:
             log.exception("internal error in %s", fn.__name__)
+            FUSE_COUNTERS.error(op, errno.EIO)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]
@@ -258,9 +267,13 @@ class CkptFS(pyfuse3.Operations):
             if truncate and inode not in self.ns.fetching:
                 self.ns.empty_uncached(inode)  # about to be emptied: nothing to read from the bucket
             elif write:
+                FUSE_COUNTERS.cache_misses += 1
                 await self.fetcher.ensure_local(inode)  # writes go to a complete copy
             else:
+                FUSE_COUNTERS.cache_misses += 1
                 download = self.fetcher.start(inode)
+        else:
+            FUSE_COUNTERS.cache_hits += 1
         fd = self.ns.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us

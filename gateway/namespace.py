@@ -902,9 +902,12 @@ class Namespace:
         dirty_bytes = 0
         oldest = 0.0
         uploading = 0
+        in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
         for r in rows:
             live = self.live.get(r.ino)
             dirty_bytes += live.size if live else r.size
+            if r.cached:
+                in_cache[r.state or DIRTY] += live.size if live else r.size
             if r.state == UPLOADING:
                 uploading += 1
             if r.closed_at:
@@ -914,6 +917,8 @@ class Namespace:
             "dirty_bytes": dirty_bytes,
             "uploading_files": uploading,
             "oldest_dirty_age_seconds": round(oldest, 3),
+            "cache_dirty_bytes": in_cache[DIRTY],
+            "cache_uploading_bytes": in_cache[UPLOADING],
             "pending_deletes": len(self.journal.pending_deletes()),
             "pending_markers": len(self.journal.pending_markers()),
             "remote_removed_total": self.remote_removed_total,
