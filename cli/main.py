@@ -131,8 +131,8 @@ def parse_options(options: list[str]) -> dict[str, str]:
 # ---------------------------------------------------------------- commands
 @app.command()
 def mount(
-    source: str = typer.Argument(..., help="s3://BUCKET[/PREFIX]"),
-    mountpoint: str = typer.Argument(..., help="Empty directory to mount on."),
+    source: Optional[str] = typer.Argument(None, help="s3://BUCKET or s3://BUCKET/PREFIX; may instead be `source` in the --config file."),
+    mountpoint: Optional[str] = typer.Argument(None, help="Empty directory to mount on; may instead be `mountpoint` in the --config file."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Local cache directory (journal + data)."),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint (MinIO, SeaweedFS, Ceph)."),
     config: Optional[str] = typer.Option(None, "--config", help="TOML config file; flags override it."),
@@ -141,12 +141,19 @@ def mount(
     option: list[str] = typer.Option([], "--option", "-o", help="Any config option as KEY=VALUE (repeatable)."),
     ready_fd: Optional[int] = typer.Option(None, "--ready-fd", hidden=True),
 ) -> None:
-    """Mount a bucket. Foreground by default (for systemd); --daemon detaches."""
+    """Mount a bucket. Foreground by default (for systemd); --daemon detaches.
+
+    `ckptfs mount --config FILE` takes the source, mount point and everything
+    else from FILE (as the systemd unit does); arguments and flags override it.
+    """
+    if source is not None and mountpoint is None and not source.startswith("s3://"):
+        source, mountpoint = None, source  # `ckptfs mount --config FILE MOUNTPOINT`
     try:
-        bucket, prefix = parse_source(source)
         overrides: dict[str, Any] = dict(parse_options(option))
-        overrides.update(bucket=bucket, prefix=prefix, mountpoint=mountpoint, cache_dir=cache_dir,
-                         endpoint_url=endpoint_url, metrics_addr=metrics_addr)
+        if source is not None:
+            overrides["bucket"], overrides["prefix"] = parse_source(source)
+        flags = dict(mountpoint=mountpoint, cache_dir=cache_dir, endpoint_url=endpoint_url, metrics_addr=metrics_addr)
+        overrides.update({k: v for k, v in flags.items() if v is not None})  # a flag not given leaves -o KEY=VALUE alone
         cfg = load_config(config, overrides=overrides)
     except (ConfigError, CliError) as e:
         fail(str(e), EXIT_USAGE)
@@ -155,14 +162,48 @@ def mount(
         return
     from gateway.daemon import run_daemon
 
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(cfg.log_level)
+    raise typer.Exit(run_daemon(cfg, ready_fd))
+
+
+class JournalFormatter(logging.Formatter):
+    """Log lines for systemd's journal: a `<N>` syslog priority prefix (sd-daemon(3)), no timestamp (the journal adds it)."""
+
+    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{self.PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
+
+
+def stderr_is_journal() -> bool:
+    """True when stderr is systemd's journal stream ($JOURNAL_STREAM names its device and inode)."""
+    dev_ino = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return dev_ino == f"{st.st_dev}:{st.st_ino}"
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    if stderr_is_journal():
+        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    raise typer.Exit(run_daemon(cfg, ready_fd))
 
 
 def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     """Start the foreground daemon as a detached child; wait until it says READY or ERROR."""
+    from gateway.daemon import UserError, check_cache_dir
+
+    try:
+        check_cache_dir(cache_dir)  # the log goes there: say what is wrong with it, as the daemon would
+    except UserError as e:
+        fail(str(e))
     log_path = Path(cache_dir) / "ckptfs.log"
     try:
         log_file = open(log_path, "ab")
@@ -286,9 +327,69 @@ def flush(
 ) -> None:
     """Block until every file under PATH is durable in the bucket."""
     root = find_mount_root(path)
-    rel = os.path.relpath(os.path.abspath(path), root)
-    wait_durable(root, "" if rel == "." else rel, timeout, label=path)
+    wait_durable(root, _rel(root, path), timeout, label=path)
     typer.echo(f"ckptfs: {path} is durable")
+
+
+def _rel(root: Path, path: str) -> str:
+    rel = os.path.relpath(os.path.abspath(path), root)
+    return "" if rel == "." else rel
+
+
+@app.command()
+@_one_line_errors
+def warmup(
+    paths: list[str] = typer.Argument(..., help="Files or directories in the mount to read into the local cache."),
+) -> None:
+    """Pre-stage files or trees from the bucket into the local cache (exit 1 if any file fails)."""
+    root = find_mount_root(paths[0])
+    rels = []
+    for p in paths:
+        if find_mount_root(p) != root:
+            raise CliError(f"{p} is not in the same ckptfs mount as {paths[0]}: run one warmup per mount")
+        rels.append(_rel(root, p))
+    progress = None
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+        progress = Progress(TextColumn("warmup {task.fields[files]} files"), BarColumn(), DownloadColumn(binary_units=True),
+                            TransferSpeedColumn(), TimeElapsedColumn())
+        progress.start()
+        task = progress.add_task("warmup", total=None, files="?")
+    files = total = 0
+    failed: list[list[str]] = []
+    try:
+        for msg in request(root, {"cmd": "warmup", "paths": rels}, timeout=None):
+            if msg.get("done"):
+                failed = msg["failed"]
+                break
+            files, total = msg["files"], msg["bytes"]
+            if progress:
+                progress.update(task, total=total, completed=msg["done_bytes"], files=files)
+        else:
+            raise CliError("the daemon stopped before the warmup finished (is it shutting down?)")
+    finally:
+        if progress:
+            progress.stop()
+    for path, error in failed:
+        typer.echo(f"ckptfs: {path}: {error}", err=True)
+    if failed:
+        raise CliError(f"{len(failed)} of {max(files, len(failed))} files could not be read from the bucket (see above)")
+    typer.echo(f"ckptfs: {files} files ({fmt_bytes(total)}) are in the cache")
+
+
+@app.command()
+@_one_line_errors
+def evict(
+    path: str = typer.Argument(..., help="A file or directory in the mount, or the mount point."),
+) -> None:
+    """Drop the local copies of durable files under PATH (they are read from the bucket again when needed)."""
+    root = find_mount_root(path)
+    for msg in request(root, {"cmd": "evict", "path": _rel(root, path)}):
+        note = f"; {msg['skipped']} not durable yet or in use were kept" if msg["skipped"] else ""
+        typer.echo(f"ckptfs: evicted {msg['files']} files ({fmt_bytes(msg['bytes'])}){note}")
+        return
+    raise CliError("the daemon closed the connection without an answer")
 
 
 def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None) -> None:
@@ -331,6 +432,20 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
 
 
 def main() -> None:
+    from cli.fstab import FstabError, is_mount_helper_call, mount_args
+
+    argv = sys.argv[1:]
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
+    if is_mount_helper_call(argv, commands):
+        # run by mount(8) via mount.fuse3 (`mount -t fuse.ckptfs`, fstab): SOURCE MOUNTPOINT -o OPTIONS
+        try:
+            args = mount_args(argv)
+        except FstabError as e:
+            typer.echo(f"ckptfs: error: {e}", err=True)
+            sys.exit(EXIT_USAGE)
+        if args is None:
+            return
+        sys.argv = [sys.argv[0], *args]  # `--daemon` re-runs sys.argv[1:] in the child
     app()
 
 

@@ -66,9 +66,18 @@ class Config:
         "File name patterns (fnmatch) of commit markers: a marker is uploaded only after every other file under its directory written on this node is durable.",
     )
 
+    # namespace and reads
+    metadata_ttl: float = _opt(5.0, "Seconds a directory's bucket listing is trusted: files written, changed or deleted by other nodes show up after their upload plus at most this long. 0 lists on every lookup.", "seconds")
+    read_range_size: int = _opt(8 * MiB, "Size of each ranged GET when a file that is only in the bucket is read into the cache.", "bytes")
+    read_concurrency: int = _opt(8, "Ranged GETs in flight per file being read from the bucket.")
+    kernel_read_ahead: int = _opt(2 * MiB, "Read-ahead the kernel uses on the mount (its `read_ahead_kb`, set at mount when running as root). Larger reads mean fewer FUSE requests, each one a round trip through Python. 0 keeps the kernel's default.", "bytes")
+    copy_multipart_threshold: int = _opt(5 * GiB, "Renaming a durable file copies its object inside the store; objects at least this large are copied in parts (UploadPartCopy of `part_size`), as S3 requires above 5 GiB.", "bytes")
+
     # cache
     cache_capacity: int = _opt(0, "Bytes of cache the mount may use; 0 means 90% of the cache file system's size.", "bytes")
     cache_min_free: int = _opt(1 << 30, "Free space to leave on the cache file system, whatever the capacity says.", "bytes")
+    cache_high_watermark: float = _opt(0.9, "When the cache holds more than this fraction of `cache_capacity`, clean (durable) copies are evicted in the background, least recently used first, down to `cache_low_watermark`.")
+    cache_low_watermark: float = _opt(0.75, "Fraction of `cache_capacity` that background eviction brings the cache down to. Dirty or uploading files are never evicted.")
     write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC.", "seconds")
 
     # object store client
@@ -102,11 +111,11 @@ class Config:
     # -------------------------------------------------------------- validation
     def validate(self) -> None:
         if not self.bucket:
-            raise ConfigError("no bucket: give the source as s3://BUCKET[/PREFIX]")
+            raise ConfigError("no bucket: give the source as s3://BUCKET[/PREFIX], or source = \"s3://BUCKET[/PREFIX]\" in the config file")
         if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", self.bucket):
             raise ConfigError(f"bucket name {self.bucket!r} is not a valid S3 bucket name")
         if not self.mountpoint:
-            raise ConfigError("no mount point given")
+            raise ConfigError("no mount point: give MOUNTPOINT, or mountpoint = \"/path\" in the config file")
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
         for name in ("upload_delay", "connect_timeout", "read_timeout", "shutdown_timeout", "retry_max_backoff",
@@ -128,6 +137,19 @@ class Config:
             )
         if self.multipart_threshold < 1:
             raise ConfigError("multipart_threshold must be at least 1 byte")
+        if self.read_range_size < 64 * KiB:
+            raise ConfigError(f"read_range_size = {fmt_bytes(self.read_range_size)} is too small: give at least 64 KiB")
+        if self.read_concurrency < 1:
+            raise ConfigError(f"read_concurrency = {self.read_concurrency}: give at least 1")
+        if self.metadata_ttl < 0:
+            raise ConfigError(f"metadata_ttl = {self.metadata_ttl} is negative: give a number of seconds >= 0")
+        if not 0 < self.cache_low_watermark <= self.cache_high_watermark <= 1:
+            raise ConfigError(
+                f"cache watermarks low = {self.cache_low_watermark}, high = {self.cache_high_watermark}: "
+                "need 0 < cache_low_watermark <= cache_high_watermark <= 1"
+            )
+        if not S3_MIN_PART_SIZE <= self.copy_multipart_threshold <= S3_MAX_PART_SIZE:
+            raise ConfigError(f"copy_multipart_threshold = {fmt_bytes(self.copy_multipart_threshold)}: give 5 MiB to 5 GiB")
         if self.max_parts_in_flight < 1:
             raise ConfigError(f"max_parts_in_flight = {self.max_parts_in_flight}: give at least 1")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

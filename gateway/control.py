@@ -7,6 +7,9 @@ xattr on the mount root. One JSON object per line each way:
   {"cmd": "status"}                      -> {"ok": true, "status": {...}}
   {"cmd": "flush", "path": "a/b"}        -> progress lines {"files", "bytes", "deletes"}
                                             ... then {"ok": true, "done": true}
+  {"cmd": "warmup", "paths": ["a", "b/c"]} -> progress lines {"files", "bytes", "done_bytes"}
+                                            ... then {"ok": true, "done": true, "failed": [[path, error], ...]}
+  {"cmd": "evict", "path": "a"}          -> {"ok": true, "files": N, "bytes": N, "skipped": N}
   {"cmd": "unmount", "flush": false}     -> {"ok": true, "pid": N}; the daemon then stops
 Errors: {"ok": false, "error": "one line"}.
 """
@@ -31,6 +34,8 @@ class Daemon(Protocol):
     def flush_progress(self, path: str) -> dict[str, int]: ...
     def request_stop(self, flush: bool) -> None: ...
     def exists(self, path: str) -> bool: ...
+    async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]: ...
+    def evict(self, path: str) -> dict[str, int]: ...
 
 
 class ControlServer:
@@ -93,6 +98,20 @@ class ControlServer:
                     return
                 await send({"ok": True, **progress})
                 await trio.sleep(PROGRESS_INTERVAL)
+        elif cmd == "warmup":
+            paths = [str(p).strip("/") for p in request["paths"]]
+
+            async def progress(p: dict[str, Any]) -> None:
+                await send({"ok": True, **p})
+
+            failed = await self.daemon.warmup(paths, progress)
+            await send({"ok": True, "done": True, "failed": failed})
+        elif cmd == "evict":
+            path = str(request.get("path", "")).strip("/")
+            if not self.daemon.exists(path):
+                await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
+                return
+            await send({"ok": True, **self.daemon.evict(path)})
         elif cmd == "unmount":
             await send({"ok": True, "pid": os.getpid()})
             self.daemon.request_stop(bool(request.get("flush")))

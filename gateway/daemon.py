@@ -18,21 +18,25 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import trio
 
 from .cache import Cache
-from .config import Config, parse_hostport
+from .config import Config, fmt_bytes, parse_hostport
 from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
 from .journal import Journal, JournalError
 from .metrics import Metrics
 from .namespace import Namespace
+from .remote import Remote
 from .store import Store, StoreError
 
 log = logging.getLogger("ckptfs")
+
+STATUS_INTERVAL = 2.0  # seconds between STATUS= updates to systemd
+STOP_MARGIN_SECONDS = 30.0  # on top of shutdown_timeout: unmounting, journal sync, exit
 
 
 class UserError(Exception):
@@ -52,7 +56,7 @@ def check_fuse() -> None:
 def check_mountpoint(path: str) -> None:
     p = Path(path)
     try:
-        st = p.stat()
+        p.stat()
     except FileNotFoundError:
         raise UserError(f"mount point {path} does not exist: create it with mkdir -p {path}") from None
     except OSError as e:
@@ -61,7 +65,7 @@ def check_mountpoint(path: str) -> None:
             log.warning("mount point %s is a dead FUSE mount (its daemon died); unmounting it", path)
             subprocess.run(["fusermount3", "-u", "-z", path], check=False, capture_output=True)
             try:
-                st = p.stat()
+                p.stat()
             except OSError:
                 raise UserError(f"mount point {path} is a dead mount that could not be cleaned: run fusermount3 -uz {path}") from None
         else:
@@ -132,7 +136,8 @@ class Daemon:
         self.metrics = Metrics(self.status)
         self.ns.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
-        self.fetcher = Fetcher(self.ns, self.store)
+        self.fetcher = Fetcher(cfg, self.ns, self.store)
+        self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
         self.control = ControlServer(cfg.control_socket, self)
 
     # ---- control API
@@ -150,6 +155,10 @@ class Daemon:
             upload_errors_total=int(self.metrics.errors_total()),
             last_error=self.drainer.last_error,
             fetched_bytes_total=self.fetcher.fetched_bytes_total,
+            fetched_files_total=self.fetcher.fetched_files_total,
+            read_errors_total=self.fetcher.read_errors_total,
+            listings_total=self.remote.listings_total,
+            listing_errors_total=self.remote.listing_errors_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
@@ -164,6 +173,57 @@ class Daemon:
         files, size, deletes = self.ns.pending_under(path)
         return {"files": files, "bytes": size, "deletes": deletes}
 
+    async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]:
+        """Read files (or whole trees) from the bucket into the cache; returns (path, error) of those that failed."""
+        journal = self.journal
+        files: dict[int, tuple[str, int]] = {}
+        failed: list[tuple[str, str]] = []
+        for path in paths:
+            ino = await self.remote.resolve(path)
+            row = journal.get(ino) if ino is not None else None
+            if row is None:
+                failed.append((path or "/", "no such file or directory in the mount"))
+                continue
+            if row.is_dir:
+                await self.remote.refresh_tree(ino)  # type: ignore[arg-type]
+                for r in journal.descendants(row.ino):
+                    if r.kind == "file":
+                        files[r.ino] = (journal.path_of(r.ino) or "?", r.size)
+            else:
+                files[row.ino] = (path, row.size)
+        total = sum(size for _, size in files.values())
+        done = 0
+
+        async def one(ino: int, path: str, size: int) -> None:
+            nonlocal done
+            try:
+                await self.fetcher.ensure_local(ino)
+            except OSError as e:
+                failed.append((path, e.strerror or str(e)))
+            done += size
+
+        limit = trio.CapacityLimiter(2)
+
+        async def limited(ino: int, path: str, size: int) -> None:
+            async with limit:
+                await one(ino, path, size)
+
+        async with trio.open_nursery() as nursery:
+            for ino, (path, size) in files.items():
+                nursery.start_soon(limited, ino, path, size)
+            while True:
+                in_flight = sum(sum(dl.done) * dl.range_size for dl in self.fetcher.downloads.values() if dl.ino in files)
+                await progress({"files": len(files), "bytes": total, "done_bytes": min(total, done + in_flight)})
+                if not nursery.child_tasks:
+                    break
+                with trio.move_on_after(0.2):
+                    await trio.sleep_forever()
+        return failed
+
+    def evict(self, path: str) -> dict[str, int]:
+        files, size, skipped = self.ns.evict_under(path)
+        return {"files": files, "bytes": size, "skipped": skipped}
+
     def request_stop(self, flush: bool) -> None:
         self.flush_on_stop = self.flush_on_stop or flush
         self._stop.set()
@@ -175,7 +235,7 @@ class Daemon:
         from .fs import CkptFS
 
         cfg = self.cfg
-        fs = CkptFS(self.ns, self.fetcher, str(cfg.control_socket.resolve()))
+        fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()))
         options = set(pyfuse3.default_options)
         options |= {"fsname=ckptfs", "subtype=ckptfs"}
         if cfg.allow_other:
@@ -188,19 +248,26 @@ class Daemon:
                     self.metrics_port = await nursery.start(self.metrics.serve, host, port)
                 except OSError as e:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
+            await nursery.start(self.fetcher.run)
             pyfuse3.init(fs, cfg.mountpoint, options)
             nursery.start_soon(self._fuse_main, pyfuse3)
             await nursery.start(self.drainer.run)
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
             await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+            set_kernel_read_ahead(cfg.mountpoint, cfg.kernel_read_ahead)
             log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
             if ready_fd is not None:
                 os.write(ready_fd, b"READY\n")
                 os.close(ready_fd)
-            notify_systemd(b"READY=1")
+            source = f"s3://{cfg.bucket}/{cfg.prefix}".rstrip("/")
+            notify_systemd(f"READY=1\nSTATUS=mounted {source} at {cfg.mountpoint}".encode())
+            if os.environ.get("NOTIFY_SOCKET"):
+                nursery.start_soon(self._report_status)
             await self._stop.wait()
-            notify_systemd(b"STOPPING=1")
+            # the stop may take up to shutdown_timeout: tell systemd, whatever its TimeoutStopSec says
+            extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
+            notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
             if not self.fuse_done.is_set():
                 pyfuse3.terminate()
@@ -217,6 +284,18 @@ class Daemon:
         else:
             log.info("stopped; everything is durable")
         self.journal.close()
+
+    async def _report_status(self) -> None:
+        """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
+        while True:
+            s = self.ns.stats()
+            what = f"{s['dirty_files']} files ({fmt_bytes(s['dirty_bytes'])}) not yet in the bucket"
+            if self._stop.is_set():
+                notify_systemd(f"STATUS=stopping: draining, {what}".encode())
+            else:
+                notify_systemd(f"STATUS={what}, drain lag {s['oldest_dirty_age_seconds']:.0f}s, "
+                               f"cache {fmt_bytes(self.cache.used_bytes)} of {fmt_bytes(self.cache.capacity_bytes)}".encode())
+            await trio.sleep(STATUS_INTERVAL)
 
     async def _fuse_main(self, pyfuse3: Any) -> None:
         try:
@@ -240,11 +319,24 @@ class Daemon:
         with trio.move_on_at(deadline if deadline is not None else float("inf")):
             while not self._stop_now.is_set():
                 s = self.ns.stats()
-                if not s["dirty_files"] and not s["pending_deletes"] and self.drainer.idle():
+                if not s["dirty_files"] and not s["pending_deletes"] and not s["pending_markers"] and self.drainer.idle():
                     return
                 self.ns.mark_urgent("")
                 with trio.move_on_after(0.1):
                     await self._stop_now.wait()
+
+
+def set_kernel_read_ahead(mountpoint: str, size: int) -> None:
+    """Raise the mount's read-ahead (the kernel starts FUSE mounts at 128 KiB): fewer, larger read requests."""
+    if not size:
+        return
+    st = os.stat(mountpoint)
+    path = f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(max(4, size // 1024)))
+    except OSError as e:
+        log.info("kernel read-ahead left at its default (%s: %s; needs root)", path, e.strerror)
 
 
 def notify_systemd(message: bytes) -> None:

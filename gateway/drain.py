@@ -24,6 +24,7 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 
 import trio
 import xxhash
@@ -33,7 +34,7 @@ from .config import MiB, S3_MAX_PARTS, Config
 from .journal import UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
-from .store import AUTH, NO_BUCKET, NO_UPLOAD, Store, StoreError, crc32_b64
+from .store import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, Store, StoreError, crc32_b64
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,16 @@ class Drainer:
             self.busy.add(p.ino)
             self.busy_keys.add(p.key)
             nursery.start_soon(self._upload_file, p)
+        markers, marker_at = self.ns.ready_markers(time.time(), self.busy_keys)
+        if marker_at is not None:
+            next_at = marker_at if next_at is None else min(next_at, marker_at)
+        for marker_id, key in markers:
+            b = self.delete_backoff.get(marker_id)
+            if marker_id in self.deleting or (b and b.next_at > now_mono):
+                continue
+            self.deleting.add(marker_id)
+            self.busy_keys.add(key)
+            nursery.start_soon(self._put_marker, marker_id, key)
         for delete_id, key in self.ns.ready_deletes(self.busy_keys):
             b = self.delete_backoff.get(delete_id)
             if delete_id in self.deleting or (b and b.next_at > now_mono):
@@ -150,6 +161,9 @@ class Drainer:
         ticket = self.ns.begin_upload(p.ino)
         try:
             if ticket is None:
+                return
+            if ticket.copy_from:
+                await self._copy_file(ticket)
                 return
             try:
                 fd = self.cache.open(p.ino)
@@ -193,6 +207,30 @@ class Drainer:
             self.busy.discard(p.ino)
             self.busy_keys.discard(p.key)
             self.wake()
+
+    async def _copy_file(self, ticket: UploadTicket) -> None:
+        """A renamed durable file: copy its object inside the store (the old one is deleted after)."""
+        assert ticket.copy_from is not None
+        try:
+            async with self.parts:
+                self.metrics.parts_in_flight.inc()
+                try:
+                    etag = await trio.to_thread.run_sync(
+                        self.store.copy, ticket.copy_from, ticket.key, ticket.size,
+                        part_size_for(ticket.size, self.cfg.part_size), self.cfg.copy_multipart_threshold,
+                    )
+                finally:
+                    self.metrics.parts_in_flight.dec()
+        except StoreError as e:
+            if e.kind != NO_OBJECT:
+                raise
+            self.ns.copy_source_gone(ticket.ino)
+            self.ns.upload_failed(ticket.ino)
+            return
+        if self.ns.finish_upload(ticket, etag, ticket.xxh3 or ""):
+            self.backoff.pop(ticket.ino, None)
+            self.metrics.copied_objects.inc()
+            log.info("durable: %s (copied from %s, %d bytes)", ticket.key, ticket.copy_from, ticket.size)
 
     def _check(self, ticket: UploadTicket) -> None:
         if not self.ns.still_current(ticket):
@@ -320,21 +358,32 @@ class Drainer:
             except StoreError as e:
                 log.warning("could not abort leaked multipart upload %s of %s: %s", upload_id, key, e)
 
-    # ----------------------------------------------------------------- delete
+    # ------------------------------------------------------ object operations
+    async def _put_marker(self, marker_id: int, key: str) -> None:
+        if await self._object_op(marker_id, key, "put of directory marker", self.store.put_marker):
+            self.ns.marker_done(marker_id, key)
+            log.info("put directory marker %s", key)
+
     async def _delete(self, delete_id: int, key: str) -> None:
-        try:
-            await trio.to_thread.run_sync(self.store.delete, key)
-            self.ns.delete_done(delete_id)
-            self.delete_backoff.pop(delete_id, None)
+        if await self._object_op(delete_id, key, "delete of", self.store.delete):
+            self.ns.delete_done(delete_id, key)
             self.metrics.deleted_objects.inc()
             log.info("deleted object %s", key)
+
+    async def _object_op(self, op_id: int, key: str, what: str, call: Callable[[str], None]) -> bool:
+        """One queued delete or marker put, with the drain's backoff; True once it succeeded."""
+        try:
+            await trio.to_thread.run_sync(call, key)
+            self.delete_backoff.pop(op_id, None)
+            return True
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
-            delay = self.delete_backoff.setdefault(delete_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
+            delay = self.delete_backoff.setdefault(op_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
             self.last_error = str(e)
-            log.warning("delete of %s failed: %s (retry in %.1fs)", key, e, delay)
+            log.warning("%s %s failed: %s (retry in %.1fs)", what, key, e, delay)
+            return False
         finally:
-            self.deleting.discard(delete_id)
+            self.deleting.discard(op_id)
             self.busy_keys.discard(key)
             self.wake()
 

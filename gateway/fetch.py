@@ -1,71 +1,231 @@
-"""Bring back the local copy of a durable file whose cache copy was evicted.
+"""Read files that are only in the bucket into the cache, in parallel ranges.
 
-The cache evicts clean copies to make room for new checkpoints; a later open
-of such a file downloads it again, checks the bytes against the xxh3-128
-recorded when it was uploaded, and only then serves it. A mismatch is EIO
-for the reader, never wrong bytes.
+A file written by another node, or whose clean copy was evicted, has no local
+bytes. Opening it starts a `Download`: `read_concurrency` ranged GETs of
+`read_range_size` each, written into a sparse cache file. Workers go through
+the file in order (that is the read-ahead for a sequential reader) but a
+reader's missing range jumps the queue, so a read waits only for the ranges it
+needs, never for the whole file.
+
+Integrity: every range is fetched with `If-Match` on the ETag the download
+started from, so a file replaced meanwhile is never stitched from two
+versions. A hasher follows the workers and computes the xxh3-128 of the
+whole file; it is compared with the digest stored with the object (metadata
+`xxh3`, written by ckptfs) or, failing that, the one recorded when this node
+uploaded it. A read that reaches the end of the file waits for that check, so
+a reader that reads a file to its end gets EIO, never silently wrong bytes.
+Objects written by other tools carry no digest and are served as they are.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 
 import trio
+import xxhash
 
+from .cache import CacheFull
+from .config import Config
 from .namespace import Namespace
-from .store import Store, StoreError
+from .store import CHANGED, NETWORK, SERVER, Store, StoreError
 
 log = logging.getLogger(__name__)
 
+RANGE_ATTEMPTS = 6  # reads are not acknowledged data: after this many failures the reader gets EIO
+HASH_CHUNK = 4 << 20
+
+
+class Download:
+    """One file being read from the bucket into its cache file."""
+
+    def __init__(self, ino: int, key: str, etag: str, size: int, range_size: int) -> None:
+        self.ino, self.key, self.etag, self.size, self.range_size = ino, key, etag, size, range_size
+        self.count = math.ceil(size / range_size)
+        self.done = [False] * self.count
+        self.started = [False] * self.count
+        self.waiters: dict[int, trio.Event] = {}
+        self.wanted: list[int] = []  # ranges a reader waits for: fetched before the read-ahead
+        self.next_in_order = 0
+        self.metadata: dict[str, str] | None = None
+        self.error: OSError | None = None
+        self.finished = trio.Event()  # every range fetched and checked, or failed
+
+    def _take(self) -> int | None:
+        while self.wanted:
+            i = self.wanted.pop()
+            if not self.started[i]:
+                return i
+        while self.next_in_order < self.count and self.started[self.next_in_order]:
+            self.next_in_order += 1
+        return self.next_in_order if self.next_in_order < self.count else None
+
+    def _range_done(self, i: int) -> None:
+        self.done[i] = True
+        ev = self.waiters.pop(i, None)
+        if ev is not None:
+            ev.set()
+
+    def fail(self, error: OSError) -> None:
+        if self.error is None:
+            self.error = error
+        for ev in self.waiters.values():
+            ev.set()
+        self.waiters.clear()
+
+    async def wait(self, offset: int, length: int) -> None:
+        """Return once bytes [offset, offset+length) are in the cache file; raise the download's error."""
+        if self.error is not None:
+            raise self.error
+        end = min(self.size, offset + length)
+        if offset < end:
+            for i in range(offset // self.range_size, (end - 1) // self.range_size + 1):
+                while not self.done[i]:
+                    if self.error is not None:
+                        raise self.error
+                    if not self.started[i]:
+                        self.wanted.append(i)
+                    ev = self.waiters.setdefault(i, trio.Event())
+                    await ev.wait()
+        if offset + length >= self.size:
+            await self.finished.wait()  # the last bytes are served only once the whole file checked out
+        if self.error is not None:
+            raise self.error
+
 
 class Fetcher:
-    def __init__(self, ns: Namespace, store: Store) -> None:
-        self.ns = ns
-        self.store = store
-        self._locks: dict[int, trio.Lock] = {}
+    def __init__(self, cfg: Config, ns: Namespace, store: Store) -> None:
+        self.cfg, self.ns, self.store = cfg, ns, store
+        self.downloads: dict[int, Download] = {}
+        self._nursery: trio.Nursery | None = None
         self.fetched_bytes_total = 0
+        self.fetched_files_total = 0
         self.checksum_mismatches_total = 0
+        self.read_errors_total = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Owns the downloads' tasks; also keeps the cache between its watermarks."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                self.ns.evict_to_watermark()
+                await trio.sleep(1.0)
+
+    def start(self, ino: int) -> Download | None:
+        """The running download of `ino`, starting one if its bytes are not local; None if they are."""
+        dl = self.downloads.get(ino)
+        if dl is not None or not self.ns.needs_fetch(ino):
+            return dl
+        assert self._nursery is not None, "Fetcher.run is not running"
+        row = self.ns.row(ino)
+        key = row.remote_key or row.copy_from
+        if not key:
+            raise OSError(errno.EIO, "file has neither local bytes nor an object")
+        try:
+            self.ns.make_room(row.size)
+        except CacheFull:
+            log.warning("no room in the cache to read %s (%d bytes): reader gets ENOSPC", key, row.size)
+            raise
+        dl = Download(ino, key, row.etag or "", row.size, self.cfg.read_range_size)
+        try:
+            fd = os.open(self.ns.cache.path(ino), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(fd, row.size)
+        except OSError:
+            self.ns.cache.grow(row.size, 0)
+            raise
+        self.downloads[ino] = dl
+        self.ns.fetching.add(ino)
+        self._nursery.start_soon(self._download, dl, fd, row.xxh3 if row.etag else None)
+        return dl
 
     async def ensure_local(self, ino: int) -> None:
-        lock = self._locks.setdefault(ino, trio.Lock())
+        """Wait until the whole file is local and checked (before writing to it, or truncating it)."""
+        dl = self.start(ino)
+        if dl is not None:
+            await dl.wait(0, dl.size)
+
+    async def _download(self, dl: Download, fd: int, known_xxh3: str | None) -> None:
         try:
-            async with lock:
-                if self.ns.needs_fetch(ino):
-                    await self._fetch(ino)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for _ in range(min(self.cfg.read_concurrency, dl.count)):
+                        nursery.start_soon(self._worker, dl, fd)
+                    digest = await self._hash(dl, fd)
+            except BaseExceptionGroup as group:
+                errors = group.subgroup(OSError)
+                if errors is None:
+                    raise
+                first: BaseException = errors
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                raise first from None
+            expected = (dl.metadata or {}).get("xxh3") or known_xxh3
+            if expected and digest != expected:
+                self.checksum_mismatches_total += 1
+                log.error("object %s does not match its checksum (xxh3 %s, expected %s): refusing to serve it",
+                          dl.key, digest, expected)
+                raise OSError(errno.EIO, "object does not match its checksum")
+            self.fetched_files_total += 1
+            self.ns.fetched(dl.ino, dl.etag, digest)
+        except OSError as e:
+            if not isinstance(e, CacheFull):
+                self.read_errors_total += 1
+            dl.fail(e if e.errno else OSError(errno.EIO, str(e)))
+            self.ns.cache.remove(dl.ino, dl.size)
         finally:
-            if not lock.statistics().tasks_waiting:
-                self._locks.pop(ino, None)
+            os.close(fd)
+            self.ns.fetching.discard(dl.ino)
+            self.downloads.pop(dl.ino, None)
+            dl.finished.set()
+            for ev in dl.waiters.values():
+                ev.set()
 
-    async def _fetch(self, ino: int) -> None:
-        row = self.ns.row(ino)
-        if not row.remote_key:
-            raise OSError(errno.EIO, "no object to fetch")
-        self.ns.make_room(row.size)
-        final = self.ns.cache.path(ino)
-        tmp = f"{final}.fetch"
-        try:
-            digest, size, _etag = await trio.to_thread.run_sync(self.store.download, row.remote_key, tmp)
-        except StoreError as e:
-            self.ns.cache.grow(row.size, 0)
-            _unlink(tmp)
-            log.error("fetching %s failed: %s", row.remote_key, e)
-            raise OSError(errno.EIO, str(e)) from None
-        if size != row.size or (row.xxh3 and digest != row.xxh3):
-            self.ns.cache.grow(row.size, 0)
-            _unlink(tmp)
-            self.checksum_mismatches_total += 1
-            log.error("object %s does not match what was uploaded (size %d vs %d, xxh3 %s vs %s): refusing to serve it",
-                      row.remote_key, size, row.size, digest, row.xxh3)
-            raise OSError(errno.EIO, "object changed behind ckptfs's back")
-        os.replace(tmp, final)
-        self.fetched_bytes_total += size
-        self.ns.fetched(ino)
+    async def _worker(self, dl: Download, fd: int) -> None:
+        while dl.error is None:
+            i = dl._take()
+            if i is None:
+                return
+            dl.started[i] = True
+            start = i * dl.range_size
+            length = min(dl.range_size, dl.size - start)
+            for attempt in range(1, RANGE_ATTEMPTS + 1):
+                try:
+                    metadata = await trio.to_thread.run_sync(self.store.read_range, dl.key, dl.etag, start, length, fd)
+                    break
+                except StoreError as e:
+                    if e.kind == CHANGED:
+                        log.warning("%s changed in the bucket while being read: the reader gets EIO; "
+                                    "the mount shows the new object after the next listing", dl.key)
+                    retry = e.kind in (NETWORK, SERVER) and attempt < RANGE_ATTEMPTS
+                    if not retry:
+                        log.error("reading %s from the bucket failed: %s", dl.key, e)
+                        raise OSError(errno.EIO, str(e)) from None
+                    await trio.sleep(min(8.0, 0.25 * 2**attempt))
+            if dl.metadata is None:
+                dl.metadata = metadata
+            self.fetched_bytes_total += length
+            dl._range_done(i)
 
+    async def _hash(self, dl: Download, fd: int) -> str:
+        """xxh3-128 of the file, following the workers range by range."""
+        h = xxhash.xxh3_128()
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        def update(offset: int, length: int) -> None:
+            end = offset + length
+            while offset < end:
+                data = os.pread(fd, min(HASH_CHUNK, end - offset), offset)
+                h.update(data)
+                offset += len(data)
+
+        for i in range(dl.count):
+            while not dl.done[i]:
+                if dl.error is not None:
+                    raise dl.error
+                ev = dl.waiters.setdefault(i, trio.Event())
+                await ev.wait()
+            start = i * dl.range_size
+            await trio.to_thread.run_sync(update, start, min(dl.range_size, dl.size - start))
+        return h.hexdigest()

@@ -7,6 +7,9 @@ which maps `OSError` to its errno and anything unexpected to EIO (logged).
 Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
 inline on the trio thread: they hit the page cache and a thread hop would
 cost more than the copy. `fsync` is the one blocking call sent to a thread.
+A file that is only in the bucket is opened at once; its reads wait for the
+ranges they need (`fetch.Download`). Lookups and readdir first let `remote`
+refresh the directory's listing when it is older than `metadata_ttl`.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from typing import Any, Awaitable, Callable, TypeVar
 import pyfuse3
 import trio
 
-from .fetch import Fetcher
-from .journal import ROOT_INODE, Row
+from .fetch import Download, Fetcher
+from .journal import DURABLE, ROOT_INODE, Row
+from .metrics import FUSE_COUNTERS
 from .namespace import Namespace
+from .remote import Remote
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +46,26 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 def _fuse(fn: F) -> F:
+    op = fn.__name__
+    requests = FUSE_COUNTERS.requests  # counted per request: a plain dict increment
+    requests.setdefault(op, 0)
+
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        requests[op] += 1
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as e:
+            FUSE_COUNTERS.error(op, e.errno)
             raise
         except OSError as e:
+            FUSE_COUNTERS.error(op, e.errno or errno.EIO)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except trio.Cancelled:
             raise
         except Exception:
             log.exception("internal error in %s", fn.__name__)
+            FUSE_COUNTERS.error(op, errno.EIO)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]
@@ -71,15 +84,18 @@ class Handle:
     ino: int
     fd: int
     write: bool
+    download: Download | None = None  # bytes still arriving from the bucket
 
 
 class CkptFS(pyfuse3.Operations):
     supports_dot_lookup = True
 
-    def __init__(self, ns: Namespace, fetcher: Fetcher, control_socket: str) -> None:
+    def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str) -> None:
         super().__init__()
         self.ns = ns
         self.fetcher = fetcher
+        self.remote = remote
+        self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
         self.control_socket = control_socket
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -116,6 +132,7 @@ class CkptFS(pyfuse3.Operations):
             prow = self.ns.row(parent_inode)
             row = self.ns.row(prow.parent if prow.parent is not None else ROOT_INODE)
         else:
+            await self.remote.refresh(parent_inode)
             row = self.ns.lookup(parent_inode, _name(name))
         self.ns.ref(row.ino)
         return self._entry(row)
@@ -168,6 +185,7 @@ class CkptFS(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         if not self.ns.row(inode).is_dir:
             raise OSError(errno.ENOTDIR, "not a directory")
+        await self.remote.refresh(inode)
         return inode
 
     @_fuse
@@ -187,6 +205,9 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        row = self.ns.lookup(parent_inode, _name(name))
+        if row.is_dir:
+            await self.remote.refresh_tree(row.ino)  # objects never looked at here still make it non-empty
         self.ns.rmdir(parent_inode, _name(name))
 
     @_fuse
@@ -197,6 +218,9 @@ class CkptFS(pyfuse3.Operations):
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        src = self.ns.lookup(parent_inode_old, _name(name_old))
+        if src.is_dir:
+            await self.remote.refresh_tree(src.ino)  # every object below moves, looked at here or not
         self.ns.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_fuse
@@ -233,20 +257,46 @@ class CkptFS(pyfuse3.Operations):
     @_fuse
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
+        truncate = write and bool(flags & os.O_TRUNC)
+        row = self.ns.row(inode)
+        if row.state == DURABLE and row.parent is not None:
+            # close-to-open: the kernel may reuse a name for ATTR_TIMEOUT without a lookup, so the
+            # listing (and with it a changed ETag) is checked here too once it is older than the TTL
+            await self.remote.refresh(row.parent)
+        download = None
         if self.ns.needs_fetch(inode):
-            await self.fetcher.ensure_local(inode)
+            if truncate and inode not in self.ns.fetching:
+                self.ns.empty_uncached(inode)  # about to be emptied: nothing to read from the bucket
+            elif write:
+                FUSE_COUNTERS.cache_misses += 1
+                await self.fetcher.ensure_local(inode)  # writes go to a complete copy
+            else:
+                FUSE_COUNTERS.cache_misses += 1
+                download = self.fetcher.start(inode)
+        else:
+            FUSE_COUNTERS.cache_hits += 1
         fd = self.ns.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
             self.ns.truncate(inode, 0)
+        fh = self._add_handle(inode, fd, write)
+        self.handles[fh].download = download
+        # the kernel may keep its cached pages only if they are of the same bytes
+        row = self.ns.row(inode)
+        seen = (row.etag, row.version)
+        keep = download is None and self._opened_etag.get(inode, seen) == seen
+        self._opened_etag[inode] = seen
         # a write handle with direct_io: no copy into the kernel's page cache, and no cached pages
         # for the kernel to drop when the file's attributes change (see config direct_io_writes)
         direct = write and self.ns.cfg.direct_io_writes
-        return pyfuse3.FileInfo(fh=self._add_handle(inode, fd, write), keep_cache=not direct, direct_io=direct)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep and not direct, direct_io=direct)
 
     @_fuse
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return os.pread(self.handles[fh].fd, size, off)
+        h = self.handles[fh]
+        if h.download is not None:
+            await h.download.wait(off, size)
+        return os.pread(h.fd, size, off)
 
     @_fuse
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -280,7 +330,7 @@ class CkptFS(pyfuse3.Operations):
         if row.is_dir:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
-        if name in (XATTR_ETAG, XATTR_XXH3) and row.state != "durable":
+        if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
         if not value:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
@@ -293,7 +343,7 @@ class CkptFS(pyfuse3.Operations):
         row = self.ns.row(inode)
         if row.is_dir:
             return []
-        return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == "durable" else [])
+        return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == DURABLE else [])
 
     @_fuse
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:

@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS inodes(
     remote_key TEXT,                         -- object holding this file's durable bytes
     cached     INTEGER NOT NULL DEFAULT 1,   -- 0: the cache copy of a durable file was evicted
     atime      REAL,                         -- last open, for least-recently-used eviction
+    copy_from  TEXT,                         -- durable file renamed: its bytes are this object (server-side copy)
+    seen_at    REAL,                         -- wall time the bucket last confirmed this entry (upload or listing)
     UNIQUE(parent, name)
 );
 CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
@@ -72,6 +74,7 @@ CREATE TABLE IF NOT EXISTS parts(
 CREATE TABLE IF NOT EXISTS deletes(
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     key        TEXT NOT NULL,
+    op         TEXT NOT NULL DEFAULT 'delete',  -- 'delete' | 'marker' (put an empty `dir/` object)
     after_ino  INTEGER,     -- wait until this inode is durable (or gone): rename = upload new, then delete old
     queued_at  REAL NOT NULL
 );
@@ -102,6 +105,8 @@ class Row:
     remote_key: str | None
     cached: int = 1
     atime: float | None = None
+    copy_from: str | None = None
+    seen_at: float | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -120,7 +125,14 @@ class UploadRecord:
     parts: dict[int, tuple[str, str]]  # part number -> (etag, crc32)
 
 
-_COLUMNS = "ino, parent, name, kind, mode, uid, gid, size, mtime_ns, ctime_ns, version, state, closed_at, xxh3, etag, remote_key, cached, atime"
+_COLUMNS = "ino, parent, name, kind, mode, uid, gid, size, mtime_ns, ctime_ns, version, state, closed_at, xxh3, etag, remote_key, cached, atime, copy_from, seen_at"
+
+# columns added after schema 1 was first released: (table, column, declaration)
+_ADDED_COLUMNS = [
+    ("inodes", "copy_from", "TEXT"),
+    ("inodes", "seen_at", "REAL"),
+    ("deletes", "op", "TEXT NOT NULL DEFAULT 'delete'"),
+]
 
 
 class Journal:
@@ -135,10 +147,18 @@ class Journal:
             if ok != "ok":
                 raise JournalError(f"journal {path} is corrupt ({ok}): move it aside and remount (unuploaded data in it would be lost)")
             self.db.executescript(_SCHEMA)
+            self._add_columns()
         except sqlite3.DatabaseError as e:
             raise JournalError(f"journal {path} cannot be opened ({e}): move it aside and remount") from None
         self._depth = 0
         self._bind(bucket, prefix)
+
+    def _add_columns(self) -> None:
+        """Bring a journal written by an earlier 0.x release up to date (columns only ever get added)."""
+        for table, column, decl in _ADDED_COLUMNS:
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def _bind(self, bucket: str, prefix: str) -> None:
         """A journal belongs to one bucket and prefix; reusing it elsewhere would upload to the wrong place."""
@@ -216,12 +236,13 @@ class Journal:
     def has_children(self, parent: int) -> bool:
         return self.db.execute("SELECT 1 FROM inodes WHERE parent = ? LIMIT 1", (parent,)).fetchone() is not None
 
-    def insert(self, parent: int, name: str, kind: str, mode: int, uid: int, gid: int, state: str | None) -> Row:
+    def insert(self, parent: int, name: str, kind: str, mode: int, uid: int, gid: int, state: str | None, **fields: object) -> Row:
         now = time.time_ns()
+        values: dict[str, object] = dict(parent=parent, name=name, kind=kind, mode=mode, uid=uid, gid=gid, mtime_ns=now,
+                                         ctime_ns=now, state=state, version=1 if kind == "file" else 0, seen_at=time.time())
+        values.update(fields)
         cur = self.db.execute(
-            "INSERT INTO inodes(parent, name, kind, mode, uid, gid, mtime_ns, ctime_ns, state, version) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (parent, name, kind, mode, uid, gid, now, now, state, 1 if kind == "file" else 0),
+            f"INSERT INTO inodes({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", tuple(values.values())
         )
         row = self.get(cur.lastrowid)
         assert row is not None
@@ -337,8 +358,19 @@ class Journal:
     def queue_delete(self, key: str, after_ino: int | None = None) -> None:
         self.db.execute("INSERT INTO deletes(key, after_ino, queued_at) VALUES (?, ?, ?)", (key, after_ino, time.time()))
 
+    def queue_marker(self, key: str) -> None:
+        """Put an empty `dir/` object so that an empty directory survives in the bucket."""
+        self.db.execute("INSERT INTO deletes(key, op, queued_at) VALUES (?, 'marker', ?)", (key, time.time()))
+
     def pending_deletes(self) -> list[tuple[int, str, int | None]]:
-        return list(self.db.execute("SELECT id, key, after_ino FROM deletes ORDER BY id"))
+        return list(self.db.execute("SELECT id, key, after_ino FROM deletes WHERE op = 'delete' ORDER BY id"))
+
+    def pending_markers(self) -> list[tuple[int, str, float]]:
+        return list(self.db.execute("SELECT id, key, queued_at FROM deletes WHERE op = 'marker' ORDER BY id"))
+
+    def pending_keys(self) -> set[str]:
+        """Keys this node is about to delete or rewrite: a listing must not bring them back."""
+        return {r[0] for r in self.db.execute("SELECT key FROM deletes")}
 
     def drop_delete(self, delete_id: int) -> None:
         self.db.execute("DELETE FROM deletes WHERE id = ?", (delete_id,))

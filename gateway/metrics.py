@@ -2,7 +2,13 @@
 
 Gauges are computed at scrape time from the namespace (one source of truth,
 no gauge to forget to update). Counters and the time-to-durable histogram are
-updated by the drainer as things happen.
+updated by the drainer as things happen. FUSE requests are counted by fs.py in
+`FUSE_COUNTERS`: plain integer increments in dicts on the request path (one
+trio thread, so no locks, and no prometheus_client object touched per
+request), turned into metric families only when scraped.
+
+Every metric is documented in docs/metrics.md; a test compares that table
+with a scrape of a live mount, and `promtool check metrics` lints the scrape.
 
 The endpoint is served by a small trio handler instead of
 `prometheus_client.start_http_server`, which would start a thread outside the
@@ -11,11 +17,13 @@ daemon's structured concurrency and read daemon state from that thread.
 
 from __future__ import annotations
 
+import errno
 import logging
-from typing import Callable
+from importlib import metadata
+from typing import Any, Callable
 
 import trio
-from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -29,6 +37,7 @@ GAUGES = {
     "uploading_files": "Files whose upload is running.",
     "oldest_dirty_age_seconds": "Seconds since the oldest not-yet-durable file was closed: the drain lag.",
     "pending_deletes": "Object deletions queued (removed or renamed files).",
+    "pending_markers": "Directory marker objects (`dir/`, for empty directories) queued.",
     "cache_used_bytes": "Bytes of file data in the local cache.",
     "cache_capacity_bytes": "Bytes the cache may hold.",
     "stalled_writers": "Writes waiting for the drain to free cache space (backpressure).",
@@ -41,17 +50,87 @@ STATE_COUNTERS = {
     "write_stalls": "Writes that had to wait for cache space.",
     "write_stall_seconds": "Seconds writers spent waiting for cache space.",
     "enospc": "Writes refused with ENOSPC after waiting write_stall_timeout.",
-    "fetched_bytes": "Bytes downloaded to restore evicted cache copies.",
+    "fetched_bytes": "Bytes read from the bucket into the cache (files not written here, or evicted).",
+    "fetched_files": "Files read whole from the bucket into the cache and checked.",
+    "read_errors": "Reads from the bucket that failed (the reader got EIO).",
+    "listings": "Directory listings of the bucket.",
+    "listing_errors": "Directory listings of the bucket that failed (the mount kept showing what it knew).",
+    "remote_removed": "Entries removed from the mount because their object was deleted from the bucket elsewhere.",
+    "remote_changed": "Files whose object was replaced in the bucket elsewhere (their cached copy was dropped).",
     "checksum_mismatches": "Downloads refused because the object's bytes did not match the recorded xxh3.",
 }
 
 
+CACHE_STATES = ("dirty", "uploading", "clean")
+
+
+class FuseCounters:
+    """Counts kept on the FUSE request path; read at scrape time.
+
+    `requests[op]` and `errors[(op, errno name)]` are bumped by fs.py's error
+    mapping wrapper for every request it handles; `cache_hits`/`cache_misses`
+    by `open`: a hit finds the file's bytes in the local cache, a miss has to
+    read them from the bucket.
+    """
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.errors: dict[tuple[str, str], int] = {}
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    def error(self, op: str, code: int) -> None:
+        key = (op, errno.errorcode.get(code, str(code)))
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+
+FUSE_COUNTERS = FuseCounters()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("ckptfs")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
 class _StateCollector(Collector):
-    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, read: Callable[[], dict[str, Any]], fuse: FuseCounters) -> None:
         self.read = read
+        self.fuse = fuse
+        self.version = _version()
 
     def collect(self):  # type: ignore[no-untyped-def]
         values = self.read()
+        info = GaugeMetricFamily("ckptfs_mount_info", "Always 1; labels say what this daemon mounts, from where, and its version.",
+                                 labels=["source", "mountpoint", "version"])
+        info.add_metric([str(values.get("source", "")), str(values.get("mountpoint", "")), self.version], 1.0)
+        yield info
+        # the cache split by state: what is not dirty or uploading is clean (durable copies, reads from the bucket)
+        dirty = float(values.get("cache_dirty_bytes", 0))
+        uploading = float(values.get("cache_uploading_bytes", 0))
+        clean = max(0.0, float(values.get("cache_used_bytes", 0)) - dirty - uploading)
+        by_state = GaugeMetricFamily("ckptfs_cache_bytes", "Bytes of file data in the local cache by state: dirty (not uploaded), uploading, clean (durable copies and reads from the bucket).",
+                                     labels=["state"])
+        for state, value in zip(CACHE_STATES, (dirty, uploading, clean)):
+            by_state.add_metric([state], value)
+        yield by_state
+        fuse = self.fuse
+        requests = CounterMetricFamily("ckptfs_fuse_requests", "FUSE requests handled, by operation.", labels=["op"])
+        for op, n in sorted(fuse.requests.items()):
+            requests.add_metric([op], float(n))
+        yield requests
+        errors = CounterMetricFamily("ckptfs_fuse_errors", "FUSE requests answered with an error, by operation and errno name (ENOENT on lookup is normal; EIO and ENOSPC are not).",
+                                     labels=["op", "errno"])
+        for (op, name), n in sorted(fuse.errors.items()):
+            errors.add_metric([op, name], float(n))
+        yield errors
+        hits = CounterMetricFamily("ckptfs_cache_hits", "Opens of files whose bytes were in the local cache.")
+        hits.add_metric([], float(fuse.cache_hits))
+        yield hits
+        misses = CounterMetricFamily("ckptfs_cache_misses", "Opens of files whose bytes had to be read from the bucket.")
+        misses.add_metric([], float(fuse.cache_misses))
+        yield misses
         for name, doc in GAUGES.items():
             g = GaugeMetricFamily(f"ckptfs_{name}", doc)
             g.add_metric([], float(values.get(name, 0)))
@@ -63,7 +142,7 @@ class _StateCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, read_state: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, read_state: Callable[[], dict[str, Any]], fuse: FuseCounters = FUSE_COUNTERS) -> None:
         disable_created_metrics()  # the *_created series only clutter dashboards
         self.registry = CollectorRegistry()
         r = self.registry
@@ -71,13 +150,15 @@ class Metrics:
         self.uploaded_files = Counter("ckptfs_uploaded_files", "Files that became durable.", registry=r)
         self.upload_errors = Counter("ckptfs_upload_errors", "Failed object store requests while draining (each is retried).", ["kind"], registry=r)
         self.deleted_objects = Counter("ckptfs_deleted_objects", "Objects deleted because their file was removed or renamed.", registry=r)
+        self.copied_objects = Counter("ckptfs_copied_objects", "Objects copied inside the store because a durable file was renamed.", registry=r)
         self.abandoned_uploads = Counter("ckptfs_abandoned_uploads", "Uploads abandoned because the file changed, moved or was removed meanwhile.", registry=r)
         self.parts_in_flight = Gauge("ckptfs_parts_in_flight", "Parts or single-object uploads being sent now.", registry=r)
         self.time_to_durable = Histogram(
             "ckptfs_time_to_durable_seconds", "Seconds from a file's last close to it being durable in the bucket.",
             buckets=DURABLE_BUCKETS, registry=r,
         )
-        r.register(_StateCollector(read_state))
+        r.register(_StateCollector(read_state, fuse))
+        ProcessCollector(registry=r)  # process_* (CPU, memory, open fds, start time): restarts and leaks show
         for kind in ("network", "server", "auth", "no-bucket", "no-upload", "other"):
             self.upload_errors.labels(kind)
 

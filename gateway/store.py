@@ -27,6 +27,8 @@ SERVER = "server"  # 5xx, SlowDown: retry
 AUTH = "auth"  # bad credentials or no permission: retry slowly, report loudly
 NO_BUCKET = "no-bucket"  # retry slowly, report loudly
 NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
+NO_OBJECT = "no-object"  # the key does not exist (deleted by someone else)
+CHANGED = "changed"  # the object's ETag is not the one the read started from
 OTHER = "other"
 
 
@@ -86,6 +88,23 @@ class RemotePart:
     size: int
 
 
+@dataclass
+class RemoteObject:
+    """An object as a listing shows it; `name` is relative to the listed prefix."""
+
+    name: str
+    size: int
+    etag: str
+    mtime: float
+
+
+@dataclass
+class Listing:
+    dirs: list[str]  # common prefixes, without the trailing '/'
+    objects: list[RemoteObject]
+    marker: bool  # the `prefix` object itself (an empty directory's marker) exists
+
+
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
     if isinstance(e, StoreError):
         return e
@@ -101,6 +120,10 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if code in ("NoSuchBucket",) or (what == "HeadBucket" and status == 404):
             return StoreError(NO_BUCKET, f"bucket {bucket!r} does not exist: create it or fix the source s3://BUCKET")
+        if code in ("NoSuchKey", "404") and what != "HeadBucket":
+            return StoreError(NO_OBJECT, f"object not found ({what})")
+        if code in ("PreconditionFailed", "412") or status == 412:
+            return StoreError(CHANGED, f"object changed while it was being read ({what})")
         if code == "NoSuchUpload":
             return StoreError(NO_UPLOAD, f"multipart upload no longer exists ({what})")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
@@ -144,7 +167,15 @@ class Store:
 
     def check(self) -> None:
         """Mount-time check: endpoint reachable, credentials valid, bucket present and ours."""
-        self._call("HeadBucket", self.client.head_bucket)
+        try:
+            self._call("HeadBucket", self.client.head_bucket)
+        except StoreError as e:
+            if e.kind != AUTH:
+                raise
+            # HEAD answers carry no error code: ask again with a request whose answer says
+            # whether the credentials are wrong or only the permission is missing
+            self._call("ListObjectsV2", self.client.list_objects_v2, MaxKeys=1)
+            raise
 
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(
@@ -197,6 +228,81 @@ class Store:
         except Exception as e:  # noqa: BLE001
             raise _classify(e, self.bucket, "GetObject") from None
         return digest, size, r["ETag"].strip('"')
+
+    def list(self, prefix: str, recursive: bool = False) -> Listing:
+        """Objects under `prefix` (which ends in '/' or is empty); one level unless `recursive`."""
+        dirs: list[str] = []
+        objects: list[RemoteObject] = []
+        marker = False
+        kw: dict[str, Any] = {"Prefix": prefix}
+        if not recursive:
+            kw["Delimiter"] = "/"
+        while True:
+            r = self._call("ListObjectsV2", self.client.list_objects_v2, **kw)
+            dirs += [p["Prefix"][len(prefix):].rstrip("/") for p in r.get("CommonPrefixes", [])]
+            for o in r.get("Contents", []):
+                name = o["Key"][len(prefix):]
+                if not name:
+                    marker = True
+                    continue
+                objects.append(RemoteObject(name, o["Size"], o["ETag"].strip('"'), o["LastModified"].timestamp()))
+            if not r.get("IsTruncated"):
+                return Listing(dirs, objects, marker)
+            kw["ContinuationToken"] = r["NextContinuationToken"]
+
+    def read_range(self, key: str, etag: str, start: int, length: int, fd: int) -> dict[str, str]:
+        """Write bytes [start, start+length) of the object into `fd` at `start`; returns the object's metadata.
+
+        `IfMatch` makes a read of an object replaced meanwhile fail (CHANGED) instead of mixing two versions.
+        """
+        kw: dict[str, Any] = {"Key": key, "Range": f"bytes={start}-{start + length - 1}"}
+        if etag:
+            kw["IfMatch"] = f'"{etag}"'
+        r = self._call("GetObject", self.client.get_object, **kw)
+        try:
+            body = r["Body"]
+            offset = start
+            for chunk in iter(lambda: body.read(1 << 20), b""):
+                os.pwrite(fd, chunk, offset)
+                offset += len(chunk)
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        if offset != start + length:
+            raise StoreError(NETWORK, f"short read of {key}: {offset - start} of {length} bytes")
+        return {k.lower(): v for k, v in r.get("Metadata", {}).items()}
+
+    def head(self, key: str) -> tuple[int, str, dict[str, str]]:
+        """(size, etag, metadata) of an object."""
+        r = self._call("HeadObject", self.client.head_object, Key=key)
+        return r["ContentLength"], r["ETag"].strip('"'), {k.lower(): v for k, v in r.get("Metadata", {}).items()}
+
+    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str:
+        """Server-side copy (no bytes through this node); UploadPartCopy in parts for large objects."""
+        if size < multipart_threshold:
+            r = self._call("CopyObject", self.client.copy_object, Key=dst, CopySource={"Bucket": self.bucket, "Key": src},
+                           MetadataDirective="COPY")
+            return r["CopyObjectResult"]["ETag"].strip('"')
+        _, _, metadata = self.head(src)
+        upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata)["UploadId"]
+        try:
+            parts = []
+            for n, offset in enumerate(range(0, size, part_size), start=1):
+                end = min(size, offset + part_size) - 1
+                r = self._call("UploadPartCopy", self.client.upload_part_copy, Key=dst, UploadId=upload_id, PartNumber=n,
+                               CopySource={"Bucket": self.bucket, "Key": src}, CopySourceRange=f"bytes={offset}-{end}")
+                parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
+            r = self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, Key=dst, UploadId=upload_id,
+                           MultipartUpload={"Parts": parts})
+            return r["ETag"].strip('"')
+        except BaseException:
+            try:
+                self.abort(dst, upload_id)
+            except StoreError:
+                pass  # aborted as leaked by the next mount
+            raise
+
+    def put_marker(self, key: str) -> None:
+        self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)
 
     def list_uploads(self, prefix: str) -> list[tuple[str, str, float]]:
         """Multipart uploads in progress under `prefix`: (key, upload id, start time as epoch seconds)."""

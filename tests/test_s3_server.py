@@ -62,3 +62,15 @@ def test_multipart_upload_roundtrip(tmp_path: Path) -> None:
     else:
         os.killpg(pid, signal.SIGKILL)
         raise AssertionError("weed still running after stop()")
+
+
+def test_a_session_worth_of_buckets_all_take_writes(tmp_path: Path) -> None:
+    # every test makes a bucket (a weed collection with its own volume); weed's default number of
+    # volume slots (free disk / volume size) ran out after ~40 on a 43 GB-free disk
+    buckets = 50
+    with SeaweedServer(tmp_path / "s3") as server:
+        client = server.client()
+        for i in range(buckets):
+            name = server.make_bucket(f"many-{i:03d}")
+            client.put_object(Bucket=name, Key="k", Body=b"x")
+        assert len([b for b in client.list_buckets()["Buckets"] if b["Name"].startswith("many-")]) == buckets

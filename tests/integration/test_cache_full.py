@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import random
+import time
 
 import pytest
 
+from gateway.fs import ATTR_TIMEOUT
 from tests.conftest import Mount, sha256_file, write_random
 
 MiB = 1 << 20
@@ -64,16 +66,22 @@ def test_writers_wait_for_the_drain_instead_of_failing(make_mount) -> None:  # t
 
 
 def test_corrupted_object_is_not_served(make_mount) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount(cache_capacity="20MiB", cache_min_free=0)
+    # metadata_ttl=0: every lookup lists the bucket, so the new ETag is seen at once
+    m: Mount = make_mount(cache_capacity="20MiB", cache_min_free=0, metadata_ttl=0)
     digest = write_random(m.path / "victim.bin", 12 * MiB, seed=200)
     m.flush()
-    # change the object behind the gateway's back (same size, other bytes)
-    m.s3.client().put_object(Bucket=m.bucket, Key=m.key("victim.bin"), Body=os.urandom(12 * MiB))
-    write_random(m.path / "pusher.bin", 12 * MiB, seed=201)  # evicts victim's copy
-    assert m.status()["evicted_files_total"] >= 1
-    m.flush()  # pusher.bin durable, so it can make room for the fetch
+    # corrupt the object behind the gateway's back: other bytes, same size, the old checksum kept
+    stored = m.head("victim.bin")["Metadata"]
+    # let the kernel's entry for the name expire, then look it up again: for the next ATTR_TIMEOUT
+    # the kernel opens it without a lookup, so only open's own check can see the change below
+    time.sleep(ATTR_TIMEOUT * 1.5)
+    (m.path / "victim.bin").stat()
+    m.s3.client().put_object(Bucket=m.bucket, Key=m.key("victim.bin"), Body=os.urandom(12 * MiB), Metadata=stored)
+    # open lists again and sees a new ETag: the cached copy is dropped, the read fetches and checks
     with pytest.raises(OSError) as e:
         (m.path / "victim.bin").read_bytes()
     assert e.value.errno == errno.EIO
-    assert m.status()["checksum_mismatches_total"] == 1
+    st = m.status()
+    assert st["remote_changed_total"] == 1
+    assert st["checksum_mismatches_total"] == 1
     assert digest  # the original bytes are gone from the bucket: refusing is all that is left

@@ -220,6 +220,8 @@ def stop_process_group(pid: int, timeout: float = STOP_TIMEOUT) -> None:
         time.sleep(0.05)
 
 
+VOLUME_SLOTS = 1000
+
 class SeaweedServer:
     """A ``weed mini`` (master + volume + filer + S3) bound to 127.0.0.1 on free ports.
 
@@ -311,6 +313,10 @@ class SeaweedServer:
             "-webdav=false",
             "-admin.ui=false",
             "-master.telemetry=false",
+            # one collection (and volume) per bucket, and every test makes a bucket: weed's default
+            # slot count (free disk / volume size, ~40 here) runs out in a full test session, and
+            # uploads then fail with "No writable volumes". Volumes are sparse files: slots are free.
+            f"-volume.max={VOLUME_SLOTS}",
         ]
         for name in ("s3", "filer"):
             sock = self.data_dir / f"{name}.sock"

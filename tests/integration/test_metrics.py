@@ -1,0 +1,86 @@
+"""The /metrics of a live mount: every metric documented, Prometheus conventions (promtool), and the numbers a user reads."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Mount, sha256_file, write_random
+from tests.support.promql import documented_metrics
+from tests.support.seaweed import free_port
+
+MiB = 1 << 20
+
+
+def scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text)[(name, tuple(sorted(labels.items())))]
+
+
+def test_every_metric_documented_and_lint_clean(make_mount) -> None:  # type: ignore[no-untyped-def]
+    m: Mount = make_mount(start=False, upload_delay=3600)
+    m.metrics_port = free_port()
+    m.start()
+    digest = write_random(m.path / "dirty.bin", 5 * MiB, seed=90)
+    text = scrape(m.metrics_port)
+    # the file waits for its upload delay: its bytes are dirty in the cache
+    assert value(text, "ckptfs_cache_bytes", state="dirty") == 5 * MiB
+    assert value(text, "ckptfs_dirty_bytes") == 5 * MiB
+    assert value(text, "ckptfs_fuse_requests_total", op="write") >= 5
+    with pytest.raises(FileNotFoundError):
+        (m.path / "missing").stat()
+    m.flush()
+    assert m.object_sha256("dirty.bin") == digest
+    # a read of the local copy is a hit; after eviction the read comes from the bucket: a miss
+    assert sha256_file(m.path / "dirty.bin") == digest
+    evict = m.cli("evict", str(m.path / "dirty.bin"))
+    assert evict.returncode == 0, evict.stderr
+    assert sha256_file(m.path / "dirty.bin") == digest
+    text = scrape(m.metrics_port)
+    assert value(text, "ckptfs_uploaded_bytes_total") == 5 * MiB
+    assert value(text, "ckptfs_cache_bytes", state="dirty") == 0
+    assert value(text, "ckptfs_cache_bytes", state="uploading") == 0
+    assert value(text, "ckptfs_cache_bytes", state="clean") == value(text, "ckptfs_cache_used_bytes") == 5 * MiB
+    assert value(text, "ckptfs_cache_hits_total") >= 1
+    assert value(text, "ckptfs_cache_misses_total") == 1
+    assert value(text, "ckptfs_fetched_bytes_total") == 5 * MiB
+    assert value(text, "ckptfs_evicted_bytes_total") == 5 * MiB
+    assert value(text, "ckptfs_fuse_errors_total", op="lookup", errno="ENOENT") >= 1
+    assert value(text, "ckptfs_mount_info", source=f"s3://{m.bucket}/{m.prefix}", mountpoint=str(m.path),
+                 version=value_label(text, "ckptfs_mount_info", "version")) == 1
+
+    # docs/metrics.md lists exactly what is served, with the right types and labels
+    documented = documented_metrics()
+    served = {f.name if f.type != "counter" else f.name + "_total": f for f in text_string_to_metric_families(text)}
+    assert sorted(served) == sorted(documented), "docs/metrics.md and /metrics differ"
+    for name, family in served.items():
+        kind, labels = documented[name]
+        assert family.type == kind, name
+        served_labels = {k for s in family.samples for k in s.labels if k != "le"}
+        assert served_labels == {label.strip(" `") for label in labels.split(",") if label.strip() and label.strip(" `") != "le"}, name
+
+    # Prometheus' own linter
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus); the rest was checked")
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0 and lint.stdout.strip() == "" and lint.stderr.strip() == "", lint.stdout + lint.stderr
+
+
+def value_label(text: str, name: str, label: str) -> str:
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name == name:
+                return s.labels[label]
+    raise AssertionError(f"{name} not served")
+

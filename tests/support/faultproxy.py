@@ -1,0 +1,224 @@
+"""A fault-injecting HTTP proxy between ckptfs and the S3 server, for tests.
+
+It understands just enough HTTP/1.1 (request line, headers, Content-Length
+bodies; boto3 neither pipelines nor chunks our requests) to act per request:
+
+* ``pass``      forward everything (optionally throttled to ``rate`` bytes/s upstream)
+* ``refuse``    reset every new connection: the endpoint is down
+* ``blackhole`` accept and read, never answer: the endpoint hangs
+* ``fail(status, code, count, methods)``  answer the next ``count`` matching requests
+  with an S3 error (503 SlowDown, 500 InternalError, 403 AccessDenied ...)
+
+Switching modes drops the open connections, so the new mode applies to the
+next request. ``bytes_up`` counts request bytes forwarded to the server.
+Test support code: plain threads, not part of the product.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tests.support.seaweed import free_port
+
+_ERROR_BODY = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n'
+    "<Error><Code>{code}</Code><Message>injected by faultproxy</Message><RequestId>fault</RequestId></Error>"
+)
+_REASONS = {403: "Forbidden", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+@dataclass
+class _Failure:
+    status: int
+    code: str
+    count: int
+    methods: frozenset[str] | None
+
+
+@dataclass
+class FaultProxy:
+    upstream_port: int
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=free_port)
+    mode: str = "pass"
+    rate: float = 0.0  # bytes/s upstream in "pass" mode; 0 = unlimited
+    bytes_up: int = 0
+    requests: int = 0
+    injected: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failure: _Failure | None = None
+        self._next_free = 0.0
+        self._conns: set[socket.socket] = set()
+        self._stop = threading.Event()
+        self._listener = socket.create_server((self.host, self.port))
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ control
+    def set_mode(self, mode: str, rate: float | None = None) -> None:
+        assert mode in ("pass", "refuse", "blackhole")
+        with self._lock:
+            self.mode = mode
+            if rate is not None:
+                self.rate = rate
+            self._failure = None
+        self.drop_connections()
+
+    def fail(self, status: int, code: str, count: int, methods: set[str] | None = None) -> None:
+        with self._lock:
+            self.mode = "pass"
+            self._failure = _Failure(status, code, count, frozenset(methods) if methods else None)
+        self.drop_connections()
+
+    def failures_left(self) -> int:
+        with self._lock:
+            return self._failure.count if self._failure else 0
+
+    def drop_connections(self) -> None:
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for c in conns:
+            _reset(c)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        self.drop_connections()
+
+    # ----------------------------------------------------------------- serving
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self.mode == "refuse":
+                _reset(client)
+                continue
+            with self._lock:
+                self._conns.add(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        server: socket.socket | None = None
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = client.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                length = _content_length(head)
+                if self.mode == "blackhole":
+                    while client.recv(65536):
+                        pass
+                    return
+                method = head.split(b" ", 1)[0].decode()
+                failure = self._take_failure(method)
+                if failure is not None:
+                    while len(buf) < length:
+                        chunk = client.recv(65536)
+                        if not chunk:
+                            return
+                        buf += chunk
+                    buf = buf[length:]
+                    body = _ERROR_BODY.format(code=failure.code).encode()
+                    client.sendall(
+                        b"HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                        % (failure.status, _REASONS.get(failure.status, "Error").encode(), len(body)) + body
+                    )
+                    return
+                if server is None:
+                    server = socket.create_connection((self.host, self.upstream_port))
+                    with self._lock:
+                        self._conns.add(server)
+                    threading.Thread(target=_pump, args=(server, client), daemon=True).start()
+                self._send_up(server, head + b"\r\n\r\n")
+                sent = 0
+                while sent < length:
+                    if not buf:
+                        buf = client.recv(65536)
+                        if not buf:
+                            return
+                    piece, buf = buf[: length - sent], buf[length - sent:]
+                    self._send_up(server, piece)
+                    sent += len(piece)
+                with self._lock:
+                    self.requests += 1
+        except OSError:
+            pass
+        finally:
+            _reset(client)
+            if server is not None:
+                _reset(server)
+
+    def _take_failure(self, method: str) -> _Failure | None:
+        with self._lock:
+            f = self._failure
+            if f is None or f.count <= 0 or (f.methods is not None and method not in f.methods):
+                return None
+            f.count -= 1
+            self.injected += 1
+            return f
+
+    def _send_up(self, server: socket.socket, data: bytes) -> None:
+        step = 64 << 10
+        for i in range(0, len(data), step):
+            piece = data[i: i + step]
+            with self._lock:
+                # one budget for all connections: `rate` is the link's speed, not each connection's
+                delay = 0.0
+                if self.rate:
+                    now = time.monotonic()
+                    start = max(now, self._next_free)
+                    self._next_free = start + len(piece) / self.rate
+                    delay = start - now
+            if delay:
+                time.sleep(delay)
+            server.sendall(piece)
+            with self._lock:
+                self.bytes_up += len(piece)
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _reset(dst)
+
+
+def _reset(s: socket.socket) -> None:
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    try:
+        s.close()
+    except OSError:
+        pass
