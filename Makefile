@@ -18,7 +18,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config attr
-# only for the tests: promtool + a Prometheus server, NFS-Ganesha and the libnfs client, systemd-analyze
+# only for the tests and benchmarks: promtool + a Prometheus server, NFS-Ganesha and the libnfs client,
+# systemd-analyze, s3fs (a peer in `make bench`)
 TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils systemd s3fs
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
