@@ -272,7 +272,7 @@ def read_through_fresh_mount(plan: Plan, server: BenchServer, bucket: str, state
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
-            return {"not_available": f"a fresh mount cannot open an object it did not write ({e.strerror}); reading from the bucket is issue 4"}
+            return {"not_available": f"a fresh mount could not open the object ({e.strerror})"}
         got = 0
         try:
             while True:
