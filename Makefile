@@ -9,6 +9,7 @@
 #   make install the command in /opt/ckptfs (a venv) linked from /usr/local/bin, the systemd
 #                unit, /etc/ckptfs, /var/cache/ckptfs, docs (DESTDIR= to stage; docs/install.md)
 #   make uninstall  the reverse, keeping /etc/ckptfs and /var/cache/ckptfs
+#   make docs    regenerate docs/configuration.md from gateway/config.py
 #   make clean   stop + remove dev state and caches; distclean also removes .venv
 
 SHELL := /bin/bash
@@ -46,7 +47,7 @@ CACHEDIR ?= /var/cache/ckptfs
 DOCDIR ?= /usr/local/share/doc/ckptfs
 DESTDIR ?=
 
-.PHONY: help deps system-deps test-deps test run stop bench install uninstall clean distclean
+.PHONY: help deps system-deps test-deps test run stop bench docs install uninstall clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -117,6 +118,9 @@ stop:
 
 bench: deps test-deps
 	$(PY) -m bench $(BENCH_ARGS)
+
+docs: $(STAMP)
+	$(PY) -c 'import pathlib, gateway.config as c; pathlib.Path("docs/configuration.md").write_text(c.markdown_reference())'
 
 install: system-deps
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)

@@ -68,7 +68,8 @@ class Config:
 
     # namespace and reads
     metadata_ttl: float = _opt(5.0, "Seconds a directory's bucket listing is trusted: files written, changed or deleted by other nodes show up after their upload plus at most this long. 0 lists on every lookup.", "seconds")
-    read_range_size: int = _opt(8 * MiB, "Size of each ranged GET when a file that is only in the bucket is read into the cache.", "bytes")
+    read_range_size: int = _opt(8 * MiB, "Size of the first ranged GET when a file that is only in the bucket is read into the cache; each next range is twice the last, up to read_range_max_size.", "bytes")
+    read_range_max_size: int = _opt(64 * MiB, "Largest ranged GET when reading a file from the bucket. Larger ranges cost the daemon less CPU per GiB; a reader waits at most for one range.", "bytes")
     read_concurrency: int = _opt(8, "Ranged GETs in flight per file being read from the bucket.")
     kernel_read_ahead: int = _opt(2 * MiB, "Read-ahead the kernel uses on the mount (its `read_ahead_kb`, set at mount when running as root). Larger reads mean fewer FUSE requests, each one a round trip through Python. 0 keeps the kernel's default.", "bytes")
     copy_multipart_threshold: int = _opt(5 * GiB, "Renaming a durable file copies its object inside the store; objects at least this large are copied in parts (UploadPartCopy of `part_size`), as S3 requires above 5 GiB.", "bytes")
@@ -139,6 +140,8 @@ class Config:
             raise ConfigError("multipart_threshold must be at least 1 byte")
         if self.read_range_size < 64 * KiB:
             raise ConfigError(f"read_range_size = {fmt_bytes(self.read_range_size)} is too small: give at least 64 KiB")
+        if self.read_range_max_size < self.read_range_size:
+            raise ConfigError(f"read_range_max_size = {fmt_bytes(self.read_range_max_size)} is below read_range_size = {fmt_bytes(self.read_range_size)}: give at least as much")
         if self.read_concurrency < 1:
             raise ConfigError(f"read_concurrency = {self.read_concurrency}: give at least 1")
         if self.metadata_ttl < 0:

@@ -1,11 +1,18 @@
 """Read files that are only in the bucket into the cache, in parallel ranges.
 
 A file written by another node, or whose clean copy was evicted, has no local
-bytes. Opening it starts a `Download`: `read_concurrency` ranged GETs of
-`read_range_size` each, written into a sparse cache file. Workers go through
-the file in order (that is the read-ahead for a sequential reader) but a
-reader's missing range jumps the queue, so a read waits only for the ranges it
-needs, never for the whole file.
+bytes. Opening it starts a `Download`: `read_concurrency` ranged GETs,
+written into a sparse cache file. Workers go through the file in order (that
+is the read-ahead for a sequential reader) but a reader's missing range jumps
+the queue, so a read waits only for the ranges it needs, never for the whole
+file.
+
+Range sizes grow along the file: the first is `read_range_size`, each next one
+twice the last, up to `read_range_max_size`. A reader that wants the start of
+a file (a header, an index) waits for a small range; one that streams the file
+gets few large requests, and each request costs the daemon CPU (signing,
+parsing, a thread hand-off) that with small ranges was most of a cold read's
+cost (docs/benchmarks.md).
 
 Integrity: every range is fetched with `If-Match` on the ETag the download
 started from, so a file replaced meanwhile is never stitched from two
@@ -19,9 +26,9 @@ Objects written by other tools carry no digest and are served as they are.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
-import math
 import os
 
 import trio
@@ -41,9 +48,15 @@ HASH_CHUNK = 4 << 20
 class Download:
     """One file being read from the bucket into its cache file."""
 
-    def __init__(self, ino: int, key: str, etag: str, size: int, range_size: int) -> None:
-        self.ino, self.key, self.etag, self.size, self.range_size = ino, key, etag, size, range_size
-        self.count = math.ceil(size / range_size)
+    def __init__(self, ino: int, key: str, etag: str, size: int, first_range: int, max_range: int) -> None:
+        self.ino, self.key, self.etag, self.size = ino, key, etag, size
+        self.starts: list[int] = []  # where each range begins; the last one ends at `size`
+        start, length = 0, first_range
+        while start < size:
+            self.starts.append(start)
+            start += length
+            length = min(max_range, length * 2)
+        self.count = len(self.starts)
         self.done = [False] * self.count
         self.started = [False] * self.count
         self.waiters: dict[int, trio.Event] = {}
@@ -52,6 +65,11 @@ class Download:
         self.metadata: dict[str, str] | None = None
         self.error: OSError | None = None
         self.finished = trio.Event()  # every range fetched and checked, or failed
+
+    def span(self, i: int) -> tuple[int, int]:
+        """(offset, length) of range `i`."""
+        end = self.starts[i + 1] if i + 1 < self.count else self.size
+        return self.starts[i], end - self.starts[i]
 
     def _take(self) -> int | None:
         while self.wanted:
@@ -81,7 +99,7 @@ class Download:
             raise self.error
         end = min(self.size, offset + length)
         if offset < end:
-            for i in range(offset // self.range_size, (end - 1) // self.range_size + 1):
+            for i in range(bisect.bisect_right(self.starts, offset) - 1, bisect.bisect_right(self.starts, end - 1)):
                 while not self.done[i]:
                     if self.error is not None:
                         raise self.error
@@ -129,7 +147,7 @@ class Fetcher:
         except CacheFull:
             log.warning("no room in the cache to read %s (%d bytes): reader gets ENOSPC", key, row.size)
             raise
-        dl = Download(ino, key, row.etag or "", row.size, self.cfg.read_range_size)
+        dl = Download(ino, key, row.etag or "", row.size, self.cfg.read_range_size, self.cfg.read_range_max_size)
         try:
             fd = os.open(self.ns.cache.path(ino), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.ftruncate(fd, row.size)
@@ -189,8 +207,7 @@ class Fetcher:
             if i is None:
                 return
             dl.started[i] = True
-            start = i * dl.range_size
-            length = min(dl.range_size, dl.size - start)
+            start, length = dl.span(i)
             for attempt in range(1, RANGE_ATTEMPTS + 1):
                 try:
                     metadata = await trio.to_thread.run_sync(self.store.read_range, dl.key, dl.etag, start, length, fd)
@@ -226,6 +243,5 @@ class Fetcher:
                     raise dl.error
                 ev = dl.waiters.setdefault(i, trio.Event())
                 await ev.wait()
-            start = i * dl.range_size
-            await trio.to_thread.run_sync(update, start, min(dl.range_size, dl.size - start))
+            await trio.to_thread.run_sync(update, *dl.span(i))
         return h.hexdigest()
