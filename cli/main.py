@@ -8,6 +8,7 @@ user can cause is one line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -21,10 +22,25 @@ from typing import Any, Iterator, Optional
 
 import typer
 
+from ckptfs.cli.display import plural
 from ckptfs.config import ConfigError, fmt_bytes, load_config, parse_source
+from ckptfs.version import VERSION
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="ckptfs: a write-back checkpoint gateway to S3.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ckptfs {VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print `ckptfs X.Y.Z` and exit."),
+) -> None:
+    """ckptfs: a write-back checkpoint gateway to S3."""
 
 CONTROL_XATTR = "user.ckptfs.control"
 EXIT_ERROR = 1
@@ -64,7 +80,14 @@ def find_mount_root(path: str) -> Path:
         if not p.exists():
             raise CliError(f"{path}: no such file or directory")
     except OSError as e:
-        raise CliError(f"{path}: {e.strerror} (is the ckptfs daemon for it still running?)") from None
+        if e.errno == errno.ENOTCONN:
+            mnt = _fuse_mount_of(p) or path
+            raise CliError(f"{path} is on a ckptfs mount whose daemon is gone (transport endpoint is not connected): "
+                           f"run `ckptfs unmount {mnt}`, then mount it again (the next mount uploads what was not)") from None
+        if e.errno in (errno.EACCES, errno.EPERM) and _fuse_mount_of(p):
+            raise CliError(f"{path}: permission denied: a ckptfs mount is only open to the user who mounted it "
+                           f"(unless mounted with -o allow_other): run this command as that user") from None
+        raise CliError(f"{path}: {e.strerror}") from None
     cur = p
     while not os.path.ismount(cur):
         if cur.parent == cur:
@@ -73,8 +96,25 @@ def find_mount_root(path: str) -> Path:
     try:
         os.getxattr(cur, CONTROL_XATTR)
     except OSError:
-        raise CliError(f"{path} is not inside a ckptfs mount") from None
+        raise CliError(f"{path} is not inside a ckptfs mount (is the daemon stopped? mount it with `ckptfs mount`)") from None
     return cur
+
+
+def _fuse_mount_of(path: Path) -> str | None:
+    """The ckptfs mount point in the mount table that holds `path` (also a dead one, which stat cannot see)."""
+    best = None
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3 or fields[2] != "fuse.ckptfs":
+                    continue
+                mnt = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+                if (str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")) and (best is None or len(mnt) > len(best)):
+                    best = mnt
+    except OSError:
+        return None
+    return best
 
 
 def control_socket(mount_root: Path) -> str:
@@ -92,7 +132,12 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
     try:
         s.connect(path)
     except OSError as e:
-        raise CliError(f"cannot reach the ckptfs daemon of {mount_root} at {path}: {e.strerror}") from None
+        s.close()
+        if e.errno in (errno.EACCES, errno.EPERM):
+            owner = _owner_of(path, mount_root)
+            raise CliError(f"{mount_root}: permission denied on its control socket {path}: only the user who mounted it "
+                           f"({owner}) or root may use it; run this command as {owner} or as root") from None
+        raise CliError(f"cannot reach the ckptfs daemon of {mount_root} at {path}: {e.strerror} (is it still running? see its log)") from None
     with s:
         s.sendall(json.dumps(obj).encode() + b"\n")
         buf = b""
@@ -110,6 +155,22 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
                 if not msg.get("ok"):
                     raise CliError(msg.get("error", "the daemon refused the request"))
                 yield msg
+
+
+def _owner_of(socket_path: str, mount_root: Path) -> str:
+    """Name of the user who owns the control socket (or, if its directory is closed to us, the mount's root)."""
+    import pwd
+
+    for p in (socket_path, mount_root):
+        try:
+            uid = os.stat(p).st_uid
+        except OSError:
+            continue
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return f"uid {uid}"
+    return "the mounting user"
 
 
 def get_status(mount_root: Path) -> dict[str, Any]:
@@ -289,34 +350,23 @@ def _is_dead_mount(path: Path) -> bool:
 @_one_line_errors
 def status(
     mountpoint: str = typer.Argument(..., help="The mount point."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (with --watch: one JSON object per line)."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    interval: float = typer.Option(2.0, "--interval", "-n", min=0.1, help="With --watch: seconds between refreshes."),
 ) -> None:
-    """Show the cache and drain state of a mount."""
+    """Show the drain, upload throughput and ETA, cache, reads and errors of a mount."""
+    from ckptfs.cli import display
+
     root = find_mount_root(mountpoint)
     st = get_status(root)
+    console = display.make_console()
+    if watch:
+        display.watch(console, st, lambda: get_status(root), interval, as_json, lambda s: json.dumps(s, sort_keys=True))
+        return
     if as_json:
         typer.echo(json.dumps(st, indent=2, sort_keys=True))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"ckptfs {st['mountpoint']} <- {st['source']}", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("")
-    rows = [
-        ("daemon pid", str(st["pid"])),
-        ("dirty files", f"{st['dirty_files']} ({st['uploading_files']} uploading)"),
-        ("dirty bytes", fmt_bytes(st["dirty_bytes"])),
-        ("oldest dirty age", f"{st['oldest_dirty_age_seconds']:.1f} s"),
-        ("pending deletes", str(st["pending_deletes"])),
-        ("cache", f"{fmt_bytes(st['cache_used_bytes'])} of {fmt_bytes(st['cache_capacity_bytes'])}"),
-        ("uploaded", f"{fmt_bytes(st['uploaded_bytes_total'])} in {st['uploaded_files_total']} files"),
-        ("upload errors", str(st["upload_errors_total"])),
-        ("last error", st["last_error"] or "-"),
-    ]
-    for k, v in rows:
-        table.add_row(k, v)
-    Console().print(table)
+    console.print(display.status_screen(st), soft_wrap=not console.is_terminal)
 
 
 @app.command()
@@ -374,8 +424,8 @@ def warmup(
     for path, error in failed:
         typer.echo(f"ckptfs: {path}: {error}", err=True)
     if failed:
-        raise CliError(f"{len(failed)} of {max(files, len(failed))} files could not be read from the bucket (see above)")
-    typer.echo(f"ckptfs: {files} files ({fmt_bytes(total)}) are in the cache")
+        raise CliError(f"{len(failed)} of {plural(max(files, len(failed)), 'file')} could not be read from the bucket (see above)")
+    typer.echo(f"ckptfs: {plural(files, 'file')} ({fmt_bytes(total)}) {'is' if files == 1 else 'are'} in the cache")
 
 
 @app.command()
@@ -387,39 +437,33 @@ def evict(
     root = find_mount_root(path)
     for msg in request(root, {"cmd": "evict", "path": _rel(root, path)}):
         note = f"; {msg['skipped']} not durable yet or in use were kept" if msg["skipped"] else ""
-        typer.echo(f"ckptfs: evicted {msg['files']} files ({fmt_bytes(msg['bytes'])}){note}")
+        typer.echo(f"ckptfs: evicted {plural(msg['files'], 'file')} ({fmt_bytes(msg['bytes'])}){note}")
         return
     raise CliError("the daemon closed the connection without an answer")
 
 
 def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None) -> None:
+    """Flush `rel` and show its progress by bytes (parts already in the bucket count), with throughput and ETA."""
+    from ckptfs.cli import display
+
     label = label or str(root)
     deadline = None if timeout is None else time.monotonic() + timeout
     last: dict[str, Any] = {}
-    progress = None
-    if sys.stdout.isatty():
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-        progress = Progress(TextColumn("flush {task.description}"), BarColumn(), DownloadColumn(binary_units=True), TextColumn("{task.fields[files]} files left"), TimeElapsedColumn())
-        progress.start()
-        task = progress.add_task(label, total=None, files="?")
+    progress = display.FlushProgress(label, display.make_console())
     try:
-        total = 0
         sock_timeout = None if timeout is None else max(timeout, 1.0)
         try:
             for msg in request(root, {"cmd": "flush", "path": rel}, timeout=sock_timeout):
                 if msg.get("done"):
-                    if progress:
-                        progress.update(task, total=max(total, 1), completed=max(total, 1), files=0)
+                    progress.finish()
                     return
                 last = msg
-                total = max(total, msg["bytes"])
-                if progress:
-                    progress.update(task, total=total, completed=total - msg["bytes"], files=msg["files"])
+                progress.update(msg)
                 if deadline is not None and time.monotonic() > deadline:
+                    in_bucket = f", {fmt_bytes(last['uploaded_bytes'])} of it in the bucket already" if last.get("uploaded_bytes") else ""
                     raise CliError(
-                        f"timed out after {timeout:g}s: {last['files']} files ({fmt_bytes(last['bytes'])}) and "
-                        f"{last['deletes']} deletions under {label} are not durable yet; see `ckptfs status {root}`"
+                        f"timed out after {timeout:g}s: {display.plural(last['files'], 'file')} ({fmt_bytes(last['bytes'])}{in_bucket}) and "
+                        f"{display.plural(last['deletes'], 'deletion')} under {label} are not durable yet; see `ckptfs status {root}`"
                     )
         except CliError as e:
             if "did not answer in time" in str(e) and deadline is not None:
@@ -427,8 +471,7 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
             raise
         raise CliError("the daemon stopped before the flush finished (is it shutting down?)")
     finally:
-        if progress:
-            progress.stop()
+        progress.close()
 
 
 def main() -> None:
