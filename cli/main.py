@@ -53,6 +53,10 @@ class CliError(Exception):
         self.code = code
 
 
+class NotAllowed(CliError):
+    """This user may not use the mount or its control socket (FUSE without allow_other, the 0600 socket)."""
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> None:
     typer.echo(f"ckptfs: error: {message}", err=True)
     raise typer.Exit(code)
@@ -80,13 +84,13 @@ def find_mount_root(path: str) -> Path:
         if not p.exists():
             raise CliError(f"{path}: no such file or directory")
     except OSError as e:
+        mount = _fuse_mount_of(p)
         if e.errno == errno.ENOTCONN:
-            mnt = _fuse_mount_of(p) or path
             raise CliError(f"{path} is on a ckptfs mount whose daemon is gone (transport endpoint is not connected): "
-                           f"run `ckptfs unmount {mnt}`, then mount it again (the next mount uploads what was not)") from None
-        if e.errno in (errno.EACCES, errno.EPERM) and _fuse_mount_of(p):
-            raise CliError(f"{path}: permission denied: a ckptfs mount is only open to the user who mounted it "
-                           f"(unless mounted with -o allow_other): run this command as that user") from None
+                           f"run `ckptfs unmount {mount[0] if mount else path}`, then mount it again "
+                           "(the next mount uploads what was not uploaded)") from None
+        if e.errno in (errno.EACCES, errno.EPERM) and mount:
+            raise _not_allowed_on_mount(path, mount[1]) from None
         raise CliError(f"{path}: {e.strerror}") from None
     cur = p
     while not os.path.ismount(cur):
@@ -96,31 +100,54 @@ def find_mount_root(path: str) -> Path:
     try:
         os.getxattr(cur, CONTROL_XATTR)
     except OSError:
-        raise CliError(f"{path} is not inside a ckptfs mount (is the daemon stopped? mount it with `ckptfs mount`)") from None
+        raise CliError(f"{path} is not inside a ckptfs mount: give a path in a mounted one (`findmnt -t fuse.ckptfs` lists them), or mount it first") from None
     return cur
 
 
-def _fuse_mount_of(path: Path) -> str | None:
-    """The ckptfs mount point in the mount table that holds `path` (also a dead one, which stat cannot see)."""
-    best = None
+def _fuse_mount_of(path: Path) -> tuple[str, int | None] | None:
+    """The ckptfs mount in the mount table that holds `path` (a dead one too, which stat cannot see), and its owner's uid."""
+    best: tuple[str, int | None] | None = None
     try:
         with open("/proc/self/mounts") as f:
             for line in f:
                 fields = line.split()
-                if len(fields) < 3 or fields[2] != "fuse.ckptfs":
+                if len(fields) < 4 or fields[2] != "fuse.ckptfs":
                     continue
                 mnt = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-                if (str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")) and (best is None or len(mnt) > len(best)):
-                    best = mnt
+                if not (str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")):
+                    continue
+                uid = next((int(o[8:]) for o in fields[3].split(",") if o.startswith("user_id=") and o[8:].isdigit()), None)
+                if best is None or len(mnt) > len(best[0]):
+                    best = (mnt, uid)
     except OSError:
         return None
     return best
+
+
+def _user_name(uid: int | None) -> str:
+    import pwd
+
+    if uid is None:
+        return "the user who mounted it"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_allowed_on_mount(path: str | Path, uid: int | None) -> NotAllowed:
+    who = _user_name(uid)
+    return NotAllowed(f"{path}: permission denied: this ckptfs mount is open only to the user who mounted it ({who}): "
+                      f"run the command as {who}, or mount with -o allow_other to let other users read and write it")
 
 
 def control_socket(mount_root: Path) -> str:
     try:
         return os.getxattr(mount_root, CONTROL_XATTR).decode()
     except OSError as e:
+        mount = _fuse_mount_of(mount_root)
+        if e.errno in (errno.EACCES, errno.EPERM) and mount:
+            raise _not_allowed_on_mount(mount_root, mount[1]) from None
         raise CliError(f"{mount_root} is not a ckptfs mount ({e.strerror})") from None
 
 
@@ -135,8 +162,10 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
         s.close()
         if e.errno in (errno.EACCES, errno.EPERM):
             owner = _owner_of(path, mount_root)
-            raise CliError(f"{mount_root}: permission denied on its control socket {path}: only the user who mounted it "
-                           f"({owner}) or root may use it; run this command as {owner} or as root") from None
+            who = "root (who mounted it)" if owner == "root" else f"the user who mounted it ({owner}) or root"
+            how = "with sudo" if owner == "root" else f"as {owner} (sudo -u {owner} ckptfs ...) or as root"
+            raise NotAllowed(f"{mount_root}: permission denied on its control socket {path}: only {who} may use it: "
+                             f"run this command {how}") from None
         raise CliError(f"cannot reach the ckptfs daemon of {mount_root} at {path}: {e.strerror} (is it still running? see its log)") from None
     with s:
         s.sendall(json.dumps(obj).encode() + b"\n")
@@ -158,19 +187,12 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
 
 
 def _owner_of(socket_path: str, mount_root: Path) -> str:
-    """Name of the user who owns the control socket (or, if its directory is closed to us, the mount's root)."""
-    import pwd
-
-    for p in (socket_path, mount_root):
-        try:
-            uid = os.stat(p).st_uid
-        except OSError:
-            continue
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return f"uid {uid}"
-    return "the mounting user"
+    """Name of the user who owns the control socket (if its directory is closed to us: who mounted the mount)."""
+    try:
+        return _user_name(os.stat(socket_path).st_uid)
+    except OSError:
+        mount = _fuse_mount_of(mount_root)
+        return _user_name(mount[1] if mount else None)
 
 
 def get_status(mount_root: Path) -> dict[str, Any]:
@@ -301,6 +323,8 @@ def unmount(
     root = Path(os.path.abspath(mountpoint))
     try:
         st = get_status(root)
+    except NotAllowed:
+        raise
     except CliError as e:
         if os.path.ismount(root) or _is_dead_mount(root):
             subprocess.run(["fusermount3", "-u", "-z", str(root)], check=False, capture_output=True)
