@@ -89,8 +89,8 @@ def find_mount_root(path: str) -> Path:
             raise CliError(f"{path} is on a ckptfs mount whose daemon is gone (transport endpoint is not connected): "
                            f"run `ckptfs unmount {mount[0] if mount else path}`, then mount it again "
                            "(the next mount uploads what was not uploaded)") from None
-        if e.errno in (errno.EACCES, errno.EPERM) and mount:
-            raise _not_allowed_on_mount(path, mount[1]) from None
+        if e.errno in (errno.EACCES, errno.EPERM) and mount and os.access(os.path.dirname(mount[0]) or "/", os.X_OK):
+            raise _not_allowed_on_mount(path, mount[1]) from None  # the mount point is reachable: FUSE said no
         raise CliError(f"{path}: {e.strerror}") from None
     cur = p
     while not os.path.ismount(cur):
@@ -513,7 +513,29 @@ def main() -> None:
         if args is None:
             return
         sys.argv = [sys.argv[0], *args]  # `--daemon` re-runs sys.argv[1:] in the child
-    app()
+    sys.exit(run_app())
+
+
+def run_app() -> int:
+    """Run the typer app; a usage error (bad option value, missing argument) is one line too, exit 2."""
+    try:  # typer >= 0.22 carries its own copy of click
+        from typer._click.exceptions import ClickException, UsageError
+    except ImportError:  # pragma: no cover - older typer on click
+        from click.exceptions import ClickException, UsageError  # type: ignore[no-redef]
+    try:
+        rv = app(prog_name="ckptfs", standalone_mode=False)
+    except ClickException as e:
+        if type(e).__name__ == "NoArgsIsHelpError":
+            e.show()  # `ckptfs` alone: the help
+            return EXIT_USAGE
+        message = " ".join(e.format_message().split())
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if isinstance(e, UsageError) and ctx is not None else ""
+        typer.echo(f"ckptfs: error: {message}{hint}", err=True)
+        return e.exit_code
+    except typer.Abort:
+        return EXIT_ERROR
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":
