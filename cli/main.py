@@ -22,7 +22,6 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from ckptfs.cli.display import plural
 from ckptfs.config import ConfigError, fmt_bytes, load_config, parse_source
 from ckptfs.version import VERSION
 
@@ -416,6 +415,8 @@ def warmup(
     paths: list[str] = typer.Argument(..., help="Files or directories in the mount to read into the local cache."),
 ) -> None:
     """Pre-stage files or trees from the bucket into the local cache (exit 1 if any file fails)."""
+    from ckptfs.cli.display import plural
+
     root = find_mount_root(paths[0])
     rels = []
     for p in paths:
@@ -458,6 +459,8 @@ def evict(
     path: str = typer.Argument(..., help="A file or directory in the mount, or the mount point."),
 ) -> None:
     """Drop the local copies of durable files under PATH (they are read from the bucket again when needed)."""
+    from ckptfs.cli.display import plural
+
     root = find_mount_root(path)
     for msg in request(root, {"cmd": "evict", "path": _rel(root, path)}):
         note = f"; {msg['skipped']} not durable yet or in use were kept" if msg["skipped"] else ""
