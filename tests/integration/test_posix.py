@@ -228,22 +228,29 @@ def test_fallocate_mode_0_grows_a_file_and_other_modes_are_eopnotsupp(mount: Mou
 
 
 # ------------------------------------------------- rewritten while uploading
-def test_file_rewritten_while_it_uploads_is_not_an_upload_error(make_mount, s3: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("size, how", [(12 * MiB, "truncate"), (12 * MiB, "in_place"), (30 * MiB, "in_place")])  # PutObject, multipart
+def test_file_rewritten_while_it_uploads_is_not_an_upload_error(make_mount, s3: SeaweedServer, how: str, size: int) -> None:  # type: ignore[no-untyped-def]
     proxy = FaultProxy(s3.s3_port)
     try:
-        proxy.set_mode("pass", rate=8 * MiB)  # slow enough to rewrite the file half way
-        m: Mount = make_mount(endpoint_url=proxy.url, part_size="5MiB", multipart_threshold="5MiB", upload_delay=0.1,
+        proxy.set_mode("pass", rate=4 * MiB)  # slow enough to rewrite the file half way
+        m: Mount = make_mount(endpoint_url=proxy.url, part_size="5MiB", multipart_threshold="16MiB", upload_delay=0.1,
                               max_parts_in_flight=2)
-        write_random(m.path / "ckpt.bin", 30 * MiB, seed=1, fsync=False)
-        wait_for("the upload to start", lambda: proxy.bytes_up > 6 * MiB)
-        final = write_random(m.path / "ckpt.bin", 30 * MiB, seed=2, fsync=False)  # torch.save: O_TRUNC, write, close
+        write_random(m.path / "ckpt.bin", size, seed=1, fsync=False)
+        wait_for("the upload to start", lambda: proxy.bytes_up > 3 * MiB)
+        if how == "truncate":
+            final = write_random(m.path / "ckpt.bin", size, seed=2, fsync=False)  # torch.save: O_TRUNC, write, close
+        else:
+            with open(m.path / "ckpt.bin", "r+b") as f:  # the same size, other bytes
+                f.write(os.urandom(size))
+            final = sha256_file(m.path / "ckpt.bin")
         proxy.set_mode("pass", rate=0)
-        m.flush(timeout=120)  # well under the ~50 s of backoff an error would cost (the symptom)
+        m.flush(timeout=120)  # the flush waits only for the newest version
         assert m.object_sha256("ckpt.bin") == final
         assert sha256_file(m.path / "ckpt.bin") == final
         st = m.status()
+        log = (m.cache_dir / "ckptfs.log").read_text()
         assert st["upload_errors_total"] == 0, st["last_error"]
         assert st["last_error"] == ""
-        assert "abandoned" in (m.cache_dir / "ckptfs.log").read_text()
+        assert "abandoned" in log and "retry in" not in log
     finally:
         proxy.close()
