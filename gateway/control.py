@@ -11,6 +11,8 @@ xattr on the mount root. One JSON object per line each way:
                                             ... then {"ok": true, "done": true, "failed": [[path, error], ...]}
   {"cmd": "evict", "path": "a"}          -> {"ok": true, "files": N, "bytes": N, "skipped": N}
   {"cmd": "unmount", "flush": false}     -> {"ok": true, "pid": N}; the daemon then stops
+  {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
+                                         -> see lifecycle/service.py (verify and commit stream progress lines)
 Errors: {"ok": false, "error": "one line"}.
 """
 
@@ -27,6 +29,7 @@ import trio
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.2
+LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
 
 
 class Daemon(Protocol):
@@ -36,6 +39,7 @@ class Daemon(Protocol):
     def exists(self, path: str) -> bool: ...
     async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]: ...
     def evict(self, path: str) -> dict[str, int]: ...
+    lifecycle: Any  # lifecycle.service.Lifecycle: checkpoints, commit, verify, protect (docs/lifecycle.md)
 
 
 class ControlServer:
@@ -112,6 +116,8 @@ class ControlServer:
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
                 return
             await send({"ok": True, **self.daemon.evict(path)})
+        elif cmd in LIFECYCLE_COMMANDS:
+            await self.daemon.lifecycle.handle(request, send)
         elif cmd == "unmount":
             await send({"ok": True, "pid": os.getpid()})
             self.daemon.request_stop(bool(request.get("flush")))

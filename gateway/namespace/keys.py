@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+RESERVED_PREFIX = ".ckptfs"  # names ckptfs keeps for itself (manifests, audit log): hidden from the mount
+
+
+def is_reserved(name: str) -> bool:
+    """True for a name that belongs to ckptfs (`.ckptfs*`): never shown in the mount, never created through it."""
+    return name.startswith(RESERVED_PREFIX)
+
 
 class Keys:
     def __init__(self, prefix: str) -> None:
