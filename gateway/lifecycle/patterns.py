@@ -75,6 +75,8 @@ class Patterns:
         if not is_dir:
             parts = parts[:-1]
         for i, name in enumerate(parts):
+            if name.startswith(".ckptfs"):
+                return None  # ckptfs's own objects (namespace.keys.RESERVED_PREFIX), such as the audit log
             step = self.step(name)
             if step is not None:
                 return Checkpoint("/".join(parts[: i + 1]), step)

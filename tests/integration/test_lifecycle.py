@@ -317,3 +317,23 @@ def _delete_versions(client: Any, name: str) -> None:
                     pass
     finally:
         delete_bucket(client, name)
+
+
+def test_two_nodes_committing_one_step_write_one_manifest(make_mount) -> None:  # type: ignore[no-untyped-def]
+    # a two-node DCP save: each node writes its ranks' shards of the same step
+    a: Mount = make_mount("a")
+    b: Mount = make_mount("b", metadata_ttl=0)
+    (a.path / "step_10").mkdir()
+    a.flush()
+    for m, ranks in ((a, (0, 1)), (b, (2, 3))):
+        for r in ranks:
+            write_random(m.path / f"step_10/__{r}_0.distcp", 2 * MiB + r, seed=r)
+        m.flush()
+    procs = [subprocess.Popen([sys.executable, "-m", "ckptfs.cli", "checkpoint", "commit", str(m.path / "step_10")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=m.env, cwd=ROOT) for m in (a, b)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    said = sorted("already committed" in out for out, _ in outs)
+    assert said == [False, True], outs  # one node wrote it, the other found it written
+    doc = manifest(a, "step_10")
+    assert (doc["generation"], doc["file_count"]) == (1, 4)
