@@ -140,6 +140,7 @@ class Daemon:
         self.fetcher = Fetcher(cfg, self.ns, self.store)
         self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
+        self.metrics.registry.register(self.lifecycle.collector())
         self.control = ControlServer(cfg.control_socket, self)
 
     # ---- control API

@@ -16,6 +16,7 @@ from .manifest import OWN_OBJECTS, LifecycleError
 from .patterns import Checkpoint, Patterns
 from .protect import Guard, protect, unprotect
 from .tracker import Tracker
+from .stats import SCAN_SECONDS, LifecycleCollector, summarize
 from .verify import verify
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Lifecycle:
         self.tracker = Tracker(self, cfg.cache_dir)
         self.guard = Guard(ns.journal, self.catalogue)
         self.last_verify: dict[str, Any] | None = None
+        self.summary: dict[str, Any] = {}  # the catalogue summarised for the metrics (stats.py)
         remote.on_listing = self.catalogue.learn_listing
         ns.uploads.own_objects = self._own_objects
 
@@ -54,7 +56,29 @@ class Lifecycle:
         return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await self.tracker.run(task_status=task_status)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.tracker.run)
+            if self.patterns.enabled:
+                nursery.start_soon(self._scan_loop)
+            task_status.started()
+
+    async def _scan_loop(self) -> None:
+        """Summarise the catalogue for the metrics now and then (a walk of the bucket)."""
+        while True:
+            try:
+                await self.scan("")
+            except (StoreError, LifecycleError) as e:
+                log.info("catalogue walk for the metrics failed, will retry: %s", e)
+            await trio.sleep(SCAN_SECONDS)
+
+    async def scan(self, path: str) -> list[dict[str, Any]]:
+        entries = [await self.catalogue.describe(ck) for ck in await self.catalogue.find(path)]
+        if not path:
+            self.summary = summarize(entries)
+        return entries
+
+    def collector(self) -> LifecycleCollector:
+        return LifecycleCollector(self)
 
     # ---------------------------------------------------------------- commands
     async def _checkpoint(self, rel: str) -> Checkpoint:
@@ -79,9 +103,7 @@ class Lifecycle:
             if cmd == "checkpoints":
                 if path and await self.remote.resolve(path) is None:
                     raise LifecycleError(f"{path}: no such file or directory in the mount")
-                found = await self.catalogue.find(path)
-                entries = [await self.catalogue.describe(ck) for ck in found]
-                await send({"ok": True, "checkpoints": entries})
+                await send({"ok": True, "checkpoints": await self.scan(path)})
             elif cmd == "checkpoint_commit":
                 ck = await self._checkpoint(path)
                 await self._wait_durable(path, send)

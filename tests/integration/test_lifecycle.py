@@ -337,3 +337,35 @@ def test_two_nodes_committing_one_step_write_one_manifest(make_mount) -> None:  
     assert said == [False, True], outs  # one node wrote it, the other found it written
     doc = manifest(a, "step_10")
     assert (doc["generation"], doc["file_count"]) == (1, 4)
+
+
+def test_checkpoint_metrics_follow_the_catalogue(make_mount) -> None:  # type: ignore[no-untyped-def]
+    from tests.integration.test_metrics import scrape, value
+    from tests.support.seaweed import free_port
+
+    m: Mount = make_mount(start=False)
+    m.metrics_port = free_port()
+    m.start()
+    dcp_save(m.path / "step_1", ranks=2, size=1000)
+    dcp_save(m.path / "step_2", ranks=2, size=2000)
+    (m.path / "step_3").mkdir()
+    write_random(m.path / "step_3/__0_0.distcp", 500, seed=3)  # not committed: the quiet period is 60 s
+    for step in ("step_1", "step_2"):
+        assert m.cli("checkpoint", "commit", str(m.path / step)).returncode == 0
+    assert m.cli("protect", str(m.path / "step_1"), "--reason", "golden").returncode == 0
+    assert m.cli("verify", str(m.path / "step_2")).returncode == 0
+    m.flush()
+    catalogue(m)  # a listing of the whole mount refreshes the metrics' catalogue
+    text = scrape(m.metrics_port)
+    assert {s: value(text, "ckptfs_checkpoints", state=s) for s in ("writing", "draining", "committed", "protected", "expiring")} == {
+        "writing": 1, "draining": 0, "committed": 1, "protected": 1, "expiring": 0}
+    assert value(text, "ckptfs_checkpoint_bytes", state="committed") == 2 * 2000 + 1 + len(b'{"ranks": 2}')
+    assert value(text, "ckptfs_checkpoint_bytes", state="writing") == 500
+    assert value(text, "ckptfs_checkpoints_protected") == 1
+    assert value(text, "ckptfs_checkpoint_newest_committed_step") == 2
+    assert value(text, "ckptfs_checkpoint_newest_committed_age_seconds") > 0
+    assert value(text, "ckptfs_checkpoint_last_verify_whole") == 1
+    assert value(text, "ckptfs_checkpoint_last_verify_timestamp_seconds") > 0
+    assert value(text, "ckptfs_checkpoint_commits_total") == 2
+    expect_eperm(os.unlink, m.path / "step_1/.metadata")
+    assert value(scrape(m.metrics_port), "ckptfs_protection_refusals_total") == 1
