@@ -490,11 +490,15 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
             progress.stop()
 
 
+from ckptfs.cli import lifecycle as _lifecycle  # noqa: E402,F401 - registers checkpoint, checkpoints, verify, protect, ...
+
+
 def main() -> None:
     from ckptfs.cli.fstab import FstabError, is_mount_helper_call, mount_args
 
     argv = sys.argv[1:]
     commands = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
+    commands |= {g.name for g in app.registered_groups if g.name}
     if is_mount_helper_call(argv, commands):
         # run by mount(8) via mount.fuse3 (`mount -t fuse.ckptfs`, fstab): SOURCE MOUNTPOINT -o OPTIONS
         try:

@@ -83,6 +83,13 @@ class Config:
     cache_low_watermark: float = _opt(0.75, "Fraction of `cache_capacity` that background eviction brings the cache down to. Dirty or uploading files are never evicted.")
     write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC.", "seconds")
 
+    # checkpoints (docs/lifecycle.md)
+    checkpoint_patterns: list[str] = _opt(
+        ["step_{step}", "step-{step}", "checkpoint-{step}", "global_step{step}", "iter_{step}", "{step}"],
+        "Directory names that make a checkpoint (docs/lifecycle.md): `{step}` stands for the step number (digits) and `*` for any characters; the whole name must match. A checkpoint may sit at any depth (`run/step_100`); directories inside a checkpoint are part of it. An empty list turns checkpoint tracking off.",
+    )
+    checkpoint_quiet_seconds: float = _opt(60.0, "A checkpoint is committed (its manifest written) once every file in it is durable and nothing in it has changed, on this node or in the bucket, for this many seconds; `ckptfs checkpoint commit` commits at once.", "seconds")
+
     # object store client
     connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store (more than 0).", "seconds")
     read_timeout: float = _opt(60.0, "Seconds to wait for a response from the object store before retrying (more than 0).", "seconds")
@@ -126,7 +133,7 @@ class Config:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds greater than 0")
         for name in ("upload_delay", "shutdown_timeout", "retry_max_backoff",
-                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after"):
+                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds"):
             if not getattr(self, name) >= 0:  # NaN too
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
         for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity", "cache_min_free"):
@@ -165,6 +172,12 @@ class Config:
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:
             parse_hostport(self.metrics_addr)
+        from .lifecycle.patterns import PatternError, compile_patterns
+
+        try:
+            compile_patterns(self.checkpoint_patterns)
+        except PatternError as e:
+            raise ConfigError(f"checkpoint_patterns: {e}") from None
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):
             raise ConfigError(f"endpoint_url = {self.endpoint_url!r} is not an http:// or https:// URL")
 

@@ -16,6 +16,8 @@ xattr on the mount root. One JSON object per line each way:
                                             "left_bytes": N, "left_deletes": N, "cache_dir": "..."} (what stays
                                             in the journal for the next mount). Refused while files are open
                                             for writing unless "force".
+  {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
+                                         -> see lifecycle/service.py (verify and commit stream progress lines)
 Errors: {"ok": false, "error": "one line"}.
 """
 
@@ -32,6 +34,7 @@ import trio
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.2
+LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
 
 
 class Daemon(Protocol):
@@ -44,6 +47,7 @@ class Daemon(Protocol):
     def open_for_writing(self) -> list[str]: ...
     async def stopped(self) -> dict[str, Any]: ...
     def stop_reported(self) -> None: ...
+    lifecycle: Any  # lifecycle.service.Lifecycle: checkpoints, commit, verify, protect (docs/lifecycle.md)
 
 
 class ControlServer:
@@ -120,6 +124,8 @@ class ControlServer:
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
                 return
             await send({"ok": True, **self.daemon.evict(path)})
+        elif cmd in LIFECYCLE_COMMANDS:
+            await self.daemon.lifecycle.handle(request, send)
         elif cmd == "unmount":
             writers = self.daemon.open_for_writing()
             if writers and not request.get("force"):

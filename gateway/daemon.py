@@ -29,6 +29,7 @@ from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
 from .journal import Journal, JournalError
+from .lifecycle.service import Lifecycle
 from .metrics import Metrics
 from .namespace import Namespace
 from .namespace.keys import PROBE_NAME_PREFIX
@@ -189,6 +190,8 @@ class Daemon:
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
         self.fetcher = Fetcher(cfg, self.ns, self.store)
         self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
+        self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
+        self.metrics.registry.register(self.lifecycle.collector())
         self.control = ControlServer(cfg.control_socket, self)
 
     def _probe_key_chars(self) -> dict[str, str]:
@@ -223,6 +226,7 @@ class Daemon:
             listings_total=self.remote.listings_total,
             listing_errors_total=self.remote.listing_errors_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
+            **self.lifecycle.stats(),
             shutdown_timeout=self.cfg.shutdown_timeout,
             open_for_writing=self.open_for_writing(),
             uptime_seconds=round(time.time() - self.started, 1),
@@ -319,7 +323,7 @@ class Daemon:
         from .fs import CkptFS
 
         cfg = self.cfg
-        fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()))
+        fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         options = set(pyfuse3.default_options)
         options |= {"fsname=ckptfs", "subtype=ckptfs"}
         if cfg.allow_other:
@@ -336,6 +340,7 @@ class Daemon:
             pyfuse3.init(fs, cfg.mountpoint, options)
             nursery.start_soon(self._fuse_main, pyfuse3)
             await nursery.start(self.drainer.run)
+            await nursery.start(self.lifecycle.run)
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
             await trio.to_thread.run_sync(os.stat, cfg.mountpoint)

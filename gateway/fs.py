@@ -27,6 +27,7 @@ import trio
 
 from .fetch import Download, Fetcher
 from .journal import DURABLE, ROOT_INODE, Row
+from .lifecycle.protect import Guard
 from .metrics import FUSE_COUNTERS
 from .namespace import NAME_MAX, Namespace
 from .remote import Remote
@@ -96,9 +97,10 @@ class Handle:
 class CkptFS(pyfuse3.Operations):
     supports_dot_lookup = True
 
-    def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str) -> None:
+    def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str, guard: Guard | None = None) -> None:
         super().__init__()
         self.ns = ns
+        self.guard = guard or Guard.none()  # refuses changes to protected checkpoints and ckptfs's own names
         self.fetcher = fetcher
         self.remote = remote
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
@@ -155,6 +157,7 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self.guard.check_inode(inode)
         if fields.update_size:
             if self.ns.files.row(inode).is_dir:
                 raise OSError(errno.EISDIR, "is a directory")
@@ -190,6 +193,7 @@ class CkptFS(pyfuse3.Operations):
     # ------------------------------------------------------------- directories
     @_fuse
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.mkdir(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
         self.ns.tree.ref(row.ino)
         return self._entry(row)
@@ -221,10 +225,12 @@ class CkptFS(pyfuse3.Operations):
         row = self.ns.tree.lookup(parent_inode, _name(name))
         if row.is_dir:
             await self.remote.refresh_tree(row.ino)  # objects never looked at here still make it non-empty
+        self.guard.check_entry(parent_inode, _name(name), subtree=True)
         self.ns.tree.rmdir(parent_inode, _name(name))
 
     @_fuse
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self.guard.check_entry(parent_inode, _name(name))
         self.ns.tree.unlink(parent_inode, _name(name))
 
     @_fuse
@@ -234,6 +240,8 @@ class CkptFS(pyfuse3.Operations):
         src = self.ns.tree.lookup(parent_inode_old, _name(name_old))
         if src.is_dir:
             await self.remote.refresh_tree(src.ino)  # every object below moves, looked at here or not
+        self.guard.check_entry(parent_inode_old, _name(name_old), subtree=True)
+        self.guard.check_entry(parent_inode_new, _name(name_new))
         self.ns.tree.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_fuse
@@ -248,6 +256,7 @@ class CkptFS(pyfuse3.Operations):
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if not stat.S_ISREG(mode):
             raise OSError(errno.EPERM, "only regular files and directories are supported")
+        self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid, closed=True)
         self.ns.tree.ref(row.ino)
         return self._entry(row)
@@ -266,6 +275,7 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
         fd = self.ns.files.open(row.ino, write=True)
         self.ns.tree.ref(row.ino)
@@ -276,6 +286,8 @@ class CkptFS(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
         truncate = write and bool(flags & os.O_TRUNC)
+        if write:
+            self.guard.check_inode(inode)
         row = self.ns.files.row(inode)
         if row.state == DURABLE and row.parent is not None:
             # close-to-open: the kernel may reuse a name for ATTR_TIMEOUT without a lookup, so the

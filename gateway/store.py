@@ -29,6 +29,7 @@ NO_BUCKET = "no-bucket"  # retry slowly, report loudly
 NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
 NO_OBJECT = "no-object"  # the key does not exist (deleted by someone else)
 CHANGED = "changed"  # the object's ETag is not the one the read started from
+PRECONDITION = "precondition"  # a conditional write found the object not as required (exists already, or another ETag)
 OTHER = "other"
 
 READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call
@@ -101,6 +102,16 @@ class RemoteObject:
     size: int
     etag: str
     mtime: float
+
+
+@dataclass
+class ObjectInfo:
+    """An object as HeadObject shows it."""
+
+    size: int
+    etag: str
+    version_id: str | None
+    metadata: dict[str, str]
 
 
 @dataclass
@@ -383,6 +394,83 @@ class Store:
 
     def delete(self, key: str) -> None:
         self._call("DeleteObject", self.client.delete_object, Key=key)
+
+    # ------------------------------------------------ small objects (lifecycle)
+    def put_bytes(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None,
+                  content_type: str = "application/json") -> str:
+        """PutObject of a small body; conditional with `if_none_match` (create only) or `if_match` (replace that ETag).
+
+        A condition not met raises StoreError(PRECONDITION): another writer got there first.
+        """
+        kw: dict[str, Any] = {"Key": key, "Body": body, "ContentLength": len(body), "ContentType": content_type}
+        if if_none_match:
+            kw["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kw["IfMatch"] = f'"{if_match}"'
+        try:
+            r = self._call("PutObject", self.client.put_object, **kw)
+        except StoreError as e:
+            if e.kind == CHANGED or "ConditionalRequestConflict" in str(e):
+                raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile") from None
+            raise
+        return r["ETag"].strip('"')
+
+    def get_bytes(self, key: str) -> tuple[bytes, str]:
+        """(body, etag) of a small object."""
+        r = self._call("GetObject", self.client.get_object, Key=key)
+        try:
+            body = r["Body"].read()
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        return body, r["ETag"].strip('"')
+
+    def get_range(self, key: str, etag: str, start: int, length: int) -> bytes:
+        """Bytes [start, start+length) of the object whose ETag is `etag` (CHANGED if it is not)."""
+        if length <= 0:
+            return b""
+        r = self._call("GetObject", self.client.get_object, Key=key, Range=f"bytes={start}-{start + length - 1}",
+                       IfMatch=f'"{etag}"')
+        try:
+            data = r["Body"].read()
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        if len(data) != length:
+            raise StoreError(NETWORK, f"short read of {key}: {len(data)} of {length} bytes")
+        return data
+
+    def head_object(self, key: str) -> ObjectInfo:
+        r = self._call("HeadObject", self.client.head_object, Key=key)
+        return ObjectInfo(r["ContentLength"], r["ETag"].strip('"'), r.get("VersionId"),
+                          {k.lower(): v for k, v in r.get("Metadata", {}).items()})
+
+    def object_lock_enabled(self) -> bool:
+        """True if the bucket was created with S3 Object Lock (legal holds are enforced)."""
+        try:
+            r = self._call("GetObjectLockConfiguration", self.client.get_object_lock_configuration)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT) and ("ObjectLockConfigurationNotFound" in str(e) or e.kind == NO_OBJECT):
+                return False
+            raise
+        return r.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
+
+    def set_legal_hold(self, key: str, on: bool, version_id: str | None = None) -> None:
+        kw: dict[str, Any] = {"Key": key, "LegalHold": {"Status": "ON" if on else "OFF"}}
+        if version_id:
+            kw["VersionId"] = version_id
+        self._call("PutObjectLegalHold", self.client.put_object_legal_hold, **kw)
+
+    def legal_hold(self, key: str, version_id: str | None = None) -> bool:
+        """Whether the object (that version of it) is under a legal hold, as the store reports it."""
+        kw: dict[str, Any] = {"Key": key}
+        if version_id:
+            kw["VersionId"] = version_id
+        try:
+            r = self._call("GetObjectLegalHold", self.client.get_object_legal_hold, **kw)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT):
+                return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
+            raise
+        return r.get("LegalHold", {}).get("Status") == "ON"
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:

@@ -12,6 +12,13 @@ log = logging.getLogger(__name__)
 # objects the mount puts for a moment to learn what the store does to keys (see Store.probe_key_chars)
 PROBE_NAME_PREFIX = ".ckptfs-probe-"
 
+RESERVED_PREFIX = ".ckptfs"  # names ckptfs keeps for itself (manifests, audit log): hidden from the mount
+
+
+def is_reserved(name: str) -> bool:
+    """True for a name that belongs to ckptfs (`.ckptfs*`): never shown in the mount, never created through it."""
+    return name.startswith(RESERVED_PREFIX)
+
 
 class Keys:
     def __init__(self, prefix: str) -> None:
