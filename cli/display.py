@@ -76,6 +76,7 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     # drain: what is not in the bucket yet
     dirty_files, dirty_bytes = g("dirty_files"), g("dirty_bytes")
     deletes, markers = g("pending_deletes"), g("pending_markers")
+    writing = len(st.get("open_for_writing") or [])
     if dirty_files or deletes or markers:
         lag = g("oldest_dirty_age_seconds")
         lines.append(_line(
@@ -83,6 +84,7 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
             Text(f"{plural(dirty_files, 'dirty file')} ({fmt_bytes(dirty_bytes)}) not in the bucket", style="yellow"),
             f"{g('uploading_files')} uploading" if dirty_files else None,
             f"lag {fmt_duration(lag)}" if dirty_files else None,
+            f"{writing} open for writing" if writing else None,
             plural(deletes, "deletion") + " queued" if deletes else None,
             plural(markers, "directory marker") + " queued" if markers else None,
         ))
@@ -133,6 +135,7 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
         (g("checksum_mismatches_total"), "checksum mismatch", "checksum mismatches"),
         (g("enospc_total"), "write refused (cache full)", "writes refused (cache full)"),
         (g("stale_directories"), "stale directory", "stale directories"),
+        (g("checkpoint_commit_errors_total"), "checkpoint commit error", None),
     ]
     shown = [Text(plural(n, one, many), style="bold red") for n, one, many in counts if n]
     lines.append(_line("errors", *shown) if shown else _line("errors", Text("none", style="green")))

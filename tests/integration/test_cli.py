@@ -183,7 +183,7 @@ def test_errors_dead_mount(mount: Mount) -> None:
     wait_for("the mount to be dead", lambda: mount_is_dead(mount.path))
     for cmd in COMMANDS_ON_A_PATH:
         for path in (mount.path, mount.path / "kept.bin"):
-            one_line_error(mount.cli(cmd, str(path)), "daemon is gone", f"ckptfs unmount {mount.path}")
+            one_line_error(mount.cli(cmd, str(path)), "is not running (the mount is dead)", f"ckptfs unmount {mount.path}")
     # unmount cleans the dead mount up; mounting again brings the file back
     proc = mount.cli("unmount", str(mount.path))
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr

@@ -29,14 +29,14 @@ BUSY = {
     "drain_eta_seconds": 6.0, "parts_in_flight": 1, "uploaded_bytes_total": 0, "uploaded_files_total": 0,
     "cache_used_bytes": 100 * MiB, "cache_capacity_bytes": 1024 * MiB, "cache_dirty_bytes": 0, "cache_uploading_bytes": 100 * MiB,
     "stalled_writers": 1, "upload_errors_total": 1, "listing_errors_total": 2,
-    "last_error": "PUT p/x: SlowDown", "last_error_age_seconds": 75.0,
+    "last_error": "PUT p/x: SlowDown", "last_error_age_seconds": 75.0, "open_for_writing": ["step_1/model.pt"],
 }
 
 
 def test_status_screen_busy_mount() -> None:
     text = screen(BUSY)
     assert text.splitlines()[0].startswith("ckptfs 1.2.3  /mnt/ckpt ← s3://b/p")
-    assert "1 dirty file (100.0 MiB) not in the bucket" in text
+    assert "1 dirty file (100.0 MiB) not in the bucket" in text and "1 open for writing" in text
     assert "10.0 MiB/s" in text and "ETA 6s for 60.0 MiB" in text and "1 part in flight" in text
     assert "1 writer stalled" in text
     assert "1 upload error · 2 listing errors" in text
