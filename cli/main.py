@@ -313,6 +313,7 @@ def status(
         ("uploaded", f"{fmt_bytes(st['uploaded_bytes_total'])} in {st['uploaded_files_total']} files"),
         ("upload errors", str(st["upload_errors_total"])),
         ("last error", st["last_error"] or "-"),
+        ("encryption", " ".join(f"{v}" if k == "mode" else f"{k}={v}" for k, v in st.get("encryption", {"mode": "?"}).items())),
     ]
     for k, v in rows:
         table.add_row(k, v)

@@ -53,6 +53,12 @@ class Config:
     endpoint_url: str = _opt("", "S3 endpoint URL (MinIO, SeaweedFS, Ceph RGW); empty for AWS S3.")
     region: str = _opt("us-east-1", "S3 region name used for request signing.")
     profile: str = _opt("", "AWS profile name for credentials; empty for the default chain (environment, ~/.aws, instance role).")
+    ca_bundle: str = _opt("", "A PEM file of CA certificates to verify the endpoint's TLS certificate with (an internal CA); empty uses the system's, or `AWS_CA_BUNDLE` if set. TLS is always verified.")
+
+    # encryption (docs/security.md)
+    sse: str = _opt("", "Server-side encryption of the objects this mount writes: \"\" (none asked; the bucket's default applies), \"AES256\" (SSE-S3) or \"aws:kms\" (SSE-KMS, with `sse_kms_key_id`). For SSE-C set `sse_c_key_file` instead.")
+    sse_kms_key_id: str = _opt("", "With sse = \"aws:kms\": the KMS key id or ARN; empty uses the account's default `aws/s3` key.")
+    sse_c_key_file: str = _opt("", "SSE-C: a file holding the 256-bit key (32 raw bytes or their base64), owned by the mounting user and readable by nobody else (chmod 600). Every request that touches object bytes carries it; objects written with it can only be read with it.")
     metrics_addr: str = _opt("", "HOST:PORT to serve Prometheus metrics on (`/metrics`); empty to disable. Use 127.0.0.1 unless it must be reachable from elsewhere.")
 
     # drain
@@ -172,6 +178,14 @@ class Config:
             compile_patterns(self.checkpoint_patterns)
         except PatternError as e:
             raise ConfigError(f"checkpoint_patterns: {e}") from None
+        from .encryption import Encryption, EncryptionError
+
+        try:
+            Encryption.from_config(self)
+        except EncryptionError as e:
+            raise ConfigError(str(e)) from None
+        if self.ca_bundle and not os.path.isfile(self.ca_bundle):
+            raise ConfigError(f"ca_bundle = {self.ca_bundle!r} is not a file: give a PEM file of CA certificates")
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):
             raise ConfigError(f"endpoint_url = {self.endpoint_url!r} is not an http:// or https:// URL")
 

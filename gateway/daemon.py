@@ -164,6 +164,7 @@ class Daemon:
             listing_errors_total=self.remote.listing_errors_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             **self.lifecycle.stats(),
+            encryption=self.store.enc.describe(),
             shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
         )

@@ -20,6 +20,7 @@ import botocore.exceptions as bexc
 from botocore.config import Config as BotoConfig
 
 from .config import Config
+from .encryption import Encryption, EncryptionError
 
 # kinds of failure
 NETWORK = "network"  # unreachable, timed out, connection reset: retry
@@ -137,6 +138,12 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
             return StoreError(NO_OBJECT, f"object not found ({what})")
         if code in ("PreconditionFailed", "412") or status == 412:
             return StoreError(CHANGED, f"object changed while it was being read ({what})")
+        if code == "NotImplemented" or status == 501:
+            return StoreError(OTHER, f"the object store does not implement {what} as asked (501 NotImplemented): see docs/security.md and docs/lifecycle.md for what it supports")
+        if what in ("GetObject", "HeadObject") and status == 400 and (
+                "customer" in str(err.get("Message", "")).lower() or what == "HeadObject"):
+            return StoreError(OTHER, f"the store refused {what} (400 {code}): the object is encrypted with SSE-C and needs its key: "
+                                     "mount with the sse_c_key_file it was written with")
         if code == "NoSuchUpload":
             return StoreError(NO_UPLOAD, f"multipart upload no longer exists ({what})")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
@@ -156,10 +163,15 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
 class Store:
     def __init__(self, cfg: Config) -> None:
         self.bucket = cfg.bucket
+        try:
+            self.enc = Encryption.from_config(cfg)  # SSE request parameters (docs/security.md); the key never leaves it
+        except EncryptionError as e:
+            raise StoreError(OTHER, str(e)) from None
         session = boto3.session.Session(profile_name=cfg.profile or None, region_name=cfg.region)
         self.client = session.client(
             "s3",
             endpoint_url=cfg.endpoint_url or None,
+            verify=cfg.ca_bundle or None,  # None: the system's CAs or AWS_CA_BUNDLE; never unverified
             config=BotoConfig(
                 connect_timeout=cfg.connect_timeout,
                 read_timeout=cfg.read_timeout,
@@ -176,7 +188,10 @@ class Store:
         try:
             return fn(Bucket=self.bucket, **kw)
         except Exception as e:  # noqa: BLE001 - every failure becomes a StoreError
-            raise _classify(e, self.bucket, what) from None
+            err = _classify(e, self.bucket, what)
+            if err.kind == AUTH and self.enc.mode == "SSE-C" and what in ("GetObject", "HeadObject", "CopyObject", "UploadPartCopy"):
+                err = StoreError(AUTH, f"{err} - or the object was written with another SSE-C key than sse_c_key_file's")
+            raise err from None
 
     def check(self) -> None:
         """Mount-time check: endpoint reachable, credentials valid, bucket present and ours."""
@@ -193,18 +208,19 @@ class Store:
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(
             "PutObject", self.client.put_object, Key=key, Body=RangeReader(fd, 0, size),
-            ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata,
+            ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
         )
         return r["ETag"].strip('"')
 
     def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
-        r = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=key, Metadata=metadata, ChecksumAlgorithm="CRC32")
+        r = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=key, Metadata=metadata, ChecksumAlgorithm="CRC32",
+                       **self.enc.create())
         return r["UploadId"]
 
     def upload_part(self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int, crc32: str) -> str:
         r = self._call(
             "UploadPart", self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
-            Body=RangeReader(fd, offset, length), ContentLength=length, ChecksumCRC32=crc32,
+            Body=RangeReader(fd, offset, length), ContentLength=length, ChecksumCRC32=crc32, **self.enc.customer(),
         )
         return r["ETag"].strip('"')
 
@@ -212,6 +228,7 @@ class Store:
         r = self._call(
             "CompleteMultipartUpload", self.client.complete_multipart_upload, Key=key, UploadId=upload_id,
             MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"', "ChecksumCRC32": c} for n, e, c in parts]},
+            **self.enc.customer(),
         )
         return r["ETag"].strip('"')
 
@@ -235,7 +252,7 @@ class Store:
 
     def download(self, key: str, path: str) -> tuple[str, int, str]:
         """Stream an object into `path`; return (xxh3-128 of the bytes received, size, etag)."""
-        r = self._call("GetObject", self.client.get_object, Key=key)
+        r = self._call("GetObject", self.client.get_object, Key=key, **self.enc.customer())
         try:
             digest, size = _download_into(r["Body"], path)
         except Exception as e:  # noqa: BLE001
@@ -268,7 +285,7 @@ class Store:
 
         `IfMatch` makes a read of an object replaced meanwhile fail (CHANGED) instead of mixing two versions.
         """
-        kw: dict[str, Any] = {"Key": key, "Range": f"bytes={start}-{start + length - 1}"}
+        kw: dict[str, Any] = {"Key": key, "Range": f"bytes={start}-{start + length - 1}", **self.enc.customer()}
         if etag:
             kw["IfMatch"] = f'"{etag}"'
         r = self._call("GetObject", self.client.get_object, **kw)
@@ -289,26 +306,28 @@ class Store:
 
     def head(self, key: str) -> tuple[int, str, dict[str, str]]:
         """(size, etag, metadata) of an object."""
-        r = self._call("HeadObject", self.client.head_object, Key=key)
+        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
         return r["ContentLength"], r["ETag"].strip('"'), {k.lower(): v for k, v in r.get("Metadata", {}).items()}
 
     def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str:
         """Server-side copy (no bytes through this node); UploadPartCopy in parts for large objects."""
         if size < multipart_threshold:
             r = self._call("CopyObject", self.client.copy_object, Key=dst, CopySource={"Bucket": self.bucket, "Key": src},
-                           MetadataDirective="COPY")
+                           MetadataDirective="COPY", **self.enc.create(), **self.enc.copy_source())
             return r["CopyObjectResult"]["ETag"].strip('"')
         _, _, metadata = self.head(src)
-        upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata)["UploadId"]
+        upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata,
+                               **self.enc.create())["UploadId"]
         try:
             parts = []
             for n, offset in enumerate(range(0, size, part_size), start=1):
                 end = min(size, offset + part_size) - 1
                 r = self._call("UploadPartCopy", self.client.upload_part_copy, Key=dst, UploadId=upload_id, PartNumber=n,
-                               CopySource={"Bucket": self.bucket, "Key": src}, CopySourceRange=f"bytes={offset}-{end}")
+                               CopySource={"Bucket": self.bucket, "Key": src}, CopySourceRange=f"bytes={offset}-{end}",
+                               **self.enc.customer(), **self.enc.copy_source())
                 parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
             r = self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, Key=dst, UploadId=upload_id,
-                           MultipartUpload={"Parts": parts})
+                           MultipartUpload={"Parts": parts}, **self.enc.customer())
             return r["ETag"].strip('"')
         except BaseException:
             try:
@@ -318,7 +337,7 @@ class Store:
             raise
 
     def put_marker(self, key: str) -> None:
-        self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)
+        self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0, **self.enc.create())
 
     def list_uploads(self, prefix: str) -> list[tuple[str, str, float]]:
         """Multipart uploads in progress under `prefix`: (key, upload id, start time as epoch seconds)."""
@@ -341,7 +360,7 @@ class Store:
 
         A condition not met raises StoreError(PRECONDITION): another writer got there first.
         """
-        kw: dict[str, Any] = {"Key": key, "Body": body, "ContentLength": len(body), "ContentType": content_type}
+        kw: dict[str, Any] = {"Key": key, "Body": body, "ContentLength": len(body), "ContentType": content_type, **self.enc.create()}
         if if_none_match:
             kw["IfNoneMatch"] = "*"
         if if_match is not None:
@@ -356,7 +375,7 @@ class Store:
 
     def get_bytes(self, key: str) -> tuple[bytes, str]:
         """(body, etag) of a small object."""
-        r = self._call("GetObject", self.client.get_object, Key=key)
+        r = self._call("GetObject", self.client.get_object, Key=key, **self.enc.customer())
         try:
             body = r["Body"].read()
         except Exception as e:  # noqa: BLE001
@@ -368,7 +387,7 @@ class Store:
         if length <= 0:
             return b""
         r = self._call("GetObject", self.client.get_object, Key=key, Range=f"bytes={start}-{start + length - 1}",
-                       IfMatch=f'"{etag}"')
+                       IfMatch=f'"{etag}"', **self.enc.customer())
         try:
             data = r["Body"].read()
         except Exception as e:  # noqa: BLE001
@@ -378,7 +397,7 @@ class Store:
         return data
 
     def head_object(self, key: str) -> ObjectInfo:
-        r = self._call("HeadObject", self.client.head_object, Key=key)
+        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
         return ObjectInfo(r["ContentLength"], r["ETag"].strip('"'), r.get("VersionId"),
                           {k.lower(): v for k, v in r.get("Metadata", {}).items()})
 
