@@ -165,6 +165,7 @@ class Daemon:
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             **self.lifecycle.stats(),
             encryption=self.store.enc.describe(),
+            deletes_not_permitted_total=self.drainer.deletes_not_permitted_total,
             shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
         )

@@ -37,9 +37,10 @@ READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per sy
 
 
 class StoreError(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, denied: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.denied = denied  # AUTH because the credentials are valid but lack the permission (AccessDenied)
 
 
 def crc32_b64(crc: int) -> str:
@@ -149,7 +150,8 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
             return StoreError(AUTH, f"the object store rejected the credentials ({code}): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile")
         if code in ("AccessDenied", "403", "Forbidden") or status == 403:
-            return StoreError(AUTH, f"access denied to bucket {bucket!r} ({what}): check the credentials and the bucket policy")
+            return StoreError(AUTH, f"access denied to bucket {bucket!r} ({what}): check the credentials and the bucket policy",
+                              denied=code in ("AccessDenied", "403", "Forbidden"))
         if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
             return StoreError(SERVER, f"object store error {code or status} on {what}: will retry")
         return StoreError(OTHER, f"object store refused {what}: {code} {err.get('Message', '')}".strip())
@@ -190,7 +192,7 @@ class Store:
         except Exception as e:  # noqa: BLE001 - every failure becomes a StoreError
             err = _classify(e, self.bucket, what)
             if err.kind == AUTH and self.enc.mode == "SSE-C" and what in ("GetObject", "HeadObject", "CopyObject", "UploadPartCopy"):
-                err = StoreError(AUTH, f"{err} - or the object was written with another SSE-C key than sse_c_key_file's")
+                err = StoreError(AUTH, f"{err} - or the object was written with another SSE-C key than sse_c_key_file's", err.denied)
             raise err from None
 
     def check(self) -> None:

@@ -91,3 +91,35 @@ def test_sse_c_end_to_end_and_the_key_never_shows(make_mount: Any, tmp_path: Pat
     for form in (base64.b64encode(key).decode(), key.hex(), repr(key)):
         for where, text in (("log", log), ("status", json.dumps(status)), ("status table", human), ("metrics", scrape)):
             assert form not in text, f"the SSE-C key appears in the {where}"
+
+
+def test_writer_policy_refuses_deletes_and_the_node_keeps_writing(make_mount: Any) -> None:
+    """The writer role's bucket policy on SeaweedFS: deletes are refused by the store, reported once, not retried forever."""
+    from tests.conftest import wait_for
+
+    m = make_mount()
+    (m.path / "step_1").mkdir()
+    (m.path / "step_1" / "a.bin").write_bytes(b"a" * 1000)
+    m.flush()
+    out = m.cli("policy", "print", str(m.path), "--role", "writer", "--principal", "*")
+    assert out.returncode == 0, out.stderr
+    client = m.s3.client()
+    client.put_bucket_policy(Bucket=m.bucket, Policy=out.stdout)
+    try:
+        with pytest.raises(ClientError) as e:  # a writer's delete, straight to the store
+            client.delete_object(Bucket=m.bucket, Key=m.key("step_1/a.bin"))
+        assert e.value.response["Error"]["Code"] == "AccessDenied"
+        os.unlink(m.path / "step_1" / "a.bin")
+        # flush returns: the refused delete is dropped and reported, not retried with backoff forever
+        m.flush(timeout=120)
+        st = wait_for("the refused delete reported", lambda: (s := m.status())["deletes_not_permitted_total"] == 1 and s)
+        assert "not permitted" in st["last_error"] and st["pending_deletes"] == 0
+        assert m.key("step_1/a.bin") in m.keys()  # still in the bucket
+        # the node still writes
+        (m.path / "step_1" / "b.bin").write_bytes(b"b" * 1000)
+        m.flush()
+        assert client.get_object(Bucket=m.bucket, Key=m.key("step_1/b.bin"))["Body"].read() == b"b" * 1000
+        log = (m.cache_dir / "ckptfs.log").read_text()
+        assert log.count("not permitted by the store") == 1
+    finally:
+        client.delete_bucket_policy(Bucket=m.bucket)
