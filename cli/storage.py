@@ -45,3 +45,88 @@ def policy_print(
     bucket, prefix = _source(mount)
     doc: dict[str, Any] = document(role, bucket, prefix, principal=principal, allow_delete=allow_delete)
     typer.echo(json.dumps(doc, indent=2))
+
+
+# ----------------------------------------------------------------------- tiers
+lifecycle_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                            help="The bucket lifecycle rules for storage tiers (docs/lifecycle.md, Tiers).")
+app.add_typer(lifecycle_app, name="lifecycle")
+
+
+def _one(root: Any, req: dict[str, Any], timeout: float | None = 300.0) -> dict[str, Any]:
+    from ckptfs.cli.main import request
+
+    for msg in request(root, req, timeout=timeout):
+        return msg
+    raise CliError("the daemon closed the connection without an answer")
+
+
+def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
+    p.pop("ok", None)
+    if as_json:
+        typer.echo(json.dumps(p, indent=2, sort_keys=True))
+        return
+    for w in p["warnings"]:
+        typer.echo(f"ckptfs: warning: {w}", err=True)
+    typer.echo(json.dumps({"Rules": p["rules"]}, indent=2))
+    for mark, what in (("+", "add"), ("~", "change"), ("-", "remove"), ("=", "unchanged")):
+        for rid in p[what]:
+            typer.echo(f"{mark} {rid}")
+    for rid in p["keep"]:
+        typer.echo(f"  {rid or '(no id)'} (not ckptfs's: kept)")
+    if applied is None:
+        typer.echo("ckptfs: " + ("`ckptfs lifecycle apply` would make these changes" if p["changes"]
+                                 else f"bucket {p['bucket']!r} has these rules already: nothing to apply"))
+    else:
+        typer.echo("ckptfs: " + (f"bucket {p['bucket']!r} lifecycle rules set" if applied else f"bucket {p['bucket']!r} has these rules already: nothing changed"))
+
+
+@lifecycle_app.command("plan")
+@_one_line_errors
+def lifecycle_plan(
+    mount: str = typer.Argument(..., help="The mount point."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep."),
+) -> None:
+    """Print the bucket lifecycle configuration ckptfs would set, and how it differs from the bucket's."""
+    _show_plan(_one(find_mount_root(mount), {"cmd": "lifecycle_plan"}), as_json, None)
+
+
+@lifecycle_app.command("apply")
+@_one_line_errors
+def lifecycle_apply(
+    mount: str = typer.Argument(..., help="The mount point."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Set the bucket lifecycle configuration of `plan`, keeping the rules ckptfs did not write."""
+    p = _one(find_mount_root(mount), {"cmd": "lifecycle_apply"})
+    _show_plan(p, as_json, bool(p["applied"]))
+
+
+@app.command()
+@_one_line_errors
+def restore(
+    path: str = typer.Argument(..., help="A file or directory (a checkpoint) in the mount."),
+    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored (restores take minutes to hours)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Restore archived objects (GLACIER, DEEP_ARCHIVE) so they can be read; reports progress."""
+    from ckptfs.cli.main import _rel, request
+
+    root = find_mount_root(path)
+    rel = _rel(root, path)
+    for msg in request(root, {"cmd": "restore", "path": rel, "wait": wait}, timeout=None):
+        msg.pop("ok", None)
+        if msg.get("done"):
+            if as_json:
+                typer.echo(json.dumps(msg, indent=2, sort_keys=True))
+            elif not msg["archived"]:
+                typer.echo(f"ckptfs: {path}: none of its {msg['objects']} objects is in an archive class: nothing to restore")
+            elif msg["restored"] == msg["archived"]:
+                typer.echo(f"ckptfs: {path}: all {msg['archived']} archived objects are restored and readable")
+            else:
+                typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} archived objects restored, {msg['ongoing']} "
+                           f"in progress ({msg['requested']} requested now); run `ckptfs restore {path} --wait` to follow")
+            return
+        if not as_json:
+            typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} restored, {msg['ongoing']} in progress", err=True)
+    raise CliError("the daemon stopped before the restore request finished (is it shutting down?)")

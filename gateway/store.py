@@ -30,6 +30,7 @@ NO_BUCKET = "no-bucket"  # retry slowly, report loudly
 NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
 NO_OBJECT = "no-object"  # the key does not exist (deleted by someone else)
 CHANGED = "changed"  # the object's ETag is not the one the read started from
+ARCHIVED = "archived"  # the object is in an archive storage class: restore it first (ckptfs restore PATH)
 PRECONDITION = "precondition"  # a conditional write found the object not as required (exists already, or another ETag)
 OTHER = "other"
 
@@ -101,6 +102,7 @@ class RemoteObject:
     size: int
     etag: str
     mtime: float
+    storage_class: str = "STANDARD"
 
 
 @dataclass
@@ -139,6 +141,9 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
             return StoreError(NO_OBJECT, f"object not found ({what})")
         if code in ("PreconditionFailed", "412") or status == 412:
             return StoreError(CHANGED, f"object changed while it was being read ({what})")
+        if code == "InvalidObjectState":
+            return StoreError(ARCHIVED, f"{what}: the object is in an archive storage class and must be restored before it can be read: "
+                                        "run `ckptfs restore PATH` (the file or its checkpoint) and read it once restored")
         if code == "NotImplemented" or status == 501:
             return StoreError(OTHER, f"the object store does not implement {what} as asked (501 NotImplemented): see docs/security.md and docs/lifecycle.md for what it supports")
         if what in ("GetObject", "HeadObject") and status == 400 and (
@@ -277,7 +282,8 @@ class Store:
                 if not name:
                     marker = True
                     continue
-                objects.append(RemoteObject(name, o["Size"], o["ETag"].strip('"'), o["LastModified"].timestamp()))
+                objects.append(RemoteObject(name, o["Size"], o["ETag"].strip('"'), o["LastModified"].timestamp(),
+                                            o.get("StorageClass") or "STANDARD"))
             if not r.get("IsTruncated"):
                 return Listing(dirs, objects, marker)
             kw["ContinuationToken"] = r["NextContinuationToken"]
@@ -431,6 +437,51 @@ class Store:
                 return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
             raise
         return r.get("LegalHold", {}).get("Status") == "ON"
+
+
+    # ------------------------------------------------------ tiers (lifecycle/tiers.py)
+    def get_tags(self, key: str) -> dict[str, str]:
+        r = self._call("GetObjectTagging", self.client.get_object_tagging, Key=key)
+        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
+
+    def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        self._call("PutObjectTagging", self.client.put_object_tagging, Key=key,
+                   Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]})
+
+    def lifecycle_rules(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules; [] when it has none."""
+        try:
+            r = self._call("GetBucketLifecycleConfiguration", self.client.get_bucket_lifecycle_configuration)
+        except StoreError as e:
+            if "NoSuchLifecycleConfiguration" in str(e) or e.kind == NO_OBJECT:
+                return []
+            raise
+        return list(r.get("Rules", []))
+
+    def set_lifecycle_rules(self, rules: list[dict[str, Any]]) -> None:
+        if rules:
+            self._call("PutBucketLifecycleConfiguration", self.client.put_bucket_lifecycle_configuration,
+                       LifecycleConfiguration={"Rules": rules})
+        else:
+            self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
+
+    def restore(self, key: str, days: int, tier: str) -> bool:
+        """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
+        try:
+            self._call("RestoreObject", self.client.restore_object, Key=key,
+                       RestoreRequest={"Days": days, "GlacierJobParameters": {"Tier": tier}})
+        except StoreError as e:
+            if "RestoreAlreadyInProgress" in str(e):
+                return False
+            raise
+        return True
+
+    def storage_state(self, key: str) -> tuple[str, str]:
+        """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
+        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
+        restore = str(r.get("Restore") or "")
+        state = "" if not restore else ("ongoing" if 'ongoing-request="true"' in restore else "restored")
+        return r.get("StorageClass") or "STANDARD", state
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:
