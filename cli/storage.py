@@ -130,3 +130,46 @@ def restore(
         if not as_json:
             typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} restored, {msg['ongoing']} in progress", err=True)
     raise CliError("the daemon stopped before the restore request finished (is it shutting down?)")
+
+
+# ------------------------------------------------------------------------ cost
+@app.command()
+@_one_line_errors
+def usage(
+    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate."),
+) -> None:
+    """Bytes and objects in the bucket under PATH per checkpoint, run, state and storage class, and an estimated monthly cost."""
+    from ckptfs.cli.main import _rel
+    from ckptfs.config import fmt_bytes
+
+    root = find_mount_root(path)
+    u = _one(root, {"cmd": "usage", "path": _rel(root, path)})
+    u.pop("ok", None)
+    if as_json:
+        typer.echo(json.dumps(u, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {u['monthly_cost_estimate']:.2f} per month "
+                  f"({u['prices_note']})")
+    for title, rows in (("by storage class", u["by_class"]), ("by state", {k: v for k, v in u["by_state"].items() if v["objects"]}),
+                        ("by run", u["by_run"])):
+        if not rows:
+            continue
+        t = Table(title=title)
+        for col in ("", "size", "objects", "per month"):
+            t.add_column(col, justify="left" if not col else "right")
+        for name, e in rows.items():
+            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), f"{e['monthly_cost']:.2f}" if "monthly_cost" in e else "-")
+        console.print(t)
+    if u["by_checkpoint"]:
+        t = Table(title="by checkpoint")
+        for col in ("step", "path", "state", "class", "size", "objects", "per month"):
+            t.add_column(col, justify="right" if col in ("step", "size", "objects", "per month") else "left")
+        for c in u["by_checkpoint"]:
+            t.add_row(str(c["step"]), c["path"], c["state"], c["storage_class"], fmt_bytes(c["bytes"]), str(c["objects"]),
+                      f"{c['monthly_cost']:.2f}")
+        console.print(t)

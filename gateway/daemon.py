@@ -141,6 +141,9 @@ class Daemon:
         self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
+        from .lifecycle.usage import UsageCollector
+
+        self.metrics.registry.register(UsageCollector(self.lifecycle))
         self.control = ControlServer(cfg.control_socket, self)
 
     # ---- control API

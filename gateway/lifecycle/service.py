@@ -43,6 +43,7 @@ class Lifecycle:
         self.guard = Guard(ns.journal, self.catalogue)
         self.last_verify: dict[str, Any] | None = None
         self.tag_errors_total = 0  # checkpoint objects that could not be tagged (tiers.py)
+        self.entries: list[dict[str, Any]] = []  # the last whole-mount catalogue walk
         self.summary: dict[str, Any] = {}  # the catalogue summarised for the metrics (stats.py)
         remote.on_listing = self.catalogue.learn_listing
         ns.uploads.own_objects = self._own_objects
@@ -76,6 +77,7 @@ class Lifecycle:
         entries = [await self.catalogue.describe(ck) for ck in await self.catalogue.find(path)]
         if not path:
             self.summary = summarize(entries)
+            self.entries = entries  # for the storage metrics (usage.py)
         return entries
 
     def collector(self) -> LifecycleCollector:

@@ -41,7 +41,7 @@ AWS_MIN_DAYS = {"STANDARD_IA": 30, "ONEZONE_IA": 30}
 TAG_STATE, TAG_PROTECTED, TAG_STEP = "ckptfs-state", "ckptfs-protected", "ckptfs-step"
 TAGS_AT_ONCE = 8
 RESTORE_POLL = 30.0
-COMMANDS = ("lifecycle_plan", "lifecycle_apply", "restore")
+COMMANDS = ("lifecycle_plan", "lifecycle_apply", "restore", "usage")
 
 
 class TierError(ValueError):
@@ -257,6 +257,12 @@ async def handle(lc: "Lifecycle", cmd: str, path: str, request: dict[str, Any], 
         await send({"ok": True, "bucket": lc.store.bucket, "current": current, **plan(lc.cfg, current)})
     elif cmd == "lifecycle_apply":
         await send({"ok": True, "bucket": lc.store.bucket, **await apply(lc)})
+    elif cmd == "usage":
+        from .usage import usage
+
+        if path and await lc.remote.resolve(path) is None:
+            raise LifecycleError(f"{path}: no such file or directory in the mount")
+        await send({"ok": True, **await usage(lc, path)})
     elif cmd == "restore":
         if path and await lc.remote.resolve(path) is None:
             raise LifecycleError(f"{path}: no such file or directory in the mount")

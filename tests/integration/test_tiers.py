@@ -88,3 +88,44 @@ def test_restore_of_objects_in_no_archive_class_says_so(make_mount: Any) -> None
     assert json.loads(ok(m.cli("restore", str(m.path / "step_1" / "a.bin"), "--json")))["archived"] == 0
     proc = m.cli("restore", str(m.path / "nope"))
     assert proc.returncode != 0 and "no such file" in proc.stderr
+
+
+def test_usage_and_storage_metrics(make_mount: Any) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.seaweed import free_port
+
+    m = make_mount(start=False, checkpoint_quiet_seconds=3600, storage_prices="STANDARD:2.0")
+    m.metrics_port = free_port()
+    m.start()
+    for step, size in ((100, 300_000), (200, 500_000)):
+        d = m.path / "run1" / f"step_{step}"
+        d.mkdir(parents=True)
+        (d / "model.bin").write_bytes(b"x" * size)
+    (m.path / "run1" / "notes.txt").write_bytes(b"n" * 1000)
+    m.flush()
+    ok(m.cli("checkpoint", "commit", str(m.path / "run1" / "step_100")))
+    u = json.loads(ok(m.cli("usage", str(m.path), "--json")))
+    manifest = m.head("run1/step_100/" + MANIFEST)["ContentLength"]
+    assert u["objects"] == 4 and u["bytes"] == 801_000 + manifest
+    assert u["by_state"]["committed"] == {"bytes": 300_000 + manifest, "objects": 2}
+    assert u["by_state"]["writing"] == {"bytes": 500_000, "objects": 1}
+    assert u["by_state"]["none"] == {"bytes": 1000, "objects": 1}
+    assert list(u["by_class"]) == ["STANDARD"] and u["by_class"]["STANDARD"]["objects"] == 4
+    assert abs(u["monthly_cost_estimate"] - u["bytes"] / (1 << 30) * 2.0) < 1e-3
+    assert u["by_run"]["run1"]["checkpoints"] == 2 and u["by_run"]["run1"]["bytes"] == 800_000 + manifest
+    assert [(c["path"], c["state"], c["storage_class"]) for c in u["by_checkpoint"]] == [
+        ("run1/step_100", "committed", "STANDARD"), ("run1/step_200", "writing", "STANDARD")]
+    sub = json.loads(ok(m.cli("usage", str(m.path / "run1" / "step_200"), "--json")))
+    assert sub["bytes"] == 500_000 and sub["objects"] == 1
+    human = ok(m.cli("usage", str(m.path)))
+    assert "per month" in human and "by storage class" in human
+    # the scrape shows the catalogue walk `usage` of the whole mount just made
+    text = urllib.request.urlopen(f"http://127.0.0.1:{m.metrics_port}/metrics", timeout=30).read().decode()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got[("ckptfs_storage_bytes", (("state", "committed"), ("storage_class", "STANDARD")))] == 300_000 + manifest
+    assert got[("ckptfs_storage_bytes", (("state", "writing"), ("storage_class", "STANDARD")))] == 500_000
+    assert abs(got[("ckptfs_storage_monthly_cost_estimate", (("storage_class", "STANDARD"),))] - 800_000 * 2.0 / (1 << 30) - manifest * 2.0 / (1 << 30)) < 1e-6
+    assert got[("ckptfs_checkpoint_tag_errors_total", ())] == 0
