@@ -13,6 +13,8 @@ xattr on the mount root. One JSON object per line each way:
   {"cmd": "unmount", "flush": false}     -> {"ok": true, "pid": N}; the daemon then stops
   {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
                                          -> see lifecycle/service.py (verify and commit stream progress lines)
+  {"cmd": "lifecycle_plan" | "lifecycle_apply" | "restore" | "usage", "path": ...}
+                                         -> see lifecycle/tiers.py and lifecycle/usage.py
 Errors: {"ok": false, "error": "one line"}.
 """
 

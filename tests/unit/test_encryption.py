@@ -153,3 +153,12 @@ def test_store_errors_name_the_sse_problem(tmp_path: Path) -> None:
     with pytest.raises(StoreError) as e:
         plain.get_bytes("k")
     assert "encrypted with SSE-C" in str(e.value) and "sse_c_key_file" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ca_bundle_reaches_the_client_and_tls_stays_verified(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    s = Store(load_config(environ={}, overrides={**BASE, "ca_bundle": str(ca)}))
+    assert s.client._endpoint.http_session._verify == str(ca)
+    plain = Store(load_config(environ={}, overrides=BASE))
+    assert plain.client._endpoint.http_session._verify is not False  # the system's CAs (or AWS_CA_BUNDLE), never off
