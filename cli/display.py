@@ -127,6 +127,11 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
         plural(g("listings_total"), "listing"),
     ))
 
+    # how the bucket is written: the mode only, never a key
+    enc = st.get("encryption") or {}
+    if enc.get("mode") and enc.get("mode") != "none":
+        lines.append(_line("encryption", " ".join(str(v) if k == "mode" else f"{k}={v}" for k, v in enc.items())))
+
     # errors, totals since start; stale directories are listings not refreshed since a failure
     counts = [
         (g("upload_errors_total"), "upload error", None),
@@ -136,6 +141,7 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
         (g("enospc_total"), "write refused (cache full)", "writes refused (cache full)"),
         (g("stale_directories"), "stale directory", "stale directories"),
         (g("checkpoint_commit_errors_total"), "checkpoint commit error", None),
+        (g("deletes_not_permitted_total"), "deletion not permitted", "deletions not permitted"),
     ]
     shown = [Text(plural(n, one, many), style="bold red") for n, one, many in counts if n]
     lines.append(_line("errors", *shown) if shown else _line("errors", Text("none", style="green")))

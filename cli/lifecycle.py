@@ -113,7 +113,7 @@ def checkpoints(
     from rich.table import Table
 
     table = Table(title=f"checkpoints under {path}")
-    for col in ("step", "path", "state", "files", "size", "age", "last verify", "note"):
+    for col in ("step", "path", "state", "files", "size", "class", "age", "last verify", "note"):
         table.add_column(col, justify="right" if col in ("step", "files", "size") else "left")
     now = time.time()
     for e in entries:
@@ -124,7 +124,7 @@ def checkpoints(
             notes.append(f"protected: {e['protection'].get('reason', '?')}")
         if e.get("changed"):
             notes.append(f"changed (manifest generation {e['generation']})")
-        table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), fmt_age(e.get("age_seconds")),
+        table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
                       verified, "; ".join(notes))
     Console().print(table)
 

@@ -556,6 +556,7 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
 
 
 from ckptfs.cli import lifecycle as _lifecycle  # noqa: E402,F401 - registers checkpoint, checkpoints, verify, protect, ...
+from ckptfs.cli import storage as _storage  # noqa: E402,F401 - registers policy, lifecycle, restore, usage
 
 
 def main() -> None:

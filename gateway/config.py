@@ -55,6 +55,12 @@ class Config:
     endpoint_url: str = _opt("", "S3 endpoint URL (MinIO, SeaweedFS, Ceph RGW); empty for AWS S3.")
     region: str = _opt("us-east-1", "S3 region name used for request signing.")
     profile: str = _opt("", "AWS profile name for credentials; empty for the default chain (environment, ~/.aws, instance role).")
+    ca_bundle: str = _opt("", "A PEM file of CA certificates to verify the endpoint's TLS certificate with (an internal CA); empty uses the system's, or `AWS_CA_BUNDLE` if set. TLS is always verified.")
+
+    # encryption (docs/security.md)
+    sse: str = _opt("", "Server-side encryption of the objects this mount writes: \"\" (none asked; the bucket's default applies), \"AES256\" (SSE-S3) or \"aws:kms\" (SSE-KMS, with `sse_kms_key_id`). For SSE-C set `sse_c_key_file` instead.")
+    sse_kms_key_id: str = _opt("", "With sse = \"aws:kms\": the KMS key id or ARN; empty uses the account's default `aws/s3` key.")
+    sse_c_key_file: str = _opt("", "SSE-C: a file holding the 256-bit key (32 raw bytes or their base64), owned by the mounting user and readable by nobody else (chmod 600). Every request that touches object bytes carries it; objects written with it can only be read with it.")
     metrics_addr: str = _opt("", "HOST:PORT to serve Prometheus metrics on (`/metrics`); empty to disable. Use 127.0.0.1 unless it must be reachable from elsewhere.")
 
     # drain
@@ -89,6 +95,18 @@ class Config:
         "Directory names that make a checkpoint (docs/lifecycle.md): `{step}` stands for the step number (digits) and `*` for any characters; the whole name must match. A checkpoint may sit at any depth (`run/step_100`); directories inside a checkpoint are part of it. An empty list turns checkpoint tracking off.",
     )
     checkpoint_quiet_seconds: float = _opt(60.0, "A checkpoint is committed (its manifest written) once every file in it is durable and nothing in it has changed, on this node or in the bucket, for this many seconds; `ckptfs checkpoint commit` commits at once.", "seconds")
+
+    # storage tiers and cost (docs/lifecycle.md, "Tiers" and "Cost")
+    checkpoint_tags: bool = _opt(True, "Tag the objects of each committed checkpoint with `ckptfs-state` (committed, protected), `ckptfs-protected` (true, false) and `ckptfs-step`, when its manifest is written and on protect/unprotect: the bucket lifecycle rules of `ckptfs lifecycle plan` select checkpoints by these tags. Other tags on the objects are kept.")
+    tier_transitions: list[str] = _opt([], "Storage-class transitions for committed, not protected checkpoints, as `DAYS:CLASS` (days after an object was written), e.g. `30:STANDARD_IA, 90:GLACIER_IR`. Empty: no transitions. `ckptfs lifecycle plan` shows the bucket rules, `ckptfs lifecycle apply` sets them.")
+    tier_expiring_delete_days: int = _opt(0, "Add a bucket lifecycle rule that deletes objects of checkpoints tagged `ckptfs-state=expiring` this many days after they were written (S3 counts from the object's creation); 0: no such rule.", "days")
+    restore_days: int = _opt(7, "`ckptfs restore` asks for archived objects to be readable for this many days.", "days")
+    restore_tier: str = _opt("Standard", "`ckptfs restore` retrieval tier: Expedited, Standard or Bulk (price and speed differ per store and class).")
+    storage_prices: list[str] = _opt(
+        ["STANDARD:0.023", "INTELLIGENT_TIERING:0.023", "STANDARD_IA:0.0125", "ONEZONE_IA:0.01", "GLACIER_IR:0.004",
+         "GLACIER:0.0036", "DEEP_ARCHIVE:0.00099", "REDUCED_REDUNDANCY:0.024"],
+        "Price per GiB-month of each storage class, as `CLASS:PRICE`, for the estimates of `ckptfs usage` and the cost metrics. The defaults are EXAMPLES (AWS S3 us-east-1 list prices, USD, first tier, at the time of writing), not quotes: put your store's prices here. A class missing from the table is priced as STANDARD.",
+    )
 
     # object store client
     connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store (more than 0).", "seconds")
@@ -178,6 +196,25 @@ class Config:
             compile_patterns(self.checkpoint_patterns)
         except PatternError as e:
             raise ConfigError(f"checkpoint_patterns: {e}") from None
+        from .encryption import Encryption, EncryptionError
+
+        try:
+            Encryption.from_config(self)
+        except EncryptionError as e:
+            raise ConfigError(str(e)) from None
+        if self.ca_bundle and not os.path.isfile(self.ca_bundle):
+            raise ConfigError(f"ca_bundle = {self.ca_bundle!r} is not a file: give a PEM file of CA certificates")
+        from .lifecycle.tiers import TierError, parse_prices, parse_transitions
+
+        try:
+            parse_transitions(self.tier_transitions)
+            parse_prices(self.storage_prices)
+        except TierError as e:
+            raise ConfigError(str(e)) from None
+        if self.tier_expiring_delete_days < 0 or self.restore_days < 1:
+            raise ConfigError("tier_expiring_delete_days must be >= 0 and restore_days >= 1: give a number of days")
+        if self.restore_tier not in ("Expedited", "Standard", "Bulk"):
+            raise ConfigError(f"restore_tier = {self.restore_tier!r}: use Expedited, Standard or Bulk")
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):
             raise ConfigError(f"endpoint_url = {self.endpoint_url!r} is not an http:// or https:// URL")
 

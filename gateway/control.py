@@ -21,6 +21,8 @@ xattr on the mount root. One JSON object per line each way:
                                             for writing unless "force".
   {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
                                          -> see lifecycle/service.py (verify and commit stream progress lines)
+  {"cmd": "lifecycle_plan" | "lifecycle_apply" | "restore" | "usage", "path": ...}
+                                         -> see lifecycle/tiers.py and lifecycle/usage.py
 Errors: {"ok": false, "error": "one line"}.
 """
 
@@ -37,7 +39,8 @@ import trio
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.2
-LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
+LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
+                      "lifecycle_plan", "lifecycle_apply", "restore", "usage")
 
 
 class Daemon(Protocol):

@@ -194,6 +194,9 @@ class Daemon:
         self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
+        from .lifecycle.usage import UsageCollector
+
+        self.metrics.registry.register(UsageCollector(self.lifecycle))
         self.control = ControlServer(cfg.control_socket, self)
 
     def _probe_key_chars(self) -> dict[str, str]:
@@ -242,6 +245,8 @@ class Daemon:
             listing_errors_total=self.remote.listing_errors_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             **self.lifecycle.stats(),
+            encryption=self.store.enc.describe(),
+            deletes_not_permitted_total=self.drainer.deletes_not_permitted_total,
             shutdown_timeout=self.cfg.shutdown_timeout,
             open_for_writing=self.open_for_writing(),
             uptime_seconds=round(time.time() - self.started, 1),

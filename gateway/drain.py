@@ -140,6 +140,7 @@ class Drainer:
         self.deleting: set[int] = set()
         self.backoff: dict[int, Backoff] = {}
         self.delete_backoff: dict[int, Backoff] = {}
+        self.deletes_not_permitted_total = 0  # deletes the store refused with AccessDenied (not retried)
         self.last_error: str = ""
         self.last_error_at: float | None = None  # time.time() of last_error
         self.throughput = Throughput()
@@ -454,6 +455,16 @@ class Drainer:
             return True
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
+            if e.denied and call == self.store.delete:
+                # valid credentials without the permission to delete (a writer role, docs/security.md): retrying cannot
+                # help, so the delete is dropped and reported; the object stays in the bucket and shows again
+                self.ns.journal.drop_delete(op_id)
+                self.delete_backoff.pop(op_id, None)
+                self.deletes_not_permitted_total += 1
+                self.last_error = f"delete of {key} not permitted by the store (AccessDenied): the object stays in the bucket"
+                log.warning("%s; this node's credentials cannot delete, which is the retention role's job (docs/security.md)",
+                            self.last_error)
+                return False
             delay = self.delete_backoff.setdefault(op_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
             self._error(str(e))
             log.warning("%s %s failed: %s (retry in %.1fs)", what, key, e, delay)

@@ -62,6 +62,7 @@ STATE_COUNTERS = {
     "remote_removed": "Entries removed from the mount because their object was deleted from the bucket elsewhere.",
     "remote_changed": "Files whose object was replaced in the bucket elsewhere (their cached copy was dropped).",
     "checksum_mismatches": "Downloads refused because the object's bytes did not match the recorded xxh3.",
+    "deletes_not_permitted": "Object deletions the store refused with AccessDenied (credentials without delete permission): dropped, not retried; the objects stay.",
 }
 
 

@@ -20,6 +20,7 @@ import botocore.exceptions as bexc
 from botocore.config import Config as BotoConfig
 
 from .config import Config
+from .encryption import Encryption, EncryptionError
 
 # kinds of failure
 NETWORK = "network"  # unreachable, timed out, connection reset: retry
@@ -29,6 +30,7 @@ NO_BUCKET = "no-bucket"  # retry slowly, report loudly
 NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
 NO_OBJECT = "no-object"  # the key does not exist (deleted by someone else)
 CHANGED = "changed"  # the object's ETag is not the one the read started from
+ARCHIVED = "archived"  # the object is in an archive storage class: restore it first (ckptfs restore PATH)
 PRECONDITION = "precondition"  # a conditional write found the object not as required (exists already, or another ETag)
 OTHER = "other"
 
@@ -39,9 +41,10 @@ PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
 
 
 class StoreError(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, denied: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.denied = denied  # AUTH because the credentials are valid but lack the permission (AccessDenied)
 
 
 def crc32_b64(crc: int) -> str:
@@ -102,6 +105,7 @@ class RemoteObject:
     size: int
     etag: str
     mtime: float
+    storage_class: str = "STANDARD"
 
 
 @dataclass
@@ -140,12 +144,22 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
             return StoreError(NO_OBJECT, f"object not found ({what})")
         if code in ("PreconditionFailed", "412") or status == 412:
             return StoreError(CHANGED, f"object changed while it was being read ({what})")
+        if code == "InvalidObjectState":
+            return StoreError(ARCHIVED, f"{what}: the object is in an archive storage class and must be restored before it can be read: "
+                                        "run `ckptfs restore PATH` (the file or its checkpoint) and read it once restored")
+        if code == "NotImplemented" or status == 501:
+            return StoreError(OTHER, f"the object store does not implement {what} as asked (501 NotImplemented): see docs/security.md and docs/lifecycle.md for what it supports")
+        if what in ("GetObject", "HeadObject") and status == 400 and (
+                "customer" in str(err.get("Message", "")).lower() or what == "HeadObject"):
+            return StoreError(OTHER, f"the store refused {what} (400 {code}): the object is encrypted with SSE-C and needs its key: "
+                                     "mount with the sse_c_key_file it was written with")
         if code == "NoSuchUpload":
             return StoreError(NO_UPLOAD, f"multipart upload no longer exists ({what})")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
             return StoreError(AUTH, f"the object store rejected the credentials ({code}): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile")
         if code in ("AccessDenied", "403", "Forbidden") or status == 403:
-            return StoreError(AUTH, f"access denied to bucket {bucket!r} ({what}): check the credentials and the bucket policy")
+            return StoreError(AUTH, f"access denied to bucket {bucket!r} ({what}): check the credentials and the bucket policy",
+                              denied=code in ("AccessDenied", "403", "Forbidden"))
         if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
             return StoreError(SERVER, f"object store error {code or status} on {what}: will retry")
         return StoreError(OTHER, f"object store refused {what}: {code} {err.get('Message', '')}".strip())
@@ -167,6 +181,10 @@ class Store:
     def __init__(self, cfg: Config) -> None:
         self.bucket = cfg.bucket
         try:
+            self.enc = Encryption.from_config(cfg)  # SSE request parameters (docs/security.md); the key never leaves it
+        except EncryptionError as e:
+            raise StoreError(OTHER, str(e)) from None
+        try:
             session = boto3.session.Session(profile_name=cfg.profile or None, region_name=cfg.region)
         except bexc.ProfileNotFound as e:
             raise StoreError(AUTH, f"AWS profile {e.kwargs.get('profile', cfg.profile)!r} is not in ~/.aws/credentials or ~/.aws/config "
@@ -176,6 +194,7 @@ class Store:
         self.client = session.client(
             "s3",
             endpoint_url=cfg.endpoint_url or None,
+            verify=cfg.ca_bundle or None,  # None: the system's CAs or AWS_CA_BUNDLE; never unverified
             config=BotoConfig(
                 connect_timeout=cfg.connect_timeout,
                 read_timeout=cfg.read_timeout,
@@ -192,7 +211,10 @@ class Store:
         try:
             return fn(Bucket=self.bucket, **kw)
         except Exception as e:  # noqa: BLE001 - every failure becomes a StoreError
-            raise _classify(e, self.bucket, what) from None
+            err = _classify(e, self.bucket, what)
+            if err.kind == AUTH and self.enc.mode == "SSE-C" and what in ("GetObject", "HeadObject", "CopyObject", "UploadPartCopy"):
+                err = StoreError(AUTH, f"{err} - or the object was written with another SSE-C key than sse_c_key_file's", err.denied)
+            raise err from None
 
     def check(self) -> None:
         """Mount-time check: endpoint reachable, credentials valid, bucket present and ours."""
@@ -209,18 +231,19 @@ class Store:
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(
             "PutObject", self.client.put_object, Key=key, Body=RangeReader(fd, 0, size),
-            ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata,
+            ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
         )
         return r["ETag"].strip('"')
 
     def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
-        r = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=key, Metadata=metadata, ChecksumAlgorithm="CRC32")
+        r = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=key, Metadata=metadata, ChecksumAlgorithm="CRC32",
+                       **self.enc.create())
         return r["UploadId"]
 
     def upload_part(self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int, crc32: str) -> str:
         r = self._call(
             "UploadPart", self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
-            Body=RangeReader(fd, offset, length), ContentLength=length, ChecksumCRC32=crc32,
+            Body=RangeReader(fd, offset, length), ContentLength=length, ChecksumCRC32=crc32, **self.enc.customer(),
         )
         return r["ETag"].strip('"')
 
@@ -228,6 +251,7 @@ class Store:
         r = self._call(
             "CompleteMultipartUpload", self.client.complete_multipart_upload, Key=key, UploadId=upload_id,
             MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"', "ChecksumCRC32": c} for n, e, c in parts]},
+            **self.enc.customer(),
         )
         return r["ETag"].strip('"')
 
@@ -251,7 +275,7 @@ class Store:
 
     def download(self, key: str, path: str) -> tuple[str, int, str]:
         """Stream an object into `path`; return (xxh3-128 of the bytes received, size, etag)."""
-        r = self._call("GetObject", self.client.get_object, Key=key)
+        r = self._call("GetObject", self.client.get_object, Key=key, **self.enc.customer())
         try:
             digest, size = _download_into(r["Body"], path)
         except Exception as e:  # noqa: BLE001
@@ -274,7 +298,8 @@ class Store:
                 if not name:
                     marker = True
                     continue
-                objects.append(RemoteObject(name, o["Size"], o["ETag"].strip('"'), o["LastModified"].timestamp()))
+                objects.append(RemoteObject(name, o["Size"], o["ETag"].strip('"'), o["LastModified"].timestamp(),
+                                            o.get("StorageClass") or "STANDARD"))
             if not r.get("IsTruncated"):
                 return Listing(dirs, objects, marker)
             kw["ContinuationToken"] = r["NextContinuationToken"]
@@ -284,7 +309,7 @@ class Store:
 
         `IfMatch` makes a read of an object replaced meanwhile fail (CHANGED) instead of mixing two versions.
         """
-        kw: dict[str, Any] = {"Key": key, "Range": f"bytes={start}-{start + length - 1}"}
+        kw: dict[str, Any] = {"Key": key, "Range": f"bytes={start}-{start + length - 1}", **self.enc.customer()}
         if etag:
             kw["IfMatch"] = f'"{etag}"'
         r = self._call("GetObject", self.client.get_object, **kw)
@@ -305,26 +330,28 @@ class Store:
 
     def head(self, key: str) -> tuple[int, str, dict[str, str]]:
         """(size, etag, metadata) of an object."""
-        r = self._call("HeadObject", self.client.head_object, Key=key)
+        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
         return r["ContentLength"], r["ETag"].strip('"'), {k.lower(): v for k, v in r.get("Metadata", {}).items()}
 
     def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str:
         """Server-side copy (no bytes through this node); UploadPartCopy in parts for large objects."""
         if size < multipart_threshold:
             r = self._call("CopyObject", self.client.copy_object, Key=dst, CopySource={"Bucket": self.bucket, "Key": src},
-                           MetadataDirective="COPY")
+                           MetadataDirective="COPY", **self.enc.create(), **self.enc.copy_source())
             return r["CopyObjectResult"]["ETag"].strip('"')
         _, _, metadata = self.head(src)
-        upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata)["UploadId"]
+        upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata,
+                               **self.enc.create())["UploadId"]
         try:
             parts = []
             for n, offset in enumerate(range(0, size, part_size), start=1):
                 end = min(size, offset + part_size) - 1
                 r = self._call("UploadPartCopy", self.client.upload_part_copy, Key=dst, UploadId=upload_id, PartNumber=n,
-                               CopySource={"Bucket": self.bucket, "Key": src}, CopySourceRange=f"bytes={offset}-{end}")
+                               CopySource={"Bucket": self.bucket, "Key": src}, CopySourceRange=f"bytes={offset}-{end}",
+                               **self.enc.customer(), **self.enc.copy_source())
                 parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
             r = self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, Key=dst, UploadId=upload_id,
-                           MultipartUpload={"Parts": parts})
+                           MultipartUpload={"Parts": parts}, **self.enc.customer())
             return r["ETag"].strip('"')
         except BaseException:
             try:
@@ -358,7 +385,7 @@ class Store:
         stored: list[str] = []
         try:
             try:
-                self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)
+                self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0, **self.enc.create())
             except StoreError as e:
                 if e.kind in (NETWORK, SERVER, AUTH, NO_BUCKET):
                     raise
@@ -379,7 +406,7 @@ class Store:
         return stored[0][1:-1]
 
     def put_marker(self, key: str) -> None:
-        self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)
+        self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0, **self.enc.create())
 
     def list_uploads(self, prefix: str) -> list[tuple[str, str, float]]:
         """Multipart uploads in progress under `prefix`: (key, upload id, start time as epoch seconds)."""
@@ -402,7 +429,7 @@ class Store:
 
         A condition not met raises StoreError(PRECONDITION): another writer got there first.
         """
-        kw: dict[str, Any] = {"Key": key, "Body": body, "ContentLength": len(body), "ContentType": content_type}
+        kw: dict[str, Any] = {"Key": key, "Body": body, "ContentLength": len(body), "ContentType": content_type, **self.enc.create()}
         if if_none_match:
             kw["IfNoneMatch"] = "*"
         if if_match is not None:
@@ -417,7 +444,7 @@ class Store:
 
     def get_bytes(self, key: str) -> tuple[bytes, str]:
         """(body, etag) of a small object."""
-        r = self._call("GetObject", self.client.get_object, Key=key)
+        r = self._call("GetObject", self.client.get_object, Key=key, **self.enc.customer())
         try:
             body = r["Body"].read()
         except Exception as e:  # noqa: BLE001
@@ -429,7 +456,7 @@ class Store:
         if length <= 0:
             return b""
         r = self._call("GetObject", self.client.get_object, Key=key, Range=f"bytes={start}-{start + length - 1}",
-                       IfMatch=f'"{etag}"')
+                       IfMatch=f'"{etag}"', **self.enc.customer())
         try:
             data = r["Body"].read()
         except Exception as e:  # noqa: BLE001
@@ -439,7 +466,7 @@ class Store:
         return data
 
     def head_object(self, key: str) -> ObjectInfo:
-        r = self._call("HeadObject", self.client.head_object, Key=key)
+        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
         return ObjectInfo(r["ContentLength"], r["ETag"].strip('"'), r.get("VersionId"),
                           {k.lower(): v for k, v in r.get("Metadata", {}).items()})
 
@@ -471,6 +498,51 @@ class Store:
                 return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
             raise
         return r.get("LegalHold", {}).get("Status") == "ON"
+
+
+    # ------------------------------------------------------ tiers (lifecycle/tiers.py)
+    def get_tags(self, key: str) -> dict[str, str]:
+        r = self._call("GetObjectTagging", self.client.get_object_tagging, Key=key)
+        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
+
+    def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        self._call("PutObjectTagging", self.client.put_object_tagging, Key=key,
+                   Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]})
+
+    def lifecycle_rules(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules; [] when it has none."""
+        try:
+            r = self._call("GetBucketLifecycleConfiguration", self.client.get_bucket_lifecycle_configuration)
+        except StoreError as e:
+            if "NoSuchLifecycleConfiguration" in str(e) or e.kind == NO_OBJECT:
+                return []
+            raise
+        return list(r.get("Rules", []))
+
+    def set_lifecycle_rules(self, rules: list[dict[str, Any]]) -> None:
+        if rules:
+            self._call("PutBucketLifecycleConfiguration", self.client.put_bucket_lifecycle_configuration,
+                       LifecycleConfiguration={"Rules": rules})
+        else:
+            self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
+
+    def restore(self, key: str, days: int, tier: str) -> bool:
+        """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
+        try:
+            self._call("RestoreObject", self.client.restore_object, Key=key,
+                       RestoreRequest={"Days": days, "GlacierJobParameters": {"Tier": tier}})
+        except StoreError as e:
+            if "RestoreAlreadyInProgress" in str(e):
+                return False
+            raise
+        return True
+
+    def storage_state(self, key: str) -> tuple[str, str]:
+        """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
+        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
+        restore = str(r.get("Restore") or "")
+        state = "" if not restore else ("ongoing" if 'ongoing-request="true"' in restore else "restored")
+        return r.get("StorageClass") or "STANDARD", state
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:

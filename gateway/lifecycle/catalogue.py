@@ -25,6 +25,7 @@ from ..namespace.keys import is_reserved
 from ..store import Listing, NO_OBJECT, StoreError
 from .manifest import MANIFEST, PROTECTED, VERIFY, Manifest, files_of, read_manifest
 from .patterns import Checkpoint
+from .tiers import class_label
 
 if TYPE_CHECKING:
     from .service import Lifecycle
@@ -120,8 +121,11 @@ class Catalogue:
         """One checkpoint as `ckptfs checkpoints --json` shows it."""
         lc = self.lc
         base = lc.keys.of(ck.path + "/")
-        top = await lc.io(lc.store.list, base)
+        top = await lc.io(lambda: lc.store.list(base, recursive=True))  # recursive: storage classes of every object
         own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY)}
+        classes: dict[str, int] = {}
+        for o in top.objects:
+            classes[o.storage_class] = classes.get(o.storage_class, 0) + o.size
         manifest = None
         if MANIFEST in own:
             key = base + MANIFEST
@@ -139,8 +143,7 @@ class Catalogue:
         if manifest is not None:
             files, size, since = len(manifest.files), manifest.bytes, manifest.committed_at
         else:
-            listing = await lc.io(lambda: lc.store.list(base, recursive=True))
-            entries = files_of(listing, base)
+            entries = files_of(top, base)
             files, size = len(entries), sum(f.size for f in entries)
             since = max((f.mtime for f in entries), default=0.0)
         local = lc.tracker.local_state(ck.path)
@@ -168,6 +171,8 @@ class Catalogue:
             "metadata": manifest.metadata if manifest else {},
             "age_seconds": round(now - since, 1) if since else None,
             "last_verify": verified,
+            "storage_class": class_label(classes),
+            "storage_classes": classes,  # bytes per class, ckptfs's own objects included
         }
 
 

@@ -26,7 +26,7 @@ import trio
 from ..journal import Journal
 from ..namespace.keys import is_reserved
 from ..store import NO_OBJECT, StoreError
-from . import audit
+from . import audit, tiers
 from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso
 from .patterns import Checkpoint
 
@@ -115,6 +115,7 @@ async def protect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str, A
     else:
         message = (f"{ck.path} is protected through ckptfs only: bucket {lc.store.bucket!r} has no S3 Object Lock, so plain S3 "
                    "tools can still delete or overwrite its objects (create the bucket with Object Lock for legal holds)")
+    await tiers.tag(lc, ck, manifest, "protected", True)
     await audit.record(lc, "protect", ck.path, who, reason, step=ck.step, generation=manifest.generation,
                        object_lock=lock, held=len(info["held"]))
     log.info("%s (reason: %s)", message, reason)
@@ -134,6 +135,9 @@ async def unprotect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str,
         released = len(held)
     await lc.io(lc.store.delete, base + PROTECTED)
     lc.catalogue.set_protected(ck.path, None)
+    manifest = await lc.catalogue.manifest(ck)
+    if manifest is not None:
+        await tiers.tag(lc, ck, manifest, "committed", False)
     await audit.record(lc, "unprotect", ck.path, who, reason, step=ck.step, released=released,
                        protected_since=existing.get("at_iso"), protected_reason=existing.get("reason"))
     note = f"; {released} legal holds released" if released else ""

@@ -10,7 +10,7 @@ import trio
 
 from ..config import Config
 from ..store import Store, StoreError
-from . import audit
+from . import audit, tiers
 from .catalogue import STATES, Catalogue
 from .manifest import OWN_OBJECTS, LifecycleError
 from .patterns import Checkpoint, Patterns
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 STORE_THREADS = 16  # requests to the bucket in flight for lifecycle work (verify's ranges, HEADs)
 PROGRESS_INTERVAL = 0.2
-COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
+COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit", *tiers.COMMANDS)
 
 
 class Lifecycle:
@@ -42,6 +42,8 @@ class Lifecycle:
         self.tracker = Tracker(self, cfg.cache_dir)
         self.guard = Guard(ns.journal, self.catalogue)
         self.last_verify: dict[str, Any] | None = None
+        self.tag_errors_total = 0  # checkpoint objects that could not be tagged (tiers.py)
+        self.entries: list[dict[str, Any]] = []  # the last whole-mount catalogue walk
         self.summary: dict[str, Any] = {}  # the catalogue summarised for the metrics (stats.py)
         remote.on_listing = self.catalogue.learn_listing
         ns.uploads.own_objects = self._own_objects
@@ -75,6 +77,7 @@ class Lifecycle:
         entries = [await self.catalogue.describe(ck) for ck in await self.catalogue.find(path)]
         if not path:
             self.summary = summarize(entries)
+            self.entries = entries  # for the storage metrics (usage.py)
         return entries
 
     def collector(self) -> LifecycleCollector:
@@ -133,6 +136,8 @@ class Lifecycle:
                 await send({"ok": True, **await fn(self, ck, reason, who)})
             elif cmd == "audit":
                 await send({"ok": True, "events": await audit.read(self, path)})
+            elif cmd in tiers.COMMANDS:
+                await tiers.handle(self, cmd, path, request, send)
             else:
                 raise LifecycleError(f"unknown command {cmd!r}")
         except LifecycleError as e:

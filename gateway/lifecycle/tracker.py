@@ -26,6 +26,7 @@ import trio
 from ..journal import ROOT_INODE
 from ..store import StoreError
 from .manifest import MANIFEST, FileEntry, LifecycleError, Manifest, files_of, next_manifest, write_manifest
+from . import tiers
 from .patterns import Checkpoint
 
 if TYPE_CHECKING:
@@ -189,6 +190,7 @@ class Tracker:
             change = " (changed since its last manifest)" if manifest.changed and manifest.generation > 1 else ""
             log.info("checkpoint %s committed: manifest generation %d, %d files, %d bytes%s",
                      ck.path, manifest.generation, len(manifest.files), manifest.bytes, change)
+            await tiers.tag(lc, ck, manifest, "committed", False)
         return manifest, wrote
 
     async def _checksums(self, path: str, files: list[FileEntry]) -> None:

@@ -66,3 +66,15 @@ def test_dashboard_shows_what_operators_watch() -> None:
                    "ckptfs_cache_capacity_bytes", "ckptfs_upload_errors_total", "ckptfs_fuse_errors_total",
                    "ckptfs_stalled_writers", "ckptfs_cache_hits_total", "ckptfs_fetched_bytes_total", "up"):
         assert metric in used, metric
+
+
+def test_storage_and_cost_row() -> None:
+    dash = load()
+    titles = [p["title"] for p in dash["panels"]]
+    assert "Storage and cost" in titles
+    row = titles.index("Storage and cost")
+    below = dash["panels"][row + 1:]
+    used = set().union(*(metric_names(t["expr"]) for p in below for t in p.get("targets", [])))
+    assert {"ckptfs_storage_bytes", "ckptfs_storage_monthly_cost_estimate"} <= used
+    exprs = " ".join(t["expr"] for p in below for t in p.get("targets", []))
+    assert "by (storage_class)" in exprs and "by (state)" in exprs and "[1d:" in exprs  # by class, by state, per day

@@ -1,0 +1,175 @@
+"""Storage commands: policy print (access roles), lifecycle plan|apply (tiers), restore, usage (cost).
+
+Registered on the main `ckptfs` app by importing this module. See docs/security.md and docs/lifecycle.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from ckptfs.cli.main import EXIT_USAGE, CliError, _one_line_errors, app, find_mount_root, get_status
+from ckptfs.config import ConfigError, parse_source
+
+policy_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Access roles as S3 policy documents (docs/security.md).")
+app.add_typer(policy_app, name="policy")
+
+
+def _source(mount: str) -> tuple[str, str]:
+    """(bucket, prefix) of a mount point (asked of its daemon) or of an s3://BUCKET/PREFIX given directly."""
+    if mount.startswith("s3://"):
+        try:
+            return parse_source(mount)
+        except ConfigError as e:
+            raise CliError(str(e), EXIT_USAGE) from None
+    return parse_source(get_status(find_mount_root(mount))["source"])
+
+
+@policy_app.command("print")
+@_one_line_errors
+def policy_print(
+    mount: str = typer.Argument(..., help="The mount point (or s3://BUCKET/PREFIX)."),
+    role: str = typer.Option(..., "--role", help="writer (training nodes), retention (the only one that deletes) or reader."),
+    principal: str = typer.Option("", "--principal", help="Make it a bucket policy for this principal (an ARN, or '*'); default: an IAM policy."),
+    allow_delete: bool = typer.Option(False, "--allow-delete", help="writer only: may delete ordinary files, never ckptfs's objects or the audit log."),
+) -> None:
+    """Print the S3 policy document (JSON) for a role on the mount's bucket and prefix."""
+    from ckptfs.policy import ROLES, document
+
+    if role not in ROLES:
+        raise CliError(f"--role {role!r}: use one of {', '.join(ROLES)}", EXIT_USAGE)
+    if allow_delete and role != "writer":
+        raise CliError("--allow-delete applies to --role writer only", EXIT_USAGE)
+    bucket, prefix = _source(mount)
+    doc: dict[str, Any] = document(role, bucket, prefix, principal=principal, allow_delete=allow_delete)
+    typer.echo(json.dumps(doc, indent=2))
+
+
+# ----------------------------------------------------------------------- tiers
+lifecycle_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                            help="The bucket lifecycle rules for storage tiers (docs/lifecycle.md, Tiers).")
+app.add_typer(lifecycle_app, name="lifecycle")
+
+
+def _one(root: Any, req: dict[str, Any], timeout: float | None = 300.0) -> dict[str, Any]:
+    from ckptfs.cli.main import request
+
+    for msg in request(root, req, timeout=timeout):
+        return msg
+    raise CliError("the daemon closed the connection without an answer")
+
+
+def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
+    p.pop("ok", None)
+    if as_json:
+        typer.echo(json.dumps(p, indent=2, sort_keys=True))
+        return
+    for w in p["warnings"]:
+        typer.echo(f"ckptfs: warning: {w}", err=True)
+    typer.echo(json.dumps({"Rules": p["rules"]}, indent=2))
+    for mark, what in (("+", "add"), ("~", "change"), ("-", "remove"), ("=", "unchanged")):
+        for rid in p[what]:
+            typer.echo(f"{mark} {rid}")
+    for rid in p["keep"]:
+        typer.echo(f"  {rid or '(no id)'} (not ckptfs's: kept)")
+    if applied is None:
+        typer.echo("ckptfs: " + ("`ckptfs lifecycle apply` would make these changes" if p["changes"]
+                                 else f"bucket {p['bucket']!r} has these rules already: nothing to apply"))
+    else:
+        typer.echo("ckptfs: " + (f"bucket {p['bucket']!r} lifecycle rules set" if applied else f"bucket {p['bucket']!r} has these rules already: nothing changed"))
+
+
+@lifecycle_app.command("plan")
+@_one_line_errors
+def lifecycle_plan(
+    mount: str = typer.Argument(..., help="The mount point."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep."),
+) -> None:
+    """Print the bucket lifecycle configuration ckptfs would set, and how it differs from the bucket's."""
+    _show_plan(_one(find_mount_root(mount), {"cmd": "lifecycle_plan"}), as_json, None)
+
+
+@lifecycle_app.command("apply")
+@_one_line_errors
+def lifecycle_apply(
+    mount: str = typer.Argument(..., help="The mount point."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Set the bucket lifecycle configuration of `plan`, keeping the rules ckptfs did not write."""
+    p = _one(find_mount_root(mount), {"cmd": "lifecycle_apply"})
+    _show_plan(p, as_json, bool(p["applied"]))
+
+
+@app.command()
+@_one_line_errors
+def restore(
+    path: str = typer.Argument(..., help="A file or directory (a checkpoint) in the mount."),
+    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored (restores take minutes to hours)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Restore archived objects (GLACIER, DEEP_ARCHIVE) so they can be read; reports progress."""
+    from ckptfs.cli.main import _rel, request
+
+    root = find_mount_root(path)
+    rel = _rel(root, path)
+    for msg in request(root, {"cmd": "restore", "path": rel, "wait": wait}, timeout=None):
+        msg.pop("ok", None)
+        if msg.get("done"):
+            if as_json:
+                typer.echo(json.dumps(msg, indent=2, sort_keys=True))
+            elif not msg["archived"]:
+                typer.echo(f"ckptfs: {path}: none of its {msg['objects']} objects is in an archive class: nothing to restore")
+            elif msg["restored"] == msg["archived"]:
+                typer.echo(f"ckptfs: {path}: all {msg['archived']} archived objects are restored and readable")
+            else:
+                typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} archived objects restored, {msg['ongoing']} "
+                           f"in progress ({msg['requested']} requested now); run `ckptfs restore {path} --wait` to follow")
+            return
+        if not as_json:
+            typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} restored, {msg['ongoing']} in progress", err=True)
+    raise CliError("the daemon stopped before the restore request finished (is it shutting down?)")
+
+
+# ------------------------------------------------------------------------ cost
+@app.command()
+@_one_line_errors
+def usage(
+    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate."),
+) -> None:
+    """Bytes and objects in the bucket under PATH per checkpoint, run, state and storage class, and an estimated monthly cost."""
+    from ckptfs.cli.main import _rel
+    from ckptfs.config import fmt_bytes
+
+    root = find_mount_root(path)
+    u = _one(root, {"cmd": "usage", "path": _rel(root, path)})
+    u.pop("ok", None)
+    if as_json:
+        typer.echo(json.dumps(u, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {u['monthly_cost_estimate']:.2f} per month "
+                  f"({u['prices_note']})")
+    for title, rows in (("by storage class", u["by_class"]), ("by state", {k: v for k, v in u["by_state"].items() if v["objects"]}),
+                        ("by run", u["by_run"])):
+        if not rows:
+            continue
+        t = Table(title=title)
+        for col in ("", "size", "objects", "per month"):
+            t.add_column(col, justify="left" if not col else "right")
+        for name, e in rows.items():
+            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), f"{e['monthly_cost']:.2f}" if "monthly_cost" in e else "-")
+        console.print(t)
+    if u["by_checkpoint"]:
+        t = Table(title="by checkpoint")
+        for col in ("step", "path", "state", "class", "size", "objects", "per month"):
+            t.add_column(col, justify="right" if col in ("step", "size", "objects", "per month") else "left")
+        for c in u["by_checkpoint"]:
+            t.add_row(str(c["step"]), c["path"], c["state"], c["storage_class"], fmt_bytes(c["bytes"]), str(c["objects"]),
+                      f"{c['monthly_cost']:.2f}")
+        console.print(t)

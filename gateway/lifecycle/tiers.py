@@ -1,0 +1,270 @@
+"""Storage tiers: object tags on checkpoints, the bucket lifecycle rules built on them, restores of archived objects.
+
+* Tags. The objects of a committed checkpoint (its files and its manifest) carry
+  `ckptfs-state` (committed | protected | expiring), `ckptfs-protected` (true | false) and
+  `ckptfs-step`, set when the manifest is written and on protect / unprotect (`tag`). Other
+  tags on the objects are kept (read, merged, written back). Retention sets `expiring` the
+  same way.
+* Rules. `plan` builds the bucket lifecycle rules those tags make possible, scoped to the
+  mount's prefix and named `ckptfs:<prefix>:...`; it compares them with what the bucket has,
+  and `apply` writes the result, keeping every rule ckptfs did not write (other prefixes'
+  ckptfs rules included). Bucket lifecycle ages count from each object's creation, as S3 does.
+* Restores. `restore` asks the store to restore every archived object at or under a path
+  (RestoreObject) and reports, on each poll, how many are restored.
+
+Stores that refuse a rule (SeaweedFS answers transitions with 501) get one line naming it.
+Moving checkpoints to another bucket or endpoint by the daemon itself needs replication: not built.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import trio
+
+from ..store import StoreError
+from .manifest import MANIFEST, LifecycleError, Manifest
+from .patterns import Checkpoint
+
+if TYPE_CHECKING:
+    from .service import Lifecycle
+
+log = logging.getLogger(__name__)
+
+STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
+                   "GLACIER", "DEEP_ARCHIVE", "EXPRESS_ONEZONE")
+ARCHIVE_CLASSES = ("GLACIER", "DEEP_ARCHIVE")  # need a restore before a GET (GLACIER_IR does not)
+# AWS's minimum object age for a transition into these classes (other stores may accept less)
+AWS_MIN_DAYS = {"STANDARD_IA": 30, "ONEZONE_IA": 30}
+TAG_STATE, TAG_PROTECTED, TAG_STEP = "ckptfs-state", "ckptfs-protected", "ckptfs-step"
+TAGS_AT_ONCE = 8
+RESTORE_POLL = 30.0
+COMMANDS = ("lifecycle_plan", "lifecycle_apply", "restore", "usage")
+
+
+class TierError(ValueError):
+    """A tier or price setting cannot be used; one line naming it and the fix."""
+
+
+# -------------------------------------------------------------------- settings
+def parse_transitions(entries: list[str]) -> list[tuple[int, str]]:
+    """`["30:STANDARD_IA", "90:GLACIER_IR"]` -> [(30, "STANDARD_IA"), (90, "GLACIER_IR")], days strictly ascending."""
+    out: list[tuple[int, str]] = []
+    for e in entries:
+        m = re.fullmatch(r"\s*(\d+)\s*[:=]\s*([A-Z_]+)\s*", e)
+        if not m:
+            raise TierError(f"tier_transitions entry {e!r} is not DAYS:CLASS (for example 30:STANDARD_IA)")
+        days, cls = int(m.group(1)), m.group(2)
+        if cls not in STORAGE_CLASSES or cls == "STANDARD":
+            raise TierError(f"tier_transitions entry {e!r}: {cls} is not a storage class to move to; use one of "
+                            f"{', '.join(c for c in STORAGE_CLASSES if c != 'STANDARD')}")
+        if out and days <= out[-1][0]:
+            raise TierError(f"tier_transitions entry {e!r}: days must grow from one entry to the next ({out[-1][0]} before it)")
+        out.append((days, cls))
+    return out
+
+
+def parse_prices(entries: list[str]) -> dict[str, float]:
+    """`["STANDARD:0.023", ...]` -> {"STANDARD": 0.023, ...} (per GiB-month)."""
+    out: dict[str, float] = {}
+    for e in entries:
+        cls, sep, price = e.partition(":")
+        try:
+            value = float(price)
+        except ValueError:
+            value = -1.0
+        if not sep or not cls.strip() or value < 0:
+            raise TierError(f"storage_prices entry {e!r} is not CLASS:PRICE (for example STANDARD:0.023)")
+        out[cls.strip()] = value
+    return out
+
+
+# ------------------------------------------------------------------------ tags
+def checkpoint_tags(state: str, protected: bool, step: int) -> dict[str, str]:
+    return {TAG_STATE: state, TAG_PROTECTED: "true" if protected else "false", TAG_STEP: str(step)}
+
+
+async def tag(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, state: str, protected: bool) -> int:
+    """Set ckptfs's tags on the checkpoint's objects (its files and manifest); returns how many failed.
+
+    A failure is logged, never raised: tags drive bucket lifecycle rules, which catch up at the next change.
+    """
+    if not lc.cfg.checkpoint_tags:
+        return 0
+    want = checkpoint_tags(state, protected, ck.step)
+    keys = [f["key"] for f in manifest.files] + [lc.keys.of(f"{ck.path}/{MANIFEST}")]
+    failed: list[str] = []
+    limit = trio.CapacityLimiter(TAGS_AT_ONCE)
+
+    async def one(key: str) -> None:
+        async with limit:
+            try:
+                have = await lc.io(lc.store.get_tags, key)
+                if {k: have.get(k) for k in want} != want:
+                    await lc.io(lc.store.put_tags, key, {**have, **want})
+            except StoreError as e:
+                failed.append(f"{key}: {e}")
+
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(one, key)
+    if failed:
+        lc.tag_errors_total += len(failed)
+        log.warning("could not tag %d of %d objects of %s as %s (first: %s): lifecycle rules may skip them until the next change",
+                    len(failed), len(keys), ck.path, state, failed[0])
+    return len(failed)
+
+
+# ----------------------------------------------------------------------- rules
+def rule_prefix(prefix: str) -> str:
+    """The ID prefix of the rules ckptfs writes for a mount prefix."""
+    return f"ckptfs:{prefix.strip('/') or '/'}:"
+
+
+def desired_rules(cfg: Any) -> list[dict[str, Any]]:
+    """The bucket lifecycle rules ckptfs wants for this mount's prefix."""
+    prefix = cfg.key_prefix
+    rid = rule_prefix(cfg.prefix)
+    rules: list[dict[str, Any]] = []
+    transitions = parse_transitions(cfg.tier_transitions)
+    if transitions:
+        rules.append({
+            "ID": f"{rid}tiers",
+            "Status": "Enabled",
+            "Filter": {"And": {"Prefix": prefix, "Tags": [{"Key": TAG_STATE, "Value": "committed"},
+                                                          {"Key": TAG_PROTECTED, "Value": "false"}]}},
+            "Transitions": [{"Days": d, "StorageClass": c} for d, c in transitions],
+        })
+    if cfg.tier_expiring_delete_days:
+        rules.append({
+            "ID": f"{rid}expiring",
+            "Status": "Enabled",
+            "Filter": {"And": {"Prefix": prefix, "Tags": [{"Key": TAG_STATE, "Value": "expiring"}]}},
+            "Expiration": {"Days": cfg.tier_expiring_delete_days},
+        })
+    return rules
+
+
+def _norm(rule: dict[str, Any]) -> dict[str, Any]:
+    """A rule as stores echo it back, for comparing: tags in order, no empty fields."""
+    r = {k: v for k, v in rule.items() if v not in (None, {}, [])}
+    f = r.get("Filter", {}).get("And")
+    if f and "Tags" in f:
+        r["Filter"] = {"And": {**f, "Tags": sorted(f["Tags"], key=lambda t: t["Key"])}}
+    return r
+
+
+def plan(cfg: Any, current: list[dict[str, Any]]) -> dict[str, Any]:
+    """What `apply` would set: the whole configuration, and its difference from `current`."""
+    mine = rule_prefix(cfg.prefix)
+    want = {r["ID"]: r for r in desired_rules(cfg)}
+    have = {r.get("ID", ""): r for r in current}
+    add = [i for i in want if i not in have]
+    change = [i for i in want if i in have and _norm(want[i]) != _norm(have[i])]
+    same = [i for i in want if i in have and i not in change]
+    remove = [i for i in have if i.startswith(mine) and i not in want]
+    keep = [i for i in have if not i.startswith(mine)]
+    rules = [have[i] for i in keep] + list(want.values())
+    warnings = []
+    for r in want.values():
+        for t in r.get("Transitions", []):
+            low = AWS_MIN_DAYS.get(t["StorageClass"])
+            if low and t["Days"] < low:
+                warnings.append(f"AWS S3 refuses transitions to {t['StorageClass']} before {low} days "
+                                f"(tier_transitions has {t['Days']}); other stores may accept it")
+    return {"prefix": cfg.key_prefix, "rules": rules, "add": add, "change": change, "unchanged": same, "remove": remove,
+            "keep": keep, "changes": bool(add or change or remove), "warnings": warnings}
+
+
+async def apply(lc: "Lifecycle") -> dict[str, Any]:
+    current = await lc.io(lc.store.lifecycle_rules)
+    p = plan(lc.cfg, current)
+    if not p["changes"]:
+        return {**p, "applied": False}
+    try:
+        await lc.io(lc.store.set_lifecycle_rules, p["rules"])
+    except StoreError as e:
+        if "501" in str(e) or "does not implement" in str(e):
+            parts = sorted({"transitions (storage classes)" if "Transitions" in r else "expiration" for r in p["rules"]})
+            raise LifecycleError(f"bucket {lc.store.bucket!r} does not support lifecycle {' and '.join(parts)} (501 Not Implemented): "
+                                 "nothing was changed; drop tier_transitions for this store (see docs/lifecycle.md, Tiers)") from None
+        raise
+    log.info("bucket lifecycle rules set: added %s, changed %s, removed %s, kept %d others",
+             p["add"] or "-", p["change"] or "-", p["remove"] or "-", len(p["keep"]))
+    return {**p, "applied": True}
+
+
+# -------------------------------------------------------------------- restores
+async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any]:
+    """Restore every archived object at or under mount-relative `rel`; progress lines until done (or once unless `wait`)."""
+    listing_prefix = lc.keys.of(rel)
+    single = await _is_object(lc, listing_prefix) if rel else False
+    if single:
+        objects = [(listing_prefix, None)]
+    else:
+        base = lc.keys.of(rel + "/") if rel else lc.keys.of("")
+        listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+        objects = [(base + o.name, o.storage_class) for o in listing.objects if not o.name.endswith("/")]
+    if not objects:
+        raise LifecycleError(f"{rel or '/'}: no objects in the bucket to restore")
+    states: dict[str, str] = {}
+    requested = 0
+    for key, cls in objects:
+        if cls is not None and cls not in ARCHIVE_CLASSES:
+            continue
+        klass, state = await lc.io(lc.store.storage_state, key)
+        if klass not in ARCHIVE_CLASSES:
+            continue
+        if state == "":
+            if await lc.io(lc.store.restore, key, lc.cfg.restore_days, lc.cfg.restore_tier):
+                requested += 1
+            state = "ongoing"
+        states[key] = state
+    while True:
+        done = sum(1 for s in states.values() if s == "restored")
+        progress = {"objects": len(objects), "archived": len(states), "requested": requested, "restored": done,
+                    "ongoing": len(states) - done}
+        if done == len(states) or not wait:
+            return progress
+        await send({"ok": True, **progress})
+        await trio.sleep(RESTORE_POLL)
+        for key, state in list(states.items()):
+            if state != "restored":
+                states[key] = (await lc.io(lc.store.storage_state, key))[1] or "ongoing"
+
+
+async def _is_object(lc: "Lifecycle", key: str) -> bool:
+    try:
+        await lc.io(lc.store.storage_state, key)
+    except StoreError:
+        return False
+    return True
+
+
+def class_label(by_class: dict[str, int]) -> str:
+    """The storage class of a checkpoint: its one class, or the classes it spans (most bytes first)."""
+    if not by_class:
+        return "-"
+    return "+".join(c for c, _ in sorted(by_class.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+async def handle(lc: "Lifecycle", cmd: str, path: str, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
+    """The control-socket commands of this module (called by Lifecycle.handle, which turns errors into one line)."""
+    if cmd == "lifecycle_plan":
+        current = await lc.io(lc.store.lifecycle_rules)
+        await send({"ok": True, "bucket": lc.store.bucket, "current": current, **plan(lc.cfg, current)})
+    elif cmd == "lifecycle_apply":
+        await send({"ok": True, "bucket": lc.store.bucket, **await apply(lc)})
+    elif cmd == "usage":
+        from .usage import usage
+
+        if path and await lc.remote.resolve(path) is None:
+            raise LifecycleError(f"{path}: no such file or directory in the mount")
+        await send({"ok": True, **await usage(lc, path)})
+    elif cmd == "restore":
+        if path and await lc.remote.resolve(path) is None:
+            raise LifecycleError(f"{path}: no such file or directory in the mount")
+        result = await restore(lc, path, bool(request.get("wait")), send)
+        await send({"ok": True, "done": True, "path": path, **result})

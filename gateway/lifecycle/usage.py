@@ -1,0 +1,134 @@
+"""What the bucket holds under a mount and what it costs: `ckptfs usage`, and the storage metrics.
+
+`usage` lists every object under a path once (recursive listing: sizes and storage classes)
+and the catalogue (checkpoints and their states), and sums bytes and objects per checkpoint,
+per run (the directory holding the checkpoints), per state and per storage class. Objects
+outside checkpoints (other files, ckptfs's audit log) count under the state `none`. The
+monthly cost estimate multiplies the bytes of each class by `storage_prices` (per GiB-month,
+examples by default, not quotes); it leaves out requests, retrievals, minimum storage durations
+and minimum object sizes.
+
+The metrics (`UsageCollector`) come from the catalogue walk the lifecycle already makes every
+`SCAN_SECONDS` (checkpoint objects only; the scrape makes no request). Every metric is in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .catalogue import STATES
+from .tiers import class_label, parse_prices
+
+if TYPE_CHECKING:
+    from .service import Lifecycle
+
+GiB = float(1 << 30)
+NONE = "none"  # objects outside any checkpoint
+
+
+def price_of(prices: dict[str, float], storage_class: str) -> float:
+    return prices.get(storage_class, prices.get("STANDARD", 0.0))
+
+
+def cost(prices: dict[str, float], by_class_bytes: dict[str, int]) -> float:
+    return sum(size / GiB * price_of(prices, cls) for cls, size in by_class_bytes.items())
+
+
+def _add(d: dict[str, dict[str, Any]], key: str, size: int, n: int = 1) -> dict[str, Any]:
+    e = d.setdefault(key, {"bytes": 0, "objects": 0})
+    e["bytes"] += size
+    e["objects"] += n
+    return e
+
+
+def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[dict[str, Any]], patterns: Any,
+              prices: dict[str, float]) -> dict[str, Any]:
+    """`objects`: (mount-relative path, size, storage class); `checkpoints`: catalogue entries (describe)."""
+    cks = {e["path"]: e for e in checkpoints}
+    per_ck: dict[str, dict[str, Any]] = {}
+    by_run: dict[str, dict[str, Any]] = {}
+    by_state: dict[str, dict[str, Any]] = {s: {"bytes": 0, "objects": 0} for s in (*STATES, NONE)}
+    by_class: dict[str, dict[str, Any]] = {}
+    total = count = 0
+    for rel, size, cls in objects:
+        total += size
+        count += 1
+        _add(by_class, cls, size)
+        ck = patterns.checkpoint_of(rel)
+        entry = cks.get(ck.path) if ck is not None else None
+        if entry is None:
+            _add(by_state, NONE, size)
+            continue
+        _add(by_state, entry["state"], size)
+        run = entry["path"].rsplit("/", 1)[0] if "/" in entry["path"] else "/"
+        r = _add(by_run, run, size)
+        r.setdefault("checkpoints", set()).add(entry["path"])
+        c = per_ck.setdefault(entry["path"], {"path": entry["path"], "step": entry["step"], "state": entry["state"], "bytes": 0,
+                                              "objects": 0, "by_class": {}})
+        c["bytes"] += size
+        c["objects"] += 1
+        c["by_class"][cls] = c["by_class"].get(cls, 0) + size
+    for c in per_ck.values():
+        c["storage_class"] = class_label(c["by_class"])
+        c["monthly_cost"] = round(cost(prices, c["by_class"]), 4)
+    for run, r in by_run.items():
+        r["checkpoints"] = len(r["checkpoints"])
+        r["monthly_cost"] = round(sum(c["monthly_cost"] for c in per_ck.values()
+                                      if (c["path"].rsplit("/", 1)[0] if "/" in c["path"] else "/") == run), 4)
+    for cls, e in by_class.items():
+        e["price_per_gib_month"] = price_of(prices, cls)
+        e["monthly_cost"] = round(e["bytes"] / GiB * e["price_per_gib_month"], 4)
+    return {
+        "path": path or "/",
+        "bytes": total,
+        "objects": count,
+        "by_checkpoint": sorted(per_ck.values(), key=lambda c: (c["path"].rsplit("/", 1)[0] if "/" in c["path"] else "", c["step"], c["path"])),
+        "by_run": dict(sorted(by_run.items())),
+        "by_state": by_state,
+        "by_class": dict(sorted(by_class.items())),
+        "monthly_cost_estimate": round(sum(e["monthly_cost"] for e in by_class.values()), 4),
+        "prices_note": "storage only, from storage_prices (per GiB-month; the defaults are examples, not quotes)",
+    }
+
+
+async def usage(lc: "Lifecycle", path: str) -> dict[str, Any]:
+    base = lc.keys.of(path + "/" if path else "")
+    listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+    rel0 = f"{path}/" if path else ""
+    objects = [(rel0 + o.name, o.size, o.storage_class) for o in listing.objects]
+    checkpoints = await lc.scan(path)
+    return summarize(path, objects, checkpoints, lc.patterns, parse_prices(lc.cfg.storage_prices))
+
+
+class UsageCollector(Collector):
+    """Storage and cost metrics from the last catalogue walk (checkpoint objects)."""
+
+    def __init__(self, lc: "Lifecycle") -> None:
+        self.lc = lc
+        self.prices = parse_prices(lc.cfg.storage_prices)
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        entries = getattr(self.lc, "entries", [])
+        # STANDARD in every state always has a series (0 until seen), so dashboards and alerts have one to read
+        size: dict[tuple[str, str], int] = {("STANDARD", state): 0 for state in STATES}
+        by_class: dict[str, int] = {"STANDARD": 0}
+        for e in entries:
+            for cls, n in (e.get("storage_classes") or {}).items():
+                size[(cls, e["state"])] = size.get((cls, e["state"]), 0) + n
+                by_class[cls] = by_class.get(cls, 0) + n
+        g = GaugeMetricFamily("ckptfs_storage_bytes", "Bytes of checkpoint objects in the bucket under the mount, by storage class and "
+                              "checkpoint state (from the last catalogue walk).", labels=["storage_class", "state"])
+        for (cls, state), n in sorted(size.items()):
+            g.add_metric([cls, state], float(n))
+        yield g
+        g = GaugeMetricFamily("ckptfs_storage_monthly_cost_estimate", "Estimated monthly storage cost of those bytes, by storage "
+                              "class, from storage_prices (examples by default, not quotes).", labels=["storage_class"])
+        for cls, n in sorted(by_class.items()):
+            g.add_metric([cls], n / GiB * price_of(self.prices, cls))
+        yield g
+        c = CounterMetricFamily("ckptfs_checkpoint_tag_errors", "Checkpoint objects ckptfs could not tag (lifecycle rules may skip them).")
+        c.add_metric([], float(self.lc.tag_errors_total))
+        yield c
