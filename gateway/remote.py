@@ -74,6 +74,8 @@ class Remote:
         self.listings_total = 0
         self.listing_errors_total = 0
         self.listing_timeouts_total = 0
+        # told every directory listing merged (mount-relative path, listing): the lifecycle learns protection from it
+        self.on_listing: Callable[[str, Listing], None] = lambda path, listing: None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the background listings until cancelled (the daemon stopping abandons those in flight)."""
@@ -178,6 +180,7 @@ class Remote:
                 self.listings_total += 1
                 self.ns.merge.merge(ino, started_wall, listing)
                 self.listed_at[ino] = started_mono
+                self.on_listing(self.ns.keys.path(prefix).rstrip("/"), listing)
                 self.down_since = None
                 since = self.stale.pop(ino, None)
                 if since is not None:
@@ -254,6 +257,7 @@ class Remote:
             self.ns.merge.merge(row.ino, started_wall, per_dir[rel])
             self.listed_at[row.ino] = started_mono
             self.stale.pop(row.ino, None)
+            self.on_listing(path, per_dir[rel])
         return True
 
     async def _list_bounded(self, prefix: str, bound: float) -> Listing | None:
