@@ -4,7 +4,8 @@
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it); also installs
 #                what the ops tests drive: prometheus, nfs-ganesha, rpcbind, libnfs-utils
 #   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt
-#   make stop    unmount ./mnt (flushing), stop the local S3, drop its data
+#   make stop    unmount ./mnt (draining for shutdown_timeout: returns even with the S3 server hung),
+#                stop the local S3, drop its data
 #   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run)
 #   make install the command in /opt/ckptfs (a venv) linked from /usr/local/bin, the systemd
 #                unit, /etc/ckptfs, /var/cache/ckptfs, docs (DESTDIR= to stage; docs/install.md)
@@ -109,7 +110,7 @@ run: deps
 stop:
 	@if $(IS_MOUNTED); then \
 		. $(DEV)/s3/env 2>/dev/null; \
-		$(VENV)/bin/ckptfs unmount ./$(MNT) --flush || echo "stop: ckptfs unmount failed, detaching the mount"; \
+		$(VENV)/bin/ckptfs unmount ./$(MNT) || echo "stop: ckptfs unmount failed, detaching the mount"; \
 	fi
 	@if $(IS_MOUNTED); then fusermount3 -uz $(MNT) || true; fi
 	$(STOP_PY) scripts/dev_s3.py stop --dir $(DEV)/s3

@@ -13,6 +13,7 @@ for the store's timeouts", minutes. Default settings except where a test says.
 from __future__ import annotations
 
 import json
+import errno
 import os
 import subprocess
 import sys
@@ -103,8 +104,9 @@ def test_unmount_with_a_hung_store_returns_and_the_next_mount_uploads(make_mount
     proc = m.cli("unmount", str(m.path), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert not os.path.ismount(m.path)
+    assert "stay in the journal" in proc.stdout and "the next mount" in proc.stdout, proc.stdout  # says what is left
     log = (m.cache_dir / "ckptfs.log").read_text()
-    assert "stopped with 1 files" in log and "the next mount" in log  # what is left, and who finishes it
+    assert "stopped with 1 files" in log and "the next mount" in log
     hung.resume()
     m.start()
     m.flush()
@@ -126,3 +128,31 @@ def test_read_of_an_uncached_file_fails_after_its_bound_and_says_why(make_mount,
     assert m.status()["read_errors_total"] == 1
     hung.resume()
     assert sha256_file(m.path / "evicted.bin") == digest  # the next open reads it
+
+
+def test_directory_rmdir_and_rename_with_a_hung_store(make_mount, hung: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
+    m: Mount = make_mount()
+    client = hung.client()
+    client.put_object(Bucket=m.bucket, Key=m.key("elsewhere/unseen.bin"), Body=b"x")  # another node's tree
+    (m.path / "listed").mkdir()
+    m.flush()
+    assert sorted(os.listdir(m.path)) == ["elsewhere", "listed"]  # `elsewhere` known only as a name
+    assert os.listdir(m.path / "listed") == []  # listed by this node: it knows it is empty
+    hung.pause()
+    (m.path / "step.tmp").mkdir()  # made here: nothing of it in the bucket
+    (m.path / "step.tmp" / "shard.bin").write_bytes(b"s")
+    os.rename(m.path / "step.tmp", m.path / "step")  # the checkpoint pattern goes on
+    os.rmdir(m.path / "listed")
+    # this node never listed `elsewhere`: removing or moving it could leave objects behind, so it is refused
+    for op in (lambda: os.rmdir(m.path / "elsewhere"), lambda: os.rename(m.path / "elsewhere", m.path / "moved")):
+        with pytest.raises(OSError) as e:
+            op()
+        assert e.value.errno == errno.ETIMEDOUT
+    assert "never listed it" in (m.cache_dir / "ckptfs.log").read_text()
+    hung.resume()
+    m.flush()
+    keys = m.keys()
+    assert m.key("step/shard.bin") in keys and m.key("listed/") not in keys and m.key("elsewhere/unseen.bin") in keys
+    with pytest.raises(OSError) as e:
+        os.rmdir(m.path / "elsewhere")  # the store answers again: the object is seen
+    assert e.value.errno == errno.ENOTEMPTY
