@@ -371,6 +371,8 @@ def status(
         ("uploaded", f"{fmt_bytes(st['uploaded_bytes_total'])} in {st['uploaded_files_total']} files"),
         ("upload errors", str(st["upload_errors_total"])),
         ("last error", st["last_error"] or "-"),
+        ("stale directories", f"{st.get('stale_directories', 0)} (listings the store did not answer; retried)"
+         if st.get("stale_directories") else "0"),
     ]
     for k, v in rows:
         table.add_row(k, v)
