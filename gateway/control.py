@@ -5,7 +5,10 @@ user may ask it anything), found by the CLI through the `user.ckptfs.control`
 xattr on the mount root. One JSON object per line each way:
 
   {"cmd": "status"}                      -> {"ok": true, "status": {...}}
-  {"cmd": "flush", "path": "a/b"}        -> progress lines {"files", "bytes", "deletes"}
+  {"cmd": "flush", "path": "a/b"}        -> progress lines {"files", "bytes", "deletes", "uploaded_bytes",
+                                            "upload_bytes_per_second"}: what is not yet durable under the
+                                            path; uploaded_bytes of those bytes are in the bucket already
+                                            (parts of running uploads); the drain's current throughput
                                             ... then {"ok": true, "done": true}
   {"cmd": "warmup", "paths": ["a", "b/c"]} -> progress lines {"files", "bytes", "done_bytes"}
                                             ... then {"ok": true, "done": true, "failed": [[path, error], ...]}
@@ -105,7 +108,7 @@ class ControlServer:
                 return
             while True:
                 progress = self.daemon.flush_progress(path)
-                if not any(progress.values()):
+                if not (progress["files"] or progress["bytes"] or progress["deletes"]):
                     await send({"ok": True, "done": True})
                     return
                 await send({"ok": True, **progress})

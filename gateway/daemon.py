@@ -13,6 +13,7 @@ import errno
 import fcntl
 import logging
 import os
+import platform
 import re
 import shutil
 import signal
@@ -31,10 +32,11 @@ from .fetch import Fetcher
 from .journal import Journal, JournalError
 from .lifecycle.service import Lifecycle
 from .metrics import Metrics
-from .namespace import Namespace
+from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
 from .remote import Remote
 from .store import Store, StoreError
+from .version import VERSION
 
 log = logging.getLogger("ckptfs")
 
@@ -209,7 +211,13 @@ class Daemon:
     # ---- control API
     def status(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self.ns.stats())
+        now = time.time()
+        rate = self.drainer.throughput.rate()
+        in_bucket = min(s["dirty_bytes"], self.bytes_in_bucket(""))
+        left = s["dirty_bytes"] - in_bucket
+        last_error_at = self.drainer.last_error_at
         s.update(
+            version=VERSION,
             pid=os.getpid(),
             mountpoint=os.path.abspath(self.cfg.mountpoint),
             source=f"s3://{self.cfg.bucket}/{self.cfg.prefix}".rstrip("/"),
@@ -220,6 +228,13 @@ class Daemon:
             uploaded_files_total=int(self.metrics.uploaded_files._value.get()),
             upload_errors_total=int(self.metrics.errors_total()),
             last_error=self.drainer.last_error,
+            last_error_at=last_error_at,
+            last_error_age_seconds=None if last_error_at is None else round(max(0.0, now - last_error_at), 1),
+            parts_in_flight=int(self.metrics.parts_in_flight._value.get()),
+            dirty_bytes_in_bucket=in_bucket,
+            upload_bytes_per_second=round(rate),
+            upload_rate_window_seconds=self.drainer.throughput.window,
+            drain_eta_seconds=0.0 if not left else round(left / rate, 1) if rate else None,
             fetched_bytes_total=self.fetcher.fetched_bytes_total,
             fetched_files_total=self.fetcher.fetched_files_total,
             read_errors_total=self.fetcher.read_errors_total,
@@ -238,7 +253,17 @@ class Daemon:
     def flush_progress(self, path: str) -> dict[str, int]:
         self.ns.uploads.mark_urgent(path)
         files, size, deletes = self.ns.uploads.pending_under(path)
-        return {"files": files, "bytes": size, "deletes": deletes}
+        return {"files": files, "bytes": size, "deletes": deletes, "uploaded_bytes": min(size, self.bytes_in_bucket(path)),
+                "upload_bytes_per_second": round(self.drainer.throughput.rate())}
+
+    def bytes_in_bucket(self, path: str) -> int:
+        """Bytes of files at or under `path` whose upload is running and whose parts are already in the bucket."""
+        total = 0
+        for ino, sent in self.drainer.sent.items():
+            p = self.journal.path_of(ino)
+            if p is not None and under(path, p):
+                total += sent
+        return total
 
     async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]:
         """Read files (or whole trees) from the bucket into the cache; returns (path, error) of those that failed."""
@@ -454,6 +479,7 @@ def notify_systemd(message: bytes) -> None:
 
 def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
     """Foreground entry point. Returns the exit status."""
+    log.info("ckptfs %s starting (pid %d, python %s)", VERSION, os.getpid(), platform.python_version())
     daemon = Daemon(cfg)
     try:
         daemon.prepare()

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import errno
 import logging
-from importlib import metadata
 from typing import Any, Callable
 
 import trio
 from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from .version import VERSION
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +93,11 @@ class FuseCounters:
 FUSE_COUNTERS = FuseCounters()
 
 
-def _version() -> str:
-    try:
-        return metadata.version("ckptfs")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "unknown"
-
-
 class _StateCollector(Collector):
     def __init__(self, read: Callable[[], dict[str, Any]], fuse: FuseCounters) -> None:
         self.read = read
         self.fuse = fuse
-        self.version = _version()
+        self.version = VERSION
 
     def collect(self):  # type: ignore[no-untyped-def]
         values = self.read()
