@@ -118,7 +118,7 @@ def test_read_of_an_uncached_file_fails_after_its_bound_and_says_why(make_mount,
     digest = write_random(m.path / "evicted.bin", 1 * MiB, seed=3)
     m.flush()
     proc = m.cli("evict", str(m.path / "evicted.bin"))
-    assert proc.returncode == 0 and "evicted 1 files" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "evicted 1 file " in proc.stdout, proc.stdout + proc.stderr
     hung.pause()
     reader = subprocess.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'rb').read()", str(m.path / "evicted.bin")],
                             capture_output=True, text=True, timeout=60)
