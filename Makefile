@@ -2,8 +2,9 @@
 #
 #   make deps    what `make run` needs: system packages (fuse3, ...), .venv, pip install -e '.[dev]'
 #   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt (installs only what running needs)
-#   make stop    unmount ./mnt (flushing), stop the local S3 and DELETE ITS DATA and the cache;
-#                make stop KEEP=1 stops both but keeps them for the next make run
+#   make stop    unmount ./mnt (draining up to shutdown_timeout: returns even with the S3 server
+#                hung), stop the local S3 and DELETE ITS DATA and the cache; make stop KEEP=1
+#                stops both but keeps them (and what was not uploaded) for the next make run
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it); adds the test, train
 #                and bench extras (PyTorch...) and what the ops tests drive: prometheus,
 #                nfs-ganesha, rpcbind, libnfs-utils, s3fs
@@ -135,7 +136,7 @@ run: deps
 stop:
 	@if $(IS_MOUNTED); then \
 		. $(DEV)/s3/env 2>/dev/null; \
-		$(VENV)/bin/ckptfs unmount ./$(MNT) --flush || echo "stop: ckptfs unmount failed, detaching the mount"; \
+		$(VENV)/bin/ckptfs unmount ./$(MNT) || echo "stop: ckptfs unmount failed, detaching the mount"; \
 	fi
 	@if $(IS_MOUNTED); then fusermount3 -uz $(MNT) || true; fi
 	$(STOP_PY) scripts/dev_s3.py stop --dir $(DEV)/s3 $(if $(KEEP),--keep-data)

@@ -76,9 +76,11 @@ class Config:
 
     # namespace and reads
     metadata_ttl: float = _opt(5.0, "Seconds a directory's bucket listing is trusted: files written, changed or deleted by other nodes show up after their upload plus at most this long. 0 lists on every lookup.", "seconds")
+    listing_timeout: float = _opt(1.5, "Seconds a lookup, `ls`, `stat` or `open` waits for a directory listing from the bucket that gives no answer (a listing that keeps returning pages is waited for). After that the request is answered from what this node knows, the directory counts as stale (`ckptfs status`, metric `ckptfs_stale_directories`) and its listing is retried in the background until it succeeds; a stale directory is not waited for again. 0 waits as long as the store takes.", "seconds")
     read_range_size: int = _opt(8 * MiB, "Size of the first ranged GET when a file that is only in the bucket is read into the cache; each next range is twice the last, up to read_range_max_size.", "bytes")
     read_range_max_size: int = _opt(64 * MiB, "Largest ranged GET when reading a file from the bucket. Larger ranges cost the daemon less CPU per GiB; a reader waits at most for one range.", "bytes")
     read_concurrency: int = _opt(8, "Ranged GETs in flight per file being read from the bucket.")
+    read_range_timeout: float = _opt(60.0, "Seconds one ranged GET may take, retries included, when a file that is not in the cache is read from the bucket; after that the reader gets EIO and the log says the object store did not answer. 0 waits as long as the store takes.", "seconds")
     kernel_read_ahead: int = _opt(2 * MiB, "Read-ahead the kernel uses on the mount (its `read_ahead_kb`, set at mount when running as root). Larger reads mean fewer FUSE requests, each one a round trip through Python. 0 keeps the kernel's default.", "bytes")
     copy_multipart_threshold: int = _opt(5 * GiB, "Renaming a durable file copies its object inside the store; objects at least this large are copied in parts (UploadPartCopy of `part_size`), as S3 requires above 5 GiB.", "bytes")
 
@@ -151,7 +153,8 @@ class Config:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds greater than 0")
         for name in ("upload_delay", "shutdown_timeout", "retry_max_backoff",
-                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds"):
+                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds",
+                     "listing_timeout", "read_range_timeout"):
             if not getattr(self, name) >= 0:  # NaN too
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
         for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity", "cache_min_free"):

@@ -191,7 +191,7 @@ class Daemon:
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
         self.fetcher = Fetcher(cfg, self.ns, self.store)
-        self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
+        self.remote = Remote(self.ns, self.store, cfg)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
         from .lifecycle.usage import UsageCollector
@@ -241,8 +241,7 @@ class Daemon:
             fetched_bytes_total=self.fetcher.fetched_bytes_total,
             fetched_files_total=self.fetcher.fetched_files_total,
             read_errors_total=self.fetcher.read_errors_total,
-            listings_total=self.remote.listings_total,
-            listing_errors_total=self.remote.listing_errors_total,
+            **self.remote.stats(),
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             **self.lifecycle.stats(),
             encryption=self.store.enc.describe(),
@@ -367,6 +366,7 @@ class Daemon:
                 except OSError as e:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)
+            await nursery.start(self.remote.run)
             pyfuse3.init(fs, cfg.mountpoint, options)
             nursery.start_soon(self._fuse_main, pyfuse3)
             await nursery.start(self.drainer.run)

@@ -17,6 +17,7 @@ backoff and jitter per file, capped at `retry_max_backoff`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ from typing import Callable
 import trio
 import xxhash
 
+from . import threads
 from .cache import Cache
 from .config import MiB, S3_MAX_PARTS, Config
 from .journal import UploadRecord
@@ -284,10 +286,10 @@ class Drainer:
             async with self.parts:
                 self.metrics.parts_in_flight.inc()
                 try:
-                    etag = await trio.to_thread.run_sync(
+                    etag = await threads.call(functools.partial(
                         self.store.copy, ticket.copy_from, ticket.key, ticket.size,
                         part_size_for(ticket.size, self.cfg.part_size), self.cfg.copy_multipart_threshold,
-                    )
+                    ))
                 finally:
                     self.metrics.parts_in_flight.dec()
         except StoreError as e:
@@ -318,7 +320,7 @@ class Drainer:
                 self.metrics.parts_in_flight.inc()
                 self.throughput.started()
                 try:
-                    etag = await trio.to_thread.run_sync(self.store.put_object, ticket.key, fd, size, crcs[0], metadata)
+                    etag = await threads.call_with_fd(fd, lambda own: self.store.put_object(ticket.key, own, size, crcs[0], metadata))
                 finally:
                     self.metrics.parts_in_flight.dec()
                     self.throughput.stopped()
@@ -334,7 +336,7 @@ class Drainer:
         rec = journal.upload_of(ticket.ino)
         if rec and (rec.key, rec.size, rec.xxh3, rec.part_size) == (ticket.key, ticket.size, xxh3, part_size):
             try:
-                remote = await trio.to_thread.run_sync(self.store.list_parts, rec.key, rec.upload_id)
+                remote = await threads.call(functools.partial(self.store.list_parts, rec.key, rec.upload_id))
                 for n, (etag, crc) in rec.parts.items():
                     r = remote.get(n)
                     if r is not None and r.etag == etag and n <= count and crc == crcs[n - 1]:
@@ -346,11 +348,11 @@ class Drainer:
                     raise
                 rec = None
         elif rec:
-            await trio.to_thread.run_sync(self.store.abort, rec.key, rec.upload_id)
+            await threads.call(functools.partial(self.store.abort, rec.key, rec.upload_id))
             journal.forget_upload(ticket.ino)
             rec = None
         if rec is None:
-            upload_id = await trio.to_thread.run_sync(self.store.create_multipart, ticket.key, metadata)
+            upload_id = await threads.call(functools.partial(self.store.create_multipart, ticket.key, metadata))
             journal.start_upload(UploadRecord(ticket.ino, ticket.key, upload_id, part_size, ticket.size, xxh3, time.time(), {}))
         self.sent[ticket.ino] = sum(min(part_size, ticket.size - (n - 1) * part_size) for n in done)
 
@@ -362,8 +364,8 @@ class Drainer:
                 self.metrics.parts_in_flight.inc()
                 self.throughput.started()
                 try:
-                    etag = await trio.to_thread.run_sync(
-                        self.store.upload_part, ticket.key, upload_id, n, fd, offset, length, crcs[n - 1]
+                    etag = await threads.call_with_fd(
+                        fd, lambda own: self.store.upload_part(ticket.key, upload_id, n, own, offset, length, crcs[n - 1])
                     )
                 finally:
                     self.metrics.parts_in_flight.dec()
@@ -381,7 +383,7 @@ class Drainer:
                         parts.start_soon(send, n)
             self._check(ticket)
         except Abandoned:
-            await trio.to_thread.run_sync(self.store.abort, ticket.key, upload_id)
+            await threads.call(functools.partial(self.store.abort, ticket.key, upload_id))
             journal.forget_upload(ticket.ino)
             raise
         except BaseException as e:
@@ -390,16 +392,15 @@ class Drainer:
                 store_errors = e.subgroup(StoreError)
                 abandoned = e.subgroup(Abandoned)
                 if abandoned is not None:
-                    await trio.to_thread.run_sync(self.store.abort, ticket.key, upload_id)
+                    await threads.call(functools.partial(self.store.abort, ticket.key, upload_id))
                     journal.forget_upload(ticket.ino)
                     raise abandoned.exceptions[0] from None
                 if store_errors is not None:
                     raise _first(store_errors) from None
             raise
         try:
-            return await trio.to_thread.run_sync(
-                self.store.complete, ticket.key, upload_id, [(n, done[n], crcs[n - 1]) for n in range(1, count + 1)]
-            )
+            parts = [(n, done[n], crcs[n - 1]) for n in range(1, count + 1)]
+            return await threads.call(functools.partial(self.store.complete, ticket.key, upload_id, parts))
         except StoreError as e:
             if e.kind == NO_UPLOAD:
                 journal.forget_upload(ticket.ino)
@@ -415,7 +416,7 @@ class Drainer:
         if not self.cfg.abort_stale_uploads_after:
             return
         try:
-            uploads = await trio.to_thread.run_sync(self.store.list_uploads, self.cfg.key_prefix)
+            uploads = await threads.call(functools.partial(self.store.list_uploads, self.cfg.key_prefix))
         except StoreError as e:
             log.warning("could not list multipart uploads to clean up: %s", e)
             return
@@ -430,7 +431,7 @@ class Drainer:
             if not (ours and key not in self.busy_keys) and not stale:
                 continue
             try:
-                await trio.to_thread.run_sync(self.store.abort, key, upload_id)
+                await threads.call(functools.partial(self.store.abort, key, upload_id))
                 log.info("aborted leaked multipart upload %s of %s", upload_id, key)
             except StoreError as e:
                 log.warning("could not abort leaked multipart upload %s of %s: %s", upload_id, key, e)
@@ -450,7 +451,7 @@ class Drainer:
     async def _object_op(self, op_id: int, key: str, what: str, call: Callable[[str], None]) -> bool:
         """One queued delete or marker put, with the drain's backoff; True once it succeeded."""
         try:
-            await trio.to_thread.run_sync(call, key)
+            await threads.call(functools.partial(call, key))
             self.delete_backoff.pop(op_id, None)
             return True
         except StoreError as e:

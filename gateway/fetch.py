@@ -29,11 +29,13 @@ from __future__ import annotations
 import bisect
 import errno
 import logging
+import math
 import os
 
 import trio
 import xxhash
 
+from . import threads
 from .cache import CacheFull
 from .config import Config
 from .namespace import Namespace
@@ -208,23 +210,33 @@ class Fetcher:
                 return
             dl.started[i] = True
             start, length = dl.span(i)
-            for attempt in range(1, RANGE_ATTEMPTS + 1):
-                try:
-                    metadata = await trio.to_thread.run_sync(self.store.read_range, dl.key, dl.etag, start, length, fd)
-                    break
-                except StoreError as e:
-                    if e.kind == CHANGED:
-                        log.warning("%s changed in the bucket while being read: the reader gets EIO; "
-                                    "the mount shows the new object after the next listing", dl.key)
-                    retry = e.kind in (NETWORK, SERVER) and attempt < RANGE_ATTEMPTS
-                    if not retry:
-                        log.error("reading %s from the bucket failed: %s", dl.key, e)
-                        raise OSError(errno.EIO, str(e)) from None
-                    await trio.sleep(min(8.0, 0.25 * 2**attempt))
+            bound = self.cfg.read_range_timeout or math.inf
+            with trio.move_on_after(bound) as scope:
+                metadata = await self._read_range(dl, fd, start, length)
+            if scope.cancelled_caught:
+                log.error("reading %s from the bucket: no answer for bytes %d-%d within read_range_timeout (%gs), "
+                          "the object store is hung or very slow; the reader gets EIO", dl.key, start, start + length - 1, bound)
+                raise OSError(errno.EIO, "the object store did not answer in time")
             if dl.metadata is None:
                 dl.metadata = metadata
             self.fetched_bytes_total += length
             dl._range_done(i)
+
+    async def _read_range(self, dl: Download, fd: int, start: int, length: int) -> dict[str, str]:
+        """One range into the cache file, retried on network and server errors (a thread a hung store holds is abandoned)."""
+        for attempt in range(1, RANGE_ATTEMPTS + 1):
+            try:
+                return await threads.call_with_fd(fd, lambda own: self.store.read_range(dl.key, dl.etag, start, length, own))
+            except StoreError as e:
+                if e.kind == CHANGED:
+                    log.warning("%s changed in the bucket while being read: the reader gets EIO; "
+                                "the mount shows the new object after the next listing", dl.key)
+                retry = e.kind in (NETWORK, SERVER) and attempt < RANGE_ATTEMPTS
+                if not retry:
+                    log.error("reading %s from the bucket failed: %s", dl.key, e)
+                    raise OSError(errno.EIO, str(e)) from None
+                await trio.sleep(min(8.0, 0.25 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _hash(self, dl: Download, fd: int) -> str:
         """xxh3-128 of the file, following the workers range by range."""

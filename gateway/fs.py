@@ -107,6 +107,8 @@ class CkptFS(pyfuse3.Operations):
         self.control_socket = control_socket
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
+        # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
+        self._fsyncs = trio.CapacityLimiter(8)
 
     # ------------------------------------------------------------- attributes
     def _entry(self, row: Row) -> pyfuse3.EntryAttributes:
@@ -224,7 +226,7 @@ class CkptFS(pyfuse3.Operations):
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         row = self.ns.tree.lookup(parent_inode, _name(name))
         if row.is_dir:
-            await self.remote.refresh_tree(row.ino)  # objects never looked at here still make it non-empty
+            await self.remote.refresh_tree(row.ino, "rmdir")  # objects never looked at here still make it non-empty
         self.guard.check_entry(parent_inode, _name(name), subtree=True)
         self.ns.tree.rmdir(parent_inode, _name(name))
 
@@ -239,7 +241,7 @@ class CkptFS(pyfuse3.Operations):
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         src = self.ns.tree.lookup(parent_inode_old, _name(name_old))
         if src.is_dir:
-            await self.remote.refresh_tree(src.ino)  # every object below moves, looked at here or not
+            await self.remote.refresh_tree(src.ino, "rename")  # every object below moves, looked at here or not
         self.guard.check_entry(parent_inode_old, _name(name_old), subtree=True)
         self.guard.check_entry(parent_inode_new, _name(name_new))
         self.ns.tree.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
@@ -361,7 +363,7 @@ class CkptFS(pyfuse3.Operations):
     @_fuse
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
-        await trio.to_thread.run_sync(os.fsync, h.fd)
+        await trio.to_thread.run_sync(os.fsync, h.fd, limiter=self._fsyncs)
         self.ns.files.fsync(h.ino)
 
     @_fuse

@@ -45,6 +45,7 @@ GAUGES = {
     "cache_used_bytes": "Bytes of file data in the local cache.",
     "cache_capacity_bytes": "Bytes the cache may hold.",
     "stalled_writers": "Writes waiting for the drain to free cache space (backpressure).",
+    "stale_directories": "Directories served without a current listing because the store did not answer one in time (retried in the background).",
 }
 
 # totals kept by the namespace and fetcher, exported as counters (names without _total)
@@ -59,6 +60,7 @@ STATE_COUNTERS = {
     "read_errors": "Reads from the bucket that failed (the reader got EIO).",
     "listings": "Directory listings of the bucket.",
     "listing_errors": "Directory listings of the bucket that failed (the mount kept showing what it knew).",
+    "listing_timeouts": "Requests answered from what the node knew because a listing did not answer within listing_timeout.",
     "remote_removed": "Entries removed from the mount because their object was deleted from the bucket elsewhere.",
     "remote_changed": "Files whose object was replaced in the bucket elsewhere (their cached copy was dropped).",
     "checksum_mismatches": "Downloads refused because the object's bytes did not match the recorded xxh3.",

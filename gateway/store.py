@@ -13,7 +13,7 @@ import base64
 import io
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import boto3
 import botocore.exceptions as bexc
@@ -282,8 +282,11 @@ class Store:
             raise _classify(e, self.bucket, "GetObject") from None
         return digest, size, r["ETag"].strip('"')
 
-    def list(self, prefix: str, recursive: bool = False) -> Listing:
-        """Objects under `prefix` (which ends in '/' or is empty); one level unless `recursive`."""
+    def list(self, prefix: str, recursive: bool = False, on_page: Callable[[], None] | None = None) -> Listing:
+        """Objects under `prefix` (which ends in '/' or is empty); one level unless `recursive`.
+
+        `on_page()` is called after each page (1000 keys): a listing that keeps answering is not hung.
+        """
         dirs: list[str] = []
         objects: list[RemoteObject] = []
         marker = False
@@ -292,6 +295,8 @@ class Store:
             kw["Delimiter"] = "/"
         while True:
             r = self._call("ListObjectsV2", self.client.list_objects_v2, **kw)
+            if on_page is not None:
+                on_page()
             dirs += [p["Prefix"][len(prefix):].rstrip("/") for p in r.get("CommonPrefixes", [])]
             for o in r.get("Contents", []):
                 name = o["Key"][len(prefix):]

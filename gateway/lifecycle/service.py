@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
+from .. import threads
 from ..config import Config
 from ..store import Store, StoreError
 from . import audit, tiers
@@ -54,8 +55,8 @@ class Lifecycle:
         return list(OWN_OBJECTS) if ck is not None and ck.path == path else []
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a blocking store call in a worker thread."""
-        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter)
+        """Run a blocking store call in a worker thread (abandoned if cancelled: a hung store never holds up a stop)."""
+        return await threads.call(functools.partial(fn, *args), limiter=self.limiter)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

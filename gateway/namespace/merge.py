@@ -5,7 +5,11 @@ durable and not cached); a clean entry whose object is gone disappears; one
 whose ETag changed loses its cached copy so the next open fetches the new
 bytes. An entry the bucket confirmed (or this node created) after the listing
 started is kept: the listing is older than it. Keys this node is deleting, or
-deleted after the listing started, are not brought back.
+deleted after the listing started, are not brought back, and neither is a
+directory (a common prefix) with such a key under it: a listing that started
+before an `rm -rf` finished shows prefixes that are empty by the time it is
+merged. Such a directory created elsewhere meanwhile shows up with the next
+listing.
 """
 
 from __future__ import annotations
@@ -46,6 +50,14 @@ class ListingMerge:
         base = self.keys.of(dpath + "/" if dpath else "")
         pending = j.pending_keys()
         recent = {k for k, at in self.uploads.recently_deleted.items() if at >= started_at}
+        # subdirectories with something under them deleted since the listing started, or about to be:
+        # the listing may show the prefix of objects that are gone by now (`rm -rf` while it ran)
+        emptied: set[str] = set()
+        for k in pending | recent:
+            if k.startswith(base):
+                first, sep, _ = k[len(base):].partition("/")
+                if sep:
+                    emptied.add(first)
 
         def skip(key: str) -> bool:
             return key in pending or key in recent
@@ -59,9 +71,8 @@ class ListingMerge:
             for name in listing.dirs:
                 if not valid_name(name) or is_reserved(name):
                     continue
-                key = base + name + "/"
-                if any(k.startswith(key) for k in pending) and name not in children:
-                    continue  # being emptied by this node
+                if name in emptied and name not in children:
+                    continue  # being emptied by this node, or emptied since the listing started
                 seen.add(name)
                 row = children.get(name)
                 if row is None:

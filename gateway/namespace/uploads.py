@@ -292,6 +292,9 @@ class UploadQueue:
             row = self.journal.resolve(self.keys.path(key))
             if row is not None and row.is_dir:
                 self.journal.update(row.ino, state=DURABLE, seen_at=time.time())
+            elif key not in {k for _, k, _ in self.journal.pending_deletes()}:
+                # removed while its marker was being put (rmdir queued no delete: the bucket had nothing then)
+                self.journal.queue_delete(key)
 
     # ------------------------------------------------------------------ flush
     def pending_under(self, path: str) -> tuple[int, int, int]:

@@ -171,3 +171,76 @@ def test_fsync_then_close_still_waits_for_upload_delay(tmp_path: Path) -> None:
     now = time.time()
     ready, next_at = ns.uploads.candidates(now=now, busy=set())
     assert ready == [] and next_at is not None and next_at > now + 50
+
+
+# ---------------------------------------------------------------- a listing racing a delete
+def _upload(ns: Namespace, ino: int, etag: str) -> None:
+    t = ns.uploads.begin_upload(ino)
+    assert t is not None and ns.uploads.finish_upload(t, etag, "h")
+
+
+def _run_deletes(ns: Namespace) -> list[str]:
+    """What the drainer does with every queued delete, in its order (children before their `dir/`)."""
+    done: list[str] = []
+    ns.uploads.ready_markers(now=0, busy_keys=set())  # drops the markers of directories gone meanwhile
+    while ready := ns.uploads.ready_deletes(set()):
+        for delete_id, key in ready:
+            ns.uploads.delete_done(delete_id, key)
+            done.append(key)
+    return done
+
+
+def _uploaded_tree(ns: Namespace) -> tuple[int, int]:
+    """t/d/f and t/e/g, durable in the bucket; returns the inodes of t and t/d."""
+    t = ns.tree.mkdir(ROOT_INODE, "t", 0o755, 0, 0)
+    d = ns.tree.mkdir(t.ino, "d", 0o755, 0, 0)
+    e = ns.tree.mkdir(t.ino, "e", 0o755, 0, 0)
+    _upload(ns, write_file(ns, d.ino, "f", b"1"), "ef")
+    _upload(ns, write_file(ns, e.ino, "g", b"2"), "eg")
+    return t.ino, d.ino
+
+
+def test_listing_started_before_a_finished_rm_rf_does_not_bring_the_tree_back(tmp_path: Path) -> None:
+    import time
+
+    from ckptfs.store import Listing, RemoteObject
+
+    ns = make_ns(tmp_path)
+    t, d = _uploaded_tree(ns)
+    # a listing of t starts while everything is still in the bucket ...
+    started = time.time()
+    stale_t = Listing(["d", "e"], [], False)
+    stale_d = Listing([], [RemoteObject("f", 1, "ef", started)], False)
+    # ... meanwhile `rm -rf t/d t/e` runs and the drainer finishes every delete
+    ns.tree.unlink(d, "f")
+    ns.tree.rmdir(t, "d")
+    e = ns.journal.lookup(t, "e")
+    assert e is not None
+    ns.tree.unlink(e.ino, "g")
+    ns.tree.rmdir(t, "e")
+    assert sorted(_run_deletes(ns)) == ["p/t/d/", "p/t/d/f", "p/t/e/", "p/t/e/g"]
+    # ... and only then the listing answers: the directories it saw are gone, not new
+    ns.merge.merge(t, started, stale_t)
+    assert [r.name for r in ns.journal.children(t)] == []
+    ns.merge.merge(d, started, stale_d)
+    ns.tree.rmdir(ROOT_INODE, "t")  # no ENOTEMPTY
+    _run_deletes(ns)
+    assert ns.journal.resolve("t") is None
+    assert ns.uploads.ready_markers(now=1e12, busy_keys=set()) == ([], None)  # no `t/`, `t/d/` put back
+    # a listing that started after the deletes finished still shows what other nodes write there
+    later = time.time() + 1
+    ns.merge.merge(ROOT_INODE, later, Listing(["t"], [], False))
+    assert ns.journal.resolve("t") is not None
+
+
+def test_marker_put_racing_rmdir_is_deleted_again(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    new = ns.tree.mkdir(ROOT_INODE, "new", 0o755, 0, 0)  # never in the bucket: its state is not durable
+    [(marker_id, key)], _ = ns.uploads.ready_markers(now=1e12, busy_keys=set())
+    assert key == "p/new/"
+    # the drainer is putting the marker when the directory is removed
+    ns.tree.rmdir(ROOT_INODE, "new")
+    ns.tree.forget(new.ino, 0)
+    ns.uploads.marker_done(marker_id, key)
+    assert [k for _, k in ns.uploads.ready_deletes(set())] == ["p/new/"]
+
