@@ -484,10 +484,14 @@ def notify_systemd(message: bytes) -> None:
 
 def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
     """Foreground entry point. Returns the exit status."""
-    log.info("ckptfs %s starting (pid %d, python %s)", VERSION, os.getpid(), platform.python_version())
+    starting = ("ckptfs %s starting (pid %d, python %s)", VERSION, os.getpid(), platform.python_version())
+    if ready_fd is not None:
+        log.info(*starting)  # --daemon: the log file's first line of this start names the version
     daemon = Daemon(cfg)
     try:
         daemon.prepare()
+        if ready_fd is None:
+            log.info(*starting)  # in the foreground only once the checks passed: a user error stays one line
         try:
             trio.run(daemon.run, ready_fd)
         except BaseExceptionGroup as group:
