@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ckptfs.config import Config  # noqa: E402
 from tests.support.seaweed import SeaweedServer  # noqa: E402
 
 CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
@@ -143,6 +144,9 @@ class Mount:
         return self.s3.client().head_object(Bucket=self.bucket, Key=self.key(rel))
 
 
+DEFAULT_LISTING_TIMEOUT = Config.__dataclass_fields__["listing_timeout"].default
+
+
 @pytest.fixture
 def make_mount(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Any]:
     if not fuse_usable():
@@ -154,7 +158,10 @@ def make_mount(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Any]:
         cache = tmp_path / f"{name}-cache"
         path.mkdir(exist_ok=True)
         cache.mkdir(exist_ok=True)
-        opts = {"upload_delay": 0.2, **options}
+        # listing_timeout: tests of what another node sees read the bucket right after a flush; on a
+        # loaded machine a listing can outlast the default bound, and the (correct) stale answer would
+        # fail them. Tests of a slow or hung store pass DEFAULT_LISTING_TIMEOUT themselves.
+        opts = {"upload_delay": 0.2, "listing_timeout": 120, **options}
         m = Mount(s3, bucket, prefix, path, cache, opts, endpoint_url=endpoint_url)
         mounts.append(m)
         if start:

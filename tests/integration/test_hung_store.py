@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import Mount, sha256_file, wait_for, write_random
+from tests.conftest import DEFAULT_LISTING_TIMEOUT, Mount, sha256_file, wait_for, write_random
 from tests.support.seaweed import SeaweedServer
 
 MiB = 1 << 20
@@ -67,7 +67,7 @@ def run_sequence(m: Mount) -> dict[str, Any]:
 
 
 def test_hung_store_never_blocks_the_filesystem(make_mount, hung: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount()
+    m: Mount = make_mount(listing_timeout=DEFAULT_LISTING_TIMEOUT)
     before = write_random(m.path / "step_1.bin", 1 * MiB, seed=1)
     m.flush()
     hung.pause()
@@ -93,7 +93,7 @@ def test_hung_store_never_blocks_the_filesystem(make_mount, hung: SeaweedServer)
 
 
 def test_unmount_with_a_hung_store_returns_and_the_next_mount_uploads(make_mount, hung: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount(shutdown_timeout=3)
+    m: Mount = make_mount(shutdown_timeout=3, listing_timeout=DEFAULT_LISTING_TIMEOUT)
     (m.path / "ready").mkdir()
     m.flush()
     hung.pause()
@@ -114,7 +114,7 @@ def test_unmount_with_a_hung_store_returns_and_the_next_mount_uploads(make_mount
 
 
 def test_read_of_an_uncached_file_fails_after_its_bound_and_says_why(make_mount, hung: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount(read_range_timeout=2)
+    m: Mount = make_mount(read_range_timeout=2, listing_timeout=DEFAULT_LISTING_TIMEOUT)
     digest = write_random(m.path / "evicted.bin", 1 * MiB, seed=3)
     m.flush()
     proc = m.cli("evict", str(m.path / "evicted.bin"))
@@ -131,7 +131,7 @@ def test_read_of_an_uncached_file_fails_after_its_bound_and_says_why(make_mount,
 
 
 def test_directory_rmdir_and_rename_with_a_hung_store(make_mount, hung: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount()
+    m: Mount = make_mount(listing_timeout=DEFAULT_LISTING_TIMEOUT)
     client = hung.client()
     client.put_object(Bucket=m.bucket, Key=m.key("elsewhere/unseen.bin"), Body=b"x")  # another node's tree
     (m.path / "listed").mkdir()
