@@ -226,3 +226,6 @@ def audit(
     for e in events:
         who = e.get("who", {}).get("user", "?")
         typer.echo(f"{e.get('at_iso')}  {e.get('action'):<10} {e.get('path')}  by {who} on {e.get('node')}: {e.get('reason')}")
+
+
+from ckptfs.cli import retention as _retention  # noqa: E402,F401 - registers retention plan|apply|restore and drill

@@ -10,8 +10,9 @@ import trio
 
 from ..config import Config
 from ..store import Store, StoreError
-from . import audit
+from . import audit, retention
 from .catalogue import STATES, Catalogue
+from .lease import Lease
 from .manifest import OWN_OBJECTS, LifecycleError
 from .patterns import Checkpoint, Patterns
 from .protect import Guard, protect, unprotect
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 STORE_THREADS = 16  # requests to the bucket in flight for lifecycle work (verify's ranges, HEADs)
 PROGRESS_INTERVAL = 0.2
-COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
+COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
+            "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done")
 
 
 class Lifecycle:
@@ -43,6 +45,12 @@ class Lifecycle:
         self.guard = Guard(ns.journal, self.catalogue)
         self.last_verify: dict[str, Any] | None = None
         self.summary: dict[str, Any] = {}  # the catalogue summarised for the metrics (stats.py)
+        self.retention_stats: dict[str, Any] = {"expired": 0, "deleted": 0, "deleted_bytes": 0, "errors": 0,
+                                                "last_run": 0.0, "lease_held": False}
+        self.retention_lease: Lease | None = None  # this node's, kept from run to run when retention is scheduled
+        self.retention_lock = trio.Lock()  # one retention run at a time on this node
+        if cfg.retention_interval > 0:
+            self.retention_lease = Lease.for_mount(store, self.keys.of, retention.LEASE_NAME, retention.lease_ttl(cfg))
         remote.on_listing = self.catalogue.learn_listing
         ns.uploads.own_objects = self._own_objects
 
@@ -60,6 +68,8 @@ class Lifecycle:
             await nursery.start(self.tracker.run)
             if self.patterns.enabled:
                 nursery.start_soon(self._scan_loop)
+                if self.retention_lease is not None:
+                    nursery.start_soon(retention.schedule, self, self.retention_lease)
             task_status.started()
 
     async def _scan_loop(self) -> None:
@@ -133,12 +143,27 @@ class Lifecycle:
                 await send({"ok": True, **await fn(self, ck, reason, who)})
             elif cmd == "audit":
                 await send({"ok": True, "events": await audit.read(self, path)})
+            elif cmd == "retention_plan":
+                await self._exists(path)
+                decisions = retention.plan(await self.scan(path), self.cfg)
+                await send({"ok": True, "plan": [d.to_json() for d in decisions], "policy": retention.policy_enabled(self.cfg)})
+            elif cmd == "retention_apply":
+                await self._exists(path)
+                decisions = await retention.apply_leased(self, path, dict(request.get("who") or {}))
+                await send({"ok": True, "plan": [d.to_json() for d in decisions], "policy": retention.policy_enabled(self.cfg)})
+            elif cmd == "retention_restore":
+                ck = await self._checkpoint(path)
+                await send({"ok": True, **await retention.restore(self, ck, dict(request.get("who") or {}), str(request.get("reason", "")))})
             else:
                 raise LifecycleError(f"unknown command {cmd!r}")
         except LifecycleError as e:
             await send({"ok": False, "error": str(e)})
         except StoreError as e:
             await send({"ok": False, "error": f"{cmd} {path or '/'}: {e}"})
+
+    async def _exists(self, path: str) -> None:
+        if path and await self.remote.resolve(path) is None:
+            raise LifecycleError(f"{path}: no such file or directory in the mount")
 
     async def _wait_durable(self, path: str, send: Callable[[Any], Awaitable[None]]) -> None:
         """Until every file under `path` written on this node is durable (progress lines meanwhile)."""
@@ -158,4 +183,5 @@ class Lifecycle:
             "checkpoint_commit_errors_total": self.tracker.commit_errors_total,
             "protection_refusals_total": self.guard.refused_total,
             "checkpoints_active": len(self.tracker.active),
+            "retention": dict(self.retention_stats),
         }

@@ -71,6 +71,12 @@ class LifecycleCollector(Collector):
         g = GaugeMetricFamily("ckptfs_checkpoint_last_verify_whole", "1 if the most recent verify found its checkpoint whole, 0 if not (or never verified).")
         g.add_metric([], 1.0 if verify and verify.get("outcome") == "whole" else 0.0)
         yield g
+        g = GaugeMetricFamily("ckptfs_retention_lease_held", "1 while this node holds the retention lease (runs retention on the schedule).")
+        g.add_metric([], 1.0 if lc.retention_lease is not None and lc.retention_lease.valid() else 0.0)
+        yield g
+        g = GaugeMetricFamily("ckptfs_retention_last_run_timestamp_seconds", "When retention last ran on this node (Unix time); 0 if never.")
+        g.add_metric([], float(lc.retention_stats["last_run"]))
+        yield g
         g = GaugeMetricFamily("ckptfs_checkpoint_catalogue_timestamp_seconds", "When the catalogue behind these metrics was last read from the bucket (Unix time); 0 if not yet.")
         g.add_metric([], float(s.get("at", 0)))
         yield g
@@ -78,6 +84,10 @@ class LifecycleCollector(Collector):
             ("ckptfs_checkpoint_commits", lc.tracker.commits_total, "Manifests written by this node (commits and new generations)."),
             ("ckptfs_checkpoint_commit_errors", lc.tracker.commit_errors_total, "Automatic commits that failed and will be retried."),
             ("ckptfs_protection_refusals", lc.guard.refused_total, "Changes refused with EPERM because the checkpoint is protected."),
+            ("ckptfs_retention_expired", lc.retention_stats["expired"], "Checkpoints retention on this node marked expiring."),
+            ("ckptfs_retention_deleted", lc.retention_stats["deleted"], "Checkpoints retention on this node deleted (grace period over)."),
+            ("ckptfs_retention_deleted_bytes", lc.retention_stats["deleted_bytes"], "Bytes of the checkpoints retention on this node deleted."),
+            ("ckptfs_retention_errors", lc.retention_stats["errors"], "Scheduled retention runs that failed on this node (each is retried)."),
         ):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))
