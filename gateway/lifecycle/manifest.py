@@ -38,6 +38,23 @@ class LifecycleError(Exception):
     """A lifecycle command cannot be done; the message is one line naming the problem and the fix."""
 
 
+def first_store_error(group: BaseExceptionGroup) -> StoreError | None:  # type: ignore[type-arg]
+    """The first StoreError in a nursery's exception group, if every exception in it is one (else None)."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(group)
+    if leaves and all(isinstance(e, StoreError) for e in leaves):
+        return leaves[0]  # type: ignore[return-value]
+    return None
+
+
 def node_name() -> str:
     return socket.gethostname()
 
