@@ -176,10 +176,12 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
 
 
 # --------------------------------------------------------------------- acting
-async def apply(lc: "Lifecycle", path: str, who: dict[str, Any], lease: Lease | None = None) -> list[Decision]:
-    """Carry out the plan for the checkpoints under `path`: expire, delete after the grace period, undo expiries kept again."""
+async def apply(lc: "Lifecycle", path: str, who: dict[str, Any], lease: Lease | None = None,
+                only: str | None = None) -> list[Decision]:
+    """Carry out the plan for the checkpoints under `path` (or only checkpoint `only` of them): expire, delete after
+    the grace period, undo expiries kept again."""
     entries = await lc.scan(path)
-    decisions = plan(entries, lc.cfg)
+    decisions = [d for d in plan(entries, lc.cfg) if only is None or d.path == only]
     # verify newer first: the newest committed checkpoint of a series, when nothing newer passed verify yet
     by_path = {e["path"]: e for e in entries}
     for target in sorted({d.needs_verify for d in decisions if d.needs_verify and d.action == "delete" and d.phase != "wait"}):
@@ -192,7 +194,7 @@ async def apply(lc: "Lifecycle", path: str, who: dict[str, Any], lease: Lease | 
         e["last_verify"] = result
         if result["outcome"] != "whole":
             log.warning("retention: %s is not whole (shallow verify): nothing older in its directory is deleted", target)
-    decisions = plan(entries, lc.cfg)
+    decisions = [d for d in plan(entries, lc.cfg) if only is None or d.path == only]
     for d in decisions:
         e = by_path[d.path]
         if lease is not None and not lease.valid():
@@ -361,7 +363,7 @@ def lease_ttl(cfg: Config) -> float:
     return max(2 * cfg.retention_interval, 30.0)
 
 
-async def apply_leased(lc: "Lifecycle", path: str, who: dict[str, Any]) -> list[Decision]:
+async def apply_leased(lc: "Lifecycle", path: str, who: dict[str, Any], only: str | None = None) -> list[Decision]:
     """`apply` holding the retention lease (the node's scheduled one, or one taken for this run), so nodes never race."""
     lease = lc.retention_lease
     temporary = lease is None
@@ -377,7 +379,7 @@ async def apply_leased(lc: "Lifecycle", path: str, who: dict[str, Any]) -> list[
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(keep, lease, lc.io, nursery.cancel_scope)
-                decisions = await apply(lc, path, who, lease)
+                decisions = await apply(lc, path, who, lease, only)
                 nursery.cancel_scope.cancel()
         finally:
             if temporary:

@@ -151,13 +151,18 @@ class Lifecycle:
                 await send({"ok": True, **await fn(self, ck, reason, who)})
             elif cmd == "audit":
                 await send({"ok": True, "events": await audit.read(self, path)})
-            elif cmd == "retention_plan":
+            elif cmd in ("retention_plan", "retention_apply"):
                 await self._exists(path)
-                decisions = retention.plan(await self.scan(path), self.cfg)
-                await send({"ok": True, "plan": [d.to_json() for d in decisions], "policy": retention.policy_enabled(self.cfg)})
-            elif cmd == "retention_apply":
-                await self._exists(path)
-                decisions = await retention.apply_leased(self, path, dict(request.get("who") or {}))
+                # a checkpoint is judged within its whole series (its directory), whatever PATH narrows the output to
+                ck = self.patterns.checkpoint_of(path)
+                scope = ck.path.rsplit("/", 1)[0] if ck is not None and "/" in ck.path else ("" if ck is not None else path)
+                if cmd == "retention_plan":
+                    decisions = retention.plan(await self.scan(scope), self.cfg)
+                else:
+                    decisions = await retention.apply_leased(self, scope, dict(request.get("who") or {}),
+                                                             only=ck.path if ck is not None else None)
+                if ck is not None:
+                    decisions = [d for d in decisions if d.path == ck.path]
                 await send({"ok": True, "plan": [d.to_json() for d in decisions], "policy": retention.policy_enabled(self.cfg)})
             elif cmd == "drill":
                 await self._exists(path)

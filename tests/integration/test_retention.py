@@ -154,3 +154,22 @@ def test_scheduled_retention_runs_on_one_node_under_the_lease(make_mount) -> Non
     # each checkpoint went through each phase once: never two nodes at once
     events = [(e["action"], e["path"]) for e in cli_json(a, "audit", str(a.path)) if e["action"] in ("expire", "delete")]
     assert sorted(events) == [("delete", "step_1"), ("delete", "step_3"), ("expire", "step_1"), ("expire", "step_3")]
+
+
+def test_plan_and_apply_of_one_checkpoint_judge_it_within_its_series(make_mount) -> None:  # type: ignore[no-untyped-def]
+    m: Mount = make_mount(retention_keep_last=1, retention_min_age=0, retention_grace=3600)
+    for step in (1, 2):
+        dcp_save(m.path / f"run/step_{step}", ranks=1, size=1000)
+        assert m.cli("checkpoint", "commit", str(m.path / f"run/step_{step}")).returncode == 0
+    # step_1 alone is not the newest of its series: narrowing PATH to it does not make it one
+    p = plan(m, "run/step_1")
+    assert list(p) == ["run/step_1"] and p["run/step_1"]["action"] == "delete"
+    done = apply(m, "run/step_1")
+    assert list(done) == ["run/step_1"] and done["run/step_1"]["done"] == "expiring"
+    assert catalogue(m, "run")["run/step_2"]["state"] == "committed"
+    proc = m.cli("checkpoints", str(m.path / "run"))
+    assert proc.returncode == 0 and "expiring" in proc.stdout and "deleted" in proc.stdout  # the note (wrapped in 80 columns)
+    for args, message in [(("retention", "plan", str(m.path / "nope")), "no such file or directory"),
+                          (("retention", "restore", str(m.path / "run")), "run is not a checkpoint")]:
+        proc = m.cli(*args)
+        assert proc.returncode != 0 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
