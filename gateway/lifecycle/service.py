@@ -61,6 +61,7 @@ class Lifecycle:
                 log.warning("retention_interval is set but every retention_keep_* rule is 0: scheduled retention keeps everything")
         remote.on_listing = self.catalogue.learn_listing
         ns.uploads.own_objects = self._own_objects
+        ns.uploads.on_settled = self.tracker.settled
 
     def _own_objects(self, path: str) -> list[str]:
         """ckptfs's objects inside directory `path`, deleted with it when it is removed or renamed."""
