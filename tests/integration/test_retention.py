@@ -63,6 +63,7 @@ def test_retention_while_a_job_keeps_saving_on_two_nodes(make_mount, tmp_path: P
     job = subprocess.Popen([sys.executable, "-c", JOB, str(a.path / "run"), str(stop)], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
+        wait_for("run/ on B", lambda: (b.path / "run").is_dir(), timeout=60)  # once A's first upload under it is in
         wait_for("steps 1-6 committed", lambda: set(range(1, 7)) <= set(committed_steps(b, "run")), timeout=180)
         assert b.cli("protect", str(b.path / "run/step_2"), "--reason", "golden").returncode == 0
 
