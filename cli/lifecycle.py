@@ -124,6 +124,11 @@ def checkpoints(
             notes.append(f"protected: {e['protection'].get('reason', '?')}")
         if e.get("changed"):
             notes.append(f"changed (manifest generation {e['generation']})")
+        mark = e.get("retention") or {}
+        if e["state"] == "expiring":
+            notes.append(f"expiring: deleted after {mark.get('delete_after_iso', '?')} (ckptfs retention restore)")
+        elif mark.get("state") == "restored":
+            notes.append("restored from expiring")
         table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
                       verified, "; ".join(notes))
     Console().print(table)
@@ -226,3 +231,6 @@ def audit(
     for e in events:
         who = e.get("who", {}).get("user", "?")
         typer.echo(f"{e.get('at_iso')}  {e.get('action'):<10} {e.get('path')}  by {who} on {e.get('node')}: {e.get('reason')}")
+
+
+from ckptfs.cli import retention as _retention  # noqa: E402,F401 - registers retention plan|apply|restore and drill

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.2
 LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
-                      "lifecycle_plan", "lifecycle_apply", "restore", "usage")
+                      "lifecycle_plan", "lifecycle_apply", "restore", "usage",
+                      "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done")
 
 
 class Daemon(Protocol):

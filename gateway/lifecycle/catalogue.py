@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..namespace.keys import is_reserved
 from ..store import Listing, NO_OBJECT, StoreError
-from .manifest import MANIFEST, PROTECTED, VERIFY, Manifest, files_of, read_manifest
+from .manifest import MANIFEST, PROTECTED, RETENTION, VERIFY, Manifest, files_of, read_manifest
 from .patterns import Checkpoint
 from .tiers import class_label
 
@@ -122,7 +122,7 @@ class Catalogue:
         lc = self.lc
         base = lc.keys.of(ck.path + "/")
         top = await lc.io(lambda: lc.store.list(base, recursive=True))  # recursive: storage classes of every object
-        own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY)}
+        own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY, RETENTION)}
         classes: dict[str, int] = {}
         for o in top.objects:
             classes[o.storage_class] = classes.get(o.storage_class, 0) + o.size
@@ -138,6 +138,7 @@ class Catalogue:
                     self._manifests[key] = manifest
         protection = await self._json(base + PROTECTED) if PROTECTED in own else None
         verified = await self._json(base + VERIFY) if VERIFY in own else None
+        retention = await self._json(base + RETENTION) if RETENTION in own else None
         self.set_protected(ck.path, protection)
         now = time.time()
         if manifest is not None:
@@ -149,6 +150,8 @@ class Catalogue:
         local = lc.tracker.local_state(ck.path)
         if local:
             state = local
+        elif retention is not None and retention.get("state") == "expiring" and protection is None:
+            state = "expiring"  # retention let it go: deleted after the grace period unless restored
         elif manifest is not None:
             state = "protected" if protection is not None else "committed"
         else:
@@ -165,6 +168,7 @@ class Catalogue:
             "protection": protection,
             "committed": manifest is not None,
             "committed_at": manifest.committed_at if manifest else None,
+            "first_committed_at": manifest.first_committed_at if manifest else None,
             "generation": manifest.generation if manifest else 0,
             "changed": manifest.changed if manifest else False,
             "node": manifest.node if manifest else None,
@@ -173,6 +177,7 @@ class Catalogue:
             "last_verify": verified,
             "storage_class": class_label(classes),
             "storage_classes": classes,  # bytes per class, ckptfs's own objects included
+            "retention": retention,
         }
 
 

@@ -53,6 +53,7 @@ class Tracker:
         self.work: dict[str, str] = {}  # checkpoint path -> writing | draining, as of the last tick
         self.commits_total = 0
         self.commit_errors_total = 0
+        self._unsaved = False  # checkpoints made active between ticks (settled) not yet saved
         self._load()
 
     # ------------------------------------------------------------ persistence
@@ -107,6 +108,17 @@ class Tracker:
             note(lc.keys.path(key).rstrip("/"), key.endswith("/"), "draining")
         return out
 
+    def settled(self, key: str) -> None:
+        """An upload (or deletion) finished: its checkpoint is active even if no tick saw its work.
+
+        A small checkpoint can be written and drained between two ticks; without this the
+        tracker would never commit it.
+        """
+        ck = self.lc.patterns.checkpoint_of(self.lc.keys.path(key).rstrip("/"), key.endswith("/"))
+        if ck is not None and ck.path not in self.active:
+            self.active[ck.path] = Active(ck.step, time.time())
+            self._unsaved = True
+
     def local_state(self, path: str) -> str | None:
         return self.work.get(path)
 
@@ -143,7 +155,8 @@ class Tracker:
                 continue
             if done:
                 self.active.pop(path, None)
-        if set(self.active) != before:
+        if set(self.active) != before or self._unsaved:
+            self._unsaved = False
             try:
                 self._save()
             except OSError as e:

@@ -62,6 +62,7 @@ class UploadQueue:
         self.cfg, self.journal, self.keys, self.files, self.space = cfg, journal, keys, files, space
         self._on_change = on_change
         self.on_durable: Callable[[float], None] = lambda seconds: None
+        self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
         self.urgent: set[int] = set()  # flush asked for these: skip upload_delay and open writers
         self.urgent_until = 0.0  # a flush is running until then: directory markers go out at once
         # keys this node deleted lately, with when: a listing that started before must not resurrect them
@@ -211,6 +212,7 @@ class UploadQueue:
                 j.forget_upload(ticket.ino)
             self.urgent.discard(ticket.ino)
             self.on_durable(max(0.0, time.time() - ticket.closed_at))
+            self.on_settled(ticket.key)
             self.space.freed()  # a durable file can be evicted to make room
             self._on_change()
             return True
@@ -260,6 +262,7 @@ class UploadQueue:
         self.journal.drop_delete(delete_id)
         now = time.time()
         self.recently_deleted[key] = now
+        self.on_settled(key)
         for k, at in list(self.recently_deleted.items()):
             if now - at > RECENT_DELETE_SECONDS:
                 del self.recently_deleted[k]
