@@ -13,6 +13,8 @@ xattr on the mount root. One JSON object per line each way:
   {"cmd": "unmount", "flush": false}     -> {"ok": true, "pid": N}; the daemon then stops
   {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
                                          -> see lifecycle/service.py (verify and commit stream progress lines)
+  {"cmd": "replicate_status"} | {"cmd": "verify", "path": ..., "target": NAME}
+                                         -> see replication/service.py
 Errors: {"ok": false, "error": "one line"}.
 """
 
@@ -116,6 +118,10 @@ class ControlServer:
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
                 return
             await send({"ok": True, **self.daemon.evict(path)})
+        elif cmd == "replicate_status" or (cmd == "verify" and request.get("target")):
+            await self.daemon.replicator.handle(request, send)
+        elif cmd in LIFECYCLE_COMMANDS and self.daemon.cfg.read_only and cmd in ("checkpoint_commit", "protect", "unprotect"):
+            await send({"ok": False, "error": f"{cmd}: this mount is read-only (read_only = true): run it on a mount that may change the bucket"})
         elif cmd in LIFECYCLE_COMMANDS:
             await self.daemon.lifecycle.handle(request, send)
         elif cmd == "unmount":

@@ -32,6 +32,7 @@ from .lifecycle.service import Lifecycle
 from .metrics import Metrics
 from .namespace import Namespace
 from .remote import Remote
+from .replication.service import Replicator
 from .store import Store, StoreError
 
 log = logging.getLogger("ckptfs")
@@ -141,6 +142,9 @@ class Daemon:
         self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
+        self.replicator = Replicator(cfg, self.lifecycle)
+        if self.replicator.targets:
+            self.metrics.registry.register(self.replicator.collector())
         self.control = ControlServer(cfg.control_socket, self)
 
     # ---- control API
@@ -244,6 +248,8 @@ class Daemon:
         options |= {"fsname=ckptfs", "subtype=ckptfs"}
         if cfg.allow_other:
             options.add("allow_other")
+        if cfg.read_only:
+            options.add("ro")  # the kernel answers EROFS to every change
         async with trio.open_nursery() as nursery:
             await nursery.start(self.control.serve)
             if cfg.metrics_addr:
@@ -257,6 +263,7 @@ class Daemon:
             nursery.start_soon(self._fuse_main, pyfuse3)
             await nursery.start(self.drainer.run)
             await nursery.start(self.lifecycle.run)
+            await nursery.start(self.replicator.run)
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
             await trio.to_thread.run_sync(os.stat, cfg.mountpoint)

@@ -335,7 +335,7 @@ class Drainer:
         between CreateMultipartUpload and the journal commit). Anyone's: uploads
         older than `abort_stale_uploads_after`, left by a node that never came back.
         """
-        if not self.cfg.abort_stale_uploads_after:
+        if not self.cfg.abort_stale_uploads_after or self.cfg.read_only:
             return
         try:
             uploads = await trio.to_thread.run_sync(self.store.list_uploads, self.cfg.key_prefix)
