@@ -390,7 +390,7 @@ def load_config(
     env = os.environ if environ is None else environ
     for name, f in FIELDS.items():
         var = f"CKPTFS_{name.upper()}"
-        if var in env and f.metadata.get("kind") != "table":
+        if var in env:
             values[name] = _coerce(f, env[var], f"environment variable {var}")
     for key, value in (overrides or {}).items():
         if value is None:

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 XXH3_META = "xxh3"
 SOURCE_ETAG_META = "ckptfs-source-etag"
 FILES_AT_ONCE = 4
+ABORT_SECONDS = 30.0  # bound on aborting a failed multipart upload on the target
 
 
 class CopyError(Exception):
@@ -225,7 +226,8 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
         digest = check_digest()
         etag = await job.io(dst.complete, key, upload_id, [(i + 1, parts[i][0], parts[i][1]) for i in range(n)])
     except BaseException:
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True) as scope:
+            scope.relative_deadline = ABORT_SECONDS  # a hung target: the next copy of this checkpoint aborts it
             try:
                 await job.io(dst.abort, key, upload_id)
             except StoreError:

@@ -137,6 +137,7 @@ class Target:
             "copied_objects_total": self.counters.copied_objects,
             "copied_bytes_total": self.counters.copied_bytes,
             "skipped_objects_total": self.counters.skipped_objects,
+            "server_side_objects_total": self.counters.server_side,
             "errors_total": self.errors_total,
         }
 
@@ -163,7 +164,8 @@ class Replicator:
         self.passes_total = 0
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter)
+        """A blocking store call in a worker thread; abandoned on cancel, so a hung target never holds up a stop."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter, abandon_on_cancel=True)
 
     @property
     def enabled(self) -> bool:

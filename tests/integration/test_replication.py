@@ -153,6 +153,8 @@ def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make
             assert f["key"] == f"copy/run/step_100/{f['path']}" and f["etag"] == dr[f["key"]]["ETag"].strip('"')
         assert dr[f"copy/run/step_100/{MANIFEST}"]["LastModified"] >= max(dr[f"copy/run/step_100/{n}"]["LastModified"] for n in want)
         # every:200 on the same endpoint: step_200 only, copied inside the store
+        assert sa["near"]["server_side_objects_total"] + sb["near"]["server_side_objects_total"] == len(files200)
+        assert sa["dr"]["server_side_objects_total"] + sb["dr"]["server_side_objects_total"] == 0
         near = objects(s3, local_bucket)
         assert sorted(near) == sorted([f"run/step_200/{n}" for n in files200] + [f"run/step_200/{MANIFEST}"])
         assert body(s3, local_bucket, "run/step_200/__1_0.distcp") == files200["__1_0.distcp"]
