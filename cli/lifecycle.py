@@ -124,6 +124,11 @@ def checkpoints(
             notes.append(f"protected: {e['protection'].get('reason', '?')}")
         if e.get("changed"):
             notes.append(f"changed (manifest generation {e['generation']})")
+        mark = e.get("retention") or {}
+        if e["state"] == "expiring":
+            notes.append(f"expiring: deleted after {mark.get('delete_after_iso', '?')} (ckptfs retention restore)")
+        elif mark.get("state") == "restored":
+            notes.append("restored from expiring")
         table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), fmt_age(e.get("age_seconds")),
                       verified, "; ".join(notes))
     Console().print(table)
@@ -233,3 +238,4 @@ def audit(
 
 
 from ckptfs.cli import replicate as _replicate  # noqa: E402,F401 - registers `replicate status` (it uses the helpers above)
+from ckptfs.cli import retention as _retention  # noqa: E402,F401 - registers retention plan|apply|restore and drill

@@ -97,6 +97,12 @@ class Config:
     replication_parts_in_flight: int = _opt(8, "Parts (or small objects) copied at once to each target, across all files.")
     replication_read_timeout: float = _opt(30.0, "Seconds to wait for a replica target's answer before retrying (3 attempts): a target that hangs shows as an error after about three times this, and never holds up the mount, the drain or the primary.", "seconds")
     read_only: bool = _opt(False, "Mount read-only (`-o read_only=true`): every change fails with EROFS, nothing is uploaded or committed. For a mount of a replica's bucket, or any bucket this node must not change.")
+    retention_keep_last: int = _opt(0, "Retention (docs/lifecycle.md): keep the newest N committed checkpoints of each directory of checkpoints. 0 turns this rule off. With every keep rule off, retention keeps everything.")
+    retention_keep_every_steps: int = _opt(0, "Retention: keep every checkpoint whose step is a multiple of K (milestones). 0 turns this rule off.")
+    retention_keep_every_seconds: float = _opt(0.0, "Retention: keep one checkpoint per this many seconds of commit time (the oldest, then the first at least this long after the last one kept). 0 turns this rule off.", "seconds")
+    retention_min_age: float = _opt(3600.0, "Retention deletes no checkpoint committed less than this many seconds ago, whatever the rules say.", "seconds")
+    retention_grace: float = _opt(86400.0, "A checkpoint retention lets go is first marked expiring (still readable, `ckptfs retention restore` takes it back) and deleted this many seconds later.", "seconds")
+    retention_interval: float = _opt(0.0, "Seconds between scheduled retention runs (`retention apply` on the whole mount); one node at a time runs it, holding a lease in the bucket. 0 = no schedule (run `ckptfs retention apply` yourself).", "seconds")
 
     # object store client
     connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store.", "seconds")
@@ -138,7 +144,8 @@ class Config:
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
         for name in ("upload_delay", "connect_timeout", "read_timeout", "shutdown_timeout", "retry_max_backoff",
-                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds"):
+                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds",
+                     "retention_keep_every_seconds", "retention_min_age", "retention_grace", "retention_interval"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
         for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity", "cache_min_free"):
@@ -171,6 +178,9 @@ class Config:
             )
         if not S3_MIN_PART_SIZE <= self.copy_multipart_threshold <= S3_MAX_PART_SIZE:
             raise ConfigError(f"copy_multipart_threshold = {fmt_bytes(self.copy_multipart_threshold)}: give 5 MiB to 5 GiB")
+        for name in ("retention_keep_last", "retention_keep_every_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a count >= 0 (0 turns the rule off)")
         if self.max_parts_in_flight < 1:
             raise ConfigError(f"max_parts_in_flight = {self.max_parts_in_flight}: give at least 1")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

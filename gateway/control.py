@@ -31,7 +31,8 @@ import trio
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.2
-LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
+LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
+                      "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done")
 
 
 class Daemon(Protocol):

@@ -9,6 +9,8 @@ The lifecycle lives in the bucket, so every node mounting it sees the same:
 * `verify`    shallow (listing) and deep (read back, xxh3-128) checks against the manifest
 * `protect`   golden checkpoints: the guard fs.py calls, legal holds on Object Lock buckets
 * `audit`     one object per protect/unprotect event under `.ckptfs/audit/`
+* `retention` keep rules (a pure plan), two-phase deletion (expiring, then deleted), the schedule
+* `drill`     recovery drills: restore from the bucket into a fresh directory, verify deep, record the outcome
 * `lease`     one node at a time: a lease object under `.ckptfs/leases/`, taken and renewed with conditional writes
 
 It talks to the bucket only through `store.Store` (in worker threads), and to

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..namespace.keys import is_reserved
 from ..store import Listing, NO_OBJECT, StoreError
-from .manifest import MANIFEST, PROTECTED, VERIFY, Manifest, files_of, read_manifest
+from .manifest import MANIFEST, PROTECTED, RETENTION, VERIFY, Manifest, files_of, read_manifest
 from .patterns import Checkpoint
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class Catalogue:
         lc = self.lc
         base = lc.keys.of(ck.path + "/")
         top = await lc.io(lc.store.list, base)
-        own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY)}
+        own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY, RETENTION)}
         manifest = None
         if MANIFEST in own:
             key = base + MANIFEST
@@ -134,6 +134,7 @@ class Catalogue:
                     self._manifests[key] = manifest
         protection = await self._json(base + PROTECTED) if PROTECTED in own else None
         verified = await self._json(base + VERIFY) if VERIFY in own else None
+        retention = await self._json(base + RETENTION) if RETENTION in own else None
         self.set_protected(ck.path, protection)
         now = time.time()
         if manifest is not None:
@@ -146,6 +147,8 @@ class Catalogue:
         local = lc.tracker.local_state(ck.path)
         if local:
             state = local
+        elif retention is not None and retention.get("state") == "expiring" and protection is None:
+            state = "expiring"  # retention let it go: deleted after the grace period unless restored
         elif manifest is not None:
             state = "protected" if protection is not None else "committed"
         else:
@@ -162,12 +165,14 @@ class Catalogue:
             "protection": protection,
             "committed": manifest is not None,
             "committed_at": manifest.committed_at if manifest else None,
+            "first_committed_at": manifest.first_committed_at if manifest else None,
             "generation": manifest.generation if manifest else 0,
             "changed": manifest.changed if manifest else False,
             "node": manifest.node if manifest else None,
             "metadata": manifest.metadata if manifest else {},
             "age_seconds": round(now - since, 1) if since else None,
             "last_verify": verified,
+            "retention": retention,
         }
 
 

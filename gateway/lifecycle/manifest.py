@@ -3,8 +3,9 @@
 Key: `<checkpoint>/.ckptfs-manifest.json`. Every name beginning `.ckptfs` is
 ckptfs's own: the mount hides it and refuses to create it, so it cannot
 collide with a file of the job. Other objects of the same family sit next to
-it: `.ckptfs-verify.json` (the last verify's result) and
-`.ckptfs-protected.json` (present while the checkpoint is protected).
+it: `.ckptfs-verify.json` (the last verify's result),
+`.ckptfs-protected.json` (present while the checkpoint is protected) and
+`.ckptfs-retention.json` (retention's mark: expiring, or restored).
 
 The first manifest is written with `If-None-Match: *`: of two nodes committing
 the same checkpoint, one write wins and the other reads the winner's. A
@@ -28,12 +29,30 @@ FORMAT = "ckptfs-manifest/1"
 MANIFEST = ".ckptfs-manifest.json"
 VERIFY = ".ckptfs-verify.json"
 PROTECTED = ".ckptfs-protected.json"
-OWN_OBJECTS = (MANIFEST, VERIFY, PROTECTED)
+RETENTION = ".ckptfs-retention.json"  # retention's mark: expiring (deleted after the grace period) or restored
+OWN_OBJECTS = (MANIFEST, VERIFY, PROTECTED, RETENTION)
 COMMIT_ATTEMPTS = 5
 
 
 class LifecycleError(Exception):
     """A lifecycle command cannot be done; the message is one line naming the problem and the fix."""
+
+
+def first_store_error(group: BaseExceptionGroup) -> StoreError | None:  # type: ignore[type-arg]
+    """The first StoreError in a nursery's exception group, if every exception in it is one (else None)."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(group)
+    if leaves and all(isinstance(e, StoreError) for e in leaves):
+        return leaves[0]  # type: ignore[return-value]
+    return None
 
 
 def node_name() -> str:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
 from ..config import Config
 from ..store import Store, StoreError
-from . import audit
+from . import audit, drill, retention
 from .catalogue import STATES, Catalogue
-from .manifest import OWN_OBJECTS, LifecycleError
+from .lease import Lease
+from .manifest import OWN_OBJECTS, LifecycleError, first_store_error
 from .patterns import Checkpoint, Patterns
 from .protect import Guard, protect, unprotect
 from .tracker import Tracker
@@ -27,9 +30,11 @@ __all__ = ["Lifecycle", "LifecycleError", "Guard", "STATES"]
 
 log = logging.getLogger(__name__)
 
+DRILL_EXEC_LIMIT = 6 * 3600.0  # a restored directory waiting for its CLI's command is removed after this
 STORE_THREADS = 16  # requests to the bucket in flight for lifecycle work (verify's ranges, HEADs)
 PROGRESS_INTERVAL = 0.2
-COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
+COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
+            "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done")
 
 
 class Lifecycle:
@@ -43,6 +48,15 @@ class Lifecycle:
         self.guard = Guard(ns.journal, self.catalogue)
         self.last_verify: dict[str, Any] | None = None
         self.summary: dict[str, Any] = {}  # the catalogue summarised for the metrics (stats.py)
+        self.retention_stats: dict[str, Any] = {"expired": 0, "deleted": 0, "deleted_bytes": 0, "errors": 0,
+                                                "last_run": 0.0, "lease_held": False}
+        self.retention_lease: Lease | None = None  # this node's, kept from run to run when retention is scheduled
+        self.retention_lock = trio.Lock()  # one retention run at a time on this node
+        self.drill_record: dict[str, Any] = {}  # the bucket's drill record: last and last_success (drill.py)
+        self.drills_pending: dict[str, tuple[float, dict[str, Any], bool]] = {}  # id -> (started, restore result, keep dir)
+        self.drills_total = {"ok": 0, "failed": 0}
+        if cfg.retention_interval > 0:
+            self.retention_lease = Lease.for_mount(store, self.keys.of, retention.LEASE_NAME, retention.lease_ttl(cfg))
         remote.on_listing = self.catalogue.learn_listing
         ns.uploads.own_objects = self._own_objects
 
@@ -56,10 +70,13 @@ class Lifecycle:
         return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        drill.clean_leftovers(self)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.tracker.run)
             if self.patterns.enabled:
                 nursery.start_soon(self._scan_loop)
+                if self.retention_lease is not None:
+                    nursery.start_soon(retention.schedule, self, self.retention_lease)
             task_status.started()
 
     async def _scan_loop(self) -> None:
@@ -75,6 +92,7 @@ class Lifecycle:
         entries = [await self.catalogue.describe(ck) for ck in await self.catalogue.find(path)]
         if not path:
             self.summary = summarize(entries)
+            self.drill_record = await drill.read_record(self)
         return entries
 
     def collector(self) -> LifecycleCollector:
@@ -133,12 +151,90 @@ class Lifecycle:
                 await send({"ok": True, **await fn(self, ck, reason, who)})
             elif cmd == "audit":
                 await send({"ok": True, "events": await audit.read(self, path)})
+            elif cmd in ("retention_plan", "retention_apply"):
+                await self._exists(path)
+                # a checkpoint is judged within its whole series (its directory), whatever PATH narrows the output to
+                ck = self.patterns.checkpoint_of(path)
+                scope = ck.path.rsplit("/", 1)[0] if ck is not None and "/" in ck.path else ("" if ck is not None else path)
+                if cmd == "retention_plan":
+                    decisions = retention.plan(await self.scan(scope), self.cfg)
+                else:
+                    decisions = await retention.apply_leased(self, scope, dict(request.get("who") or {}),
+                                                             only=ck.path if ck is not None else None)
+                if ck is not None:
+                    decisions = [d for d in decisions if d.path == ck.path]
+                await send({"ok": True, "plan": [d.to_json() for d in decisions], "policy": retention.policy_enabled(self.cfg)})
+            elif cmd == "drill":
+                await self._exists(path)
+                await self._drill(path, request, send)
+            elif cmd == "drill_done":
+                pending = self.drills_pending.pop(str(request.get("id")), None)
+                if pending is None:
+                    raise LifecycleError(f"no drill {request.get('id')!r} is waiting here (the daemon restarted?): run the drill again")
+                _, result, keep_dir = pending
+                await send({"ok": True, "done": True, "result": await self._drill_end(drill.finish(result, request.get("exec")), keep_dir)})
+            elif cmd == "retention_restore":
+                ck = await self._checkpoint(path)
+                await send({"ok": True, **await retention.restore(self, ck, dict(request.get("who") or {}), str(request.get("reason", "")))})
             else:
                 raise LifecycleError(f"unknown command {cmd!r}")
         except LifecycleError as e:
             await send({"ok": False, "error": str(e)})
         except StoreError as e:
             await send({"ok": False, "error": f"{cmd} {path or '/'}: {e}"})
+        except Exception as e:  # noqa: BLE001 - a command's failure must never stop the daemon (and its mount)
+            err = first_store_error(e) if isinstance(e, BaseExceptionGroup) else None
+            if err is None:
+                log.exception("%s %s failed", cmd, path or "/")
+            await send({"ok": False, "error": f"{cmd} {path or '/'}: {err or f'internal error ({type(e).__name__}: {e}); see the daemon log'}"})
+
+    async def _drill(self, path: str, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
+        ck, manifest = await drill.choose(self, path)
+        now = time.time()
+        for old, (started, result, keep_dir) in list(self.drills_pending.items()):
+            if now - started > DRILL_EXEC_LIMIT:
+                del self.drills_pending[old]  # its CLI never came back
+                if not keep_dir:
+                    shutil.rmtree(result["dir"], ignore_errors=True)
+        drill.clean_leftovers(self, {r["dir"] for _, r, _ in self.drills_pending.values()})
+        keep_dir = bool(request.get("keep"))
+        try:
+            target = drill.new_target(self, str(request.get("dir") or ""))
+        except OSError as e:
+            raise LifecycleError(f"cannot create a directory to restore into ({e}): give --dir a writable directory") from None
+
+        async def progress(p: dict[str, Any]) -> None:
+            await send({"ok": True, **p})
+
+        try:
+            result = await drill.restore(self, ck, manifest, target, progress)
+        except BaseException:
+            if not keep_dir:
+                shutil.rmtree(target, ignore_errors=True)
+            raise
+        if request.get("exec") and result["verify"] == "whole":
+            self.drills_pending[target.name] = (now, result, keep_dir)
+            await send({"ok": True, "done": True, "id": target.name, "result": result, "waiting": True})
+            return
+        await send({"ok": True, "done": True, "result": await self._drill_end(drill.finish(result, None), keep_dir)})
+
+    async def _drill_end(self, result: dict[str, Any], keep_dir: bool) -> dict[str, Any]:
+        self.drills_total["ok" if result["outcome"] == "ok" else "failed"] += 1
+        if not keep_dir:
+            shutil.rmtree(result["dir"], ignore_errors=True)
+        result["kept"] = keep_dir
+        try:
+            await drill.record(self, result)
+        except (StoreError, LifecycleError) as e:
+            result["record_error"] = str(e)
+            log.warning("drill of %s: its outcome could not be recorded in the bucket: %s", result["path"], e)
+        log.info("drill of %s: %s (restore %.1f s, %.1f MB/s, verify %s%s)", result["path"], result["outcome"], result["restore_seconds"],
+                 result["bytes_per_second"] / 1e6, result["verify"], f", command exit {result['exec']['exit_code']}" if result.get("exec") else "")
+        return result
+
+    async def _exists(self, path: str) -> None:
+        if path and await self.remote.resolve(path) is None:
+            raise LifecycleError(f"{path}: no such file or directory in the mount")
 
     async def _wait_durable(self, path: str, send: Callable[[Any], Awaitable[None]]) -> None:
         """Until every file under `path` written on this node is durable (progress lines meanwhile)."""
@@ -158,4 +254,5 @@ class Lifecycle:
             "checkpoint_commit_errors_total": self.tracker.commit_errors_total,
             "protection_refusals_total": self.guard.refused_total,
             "checkpoints_active": len(self.tracker.active),
+            "retention": dict(self.retention_stats),
         }

@@ -71,6 +71,28 @@ class LifecycleCollector(Collector):
         g = GaugeMetricFamily("ckptfs_checkpoint_last_verify_whole", "1 if the most recent verify found its checkpoint whole, 0 if not (or never verified).")
         g.add_metric([], 1.0 if verify and verify.get("outcome") == "whole" else 0.0)
         yield g
+        g = GaugeMetricFamily("ckptfs_retention_lease_held", "1 while this node holds the retention lease (runs retention on the schedule).")
+        g.add_metric([], 1.0 if lc.retention_lease is not None and lc.retention_lease.valid() else 0.0)
+        yield g
+        g = GaugeMetricFamily("ckptfs_retention_last_run_timestamp_seconds", "When retention last ran on this node (Unix time); 0 if never.")
+        g.add_metric([], float(lc.retention_stats["last_run"]))
+        yield g
+        last = lc.drill_record.get("last") or {}
+        success = lc.drill_record.get("last_success") or {}
+        for name, value, doc in (
+            ("ckptfs_drill_last_timestamp_seconds", last.get("at", 0), "When the most recent recovery drill (ckptfs drill, any node) started (Unix time); 0 if none."),
+            ("ckptfs_drill_last_success_timestamp_seconds", success.get("at", 0), "When the most recent successful drill started (Unix time); 0 if none."),
+            ("ckptfs_drill_last_ok", 1 if last.get("outcome") == "ok" else 0, "1 if the most recent drill succeeded (restored whole, command exited 0), 0 if it failed or none ran."),
+            ("ckptfs_drill_last_duration_seconds", last.get("seconds", 0), "Seconds the most recent drill took: restore and deep verify, plus the user's command."),
+            ("ckptfs_drill_last_restore_bytes_per_second", last.get("bytes_per_second", 0), "Restore throughput of the most recent drill (bytes downloaded and verified per second)."),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(value or 0))
+            yield g
+        c = CounterMetricFamily("ckptfs_drills", "Drills run by this node, by outcome.", labels=["outcome"])
+        for outcome in ("ok", "failed"):
+            c.add_metric([outcome], float(lc.drills_total[outcome]))
+        yield c
         g = GaugeMetricFamily("ckptfs_checkpoint_catalogue_timestamp_seconds", "When the catalogue behind these metrics was last read from the bucket (Unix time); 0 if not yet.")
         g.add_metric([], float(s.get("at", 0)))
         yield g
@@ -78,6 +100,10 @@ class LifecycleCollector(Collector):
             ("ckptfs_checkpoint_commits", lc.tracker.commits_total, "Manifests written by this node (commits and new generations)."),
             ("ckptfs_checkpoint_commit_errors", lc.tracker.commit_errors_total, "Automatic commits that failed and will be retried."),
             ("ckptfs_protection_refusals", lc.guard.refused_total, "Changes refused with EPERM because the checkpoint is protected."),
+            ("ckptfs_retention_expired", lc.retention_stats["expired"], "Checkpoints retention on this node marked expiring."),
+            ("ckptfs_retention_deleted", lc.retention_stats["deleted"], "Checkpoints retention on this node deleted (grace period over)."),
+            ("ckptfs_retention_deleted_bytes", lc.retention_stats["deleted_bytes"], "Bytes of the checkpoints retention on this node deleted."),
+            ("ckptfs_retention_errors", lc.retention_stats["errors"], "Scheduled retention runs that failed on this node (each is retried)."),
         ):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))

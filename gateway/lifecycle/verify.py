@@ -24,7 +24,7 @@ import trio
 import xxhash
 
 from ..store import CHANGED, NO_OBJECT, StoreError
-from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
+from .manifest import VERIFY, LifecycleError, Manifest, files_of, first_store_error, node_name, now_iso
 from .patterns import Checkpoint
 
 if TYPE_CHECKING:
@@ -120,18 +120,25 @@ async def _xxh3(lc: "Lifecycle", key: str, etag: str, size: int, done: dict[str,
         arrived[i] = await lc.io(lc.store.get_range, key, etag, start, min(rs, size - start))
         events[i].set()
 
-    async with trio.open_nursery() as nursery:
+    try:
+        async with trio.open_nursery() as nursery:
 
-        async def producer() -> None:
+            async def producer() -> None:
+                for i in range(n):
+                    await slots.acquire()
+                    nursery.start_soon(fetch, i)
+
+            nursery.start_soon(producer)
             for i in range(n):
-                await slots.acquire()
-                nursery.start_soon(fetch, i)
-
-        nursery.start_soon(producer)
-        for i in range(n):
-            await events[i].wait()
-            data = arrived.pop(i)
-            h.update(data)
-            done["bytes"] += len(data)
-            slots.release()
+                await events[i].wait()
+                data = arrived.pop(i)
+                h.update(data)
+                done["bytes"] += len(data)
+                slots.release()
+    except BaseExceptionGroup as group:
+        # ranges fail together (the object changed or vanished): one StoreError for the caller to classify
+        err = first_store_error(group)
+        if err is None:
+            raise
+        raise err from None
     return h.hexdigest()

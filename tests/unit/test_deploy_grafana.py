@@ -64,5 +64,7 @@ def test_dashboard_shows_what_operators_watch() -> None:
     used = set().union(*(metric_names(expr) for _, expr in queries(load())))
     for metric in ("ckptfs_oldest_dirty_age_seconds", "ckptfs_dirty_bytes", "ckptfs_uploaded_bytes_total", "ckptfs_cache_bytes",
                    "ckptfs_cache_capacity_bytes", "ckptfs_upload_errors_total", "ckptfs_fuse_errors_total",
-                   "ckptfs_stalled_writers", "ckptfs_cache_hits_total", "ckptfs_fetched_bytes_total", "up"):
+                   "ckptfs_stalled_writers", "ckptfs_cache_hits_total", "ckptfs_fetched_bytes_total", "up",
+                   "ckptfs_checkpoints", "ckptfs_checkpoint_newest_committed_age_seconds", "ckptfs_drill_last_ok",
+                   "ckptfs_drill_last_success_timestamp_seconds", "ckptfs_retention_deleted_total"):
         assert metric in used, metric

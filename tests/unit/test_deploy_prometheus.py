@@ -54,7 +54,8 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
             (silent if m.group(1) else firing).add(current)
     names = set(alerts())
     assert names == {"CkptfsDown", "CkptfsDrainLagAboveSLO", "CkptfsUploadErrors", "CkptfsStoreRejectsCredentials",
-                     "CkptfsCacheNearlyFull", "CkptfsWritersStalled", "CkptfsWritesRefused",
+                     "CkptfsCacheNearlyFull", "CkptfsWritersStalled", "CkptfsWritesRefused", "CkptfsNoCommittedCheckpoint",
+                     "CkptfsDrillFailedOrTooOld",
                      "CkptfsReplicationLagHigh", "CkptfsReplicaUnreachable"}
     assert names - firing == set(), "alerts never tested firing"
     assert names - silent == set(), "alerts never tested staying silent"

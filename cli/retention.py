@@ -1,0 +1,167 @@
+"""`ckptfs retention plan|apply|restore` and `ckptfs drill` (docs/lifecycle.md).
+
+Registered on the main app by cli/lifecycle.py importing this module.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from ckptfs.cli.lifecycle import _one, _target, _who
+from ckptfs.cli.main import _one_line_errors, app
+
+retention_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                            help="Retention: what the policy keeps and deletes (plan), doing it (apply), taking an expiring checkpoint back (restore).")
+app.add_typer(retention_app, name="retention")
+
+
+def _show_plan(plan: list[dict[str, Any]], policy: bool, path: str, applied: bool) -> None:
+    if not plan:
+        typer.echo(f"ckptfs: no checkpoints under {path}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"retention {'applied' if applied else 'plan'} under {path}")
+    for col in ("step", "path", "state", "action", "reason") + (("done",) if applied else ()):
+        table.add_column(col, justify="right" if col == "step" else "left")
+    for d in plan:
+        row = [str(d["step"]), d["path"], d["state"], d["action"], d["reason"]]
+        if applied:
+            row.append(d.get("done", ""))
+        table.add_row(*row)
+    Console(width=200).print(table)
+    deletes = sum(1 for d in plan if d["action"] == "delete")
+    if not policy:
+        typer.echo("ckptfs: no retention policy is set (retention_keep_last, retention_keep_every_steps, "
+                   "retention_keep_every_seconds): everything is kept")
+    elif not applied:
+        typer.echo(f"ckptfs: {len(plan) - deletes} kept, {deletes} to let go; nothing changed (ckptfs retention apply does it)")
+
+
+@retention_app.command("plan")
+@_one_line_errors
+def plan(
+    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
+    as_json: bool = typer.Option(False, "--json", help="A list of {path, action (keep|delete), reason, ...}."),
+) -> None:
+    """Show what the retention policy keeps (and by which rule) and what it would delete; changes nothing."""
+    root, rel = _target(path)
+    msg = _one(root, {"cmd": "retention_plan", "path": rel}, timeout=None)
+    if as_json:
+        typer.echo(json.dumps(msg["plan"], indent=2, sort_keys=True))
+    else:
+        _show_plan(msg["plan"], msg["policy"], path, applied=False)
+
+
+@retention_app.command("apply")
+@_one_line_errors
+def apply(
+    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Apply the retention policy: mark checkpoints it lets go expiring, delete those whose grace period is over."""
+    root, rel = _target(path)
+    msg = _one(root, {"cmd": "retention_apply", "path": rel, "who": _who()}, timeout=None)
+    if as_json:
+        typer.echo(json.dumps(msg["plan"], indent=2, sort_keys=True))
+    else:
+        _show_plan(msg["plan"], msg["policy"], path, applied=True)
+
+
+@retention_app.command("restore")
+@_one_line_errors
+def restore(
+    path: str = typer.Argument(..., help="The expiring checkpoint directory in the mount."),
+    reason: str = typer.Option("", "--reason", help="Why (goes to the audit log)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Take an expiring checkpoint back: it is no longer deleted, and retention keeps it from now on."""
+    root, rel = _target(path)
+    msg = _one(root, {"cmd": "retention_restore", "path": rel, "who": _who(), "reason": reason}, timeout=None)
+    if as_json:
+        msg.pop("ok", None)
+        typer.echo(json.dumps(msg, indent=2, sort_keys=True))
+    else:
+        typer.echo(f"ckptfs: {msg['message']}")
+
+
+@app.command()
+@_one_line_errors
+def drill(
+    path: str = typer.Argument(".", help="A checkpoint directory, or a directory above checkpoints: its newest committed one (default: the current directory)."),
+    exec_: str = typer.Option("", "--exec", help="A command run on the restored checkpoint, {path} replaced by its directory (also in $CKPTFS_DRILL_PATH); it must exit 0."),
+    into: str = typer.Option("", "--dir", help="Restore under this directory (default: the daemon's cache directory, drills/)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the restored directory afterwards (default: removed)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's output goes to stderr)."),
+) -> None:
+    """Recovery drill: restore a checkpoint from the bucket as a fresh node would, verify it deep, run a command on it."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    from ckptfs.cli.main import CliError, request
+    from ckptfs.config import fmt_bytes
+
+    root, rel = _target(path)
+    req = {"cmd": "drill", "path": rel, "exec": bool(exec_), "dir": os.path.abspath(into) if into else "", "keep": keep}
+    progress = None
+    if sys.stdout.isatty() and not as_json:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+        progress = Progress(TextColumn("restore {task.fields[files]} files"), BarColumn(), DownloadColumn(binary_units=True),
+                            TransferSpeedColumn(), TimeElapsedColumn())
+        progress.start()
+        task = progress.add_task("drill", total=None, files="?")
+    msg: dict[str, Any] | None = None
+    try:
+        for m in request(root, req, timeout=None):
+            if m.get("done"):
+                msg = m
+                break
+            if progress:
+                progress.update(task, total=m["bytes"], completed=m["done_bytes"], files=m["files"])
+    finally:
+        if progress:
+            progress.stop()
+    if msg is None:
+        raise CliError("the daemon stopped before the drill finished (is it shutting down?)")
+    result = msg["result"]
+    if msg.get("waiting"):
+        command = exec_.replace("{path}", shlex.quote(result["dir"]))
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(command, shell=True, stdout=sys.stderr if as_json else None,
+                                  env={**os.environ, "CKPTFS_DRILL_PATH": result["dir"]})
+            code = proc.returncode
+        except OSError as e:
+            typer.echo(f"ckptfs: drill: cannot run the command: {e}", err=True)
+            code = 127
+        exec_result = {"command": exec_, "exit_code": code, "seconds": round(time.monotonic() - started, 3)}
+        result = _one(root, {"cmd": "drill_done", "id": msg["id"], "exec": exec_result}, timeout=None)["result"]
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for what in ("missing", "changed", "unexpected"):
+            for name in result[what]:
+                typer.echo(f"ckptfs: drill {result['path']}: {what}: {name}", err=True)
+        speed = fmt_bytes(result["bytes_per_second"]) + "/s"
+        typer.echo(f"ckptfs: drill {result['path']} (step {result['step']}): restored {result['files']} files, "
+                   f"{fmt_bytes(result['bytes'])} in {result['restore_seconds']:.1f} s ({speed}), deep verify: {result['verify']}")
+        if result.get("exec"):
+            e = result["exec"]
+            typer.echo(f"ckptfs: drill command exited {e['exit_code']} after {e['seconds']:.1f} s: {e['command']}")
+        elif exec_:
+            typer.echo("ckptfs: drill command not run: the checkpoint did not come back whole", err=True)
+        if result.get("kept"):
+            typer.echo(f"ckptfs: restored copy kept in {result['dir']}")
+        if result.get("record_error"):
+            typer.echo(f"ckptfs: warning: {result['record_error']}", err=True)
+        typer.echo(f"ckptfs: drill {'succeeded' if result['outcome'] == 'ok' else 'FAILED'} in {result['seconds']:.1f} s")
+    if result["outcome"] != "ok":
+        raise typer.Exit(1)

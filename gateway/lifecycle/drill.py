@@ -1,0 +1,239 @@
+"""Recovery drills: restore a checkpoint as a job on a fresh node would, verify it deep, time it.
+
+How: the daemon downloads every file of the checkpoint's manifest straight from
+the bucket into a fresh temporary directory (`<cache_dir>/drills/<id>/`, or
+under the `--dir` given), with parallel ranged GETs pinned to the manifest's
+ETags (`read_range_size` each, `read_concurrency` in flight per file, four
+files at once), hashing each file in order as its ranges arrive and comparing
+its xxh3-128 with the manifest's. Nothing comes from, or goes into, the mount's
+cache: what is measured is the bucket-to-node path a fresh node restoring
+would see. (A second, temporary read-only mount would measure FUSE on top; a
+job restoring reads from the mount, but its cold reads are these same ranged
+GETs, and a drill should not need a second FUSE mount, root, or a cache of its
+own to clean up.)
+
+The user's command (`--exec "COMMAND {path}"`) runs in the CLI's process, with
+its environment and user, on the restored directory; the CLI then reports
+back (`drill_done`) and the daemon records the outcome and removes the
+directory. The last drill and the last successful one are kept in the bucket
+(`.ckptfs/drills/last.json`), so every node's metrics show them and an alert
+can fire when no drill succeeded for a week. A restored directory left behind
+by a CLI that died is removed at the next drill or daemon start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import trio
+import xxhash
+
+from ..store import CHANGED, NO_OBJECT, PRECONDITION, StoreError
+from .manifest import LifecycleError, Manifest, first_store_error, files_of, node_name, now_iso
+from .patterns import Checkpoint
+
+if TYPE_CHECKING:
+    from .service import Lifecycle
+
+log = logging.getLogger(__name__)
+
+RECORD = ".ckptfs/drills/last.json"
+FILES_AT_ONCE = 4
+LIST_LIMIT = 100
+
+
+def drills_root(lc: "Lifecycle") -> Path:
+    return Path(lc.cfg.cache_dir) / "drills"
+
+
+def clean_leftovers(lc: "Lifecycle", keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """Remove restored directories no running drill owns (a CLI that died before `drill_done`)."""
+    root = drills_root(lc)
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        if str(child) not in keep:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+async def choose(lc: "Lifecycle", path: str) -> tuple[Checkpoint, Manifest]:
+    """The checkpoint `path` is, or the newest committed one at or below it."""
+    ck = lc.patterns.checkpoint_of(path)
+    if ck is not None and ck.path != path:
+        raise LifecycleError(f"{path} is inside checkpoint {ck.path}: give the checkpoint's directory, or a directory above it")
+    if ck is None:
+        entries = [e for e in await lc.scan(path) if e["committed"]]
+        if not entries:
+            raise LifecycleError(f"no committed checkpoint under {path or '/'}: nothing to drill (commit one first)")
+        newest = max(entries, key=lambda e: (e["committed_at"] or 0, e["step"]))
+        ck = Checkpoint(newest["path"], newest["step"])
+    manifest = await lc.catalogue.manifest(ck)
+    if manifest is None:
+        raise LifecycleError(f"{ck.path} is not committed (no manifest): a drill restores committed checkpoints only")
+    return ck, manifest
+
+
+async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: Path,
+                  progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
+    """Download the manifest's files into `target` and check each one's xxh3-128; the result (not recorded yet)."""
+    started = time.time()
+    t0 = time.monotonic()
+    base = lc.keys.of(ck.path + "/")
+    missing: list[str] = []
+    changed: list[str] = []
+    unchecked: list[str] = []
+    done = {"bytes": 0}
+    total = manifest.bytes
+    limit = trio.CapacityLimiter(FILES_AT_ONCE)
+
+    async def one(f: dict[str, Any]) -> None:
+        async with limit:
+            dest = target / f["path"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                digest = await _download(lc, f["key"], f["etag"], int(f["size"]), fd, done)
+            except StoreError as e:
+                if e.kind == NO_OBJECT:
+                    missing.append(f["path"])
+                elif e.kind == CHANGED:
+                    changed.append(f["path"])
+                else:
+                    raise
+                return
+            finally:
+                os.close(fd)
+            if not f.get("xxh3"):
+                unchecked.append(f["path"])
+            elif digest != f["xxh3"]:
+                log.warning("drill %s: %s has xxh3 %s, the manifest says %s", ck.path, f["path"], digest, f["xxh3"])
+                changed.append(f["path"])
+
+    async with trio.open_nursery() as nursery:
+        for f in manifest.files:
+            nursery.start_soon(one, f)
+        while True:
+            await progress({"files": len(manifest.files), "bytes": total, "done_bytes": min(total, done["bytes"])})
+            if not nursery.child_tasks:
+                break
+            with trio.move_on_after(0.2):
+                await trio.sleep_forever()
+    seconds = time.monotonic() - t0
+    listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+    expected = {f["path"] for f in manifest.files}
+    unexpected = sorted(f.path for f in files_of(listing, base) if f.path not in expected)
+    whole = not (missing or changed or unexpected)
+    return {
+        "path": ck.path, "step": ck.step, "generation": manifest.generation, "dir": str(target), "node": node_name(),
+        "pid": os.getpid(), "at": started, "at_iso": now_iso(started), "files": len(manifest.files), "bytes": total,
+        "restore_seconds": round(seconds, 3), "bytes_per_second": round(total / seconds, 1) if seconds > 0 else 0.0,
+        "verify": "whole" if whole else "broken",
+        "missing": sorted(missing)[:LIST_LIMIT], "changed": sorted(set(changed))[:LIST_LIMIT], "unexpected": unexpected[:LIST_LIMIT],
+        "unchecked": sorted(unchecked)[:LIST_LIMIT],
+    }
+
+
+async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
+    """Ranged GETs of the object (pinned to `etag`) written into `fd`; its xxh3-128, hashed in order."""
+    h = xxhash.xxh3_128()
+    if size == 0:
+        await lc.io(lc.store.get_range, key, etag, 0, 0)
+        return h.hexdigest()
+    rs = lc.cfg.read_range_size
+    n = -(-size // rs)
+    slots = trio.Semaphore(lc.cfg.read_concurrency)
+    arrived: dict[int, bytes] = {}
+    events = [trio.Event() for _ in range(n)]
+
+    async def fetch(i: int) -> None:
+        start = i * rs
+        data = await lc.io(lc.store.get_range, key, etag, start, min(rs, size - start))
+        await trio.to_thread.run_sync(os.pwrite, fd, data, start)
+        arrived[i] = data
+        events[i].set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def producer() -> None:
+                for i in range(n):
+                    await slots.acquire()
+                    nursery.start_soon(fetch, i)
+
+            nursery.start_soon(producer)
+            for i in range(n):
+                await events[i].wait()
+                data = arrived.pop(i)
+                h.update(data)
+                done["bytes"] += len(data)
+                slots.release()
+    except BaseExceptionGroup as group:
+        # ranges fail together (the object changed or vanished): one StoreError for the caller to classify
+        err = first_store_error(group)
+        if err is None:
+            raise
+        raise err from None
+    return h.hexdigest()
+
+
+def finish(result: dict[str, Any], exec_result: dict[str, Any] | None) -> dict[str, Any]:
+    """The drill's outcome: ok only when the checkpoint came back whole and the user's command (if any) exited 0."""
+    result = dict(result)
+    result["exec"] = exec_result
+    ok = result["verify"] == "whole" and (exec_result is None or exec_result.get("exit_code") == 0)
+    result["outcome"] = "ok" if ok else "failed"
+    result["seconds"] = round(result["restore_seconds"] + (exec_result or {}).get("seconds", 0.0), 3)
+    return result
+
+
+async def record(lc: "Lifecycle", result: dict[str, Any]) -> None:
+    """Keep the drill (and, if it succeeded, as the last success) in the bucket, for every node's metrics."""
+    key = lc.keys.of(RECORD)
+    for _ in range(5):
+        doc, etag = await read_record(lc, with_etag=True)
+        doc["last"] = result
+        if result["outcome"] == "ok":
+            doc["last_success"] = result
+        body = json.dumps(doc, indent=1, sort_keys=True).encode()
+        try:
+            if etag is None:
+                await lc.io(lambda: lc.store.put_bytes(key, body, if_none_match=True))
+            else:
+                await lc.io(lambda: lc.store.put_bytes(key, body, if_match=etag))
+        except StoreError as e:
+            if e.kind == PRECONDITION:
+                continue  # another node recorded a drill meanwhile: add ours to theirs
+            raise
+        lc.drill_record = doc
+        return
+    raise LifecycleError("the drill finished but other nodes kept rewriting its record: its outcome is not recorded")
+
+
+async def read_record(lc: "Lifecycle", with_etag: bool = False) -> Any:
+    try:
+        body, etag = await lc.io(lc.store.get_bytes, lc.keys.of(RECORD))
+    except StoreError as e:
+        if e.kind != NO_OBJECT:
+            raise
+        return ({}, None) if with_etag else {}
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    return (doc, etag) if with_etag else doc
+
+
+def new_target(lc: "Lifecycle", parent: str) -> Path:
+    root = Path(parent) if parent else drills_root(lc)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"drill-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    target.mkdir(mode=0o755)
+    return target
