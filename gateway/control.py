@@ -13,7 +13,7 @@ xattr on the mount root. One JSON object per line each way:
   {"cmd": "unmount", "flush": false}     -> {"ok": true, "pid": N}; the daemon then stops
   {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
                                          -> see lifecycle/service.py (verify and commit stream progress lines)
-  {"cmd": "replicate_status"} | {"cmd": "verify", "path": ..., "target": NAME}
+  {"cmd": "replicate_status"} | {"cmd": "verify" | "drill", "path": ..., "target": NAME}
                                          -> see replication/service.py
 Errors: {"ok": false, "error": "one line"}.
 """
@@ -119,7 +119,8 @@ class ControlServer:
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
                 return
             await send({"ok": True, **self.daemon.evict(path)})
-        elif cmd == "replicate_status" or (cmd == "verify" and request.get("target")):
+        elif (cmd == "replicate_status" or (cmd in ("verify", "drill") and request.get("target"))
+              or (cmd == "drill_done" and self.daemon.replicator.owns_drill(request.get("id")))):
             await self.daemon.replicator.handle(request, send)
         elif cmd in LIFECYCLE_COMMANDS and self.daemon.cfg.read_only and cmd in ("checkpoint_commit", "protect", "unprotect"):
             await send({"ok": False, "error": f"{cmd}: this mount is read-only (read_only = true): run it on a mount that may change the bucket"})

@@ -131,6 +131,9 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
                 if not await job.io(dst.legal_hold, key):
                     raise CopyError(f"{key}: the target did not keep the legal hold")
     elif any(o.name == PROTECTED for o in listing.objects):
+        if object_lock:  # unprotected on the primary: lift the holds placed with the protection
+            for f in manifest.files:
+                await job.io(dst.set_legal_hold, base + f["path"], False)
         await job.io(dst.delete, base + PROTECTED)
     # 5. the manifest, last
     doc = json.loads(manifest_body)

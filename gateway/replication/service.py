@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -38,11 +39,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..config import Config, Replica
+from ..lifecycle import audit, drill
+from ..lifecycle.catalogue import MAX_DEPTH
 from ..lifecycle.lease import Lease, keep
 from ..lifecycle.manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
 from ..lifecycle.patterns import Checkpoint
 from ..lifecycle.verify import verify
-from ..namespace.keys import Keys
+from ..namespace.keys import Keys, is_reserved
 from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
 from .copy import CopyError, Counters, Job, copy_checkpoint
 
@@ -54,7 +57,8 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "replication"
 STATUS_DIR = ".ckptfs/replication/"
 TARGET_WIDE = (NETWORK, AUTH, NO_BUCKET, SERVER)  # failures that stop the whole target's pass, not one checkpoint
-FIRST_SURVEY_WAIT = 10.0  # seconds `replicate status` waits for a daemon's first survey before answering anyway
+FIRST_SURVEY_WAIT = 10.0
+RETENTION_EVERY_PASSES = 5  # a target is walked for checkpoints the primary's retention deleted every this many passes  # seconds `replicate status` waits for a daemon's first survey before answering anyway
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Target:
         self.copying: str | None = None
         self.counters = Counters()
         self.errors_total = 0
+        self.deleted_total = 0  # checkpoints deleted on the target after retention deleted them on the primary
         self.object_lock: bool | None = None
         self.slots = trio.Semaphore(cfg.replication_parts_in_flight)
 
@@ -139,6 +144,7 @@ class Target:
             "skipped_objects_total": self.counters.skipped_objects,
             "server_side_objects_total": self.counters.server_side,
             "errors_total": self.errors_total,
+            "deleted_total": self.deleted_total,
         }
 
 
@@ -148,6 +154,7 @@ class _TargetView:
     def __init__(self, cfg: Config, store: Store, prefix: str, io: Callable[..., Awaitable[Any]]) -> None:
         self.cfg, self.store, self.keys, self.io = cfg, store, Keys(prefix), io
         self.last_verify: dict[str, Any] | None = None
+        self.drill_record: dict[str, Any] = {}
 
 
 class Replicator:
@@ -157,7 +164,9 @@ class Replicator:
         self.limiter = trio.CapacityLimiter(cfg.replication_parts_in_flight * max(1, len(self.targets)) + 8)
         self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl) if self.targets else None
         self.primary: dict[str, Primary] = {}
+        self.primary_paths: set[str] | None = None  # every checkpoint on the primary, committed or not (None: not surveyed)
         self.primary_error: str | None = None
+        self.drills: dict[str, tuple[str, dict[str, Any], bool]] = {}  # drill id -> (target, restore result, keep dir)
         self._bodies: dict[str, tuple[str, bytes]] = {}  # object key -> (etag, body) of manifests and protection objects
         self._kick = trio.Event()
         self.surveyed = trio.Event()
@@ -201,8 +210,8 @@ class Replicator:
                 nursery.start_soon(self._survey_target, t, held)
         self.surveyed.set()
         self.passes_total += 1
-        if not any(t.pending() for t in self.targets.values()):
-            return
+        if not any(t.pending() for t in self.targets.values()) and self.passes_total % RETENTION_EVERY_PASSES != 1:
+            return  # nothing to copy; the targets' retention is looked at every few passes
         assert self.lease is not None
         try:
             held = await self.io(self.lease.acquire)
@@ -217,6 +226,8 @@ class Replicator:
                 for t in self.targets.values():
                     if t.pending():
                         work.start_soon(self._copy_target, t)
+                    elif t.error_kind not in TARGET_WIDE:
+                        work.start_soon(self._follow_retention, t)
             outer.cancel_scope.cancel()
 
     # ------------------------------------------------------------------ survey
@@ -231,7 +242,9 @@ class Replicator:
     async def _survey_primary(self) -> None:
         lc = self.lc
         found: dict[str, Primary] = {}
+        paths = []
         for ck in await lc.catalogue.find(""):
+            paths.append(ck.path)
             base = lc.keys.of(ck.path + "/")
             top = await self.io(lc.store.list, base)
             own = {o.name: o for o in top.objects}
@@ -252,6 +265,7 @@ class Replicator:
                 continue
             found[ck.path] = Primary(ck, manifest, body, protection)
         self.primary = found
+        self.primary_paths = set(paths)
 
     async def _survey_target(self, t: Target, holder: bool) -> None:
         t.selected = {p: v for p, v in self.primary.items() if t.replica.wants(v.ck.step, v.protection is not None)}
@@ -326,7 +340,7 @@ class Replicator:
             try:
                 check()
                 store = t.open()
-                if v.protection is not None and t.object_lock is None:
+                if t.object_lock is None:  # legal holds placed with protection, lifted with it
                     t.object_lock = await self.io(store.object_lock_enabled)
                 job = Job(self.lc.store, store, self.cfg.bucket, t.replica.key_prefix + path + "/", t.same_endpoint,
                           self.cfg.replication_part_size, self.cfg.copy_multipart_threshold, t.slots, self.io, t.counters, check)
@@ -348,6 +362,67 @@ class Replicator:
             finally:
                 t.copying = None
         await self._write_failures(t)
+
+    # --------------------------------------------------------------- retention
+    async def _walk(self, store: Store, prefix: str, path: str, depth: int, found: set[str]) -> None:
+        """Checkpoints on a target (as catalogue.find walks the primary)."""
+        listing = await self.io(store.list, prefix + (path + "/" if path else ""))
+        for name in listing.dirs:
+            if not name or is_reserved(name):
+                continue
+            child = f"{path}/{name}" if path else name
+            if self.lc.patterns.step(name) is not None:
+                found.add(child)
+            elif depth + 1 < MAX_DEPTH:
+                await self._walk(store, prefix, child, depth + 1, found)
+
+    async def _follow_retention(self, t: Target) -> None:
+        """Delete a target's copy of a checkpoint once retention on the primary deleted it (after its grace period).
+
+        Only a deletion the primary's audit log records as retention's counts: a checkpoint that is
+        merely missing from the primary (removed by hand, or the primary bucket lost) is kept on the
+        replica. A copy protected on the target is kept whatever happened on the primary.
+        """
+        if self.primary_paths is None or self.primary_error:
+            return
+        try:
+            store = t.open()
+            on_target: set[str] = set()
+            await self._walk(store, t.replica.key_prefix, "", 0, on_target)
+            gone = sorted(on_target - self.primary_paths)
+            if not gone:
+                return
+            deleted = {e["path"]: e for e in await audit.read(self.lc, "") if e.get("action") == "delete"}  # type: ignore[arg-type]
+            for path in gone:
+                event = deleted.get(path)
+                if event is None:
+                    continue
+                base = t.replica.key_prefix + path + "/"
+                listing = await self.io(lambda: store.list(base, recursive=True))
+                if not listing.objects and not listing.marker:
+                    continue  # nothing left (some stores list an emptied directory for a while)
+                if any(o.name == PROTECTED for o in listing.objects):
+                    log.warning("replica %s: %s was deleted on the primary by retention but is protected on the replica: kept",
+                                t.replica.name, path)
+                    continue
+                if not self.lease or not self.lease.valid():
+                    return
+                if any(o.name == MANIFEST for o in listing.objects):
+                    await self.io(store.delete, base + MANIFEST)  # first: visibly incomplete from here on
+                for o in listing.objects:
+                    if o.name != MANIFEST:
+                        await self.io(store.delete, base + o.name)
+                if listing.marker:
+                    await self.io(store.delete, base)
+                t.known.pop(path, None)
+                t.deleted_total += 1
+                await audit.record(self.lc, "replica-delete", path, {"user": "ckptfs", "uid": -1},  # type: ignore[arg-type]
+                                   f"retention deleted it on the primary ({event.get('at_iso')}): replica {t.replica.name} follows",
+                                   target=t.replica.name, target_url=t.replica.url)
+                log.info("replica %s: %s deleted (retention deleted it on the primary at %s)", t.replica.name, path, event.get("at_iso"))
+        except StoreError as e:
+            t.fail(e)
+            log.warning("replica %s: retention on the replica failed, will retry: %s", t.replica.name, e)
 
     # ---------------------------------------------------------------- commands
     def target(self, name: str) -> Target:
@@ -397,6 +472,14 @@ class Replicator:
                     await send({"ok": True, **p})
 
                 await send({"ok": True, "done": True, "result": await self.verify(name, ck, bool(request.get("deep")), progress)})
+            elif cmd == "drill":
+                await self._drill(str(request["target"]), path, request, send)
+            elif cmd == "drill_done":
+                pending = self.drills.pop(str(request.get("id")), None)
+                if pending is None:
+                    raise LifecycleError(f"no drill {request.get('id')!r} is waiting here (the daemon restarted?): run the drill again")
+                name, result, keep_dir = pending
+                await send({"ok": True, "done": True, "result": await self._drill_end(name, drill.finish(result, request.get("exec")), keep_dir)})
             else:
                 raise LifecycleError(f"unknown command {cmd!r}")
         except LifecycleError as e:
@@ -404,6 +487,63 @@ class Replicator:
         except StoreError as e:
             target = request.get("target")
             await send({"ok": False, "error": f"{cmd} {path or '/'}{f' on replica {target}' if target else ''}: {e}"})
+
+    def owns_drill(self, drill_id: Any) -> bool:
+        return str(drill_id) in self.drills
+
+    async def _drill(self, name: str, path: str, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
+        """`ckptfs drill --target NAME`: restore from the replica (drill.restore through the target), verify deep."""
+        t = self.target(name)
+        store = t.open()
+        ck = self.lc.patterns.checkpoint_of(path)
+        if ck is not None and ck.path != path:
+            raise LifecycleError(f"{path} is inside checkpoint {ck.path}: give the checkpoint's directory, or a directory above it")
+        if ck is None:
+            held = [v for p, v in self.primary.items() if t.known.get(p) == v.signature and (not path or p == path or p.startswith(path + "/"))]
+            if not held:
+                raise LifecycleError(f"no checkpoint under {path or '/'} is on replica {name} yet: see `ckptfs replicate status`")
+            ck = max(held, key=lambda v: (v.manifest.committed_at, v.ck.step)).ck
+        view = _TargetView(self.cfg, store, t.replica.key_prefix, self.io)
+        manifest = await self.io(read_manifest, store, view.keys.of(ck.path + "/" + MANIFEST))
+        if manifest is None:
+            raise LifecycleError(f"{ck.path} has no manifest on replica {name} ({t.replica.url}): not replicated (yet); "
+                                 f"see `ckptfs replicate status`")
+        keep_dir = bool(request.get("keep"))
+        try:
+            into = drill.new_target(self.lc, str(request.get("dir") or ""))
+        except OSError as e:
+            raise LifecycleError(f"cannot create a directory to restore into ({e}): give --dir a writable directory") from None
+
+        async def progress(p: dict[str, Any]) -> None:
+            await send({"ok": True, **p})
+
+        try:
+            result = await drill.restore(view, ck, manifest, into, progress)  # type: ignore[arg-type]
+        except BaseException:
+            if not keep_dir:
+                shutil.rmtree(into, ignore_errors=True)
+            raise
+        result["target"] = name
+        if request.get("exec") and result["verify"] == "whole":
+            self.drills[into.name] = (name, result, keep_dir)
+            await send({"ok": True, "done": True, "id": into.name, "result": result, "waiting": True})
+            return
+        await send({"ok": True, "done": True, "result": await self._drill_end(name, drill.finish(result, None), keep_dir)})
+
+    async def _drill_end(self, name: str, result: dict[str, Any], keep_dir: bool) -> dict[str, Any]:
+        """Remove the restored copy (unless kept) and record the drill on the replica (its `.ckptfs/drills/last.json`)."""
+        t = self.target(name)
+        if not keep_dir:
+            shutil.rmtree(result["dir"], ignore_errors=True)
+        result["kept"] = keep_dir
+        view = _TargetView(self.cfg, t.open(), t.replica.key_prefix, self.io)
+        try:
+            await drill.record(view, result)  # type: ignore[arg-type]
+        except (StoreError, LifecycleError) as e:
+            result["record_error"] = str(e)
+        log.info("drill of %s from replica %s: %s (restore %.1f s, verify %s)", result["path"], name, result["outcome"],
+                 result["restore_seconds"], result["verify"])
+        return result
 
     def collector(self) -> "ReplicationCollector":
         return ReplicationCollector(self)

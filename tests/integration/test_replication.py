@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -337,3 +338,47 @@ def test_replication_metrics_are_documented_both_ways(make_mount, region2, dr_bu
         kind, labels = documented[name]
         assert family.type == kind, name
         assert {k for s in family.samples for k in s.labels} == {x.strip(" `") for x in labels.split(",") if x.strip()}, name
+
+
+def test_replica_follows_retention_after_grace_keeps_protected_and_restores_in_a_drill(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}/copy", "endpoint_url": region2.endpoint_url}})
+    a = make_mount("a", start=False, retention_keep_last=1, retention_min_age=0, retention_grace=2, **replica_options())
+    start(a, config)
+    saved = {}
+    for step in (1, 2, 3):
+        saved[step] = dcp_save(a.path / "run" / f"step_{step}", ranks=2, size=MiB + step)
+        commit(a, f"run/step_{step}")
+    assert a.cli("protect", str(a.path / "run/step_1"), "--reason", "golden").returncode == 0
+    wait_for("three checkpoints on dr", lambda: caught_up(a, "dr", 3), timeout=180)
+
+    def on_dr(step: int) -> set[str]:
+        return {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, f"copy/run/step_{step}/")}
+
+    # retention on the primary: step_2 becomes expiring (step_1 protected, step_3 the newest); the replica keeps it
+    plan = {d["path"]: d for d in json.loads(a.cli("retention", "apply", str(a.path), "--json").stdout)}
+    assert plan["run/step_2"]["action"] == "delete" and plan["run/step_1"]["action"] == "keep"
+    assert MANIFEST in on_dr(2)
+    # a drill from the replica restores the newest checkpoint and verifies it deep
+    proc = a.cli("drill", str(a.path / "run"), "--target", "dr", "--json",
+                 "--exec", f"{sys.executable} -c \"import os,sys; sys.exit(0 if sorted(os.listdir(sys.argv[1])) == {sorted(saved[3])!r} else 3)\" {{path}}")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    result = json.loads(proc.stdout)
+    assert (result["path"], result["target"], result["verify"], result["outcome"]) == ("run/step_3", "dr", "whole", "ok")
+    assert result["bytes"] == sum(map(len, saved[3].values())) and not os.path.exists(result["dir"])
+    assert json.loads(body(region2, dr_bucket, "copy/.ckptfs/drills/last.json"))["last"]["target"] == "dr"
+    # after the grace period retention deletes step_2 on the primary; the replica follows
+    wait_for("grace over, step_2 deleted on the primary", lambda: (
+        json.loads(a.cli("retention", "apply", str(a.path), "--json").stdout) and not objects(a.s3, a.bucket, a.key("run/step_2/"))), timeout=60)
+    wait_for("step_2 deleted on dr", lambda: not on_dr(2), timeout=180)
+    # the protected and the newest checkpoints are kept on both, protection included
+    assert {MANIFEST, PROTECTED} <= on_dr(1) and MANIFEST in on_dr(3)
+    assert objects(a.s3, a.bucket, a.key("run/step_1/")) and objects(a.s3, a.bucket, a.key("run/step_3/"))
+    events = json.loads(a.cli("audit", str(a.path), "--json").stdout)
+    assert any(e["action"] == "replica-delete" and e["path"] == "run/step_2" and e["target"] == "dr" for e in events)
+    # a checkpoint removed by hand on the primary (not by retention) stays on the replica
+    for key in objects(a.s3, a.bucket, a.key("run/step_3/")):
+        a.s3.client().delete_object(Bucket=a.bucket, Key=key)
+    since = status(a)["dr"]["surveyed_at"]
+    wait_for("passes enough for two looks at the replica's retention", lambda: status(a)["dr"]["surveyed_at"] > since + 12, timeout=120)
+    assert MANIFEST in on_dr(3) and status(a)["dr"]["deleted_total"] == 1
+    assert [e["path"] for e in json.loads(a.cli("audit", str(a.path), "--json").stdout) if e["action"] == "replica-delete"] == ["run/step_2"]
