@@ -79,6 +79,24 @@ class Job:
     check: Callable[[], None] = lambda: None  # raises if the copy must stop (lease lost)
 
 
+def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    """A nursery's group of copy failures as its first StoreError or CopyError (the caller reports one line);
+    the group itself if anything else is in it (a bug, or a cancellation)."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(group)
+    if leaves and all(isinstance(e, (StoreError, CopyError)) for e in leaves):
+        return leaves[0]
+    return group
+
+
 def _crc32(data: bytes) -> str:
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
@@ -111,9 +129,12 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
             job.check()
             etags[f["path"]] = await _copy_file(job, f)
 
-    async with trio.open_nursery() as nursery:
-        for f in manifest.files:
-            nursery.start_soon(one, f)
+    try:
+        async with trio.open_nursery() as nursery:
+            for f in manifest.files:
+                nursery.start_soon(one, f)
+    except BaseExceptionGroup as group:
+        raise one_error(group) from None
     # 4. leftovers of an earlier generation, and protection
     listing = await job.io(lambda: dst.list(base, recursive=True))
     wanted = {f["path"] for f in manifest.files}
@@ -228,13 +249,15 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
                 hashed[i].set()
         digest = check_digest()
         etag = await job.io(dst.complete, key, upload_id, [(i + 1, parts[i][0], parts[i][1]) for i in range(n)])
-    except BaseException:
+    except BaseException as e:
         with trio.CancelScope(shield=True) as scope:
             scope.relative_deadline = ABORT_SECONDS  # a hung target: the next copy of this checkpoint aborts it
             try:
                 await job.io(dst.abort, key, upload_id)
             except StoreError:
                 pass  # aborted when the next copy of this checkpoint starts
+        if isinstance(e, BaseExceptionGroup):
+            raise one_error(e) from None
         raise
     if not want_xxh3:
         await job.io(dst.copy_from, dst.bucket, key, etag, key, size, {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]},

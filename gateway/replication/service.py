@@ -47,7 +47,7 @@ from ..lifecycle.patterns import Checkpoint
 from ..lifecycle.verify import verify
 from ..namespace.keys import Keys, is_reserved
 from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
-from .copy import CopyError, Counters, Job, copy_checkpoint
+from .copy import CopyError, Counters, Job, copy_checkpoint, one_error
 
 if TYPE_CHECKING:
     from ..lifecycle.service import Lifecycle
@@ -189,7 +189,10 @@ class Replicator:
             log.info("replicating checkpoints (%s) to %s%s", t.replica.select, t.replica.url,
                      f" at {t.replica.endpoint_url}" if t.replica.endpoint_url else "")
         while True:
-            await self.pass_once()
+            try:
+                await self.pass_once()
+            except Exception:  # noqa: BLE001 - replication must never take the mount down with it
+                log.exception("replication pass failed unexpectedly; the next pass retries")
             with trio.move_on_after(self.cfg.replication_interval):
                 await self._kick.wait()
             self._kick = trio.Event()
@@ -487,6 +490,12 @@ class Replicator:
         except StoreError as e:
             target = request.get("target")
             await send({"ok": False, "error": f"{cmd} {path or '/'}{f' on replica {target}' if target else ''}: {e}"})
+        except Exception as e:  # noqa: BLE001 - a command's failure must never stop the daemon (and its mount)
+            err = one_error(e) if isinstance(e, BaseExceptionGroup) else None
+            if not isinstance(err, StoreError):
+                log.exception("%s %s failed", cmd, path or "/")
+                err = None
+            await send({"ok": False, "error": f"{cmd} {path or '/'}: {err or f'internal error ({type(e).__name__}: {e}); see the daemon log'}"})
 
     def owns_drill(self, drill_id: Any) -> bool:
         return str(drill_id) in self.drills

@@ -234,7 +234,9 @@ def test_crash_mid_copy_resumes_without_copying_finished_objects_again(make_moun
     proxy.set_mode("pass", rate=3 * MiB)  # slow enough to catch the copy half-way
     try:
         config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": proxy.url}})
-        a = make_mount("a", start=False, **replica_options(replication_part_size="5MiB", replication_parts_in_flight=2))
+        # (a 5 MiB part through the throttled proxy takes seconds: a read timeout long enough for it)
+        a = make_mount("a", start=False, **replica_options(replication_part_size="5MiB", replication_parts_in_flight=2,
+                                                             replication_read_timeout=60))
         start(a, config)
         step = a.path / "step_5"
         step.mkdir()
@@ -382,3 +384,33 @@ def test_replica_follows_retention_after_grace_keeps_protected_and_restores_in_a
     wait_for("passes enough for two looks at the replica's retention", lambda: status(a)["dr"]["surveyed_at"] > since + 12, timeout=120)
     assert MANIFEST in on_dr(3) and status(a)["dr"]["deleted_total"] == 1
     assert [e["path"] for e in json.loads(a.cli("audit", str(a.path), "--json").stdout) if e["action"] == "replica-delete"] == ["run/step_2"]
+
+
+def test_copies_failing_on_the_target_are_reported_and_never_take_the_mount_down(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proxy = FaultProxy(region2.s3_port)
+    try:
+        config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": proxy.url}})
+        a = make_mount("a", start=False, **replica_options(replication_part_size="5MiB"))
+        start(a, config)
+        proxy.fail(500, "InternalError", count=10**6, methods={"PUT"})  # every upload (PutObject, UploadPart) refused
+        step = a.path / "step_9"
+        step.mkdir()
+        want = {"big.distcp": shard(step / "big.distcp", 11 * MiB, 1), "small.distcp": shard(step / "small.distcp", MiB, 2)}
+        commit(a, "step_9")
+        failed = wait_for("the copy reported failed", lambda: (lambda t: t if t["failed"] == 1 else None)(status(a)["dr"]), timeout=180)
+        assert "InternalError" in failed["failures"]["step_9"] or "500" in failed["failures"]["step_9"], failed
+        proc = a.cli("replicate", "status", str(a.path))
+        assert proc.returncode == 1 and "step_9" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+        # the mount is alive and its drain works
+        assert not mount_is_dead(a.path)
+        digest = write_random(a.path / "after.bin", MiB, seed=4)
+        a.flush()
+        assert a.object_sha256("after.bin") == digest
+        proxy.set_mode("pass")
+        wait_for("dr caught up", lambda: caught_up(a, "dr", 1), timeout=180)
+        assert status(a)["dr"]["failed"] == 0
+        for name, data in want.items():
+            assert body(region2, dr_bucket, f"step_9/{name}") == data
+        assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
+    finally:
+        proxy.close()
