@@ -414,3 +414,23 @@ def test_copies_failing_on_the_target_are_reported_and_never_take_the_mount_down
         assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
     finally:
         proxy.close()
+
+
+def test_an_object_not_matching_its_manifest_is_not_copied(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": region2.endpoint_url}})
+    a = make_mount("a", start=False, **replica_options())
+    start(a, config)
+    step = a.path / "step_4"
+    step.mkdir()
+    shard(step / "good.distcp", MiB, 1)
+    a.flush()
+    # written by another tool, with an xxh3 in its metadata that is not its bytes': the manifest takes it from there
+    data = os.urandom(6 * MiB)
+    a.s3.client().put_object(Bucket=a.bucket, Key=a.key("step_4/bad.distcp"), Body=data, Metadata={"xxh3": "0" * 32})
+    commit(a, "step_4")
+    t = wait_for("the copy reported failed", lambda: (lambda t: t if t["failed"] == 1 else None)(status(a)["dr"]), timeout=180)
+    why = t["failures"]["step_4"]
+    assert "bad.distcp" in why and "the manifest says " + "0" * 32 in why, why
+    keys = objects(region2, dr_bucket)
+    assert "step_4/bad.distcp" not in keys and f"step_4/{MANIFEST}" not in keys  # visibly incomplete, never whole
+    assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
