@@ -1,11 +1,14 @@
 # Dev/test tasks for ckptfs.  Debian 12, run as root (or with sudo available).
 #
-#   make deps    system packages (fuse3, ...), .venv, pip install -e '.[test,train,bench]'
-#   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it); also installs
-#                what the ops tests drive: prometheus, nfs-ganesha, rpcbind, libnfs-utils
-#   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt
-#   make stop    unmount ./mnt (flushing), stop the local S3, drop its data
-#   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run)
+#   make deps    what `make run` needs: system packages (fuse3, ...), .venv, pip install -e '.[dev]'
+#   make run     local SeaweedFS S3 + ckptfs mounted on ./mnt (installs only what running needs)
+#   make stop    unmount ./mnt (flushing), stop the local S3 and DELETE ITS DATA and the cache;
+#                make stop KEEP=1 stops both but keeps them for the next make run
+#   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it); adds the test, train
+#                and bench extras (PyTorch...) and what the ops tests drive: prometheus,
+#                nfs-ganesha, rpcbind, libnfs-utils, s3fs
+#   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run);
+#                adds the bench extra and s3fs
 #   make install the command in /opt/ckptfs (a venv) linked from /usr/local/bin, the systemd
 #                unit, /etc/ckptfs, /var/cache/ckptfs, docs (DESTDIR= to stage; docs/install.md)
 #   make uninstall  the reverse, keeping /etc/ckptfs and /var/cache/ckptfs
@@ -17,11 +20,22 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config attr
 # only for the tests and benchmarks: promtool + a Prometheus server, NFS-Ganesha and the libnfs client,
-# systemd-analyze, s3fs (a peer in `make bench`)
+# systemd-analyze, s3fs (a peer in `make bench`, and in the tests' smoke run of it)
 TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils systemd s3fs
+BENCH_APT_PKGS := s3fs
+# the pip extras of pyproject.toml each target installs into $(VENV), one stamp per set:
+# run = the package and the local S3 server; test = the whole suite (the training tests need
+# PyTorch, the benchmark smoke test its peers); bench = the harness's tools
+RUN_EXTRAS := dev
+TEST_EXTRAS := test,train,bench
+BENCH_EXTRAS := dev,bench
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+BENCH_STAMP := $(VENV)/.installed-bench
+# make stop KEEP=1: keep the local S3 server's data and the cache for the next make run
+KEEP ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 PYTEST_ARGS ?= -q tests
@@ -47,12 +61,12 @@ CACHEDIR ?= /var/cache/ckptfs
 DOCDIR ?= /usr/local/share/doc/ckptfs
 DESTDIR ?=
 
-.PHONY: help deps system-deps test-deps test run stop bench docs install uninstall clean distclean
+.PHONY: help deps system-deps test-deps bench-deps test run stop bench docs install uninstall clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
 
-deps: system-deps $(STAMP)
+deps: system-deps $(RUN_STAMP)
 
 # apt-install the packages in $(1) that are missing
 define apt_install
@@ -72,14 +86,25 @@ system-deps:
 test-deps:
 	$(call apt_install,$(TEST_APT_PKGS))
 
+bench-deps:
+	$(call apt_install,$(BENCH_APT_PKGS))
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY) system-deps
-	$(PY) -m pip install -q -e '.[test,train,bench]'
+$(RUN_STAMP): pyproject.toml | $(PY) system-deps
+	$(PY) -m pip install -q -e '.[$(RUN_EXTRAS)]'
 	touch $@
 
-test: deps test-deps
+$(TEST_STAMP): pyproject.toml | $(PY) system-deps
+	$(PY) -m pip install -q -e '.[$(TEST_EXTRAS)]'
+	touch $@
+
+$(BENCH_STAMP): pyproject.toml | $(PY) system-deps
+	$(PY) -m pip install -q -e '.[$(BENCH_EXTRAS)]'
+	touch $@
+
+test: system-deps test-deps $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 run: deps
@@ -104,7 +129,8 @@ run: deps
 	@echo "  make durable: $(VENV)/bin/ckptfs flush ./$(MNT)"
 	@echo "  metrics:      curl -s http://$(METRICS_ADDR)/metrics | grep ^ckptfs_"
 	@echo "  S3 log:       $(DEV)/s3/data/weed.log"
-	@echo "  tear down:    make stop"
+	@echo "  tear down:    make stop         (deletes the local S3 server's data and the cache)"
+	@echo "                make stop KEEP=1  (keeps them for the next make run)"
 
 stop:
 	@if $(IS_MOUNTED); then \
@@ -112,14 +138,14 @@ stop:
 		$(VENV)/bin/ckptfs unmount ./$(MNT) --flush || echo "stop: ckptfs unmount failed, detaching the mount"; \
 	fi
 	@if $(IS_MOUNTED); then fusermount3 -uz $(MNT) || true; fi
-	$(STOP_PY) scripts/dev_s3.py stop --dir $(DEV)/s3
-	rm -rf $(DEV)/cache
+	$(STOP_PY) scripts/dev_s3.py stop --dir $(DEV)/s3 $(if $(KEEP),--keep-data)
+	$(if $(KEEP),@echo "kept $(DEV)/s3/data and $(DEV)/cache: make run uses them again; make stop without KEEP=1 deletes them",rm -rf $(DEV)/cache)
 	@rmdir $(MNT) $(DEV) 2>/dev/null || true
 
-bench: deps test-deps
+bench: system-deps bench-deps $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
 
-docs: $(STAMP)
+docs: $(RUN_STAMP)
 	$(PY) -c 'import pathlib, ckptfs.config as c; pathlib.Path("docs/configuration.md").write_text(c.markdown_reference())'
 
 install: system-deps

@@ -8,6 +8,7 @@ user can cause is one line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -22,9 +23,23 @@ from typing import Any, Iterator, Optional
 import typer
 
 from ckptfs.config import ConfigError, fmt_bytes, load_config, parse_source
+from ckptfs.version import VERSION
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="ckptfs: a write-back checkpoint gateway to S3.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ckptfs {VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print `ckptfs X.Y.Z` and exit."),
+) -> None:
+    """ckptfs: a write-back checkpoint gateway to S3."""
 
 CONTROL_XATTR = "user.ckptfs.control"
 EXIT_ERROR = 1
@@ -35,6 +50,10 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
         super().__init__(message)
         self.code = code
+
+
+class NotAllowed(CliError):
+    """This user may not use the mount or its control socket (FUSE without allow_other, the 0600 socket)."""
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> None:
@@ -58,13 +77,29 @@ def _one_line_errors(fn):  # type: ignore[no-untyped-def]
 
 
 # ----------------------------------------------------------------- helpers
+def dead_mount(root: Path | str, fix: str = "") -> str:
+    """The one message about a mount whose daemon is gone, wherever it is noticed."""
+    fix = fix or f"run `ckptfs unmount {root}` to clean it up, then mount it again (its journal keeps what was not uploaded)"
+    return f"the ckptfs daemon of {root} is not running (the mount is dead): {fix}"
+
+
+def positive_timeout(timeout: Optional[float]) -> None:
+    if timeout is not None and not timeout > 0:
+        raise CliError(f"--timeout {timeout:g}: give a number of seconds greater than 0", EXIT_USAGE)
+
+
 def find_mount_root(path: str) -> Path:
     p = Path(os.path.abspath(path))
     try:
         if not p.exists():
             raise CliError(f"{path}: no such file or directory")
     except OSError as e:
-        raise CliError(f"{path}: {e.strerror} (is the ckptfs daemon for it still running?)") from None
+        if e.errno == errno.ENOTCONN:
+            raise CliError(dead_mount(_mount_above(p))) from None
+        mount = _fuse_mount_of(p)
+        if e.errno in (errno.EACCES, errno.EPERM) and mount and os.access(os.path.dirname(mount[0]) or "/", os.X_OK):
+            raise _not_allowed_on_mount(path, mount[1]) from None  # the mount point is reachable: FUSE said no
+        raise CliError(f"{path}: {e.strerror}") from None
     cur = p
     while not os.path.ismount(cur):
         if cur.parent == cur:
@@ -73,14 +108,68 @@ def find_mount_root(path: str) -> Path:
     try:
         os.getxattr(cur, CONTROL_XATTR)
     except OSError:
-        raise CliError(f"{path} is not inside a ckptfs mount") from None
+        raise CliError(f"{path} is not inside a ckptfs mount: give a path in a mounted one (`findmnt -t fuse.ckptfs` lists them), or mount it first") from None
     return cur
+
+
+def _mount_above(p: Path) -> Path:
+    """The mount point at or above `p` in the mount table (a dead mount cannot be stat'ed)."""
+    mounts = []
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1] for line in f if len(line.split()) > 1]
+    except OSError:
+        pass
+    for cur in (p, *p.parents):
+        if str(cur) in mounts:
+            return cur
+    return p
+
+
+def _fuse_mount_of(path: Path) -> tuple[str, int | None] | None:
+    """The ckptfs mount in the mount table that holds `path` (a dead one too, which stat cannot see), and its owner's uid."""
+    best: tuple[str, int | None] | None = None
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 4 or fields[2] != "fuse.ckptfs":
+                    continue
+                mnt = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+                if not (str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")):
+                    continue
+                uid = next((int(o[8:]) for o in fields[3].split(",") if o.startswith("user_id=") and o[8:].isdigit()), None)
+                if best is None or len(mnt) > len(best[0]):
+                    best = (mnt, uid)
+    except OSError:
+        return None
+    return best
+
+
+def _user_name(uid: int | None) -> str:
+    import pwd
+
+    if uid is None:
+        return "the user who mounted it"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_allowed_on_mount(path: str | Path, uid: int | None) -> NotAllowed:
+    who = _user_name(uid)
+    return NotAllowed(f"{path}: permission denied: this ckptfs mount is open only to the user who mounted it ({who}): "
+                      f"run the command as {who}, or mount with -o allow_other to let other users read and write it")
 
 
 def control_socket(mount_root: Path) -> str:
     try:
         return os.getxattr(mount_root, CONTROL_XATTR).decode()
     except OSError as e:
+        mount = _fuse_mount_of(mount_root)
+        if e.errno in (errno.EACCES, errno.EPERM) and mount:
+            raise _not_allowed_on_mount(mount_root, mount[1]) from None
         raise CliError(f"{mount_root} is not a ckptfs mount ({e.strerror})") from None
 
 
@@ -92,6 +181,15 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
     try:
         s.connect(path)
     except OSError as e:
+        s.close()
+        if e.errno in (errno.EACCES, errno.EPERM):
+            owner = _owner_of(path, mount_root)
+            who = "root (who mounted it)" if owner == "root" else f"the user who mounted it ({owner}) or root"
+            how = "with sudo" if owner == "root" else f"as {owner} (sudo -u {owner} ckptfs ...) or as root"
+            raise NotAllowed(f"{mount_root}: permission denied on its control socket {path}: only {who} may use it: "
+                             f"run this command {how}") from None
+        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            raise CliError(dead_mount(mount_root)) from None
         raise CliError(f"cannot reach the ckptfs daemon of {mount_root} at {path}: {e.strerror}") from None
     with s:
         s.sendall(json.dumps(obj).encode() + b"\n")
@@ -110,6 +208,15 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
                 if not msg.get("ok"):
                     raise CliError(msg.get("error", "the daemon refused the request"))
                 yield msg
+
+
+def _owner_of(socket_path: str, mount_root: Path) -> str:
+    """Name of the user who owns the control socket (if its directory is closed to us: who mounted the mount)."""
+    try:
+        return _user_name(os.stat(socket_path).st_uid)
+    except OSError:
+        mount = _fuse_mount_of(mount_root)
+        return _user_name(mount[1] if mount else None)
 
 
 def get_status(mount_root: Path) -> dict[str, Any]:
@@ -201,12 +308,14 @@ def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     from ckptfs.daemon import UserError, check_cache_dir
 
     try:
-        check_cache_dir(cache_dir)  # the log goes there: say what is wrong with it, as the daemon would
+        check_cache_dir(cache_dir, mountpoint)  # the log goes there: say what is wrong with it, as the daemon would
     except UserError as e:
         fail(str(e))
     log_path = Path(cache_dir) / "ckptfs.log"
     try:
-        log_file = open(log_path, "ab")
+        os.umask(0o077)  # the log and all the daemon writes are the owner's alone, whatever the caller's umask
+        log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        os.fchmod(log_file.fileno(), 0o600)
     except OSError as e:
         fail(f"cannot write the log {log_path}: {e.strerror} (is --cache-dir a writable directory?)")
     r, w = os.pipe()
@@ -235,28 +344,56 @@ def unmount(
     mountpoint: str = typer.Argument(..., help="The mount point."),
     flush: bool = typer.Option(False, "--flush", help="Wait until everything is durable in the bucket first."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="With --flush: give up after this many seconds."),
+    force: bool = typer.Option(False, "--force", help="Unmount even while files are open for writing (their writers get errors)."),
 ) -> None:
-    """Unmount. Dirty data stays in the journal for the next mount unless --flush."""
+    """Unmount. Dirty data stays in the journal for the next mount unless --flush.
+
+    Refused (exit 1) while files are open for writing, naming them, unless --force.
+    """
+    positive_timeout(timeout)
     root = Path(os.path.abspath(mountpoint))
     try:
         st = get_status(root)
+    except NotAllowed:
+        raise
     except CliError as e:
-        if os.path.ismount(root) or _is_dead_mount(root):
+        if _is_dead_mount(root) or os.path.ismount(root) and "not running" in str(e):
             subprocess.run(["fusermount3", "-u", "-z", str(root)], check=False, capture_output=True)
-            typer.echo(f"ckptfs: {root} had no reachable daemon ({e}); unmounted it")
+            typer.echo(f"ckptfs: {dead_mount(root, 'unmounted it; mount it again to upload what its journal holds')}")
             return
+        if os.path.ismount(root):
+            raise
         fail(f"{mountpoint} is not mounted")
         return
+    writers = st.get("open_for_writing") or []
+    if writers and not force:
+        from ckptfs.control import open_for_writing_message
+
+        raise CliError(open_for_writing_message(writers))
     if flush:
         wait_durable(root, "", timeout)
     pid = st["pid"]
-    for _ in request(root, {"cmd": "unmount", "flush": flush}):
-        break
-    deadline = time.monotonic() + float(st.get("shutdown_timeout", 30)) + 30
+    left: dict[str, Any] = {}
+    wait = None if flush else float(st.get("shutdown_timeout", 30)) + 30
+    try:
+        for msg in request(root, {"cmd": "unmount", "flush": flush, "force": force}, timeout=wait):
+            if msg.get("done"):
+                left = msg
+                break
+    except CliError as e:
+        if "did not answer in time" not in str(e):
+            raise
+    deadline = time.monotonic() + 30
     while _alive(pid):
         if time.monotonic() > deadline:
             fail(f"daemon pid {pid} did not stop in time; it may still be draining (kill -TERM {pid} again, or wait)")
         time.sleep(0.1)
+    if left.get("left_files") or left.get("left_deletes"):
+        n, d = left["left_files"], left["left_deletes"]
+        typer.echo(f"ckptfs: unmounted {root}; {n} file{'s' if n != 1 else ''} ({fmt_bytes(left['left_bytes'])}) and "
+                   f"{d} deletion{'s' if d != 1 else ''} are not in the bucket yet: they stay in the journal in "
+                   f"{left.get('cache_dir', 'the cache directory')} and the next mount of it uploads them")
+        return
     typer.echo(f"ckptfs: unmounted {root}")
 
 
@@ -289,34 +426,23 @@ def _is_dead_mount(path: Path) -> bool:
 @_one_line_errors
 def status(
     mountpoint: str = typer.Argument(..., help="The mount point."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (with --watch: one JSON object per line)."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    interval: float = typer.Option(2.0, "--interval", "-n", min=0.1, help="With --watch: seconds between refreshes."),
 ) -> None:
-    """Show the cache and drain state of a mount."""
+    """Show the drain, upload throughput and ETA, cache, reads and errors of a mount."""
+    from ckptfs.cli import display
+
     root = find_mount_root(mountpoint)
     st = get_status(root)
+    console = display.make_console()
+    if watch:
+        display.watch(console, st, lambda: get_status(root), interval, as_json, lambda s: json.dumps(s, sort_keys=True))
+        return
     if as_json:
         typer.echo(json.dumps(st, indent=2, sort_keys=True))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"ckptfs {st['mountpoint']} <- {st['source']}", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("")
-    rows = [
-        ("daemon pid", str(st["pid"])),
-        ("dirty files", f"{st['dirty_files']} ({st['uploading_files']} uploading)"),
-        ("dirty bytes", fmt_bytes(st["dirty_bytes"])),
-        ("oldest dirty age", f"{st['oldest_dirty_age_seconds']:.1f} s"),
-        ("pending deletes", str(st["pending_deletes"])),
-        ("cache", f"{fmt_bytes(st['cache_used_bytes'])} of {fmt_bytes(st['cache_capacity_bytes'])}"),
-        ("uploaded", f"{fmt_bytes(st['uploaded_bytes_total'])} in {st['uploaded_files_total']} files"),
-        ("upload errors", str(st["upload_errors_total"])),
-        ("last error", st["last_error"] or "-"),
-    ]
-    for k, v in rows:
-        table.add_row(k, v)
-    Console().print(table)
+    console.print(display.status_screen(st), soft_wrap=not console.is_terminal)
 
 
 @app.command()
@@ -326,6 +452,7 @@ def flush(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 1)."),
 ) -> None:
     """Block until every file under PATH is durable in the bucket."""
+    positive_timeout(timeout)
     root = find_mount_root(path)
     wait_durable(root, _rel(root, path), timeout, label=path)
     typer.echo(f"ckptfs: {path} is durable")
@@ -342,6 +469,8 @@ def warmup(
     paths: list[str] = typer.Argument(..., help="Files or directories in the mount to read into the local cache."),
 ) -> None:
     """Pre-stage files or trees from the bucket into the local cache (exit 1 if any file fails)."""
+    from ckptfs.cli.display import plural
+
     root = find_mount_root(paths[0])
     rels = []
     for p in paths:
@@ -374,8 +503,8 @@ def warmup(
     for path, error in failed:
         typer.echo(f"ckptfs: {path}: {error}", err=True)
     if failed:
-        raise CliError(f"{len(failed)} of {max(files, len(failed))} files could not be read from the bucket (see above)")
-    typer.echo(f"ckptfs: {files} files ({fmt_bytes(total)}) are in the cache")
+        raise CliError(f"{len(failed)} of {plural(max(files, len(failed)), 'file')} could not be read from the bucket (see above)")
+    typer.echo(f"ckptfs: {plural(files, 'file')} ({fmt_bytes(total)}) {'is' if files == 1 else 'are'} in the cache")
 
 
 @app.command()
@@ -384,42 +513,38 @@ def evict(
     path: str = typer.Argument(..., help="A file or directory in the mount, or the mount point."),
 ) -> None:
     """Drop the local copies of durable files under PATH (they are read from the bucket again when needed)."""
+    from ckptfs.cli.display import plural
+
     root = find_mount_root(path)
     for msg in request(root, {"cmd": "evict", "path": _rel(root, path)}):
         note = f"; {msg['skipped']} not durable yet or in use were kept" if msg["skipped"] else ""
-        typer.echo(f"ckptfs: evicted {msg['files']} files ({fmt_bytes(msg['bytes'])}){note}")
+        typer.echo(f"ckptfs: evicted {plural(msg['files'], 'file')} ({fmt_bytes(msg['bytes'])}){note}")
         return
     raise CliError("the daemon closed the connection without an answer")
 
 
 def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None) -> None:
+    """Flush `rel` and show its progress by bytes (parts already in the bucket count), with throughput and ETA."""
+    from ckptfs.cli import display
+
     label = label or str(root)
     deadline = None if timeout is None else time.monotonic() + timeout
     last: dict[str, Any] = {}
-    progress = None
-    if sys.stdout.isatty():
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-        progress = Progress(TextColumn("flush {task.description}"), BarColumn(), DownloadColumn(binary_units=True), TextColumn("{task.fields[files]} files left"), TimeElapsedColumn())
-        progress.start()
-        task = progress.add_task(label, total=None, files="?")
+    progress = display.FlushProgress(label, display.make_console())
     try:
-        total = 0
         sock_timeout = None if timeout is None else max(timeout, 1.0)
         try:
             for msg in request(root, {"cmd": "flush", "path": rel}, timeout=sock_timeout):
                 if msg.get("done"):
-                    if progress:
-                        progress.update(task, total=max(total, 1), completed=max(total, 1), files=0)
+                    progress.finish()
                     return
                 last = msg
-                total = max(total, msg["bytes"])
-                if progress:
-                    progress.update(task, total=total, completed=total - msg["bytes"], files=msg["files"])
+                progress.update(msg)
                 if deadline is not None and time.monotonic() > deadline:
+                    in_bucket = f", {fmt_bytes(last['uploaded_bytes'])} of it in the bucket already" if last.get("uploaded_bytes") else ""
                     raise CliError(
-                        f"timed out after {timeout:g}s: {last['files']} files ({fmt_bytes(last['bytes'])}) and "
-                        f"{last['deletes']} deletions under {label} are not durable yet; see `ckptfs status {root}`"
+                        f"timed out after {timeout:g}s: {display.plural(last['files'], 'file')} ({fmt_bytes(last['bytes'])}{in_bucket}) and "
+                        f"{display.plural(last['deletes'], 'deletion')} under {label} are not durable yet; see `ckptfs status {root}`"
                     )
         except CliError as e:
             if "did not answer in time" in str(e) and deadline is not None:
@@ -427,8 +552,7 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
             raise
         raise CliError("the daemon stopped before the flush finished (is it shutting down?)")
     finally:
-        if progress:
-            progress.stop()
+        progress.close()
 
 
 from ckptfs.cli import lifecycle as _lifecycle  # noqa: E402,F401 - registers checkpoint, checkpoints, verify, protect, ...
@@ -450,7 +574,29 @@ def main() -> None:
         if args is None:
             return
         sys.argv = [sys.argv[0], *args]  # `--daemon` re-runs sys.argv[1:] in the child
-    app()
+    sys.exit(run_app())
+
+
+def run_app() -> int:
+    """Run the typer app; a usage error (bad option value, missing argument) is one line too, exit 2."""
+    try:  # typer >= 0.22 carries its own copy of click
+        from typer._click.exceptions import ClickException, UsageError
+    except ImportError:  # pragma: no cover - older typer on click
+        from click.exceptions import ClickException, UsageError  # type: ignore[no-redef]
+    try:
+        rv = app(prog_name="ckptfs", standalone_mode=False)
+    except ClickException as e:
+        if type(e).__name__ == "NoArgsIsHelpError":
+            e.show()  # `ckptfs` alone: the help
+            return EXIT_USAGE
+        message = " ".join(e.format_message().split())
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if isinstance(e, UsageError) and ctx is not None else ""
+        typer.echo(f"ckptfs: error: {message}{hint}", err=True)
+        return e.exit_code
+    except typer.Abort:
+        return EXIT_ERROR
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":

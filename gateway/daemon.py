@@ -13,6 +13,8 @@ import errno
 import fcntl
 import logging
 import os
+import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -30,10 +32,12 @@ from .fetch import Fetcher
 from .journal import Journal, JournalError
 from .lifecycle.service import Lifecycle
 from .metrics import Metrics
-from .namespace import Namespace
+from .namespace import Namespace, under
+from .namespace.keys import PROBE_NAME_PREFIX
 from .remote import Remote
 from .replication.service import Replicator
 from .store import Store, StoreError
+from .version import VERSION
 
 log = logging.getLogger("ckptfs")
 
@@ -80,7 +84,8 @@ def check_mountpoint(path: str) -> None:
         raise UserError(f"mount point {path} is not empty: use an empty directory")
 
 
-def check_cache_dir(path: str) -> None:
+def check_cache_dir(path: str, mountpoint: str = "") -> None:
+    check_cache_dir_placement(path, mountpoint)
     p = Path(path)
     if not p.exists():
         raise UserError(f"cache directory {path} does not exist: create it (mkdir -p {path}) on the local NVMe")
@@ -88,6 +93,48 @@ def check_cache_dir(path: str) -> None:
         raise UserError(f"cache directory {path} is not a directory")
     if not os.access(p, os.W_OK | os.X_OK):
         raise UserError(f"cache directory {path} is not writable by this user: fix its permissions or run as its owner")
+
+
+def _mount_table() -> list[tuple[str, str]]:
+    """(mount point, file system type) of every mount this process sees."""
+    out = []
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 3:
+                    # spaces and the like are escaped as octal (\040) in the table
+                    where = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+                    out.append((where, fields[2]))
+    except OSError:
+        pass
+    return out
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def check_cache_dir_placement(path: str, mountpoint: str = "") -> None:
+    """The cache must be on local disk: never the mount point itself, nor inside any ckptfs mount."""
+    cache = os.path.realpath(path)
+    if mountpoint and _inside(cache, os.path.realpath(mountpoint)):
+        raise UserError(f"cache directory {path} is the mount point {mountpoint} or inside it: put the cache on a local disk outside the mount")
+    for where, fstype in _mount_table():
+        if fstype.startswith("fuse.ckptfs") and _inside(cache, where):
+            raise UserError(f"cache directory {path} is inside the ckptfs mount {where}: put the cache on a local disk, not in a ckptfs mount")
+
+
+def secure_cache_dir(path: str) -> None:
+    """The journal, the log and the control socket are the owner's alone: 0600 files in a 0700 directory."""
+    os.umask(0o077)  # whatever the daemon creates from now on
+    p = Path(path)
+    if p.stat().st_mode & 0o077:
+        log.info("cache directory %s: access limited to its owner (mode 0700)", path)
+        os.chmod(p, 0o700)
+    for entry in os.scandir(p):
+        if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
+            os.chmod(entry.path, 0o600)
 
 
 def lock_cache_dir(path: str) -> int:
@@ -115,25 +162,31 @@ class Daemon:
         self.flush_on_stop = False
         self.fuse_done = trio.Event()
         self.metrics_port: int | None = None
+        self._stopped = trio.Event()  # drained (or gave up): `left` says what stays in the journal
+        self.left: dict[str, Any] = {}
+        self._stop_reporters = 0
 
     # ---- wiring, before trio
     def prepare(self) -> None:
         cfg = self.cfg
         check_fuse()
         check_mountpoint(cfg.mountpoint)
-        check_cache_dir(cfg.cache_dir)
+        check_cache_dir(cfg.cache_dir, cfg.mountpoint)
+        secure_cache_dir(cfg.cache_dir)
         self.lock_fd = lock_cache_dir(cfg.cache_dir)
         try:
             self.store = Store(cfg)
             self.store.check()
         except StoreError as e:
             raise UserError(str(e)) from None
+        refused = self._probe_key_chars()
         try:
             self.journal = Journal(Path(cfg.cache_dir) / "journal.sqlite3", cfg.bucket, cfg.prefix.strip("/"))
         except JournalError as e:
             raise UserError(str(e)) from None
         self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity, cfg.cache_min_free)
         self.ns = Namespace(cfg, self.journal, self.cache)
+        self.ns.keys.refused = refused
         self.ns.recover()
         self.metrics = Metrics(self.status)
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
@@ -147,10 +200,28 @@ class Daemon:
             self.metrics.registry.register(self.replicator.collector())
         self.control = ControlServer(cfg.control_socket, self)
 
+    def _probe_key_chars(self) -> dict[str, str]:
+        """Learn once which characters the store changes in keys; names with them are refused (EINVAL)."""
+        try:
+            refused = self.store.probe_key_chars(self.cfg.key_prefix, f"{PROBE_NAME_PREFIX}{os.urandom(6).hex()}/")
+        except StoreError as e:
+            log.warning("could not check which characters the object store keeps in keys (%s): refusing names with '\\'", e)
+            return {"\\": "?"}
+        if refused:
+            shown = ", ".join(f"{c!r} -> {k!r}" for c, k in refused.items())
+            log.info("the object store does not keep these characters in keys as written (%s): names with them are refused (EINVAL)", shown)
+        return refused
+
     # ---- control API
     def status(self) -> dict[str, Any]:
         s: dict[str, Any] = dict(self.ns.stats())
+        now = time.time()
+        rate = self.drainer.throughput.rate()
+        in_bucket = min(s["dirty_bytes"], self.bytes_in_bucket(""))
+        left = s["dirty_bytes"] - in_bucket
+        last_error_at = self.drainer.last_error_at
         s.update(
+            version=VERSION,
             pid=os.getpid(),
             mountpoint=os.path.abspath(self.cfg.mountpoint),
             source=f"s3://{self.cfg.bucket}/{self.cfg.prefix}".rstrip("/"),
@@ -161,6 +232,13 @@ class Daemon:
             uploaded_files_total=int(self.metrics.uploaded_files._value.get()),
             upload_errors_total=int(self.metrics.errors_total()),
             last_error=self.drainer.last_error,
+            last_error_at=last_error_at,
+            last_error_age_seconds=None if last_error_at is None else round(max(0.0, now - last_error_at), 1),
+            parts_in_flight=int(self.metrics.parts_in_flight._value.get()),
+            dirty_bytes_in_bucket=in_bucket,
+            upload_bytes_per_second=round(rate),
+            upload_rate_window_seconds=self.drainer.throughput.window,
+            drain_eta_seconds=0.0 if not left else round(left / rate, 1) if rate else None,
             fetched_bytes_total=self.fetcher.fetched_bytes_total,
             fetched_files_total=self.fetcher.fetched_files_total,
             read_errors_total=self.fetcher.read_errors_total,
@@ -169,6 +247,7 @@ class Daemon:
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             **self.lifecycle.stats(),
             shutdown_timeout=self.cfg.shutdown_timeout,
+            open_for_writing=self.open_for_writing(),
             uptime_seconds=round(time.time() - self.started, 1),
         )
         return s
@@ -179,7 +258,17 @@ class Daemon:
     def flush_progress(self, path: str) -> dict[str, int]:
         self.ns.uploads.mark_urgent(path)
         files, size, deletes = self.ns.uploads.pending_under(path)
-        return {"files": files, "bytes": size, "deletes": deletes}
+        return {"files": files, "bytes": size, "deletes": deletes, "uploaded_bytes": min(size, self.bytes_in_bucket(path)),
+                "upload_bytes_per_second": round(self.drainer.throughput.rate())}
+
+    def bytes_in_bucket(self, path: str) -> int:
+        """Bytes of files at or under `path` whose upload is running and whose parts are already in the bucket."""
+        total = 0
+        for ino, sent in self.drainer.sent.items():
+            p = self.journal.path_of(ino)
+            if p is not None and under(path, p):
+                total += sent
+        return total
 
     async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]:
         """Read files (or whole trees) from the bucket into the cache; returns (path, error) of those that failed."""
@@ -231,6 +320,26 @@ class Daemon:
     def evict(self, path: str) -> dict[str, int]:
         files, size, skipped = self.ns.space.evict_under(path)
         return {"files": files, "bytes": size, "skipped": skipped}
+
+    def open_for_writing(self) -> list[str]:
+        """Paths of files some process has open for writing now (an unmount would cut them off)."""
+        out = []
+        for ino, live in self.ns.files.live.items():
+            if live.writers > 0:
+                out.append(self.journal.path_of(ino) or f"(deleted file, inode {ino})")
+        return sorted(out)
+
+    async def stopped(self) -> dict[str, Any]:
+        """Wait until the daemon has unmounted and drained what it could; what stays in the journal.
+
+        The caller reports it (the control socket's `unmount` reply), then calls `stop_reported`.
+        """
+        self._stop_reporters += 1
+        await self._stopped.wait()
+        return self.left
+
+    def stop_reported(self) -> None:
+        self._stop_reporters -= 1
 
     def request_stop(self, flush: bool) -> None:
         self.flush_on_stop = self.flush_on_stop or flush
@@ -287,6 +396,13 @@ class Daemon:
             pyfuse3.close(unmount=True)
             self.ns.files.persist_all()  # handles still open at unmount will never be released to us
             await self._drain_before_exit()
+            s = self.ns.stats()
+            self.left = {"left_files": s["dirty_files"], "left_bytes": s["dirty_bytes"],
+                         "left_deletes": s["pending_deletes"] + s["pending_markers"], "cache_dir": os.path.abspath(cfg.cache_dir)}
+            self._stopped.set()
+            with trio.move_on_after(5):  # let `ckptfs unmount` hear what stays in the journal
+                while self._stop_reporters:
+                    await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
         self.journal.sync()
         left = self.ns.stats()
@@ -370,6 +486,7 @@ def notify_systemd(message: bytes) -> None:
 
 def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
     """Foreground entry point. Returns the exit status."""
+    log.info("ckptfs %s starting (pid %d, python %s)", VERSION, os.getpid(), platform.python_version())
     daemon = Daemon(cfg)
     try:
         daemon.prepare()

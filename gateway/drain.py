@@ -23,6 +23,7 @@ import os
 import random
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -56,6 +57,48 @@ class Backoff:
         delay = max(floor, min(cap, 0.5 * 2 ** min(self.attempts, 20)) * random.uniform(0.5, 1.0))
         self.next_at = time.monotonic() + delay
         return delay
+
+
+class Throughput:
+    """Upload throughput now: bytes that reached the bucket in the last `window` seconds, per second spent sending.
+
+    Bytes count when a part or a single object completes; the time counted is
+    the time within the window during which at least one upload was in flight,
+    so a burst after an idle spell is not averaged with the idle time, and a
+    drain that is sending but completes nothing (a stuck store) reads 0.
+    """
+
+    def __init__(self, window: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self.clock = clock
+        self.completed: deque[tuple[float, int]] = deque()
+        self.spells: deque[list[float]] = deque()  # [start, end] of spells with something in flight; end = inf while one runs
+        self.in_flight = 0
+
+    def started(self) -> None:
+        if self.in_flight == 0:
+            self.spells.append([self.clock(), math.inf])
+        self.in_flight += 1
+
+    def stopped(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.spells[-1][1] = self.clock()
+
+    def add(self, nbytes: int) -> None:
+        self.completed.append((self.clock(), nbytes))
+
+    def rate(self) -> float:
+        """Bytes per second over the window; 0 when nothing completed in it."""
+        now = self.clock()
+        cut = now - self.window
+        while self.completed and self.completed[0][0] < cut:
+            self.completed.popleft()
+        while self.spells and self.spells[0][1] < cut:
+            self.spells.popleft()
+        sent = sum(n for _, n in self.completed)
+        busy = sum(max(0.0, min(end, now) - max(start, cut)) for start, end in self.spells)
+        return sent / busy if sent and busy > 0 else 0.0
 
 
 def part_size_for(size: int, configured: int) -> int:
@@ -98,8 +141,16 @@ class Drainer:
         self.backoff: dict[int, Backoff] = {}
         self.delete_backoff: dict[int, Backoff] = {}
         self.last_error: str = ""
+        self.last_error_at: float | None = None  # time.time() of last_error
+        self.throughput = Throughput()
+        # ino -> bytes of its running upload already in the bucket (finished parts): flush and status progress
+        self.sent: dict[int, int] = {}
         self._wake = trio.Event()
         ns.on_change = self.wake
+
+    def _error(self, message: str) -> None:
+        self.last_error = message
+        self.last_error_at = time.time()
 
     def _floor(self, e: StoreError) -> float:
         return self.cfg.retry_auth_backoff if e.kind in (AUTH, NO_BUCKET) else 0.0
@@ -180,33 +231,50 @@ class Drainer:
             else:
                 self.metrics.abandoned_uploads.inc()
         except Abandoned as e:
-            log.info("upload of %s abandoned: %s", p.key, e)
-            self.metrics.abandoned_uploads.inc()
-            self.ns.uploads.upload_failed(p.ino)
-        except StoreError as e:
-            self.metrics.upload_errors.labels(e.kind).inc()
-            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
-            self.last_error = str(e)
-            level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
-            log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
-            self.ns.uploads.upload_failed(p.ino)
-        except OSError as e:
-            # the cache file could not be read: keep it queued, never drop acknowledged data
-            self.metrics.upload_errors.labels("other").inc()
-            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
-            self.last_error = f"reading cache file for {p.key}: {e}"
-            log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
-            self.ns.uploads.upload_failed(p.ino)
+            self._abandoned(p, str(e))
+        except (StoreError, OSError) as e:
+            if ticket is not None and not self.ns.uploads.still_current(ticket):
+                # the file was rewritten, truncated, moved or removed under the upload (a part whose
+                # CRC32 no longer matches, a cache file that shrank): not the store's fault, and the
+                # new version goes out at once, without the error backoff
+                self._abandoned(p, f"file changed while it uploaded ({e})")
+            elif isinstance(e, StoreError):
+                self._store_failed(p, e)
+            else:
+                self._read_failed(p, e)
         except Exception as e:  # noqa: BLE001 - a bug must not stop the drain of everything else
             self.metrics.upload_errors.labels("other").inc()
             delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
-            self.last_error = f"internal error uploading {p.key}: {e!r}"
+            self._error(f"internal error uploading {p.key}: {e!r}")
             log.exception("upload of %s failed (retry in %.1fs)", p.key, delay)
             self.ns.uploads.upload_failed(p.ino)
         finally:
+            self.sent.pop(p.ino, None)
             self.busy.discard(p.ino)
             self.busy_keys.discard(p.key)
             self.wake()
+
+    def _abandoned(self, p: Pending, why: str) -> None:
+        log.info("upload of %s abandoned: %s", p.key, why)
+        self.metrics.abandoned_uploads.inc()
+        self.backoff.pop(p.ino, None)  # a stale version's failures say nothing about the new one
+        self.ns.uploads.upload_failed(p.ino)
+
+    def _store_failed(self, p: Pending, e: StoreError) -> None:
+        self.metrics.upload_errors.labels(e.kind).inc()
+        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
+        self._error(str(e))
+        level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
+        log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
+        self.ns.uploads.upload_failed(p.ino)
+
+    def _read_failed(self, p: Pending, e: OSError) -> None:
+        # the cache file could not be read: keep it queued, never drop acknowledged data
+        self.metrics.upload_errors.labels("other").inc()
+        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
+        self._error(f"reading cache file for {p.key}: {e}")
+        log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
+        self.ns.uploads.upload_failed(p.ino)
 
     async def _copy_file(self, ticket: UploadTicket) -> None:
         """A renamed durable file: copy its object inside the store (the old one is deleted after)."""
@@ -247,11 +315,14 @@ class Drainer:
         if not multipart:
             async with self.parts:
                 self.metrics.parts_in_flight.inc()
+                self.throughput.started()
                 try:
                     etag = await trio.to_thread.run_sync(self.store.put_object, ticket.key, fd, size, crcs[0], metadata)
                 finally:
                     self.metrics.parts_in_flight.dec()
+                    self.throughput.stopped()
             self.metrics.uploaded_bytes.inc(size)
+            self.throughput.add(size)
             return etag, xxh3
         return await self._multipart(ticket, fd, part_size, xxh3, crcs, metadata), xxh3
 
@@ -280,6 +351,7 @@ class Drainer:
         if rec is None:
             upload_id = await trio.to_thread.run_sync(self.store.create_multipart, ticket.key, metadata)
             journal.start_upload(UploadRecord(ticket.ino, ticket.key, upload_id, part_size, ticket.size, xxh3, time.time(), {}))
+        self.sent[ticket.ino] = sum(min(part_size, ticket.size - (n - 1) * part_size) for n in done)
 
         async def send(n: int) -> None:
             async with self.parts:
@@ -287,15 +359,19 @@ class Drainer:
                 offset = (n - 1) * part_size
                 length = min(part_size, ticket.size - offset)
                 self.metrics.parts_in_flight.inc()
+                self.throughput.started()
                 try:
                     etag = await trio.to_thread.run_sync(
                         self.store.upload_part, ticket.key, upload_id, n, fd, offset, length, crcs[n - 1]
                     )
                 finally:
                     self.metrics.parts_in_flight.dec()
+                    self.throughput.stopped()
                 journal.record_part(ticket.ino, n, etag, crcs[n - 1])
                 done[n] = etag
+                self.sent[ticket.ino] = self.sent.get(ticket.ino, 0) + length
                 self.metrics.uploaded_bytes.inc(length)
+                self.throughput.add(length)
 
         try:
             async with trio.open_nursery() as parts:
@@ -379,7 +455,7 @@ class Drainer:
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
             delay = self.delete_backoff.setdefault(op_id, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
-            self.last_error = str(e)
+            self._error(str(e))
             log.warning("%s %s failed: %s (retry in %.1fs)", what, key, e, delay)
             return False
         finally:

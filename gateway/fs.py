@@ -29,7 +29,7 @@ from .fetch import Download, Fetcher
 from .journal import DURABLE, ROOT_INODE, Row
 from .lifecycle.protect import Guard
 from .metrics import FUSE_COUNTERS
-from .namespace import Namespace
+from .namespace import NAME_MAX, Namespace
 from .remote import Remote
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ XATTR_CONTROL = b"user.ckptfs.control"  # on the root: path of the control socke
 FILE_XATTRS = (XATTR_STATE, XATTR_ETAG, XATTR_XXH3)
 
 ATTR_TIMEOUT = 1.0
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 BLOCK = 4096
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -73,6 +74,9 @@ def _fuse(fn: F) -> F:
 
 
 def _name(raw: bytes) -> str:
+    if len(raw) > NAME_MAX:
+        # the kernel leaves the limit to the filesystem: without this a lookup would say ENOENT
+        raise OSError(errno.ENAMETOOLONG, "file name longer than 255 bytes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -86,6 +90,8 @@ class Handle:
     fd: int
     write: bool
     download: Download | None = None  # bytes still arriving from the bucket
+    uid: int = 0  # who opened it: pyfuse3's write has no request context
+    kill_priv: bool = False  # the next write must drop setuid/setgid (the opener may not keep them)
 
 
 class CkptFS(pyfuse3.Operations):
@@ -110,14 +116,17 @@ class CkptFS(pyfuse3.Operations):
         e.entry_timeout = ATTR_TIMEOUT
         e.attr_timeout = ATTR_TIMEOUT
         e.st_mode = row.mode
-        e.st_nlink = 2 if row.is_dir else 1
+        if row.is_dir:
+            e.st_nlink = 2 + self.ns.journal.subdirs(row.ino)
+        else:
+            e.st_nlink = 0 if row.parent is None else 1  # unlinked while open
         e.st_uid = row.uid
         e.st_gid = row.gid
         e.st_rdev = 0
         e.st_size = row.size if not row.is_dir else BLOCK
         e.st_blksize = BLOCK
         e.st_blocks = (e.st_size + 511) // 512
-        e.st_atime_ns = row.mtime_ns
+        e.st_atime_ns = row.atime_ns if row.atime_ns is not None else row.mtime_ns
         e.st_mtime_ns = row.mtime_ns
         e.st_ctime_ns = row.ctime_ns
         return e
@@ -163,6 +172,10 @@ class CkptFS(pyfuse3.Operations):
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
         )
+        if fields.update_mode:
+            for h in self.handles.values():
+                if h.ino == inode and h.write:
+                    h.kill_priv = self._kill_priv(h.uid, inode)
         return self._entry(self.ns.files.row(inode))
 
     @_fuse
@@ -249,11 +262,16 @@ class CkptFS(pyfuse3.Operations):
         return self._entry(row)
 
     # ------------------------------------------------------------------- files
-    def _add_handle(self, ino: int, fd: int, write: bool) -> int:
+    def _add_handle(self, ino: int, fd: int, write: bool, uid: int = 0) -> int:
         fh = self._next_fh
         self._next_fh += 1
-        self.handles[fh] = Handle(ino, fd, write)
+        self.handles[fh] = Handle(ino, fd, write, uid=uid, kill_priv=write and self._kill_priv(uid, ino))
         return fh
+
+    def _kill_priv(self, uid: int, ino: int) -> bool:
+        """True if a write by `uid` must drop the file's setuid/setgid bits (as the kernel does for a
+        writer without CAP_FSETID; with direct_io writes it leaves that to the filesystem)."""
+        return uid != 0 and bool(self.ns.files.row(ino).mode & (stat.S_ISUID | stat.S_ISGID))
 
     @_fuse
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
@@ -262,7 +280,7 @@ class CkptFS(pyfuse3.Operations):
         fd = self.ns.files.open(row.ino, write=True)
         self.ns.tree.ref(row.ino)
         direct = self.ns.cfg.direct_io_writes
-        return pyfuse3.FileInfo(fh=self._add_handle(row.ino, fd, True), direct_io=direct), self._entry(row)
+        return pyfuse3.FileInfo(fh=self._add_handle(row.ino, fd, True, ctx.uid), direct_io=direct), self._entry(row)
 
     @_fuse
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
@@ -291,7 +309,7 @@ class CkptFS(pyfuse3.Operations):
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
             self.ns.files.truncate(inode, 0)
-        fh = self._add_handle(inode, fd, write)
+        fh = self._add_handle(inode, fd, write, ctx.uid)
         self.handles[fh].download = download
         # the kernel may keep its cached pages only if they are of the same bytes
         row = self.ns.files.row(inode)
@@ -313,7 +331,28 @@ class CkptFS(pyfuse3.Operations):
     @_fuse
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self.handles[fh]
-        return await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
+        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
+        if h.kill_priv:
+            h.kill_priv = False
+            self.ns.tree.kill_priv(h.ino)
+        return n
+
+    @_fuse
+    async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        """Mode 0 and FALLOC_FL_KEEP_SIZE on a cached file; punching holes, zeroing ranges and the like: EOPNOTSUPP.
+
+        pyfuse3 3.5 has no fallocate handler (libfuse answers ENOSYS and the kernel then gives
+        EOPNOTSUPP to every caller; glibc's posix_fallocate falls back to writing): this serves
+        transports that pass FALLOCATE on.
+        """
+        if mode & ~FALLOC_FL_KEEP_SIZE:
+            raise OSError(errno.EOPNOTSUPP, "only fallocate mode 0 and FALLOC_FL_KEEP_SIZE are supported")
+        if offset < 0 or length <= 0:
+            raise OSError(errno.EINVAL, "bad offset or length")
+        h = self.handles[fh]
+        if not h.write:
+            raise OSError(errno.EBADF, "not open for writing")
+        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)))
 
     @_fuse
     async def flush(self, fh: int) -> None:

@@ -34,6 +34,9 @@ OTHER = "other"
 
 READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call
 
+# characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
+PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
+
 
 class StoreError(Exception):
     def __init__(self, kind: str, message: str) -> None:
@@ -122,7 +125,7 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
     if isinstance(e, StoreError):
         return e
     if isinstance(e, bexc.NoCredentialsError):
-        return StoreError(AUTH, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or a profile with --config profile=...")
+        return StoreError(AUTH, NO_CREDENTIALS)
     if isinstance(e, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
         return StoreError(NETWORK, f"cannot reach the object store ({e}): check endpoint_url and that the server is up")
     if isinstance(e, (bexc.ReadTimeoutError, bexc.ConnectionClosedError, bexc.HTTPClientError)):
@@ -153,10 +156,23 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
     raise e
 
 
+NO_CREDENTIALS = (
+    "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the daemon's environment, "
+    "name a profile of ~/.aws/credentials with -o profile=NAME (profile = \"NAME\" in the config file, or AWS_PROFILE), "
+    "or run where an instance role provides them"
+)
+
+
 class Store:
     def __init__(self, cfg: Config) -> None:
         self.bucket = cfg.bucket
-        session = boto3.session.Session(profile_name=cfg.profile or None, region_name=cfg.region)
+        try:
+            session = boto3.session.Session(profile_name=cfg.profile or None, region_name=cfg.region)
+        except bexc.ProfileNotFound as e:
+            raise StoreError(AUTH, f"AWS profile {e.kwargs.get('profile', cfg.profile)!r} is not in ~/.aws/credentials or ~/.aws/config "
+                                   "(or the files AWS_SHARED_CREDENTIALS_FILE/AWS_CONFIG_FILE name): fix -o profile=NAME") from None
+        except bexc.BotoCoreError as e:
+            raise StoreError(AUTH, f"the AWS configuration cannot be used: {e}") from None
         self.client = session.client(
             "s3",
             endpoint_url=cfg.endpoint_url or None,
@@ -316,6 +332,51 @@ class Store:
             except StoreError:
                 pass  # aborted as leaked by the next mount
             raise
+
+    def probe_key_chars(self, prefix: str, probe_dir: str) -> dict[str, str]:
+        """Which characters this store does not keep in keys as written: {char: what it stored instead}.
+
+        Puts one empty object whose name holds every candidate character under the reserved
+        `prefix + probe_dir` ('.ckptfs-probe-<random>/'), lists it back and deletes it (and what the
+        store kept of its directories). Only if that listing cannot be matched up character by
+        character (a character dropped, the put refused) is each character tried on its own.
+        """
+        base = prefix + probe_dir
+        changed: dict[str, str] = {}
+        whole = self._probe(base, PROBE_CHARS)
+        if whole is not None and len(whole) == len(PROBE_CHARS):
+            return {c: k for c, k in zip(PROBE_CHARS, whole) if c != k}
+        for c in PROBE_CHARS:
+            got = self._probe(base, c)
+            if got != c:
+                changed[c] = got if got else "(refused)"
+        return changed
+
+    def _probe(self, base: str, chars: str) -> str | None:
+        """Put `base + 'a' + chars + 'z'`; the chars part of the key the store lists back (None: put refused)."""
+        key = base + "a" + chars + "z"
+        stored: list[str] = []
+        try:
+            try:
+                self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)
+            except StoreError as e:
+                if e.kind in (NETWORK, SERVER, AUTH, NO_BUCKET):
+                    raise
+                return None
+            stored = [o.name for o in self.list(base, recursive=True).objects]
+        finally:
+            dirs = {base}
+            for name in stored:
+                parts = name.split("/")[:-1]
+                dirs.update(base + "/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1))
+            for k in [key, *(base + n for n in stored), *sorted(dirs, key=len, reverse=True)]:
+                try:
+                    self.delete(k)
+                except StoreError:
+                    pass
+        if len(stored) != 1 or not stored[0].startswith("a") or not stored[0].endswith("z"):
+            return ""
+        return stored[0][1:-1]
 
     def put_marker(self, key: str) -> None:
         self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)

@@ -3,7 +3,7 @@
 
     dev_s3.py start  --dir .dev/s3 [--bucket ckpt ...]   # idempotent
     dev_s3.py status --dir .dev/s3                       # exit 1 if not running
-    dev_s3.py stop   --dir .dev/s3                       # stops it and deletes DIR
+    dev_s3.py stop   --dir .dev/s3 [--keep-data]         # stops it and deletes DIR (or keeps DIR/data)
 
 Layout of DIR: ``data/`` (weed's data dir, log in ``data/weed.log``),
 ``pid``, ``endpoint`` (the S3 URL) and ``env`` (``export`` lines with the
@@ -66,8 +66,13 @@ def _running_pids(state: Path) -> list[int]:
 
 
 def _write(path: Path, text: str) -> None:
+    """Write a file readable by its owner only (0600), whatever the umask: `env` holds the credentials."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -88,6 +93,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 0
 
     state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o700)  # the credentials file is in it
     for name in ("pid", "endpoint", "env"):
         (state / name).unlink(missing_ok=True)
     server = SeaweedServer(state / "data", args.access_key, args.secret_key)
@@ -132,6 +138,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if leftover:
         print(f"weed still running after SIGKILL: {leftover}", file=sys.stderr)
         return 1
+    if args.keep_data:
+        for name in ("pid", "endpoint"):
+            (state / name).unlink(missing_ok=True)
+        print(f"dev S3 data kept in {state / 'data'}: the next start serves it again", file=sys.stderr)
+        return 0
     shutil.rmtree(state)
     return 0
 
@@ -147,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--bucket", action="append", default=[], help="create this bucket (repeatable)")
             p.add_argument("--access-key", default=DEFAULT_ACCESS_KEY)
             p.add_argument("--secret-key", default=DEFAULT_SECRET_KEY)
+        if name == "stop":
+            p.add_argument("--keep-data", action="store_true", help="stop the server but keep its data for the next start")
     args = parser.parse_args(argv)
     return args.func(args)
 

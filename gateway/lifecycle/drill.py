@@ -4,7 +4,8 @@ How: the daemon downloads every file of the checkpoint's manifest straight from
 the bucket into a fresh temporary directory (`<cache_dir>/drills/<id>/`, or
 under the `--dir` given), with parallel ranged GETs pinned to the manifest's
 ETags (`read_range_size` each, `read_concurrency` in flight per file, four
-files at once), hashing each file in order as its ranges arrive and comparing
+files at once; each range streamed into the file through a 1 MiB buffer, so
+memory stays small whatever the sizes), hashing each file in order as its ranges arrive and comparing
 its xxh3-128 with the manifest's. Nothing comes from, or goes into, the mount's
 cache: what is measured is the bucket-to-node path a fresh node restoring
 would see. (A second, temporary read-only mount would measure FUSE on top; a
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import trio
 import xxhash
 
-from ..store import CHANGED, NO_OBJECT, PRECONDITION, StoreError
+from ..store import CHANGED, NETWORK, NO_OBJECT, PRECONDITION, StoreError
 from .manifest import LifecycleError, Manifest, first_store_error, files_of, node_name, now_iso
 from .patterns import Checkpoint
 
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 RECORD = ".ckptfs/drills/last.json"
 FILES_AT_ONCE = 4
+HASH_CHUNK = 1 << 20
 LIST_LIMIT = 100
 
 
@@ -97,7 +99,7 @@ async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: P
         async with limit:
             dest = target / f["path"]
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 digest = await _download(lc, f["key"], f["etag"], int(f["size"]), fd, done)
             except StoreError as e:
@@ -141,7 +143,11 @@ async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: P
 
 
 async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
-    """Ranged GETs of the object (pinned to `etag`) written into `fd`; its xxh3-128, hashed in order."""
+    """Ranged GETs of the object (pinned to `etag`) written into `fd`; its xxh3-128, hashed in order.
+
+    Each range goes from the response straight into the file (store.read_range, one 1 MiB buffer per
+    range in flight); the hash reads each range back from the page cache once the ones before it are in.
+    """
     h = xxhash.xxh3_128()
     if size == 0:
         await lc.io(lc.store.get_range, key, etag, 0, 0)
@@ -149,15 +155,21 @@ async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, do
     rs = lc.cfg.read_range_size
     n = -(-size // rs)
     slots = trio.Semaphore(lc.cfg.read_concurrency)
-    arrived: dict[int, bytes] = {}
     events = [trio.Event() for _ in range(n)]
 
     async def fetch(i: int) -> None:
         start = i * rs
-        data = await lc.io(lc.store.get_range, key, etag, start, min(rs, size - start))
-        await trio.to_thread.run_sync(os.pwrite, fd, data, start)
-        arrived[i] = data
+        await lc.io(lc.store.read_range, key, etag, start, min(rs, size - start), fd)
         events[i].set()
+
+    def hash_range(start: int, length: int) -> None:
+        end = start + length
+        while start < end:
+            chunk = os.pread(fd, min(HASH_CHUNK, end - start), start)
+            if not chunk:
+                raise StoreError(NETWORK, f"short read of {key} from the restored file")
+            h.update(chunk)
+            start += len(chunk)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -170,9 +182,9 @@ async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, do
             nursery.start_soon(producer)
             for i in range(n):
                 await events[i].wait()
-                data = arrived.pop(i)
-                h.update(data)
-                done["bytes"] += len(data)
+                length = min(rs, size - i * rs)
+                await trio.to_thread.run_sync(hash_range, i * rs, length)
+                done["bytes"] += length
                 slots.release()
     except BaseExceptionGroup as group:
         # ranges fail together (the object changed or vanished): one StoreError for the caller to classify

@@ -277,7 +277,13 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     if PROTECTED in names:
         d.action, d.reason, d.done = "keep", "protected meanwhile", "skipped"
         return
-    mark = _mark(e)
+    try:  # read the mark again: restored meanwhile (from another node) means kept
+        mark = json.loads((await lc.io(lc.store.get_bytes, base + RETENTION))[0])
+    except (StoreError, ValueError):
+        mark = {}
+    if not isinstance(mark, dict) or mark.get("state") != "expiring":
+        d.action, d.reason, d.done = "keep", "no longer expiring (restored meanwhile)", "skipped"
+        return
     since = float(mark.get("since", 0))
     written = [o.name for o in listing.objects if not is_own(o.name) and not o.name.endswith("/") and o.mtime > since]
     if written:

@@ -57,6 +57,8 @@ class Lifecycle:
         self.drills_total = {"ok": 0, "failed": 0}
         if cfg.retention_interval > 0:
             self.retention_lease = Lease.for_mount(store, self.keys.of, retention.LEASE_NAME, retention.lease_ttl(cfg))
+            if not retention.policy_enabled(cfg):
+                log.warning("retention_interval is set but every retention_keep_* rule is 0: scheduled retention keeps everything")
         remote.on_listing = self.catalogue.learn_listing
         ns.uploads.own_objects = self._own_objects
 

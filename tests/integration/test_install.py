@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,9 @@ def test_make_install_stages_everything(tmp_path: Path) -> None:
     # the installed command works, and reports a bad config in one line (exit 2, as the unit expects)
     exe = dest / "opt/ckptfs/bin/ckptfs"
     assert subprocess.run([str(exe), "--help"], capture_output=True, timeout=120).returncode == 0
+    # a regular (not editable) install: the version comes from the distribution's metadata, run from anywhere
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout == f"ckptfs {tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['version']}\n"
     bad = tmp_path / "bad.toml"
     bad.write_text('source = "s3://ckpt"\nmountpoint = "/mnt/x"\ncache_dir = "/var/cache/x"\npart_size = "1MiB"\n')
     run = subprocess.run([str(exe), "mount", "--config", str(bad)], capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -45,6 +45,7 @@ def test_select(tmp_path: Path, select: str, step: int, protected: bool, wanted:
     ('[replica.dr]\nsource = "s3://dr"\nregion = 5\n', "give a string"),
     ('[replica.dr]\nsource = "s3://primary/runs/sub"\nendpoint_url = "http://127.0.0.1:8333"\n', "overlaps the mount's own"),
     ('replica = "s3://dr"\n', "must be tables [replica.NAME]"),
+    ('[replica.dr]\nsource = "s3://dr/a//b"\n', "[replica.dr] source 's3://dr/a//b' has an empty component"),
 ])
 def test_mistakes_are_one_line(tmp_path: Path, table: str, message: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -70,6 +71,8 @@ def test_replication_options_validated(tmp_path: Path) -> None:
         load(tmp_path, 'replication_part_size = "1MiB"\n')
     with pytest.raises(ConfigError, match="replication_interval"):
         load(tmp_path, "replication_interval = 0\n")
+    with pytest.raises(ConfigError, match="replication_read_timeout"):
+        load(tmp_path, "replication_read_timeout = nan\n")
     with pytest.raises(ConfigError, match="replication_parts_in_flight"):
         load(tmp_path, "replication_parts_in_flight = 0\n")
     assert load(tmp_path, "read_only = true\n").read_only is True

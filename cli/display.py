@@ -1,0 +1,252 @@
+"""What the `ckptfs` command prints: the status screen and flush progress.
+
+Plain text when stdout is not a terminal (logs, pipes, scripts); colour and a
+live progress bar on a terminal, unless NO_COLOR is set (rich honours it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, TextIO
+
+from rich.console import Console, Group
+from rich.text import Text
+
+from ckptfs.config import fmt_bytes
+
+LAST_ERROR_SHOWN_FOR = 3600.0  # seconds: an older last error is left out of the screen (the count stays)
+LABEL_WIDTH = 9
+
+
+def plural(n: float, word: str, words: str | None = None) -> str:
+    """`1 file`, `2 files`, `0 files`."""
+    return f"{n:g} {word if n == 1 else (words or word + 's')}"
+
+
+def fmt_duration(seconds: float) -> str:
+    """A short human duration: 0s, 42s, 3m 05s, 2h 03m, 1d 4h."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def fmt_rate(bytes_per_second: float) -> str:
+    return f"{fmt_bytes(bytes_per_second)}/s"
+
+
+def make_console(file: TextIO | None = None) -> Console:
+    """Colour only on a terminal (and not with NO_COLOR); never wrap a line that is not going to a terminal."""
+    console = Console(file=file, highlight=False)
+    if not console.is_terminal:
+        console = Console(file=file, highlight=False, width=10_000, color_system=None)
+    return console
+
+
+# ------------------------------------------------------------------ status
+def _line(label: str, *parts: Text | str | None) -> Text:
+    text = Text()
+    text.append(f"{label:<{LABEL_WIDTH}}", style="bold cyan")
+    first = True
+    for part in parts:
+        if part is None or part == "":
+            continue
+        if not first:
+            text.append(" · ", style="dim")
+        text.append(part if isinstance(part, Text) else Text(part))
+        first = False
+    return text
+
+
+def status_lines(st: dict[str, Any]) -> list[Text]:
+    """The one-screen status of a mount, from the daemon's status dict (missing fields count as 0)."""
+    g = lambda key, default=0: st.get(key, default) if st.get(key) is not None else default  # noqa: E731
+    lines: list[Text] = []
+
+    head = Text(f"ckptfs {g('version', '?')}", style="bold")
+    head.append(f"  {g('mountpoint', '?')} ← {g('source', '?')}")
+    head.append(f"  pid {g('pid', '?')}, up {fmt_duration(g('uptime_seconds'))}", style="dim")
+    lines.append(head)
+
+    # drain: what is not in the bucket yet
+    dirty_files, dirty_bytes = g("dirty_files"), g("dirty_bytes")
+    deletes, markers = g("pending_deletes"), g("pending_markers")
+    writing = len(st.get("open_for_writing") or [])
+    if dirty_files or deletes or markers:
+        lag = g("oldest_dirty_age_seconds")
+        lines.append(_line(
+            "drain",
+            Text(f"{plural(dirty_files, 'dirty file')} ({fmt_bytes(dirty_bytes)}) not in the bucket", style="yellow"),
+            f"{g('uploading_files')} uploading" if dirty_files else None,
+            f"lag {fmt_duration(lag)}" if dirty_files else None,
+            f"{writing} open for writing" if writing else None,
+            plural(deletes, "deletion") + " queued" if deletes else None,
+            plural(markers, "directory marker") + " queued" if markers else None,
+        ))
+    else:
+        lines.append(_line("drain", Text("nothing dirty: everything is in the bucket", style="green")))
+
+    # upload: how fast, how long until the dirty bytes are in
+    rate = g("upload_bytes_per_second")
+    window = g("upload_rate_window_seconds", 30)
+    eta = st.get("drain_eta_seconds")
+    if dirty_bytes:
+        left = max(0, dirty_bytes - g("dirty_bytes_in_bucket"))
+        eta_text = Text(f"ETA {fmt_duration(eta)} for {fmt_bytes(left)}") if eta is not None else Text(
+            f"ETA unknown (no upload finished in the last {window:g}s)", style="yellow")
+    else:
+        eta_text = None
+    lines.append(_line(
+        "upload",
+        fmt_rate(rate),
+        eta_text,
+        plural(g("parts_in_flight"), "part") + " in flight" if g("parts_in_flight") else None,
+    ))
+
+    # cache and backpressure
+    stalled = g("stalled_writers")
+    lines.append(_line(
+        "cache",
+        f"{fmt_bytes(g('cache_used_bytes'))} of {fmt_bytes(g('cache_capacity_bytes'))}",
+        f"{fmt_bytes(g('cache_dirty_bytes') + g('cache_uploading_bytes'))} not uploaded",
+        Text(f"{plural(stalled, 'writer')} stalled waiting for space", style="bold red") if stalled
+        else Text("no writer stalled"),
+        f"{plural(g('evicted_files_total'), 'file')} evicted" if g("evicted_files_total") else None,
+    ))
+
+    # since the daemon started
+    lines.append(_line(
+        "totals",
+        f"uploaded {fmt_bytes(g('uploaded_bytes_total'))} ({plural(g('uploaded_files_total'), 'file')})",
+        f"read {fmt_bytes(g('fetched_bytes_total'))} ({plural(g('fetched_files_total'), 'file')})",
+        plural(g("listings_total"), "listing"),
+    ))
+
+    # errors, totals since start; stale directories are listings not refreshed since a failure
+    counts = [
+        (g("upload_errors_total"), "upload error", None),
+        (g("read_errors_total"), "read error", None),
+        (g("listing_errors_total"), "listing error", None),
+        (g("checksum_mismatches_total"), "checksum mismatch", "checksum mismatches"),
+        (g("enospc_total"), "write refused (cache full)", "writes refused (cache full)"),
+        (g("stale_directories"), "stale directory", "stale directories"),
+        (g("checkpoint_commit_errors_total"), "checkpoint commit error", None),
+    ]
+    shown = [Text(plural(n, one, many), style="bold red") for n, one, many in counts if n]
+    lines.append(_line("errors", *shown) if shown else _line("errors", Text("none", style="green")))
+    age = st.get("last_error_age_seconds")
+    if st.get("last_error") and age is not None and age < LAST_ERROR_SHOWN_FOR:
+        lines.append(_line("last", Text(f"{fmt_duration(age)} ago: {st['last_error']}", style="red")))
+    return lines
+
+
+def status_screen(st: dict[str, Any], footer: str | None = None) -> Group:
+    lines: list[Text] = status_lines(st)
+    if footer:
+        lines.append(Text(footer, style="dim"))
+    return Group(*lines)
+
+
+def watch(console: Console, first: dict[str, Any], fetch: Callable[[], dict[str, Any]], interval: float, as_json: bool,
+          dump: Callable[[dict[str, Any]], str]) -> None:
+    """Show `first`, then a fresh status every `interval` seconds until Ctrl-C (which returns normally).
+
+    On a terminal the screen is redrawn in place; otherwise (or with JSON) each
+    refresh is appended: a timestamped block, or one JSON object per line.
+    """
+    st = first
+    try:
+        if as_json:
+            while True:
+                console.file.write(dump(st) + "\n")
+                console.file.flush()
+                time.sleep(interval)
+                st = fetch()
+        if not console.is_terminal:
+            while True:
+                console.print(Text(time.strftime("%Y-%m-%d %H:%M:%S"), style="dim"))
+                console.print(status_screen(st), soft_wrap=True)
+                console.print()
+                console.file.flush()
+                time.sleep(interval)
+                st = fetch()
+        from rich.live import Live
+
+        footer = lambda: f"{time.strftime('%H:%M:%S')}, every {interval:g}s; Ctrl-C to stop"  # noqa: E731
+        with Live(status_screen(st, footer()), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(status_screen(fetch(), footer()), refresh=True)
+    except KeyboardInterrupt:
+        return
+
+
+# ------------------------------------------------------------------- flush
+class FlushProgress:
+    """Progress of a flush by bytes, with throughput and ETA.
+
+    The daemon sends what is not yet durable under the path (`bytes`, of which
+    `uploaded_bytes` are parts already in the bucket) and the drain's current
+    throughput; what is left is the difference. `total` grows if files are
+    added meanwhile, so the durable part only ever grows. On a terminal: a
+    progress bar. Otherwise one line on stdout each time another tenth is
+    durable, or every `quiet_interval` seconds while nothing moves, so a log
+    shows a stuck flush too.
+    """
+
+    def __init__(self, label: str, console: Console, quiet_interval: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self.console = console
+        self.quiet_interval = quiet_interval
+        self.clock = clock
+        self.total = 0
+        self.completed = 0
+        self.started = False
+        self.printed_tenth = -1
+        self.printed_at = clock()
+        self.progress: Any = None
+        if console.is_terminal:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+            self.progress = Progress(TextColumn("flush {task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                                     TextColumn("{task.fields[speed]}  ETA {task.fields[eta]}  {task.fields[left]}"),
+                                     console=console)
+            self.progress.start()
+            self.task = self.progress.add_task(label, total=None, speed="", eta="?", left="")
+
+    def update(self, msg: dict[str, Any]) -> None:
+        left = max(0, int(msg["bytes"]) - int(msg.get("uploaded_bytes", 0)))
+        if not self.started:
+            self.started = True
+            self.total, self.completed = int(msg["bytes"]), int(msg["bytes"]) - left
+        self.total = max(self.total, self.completed + left)
+        self.completed = self.total - left
+        rate = float(msg.get("upload_bytes_per_second", 0))
+        eta = fmt_duration(left / rate) if rate else "unknown"
+        what = plural(int(msg["files"]), "file") + " left"
+        if msg.get("deletes"):
+            what += f", {plural(msg['deletes'], 'deletion')}"
+        if self.progress is not None:
+            self.progress.update(self.task, total=max(self.total, 1), completed=self.completed, speed=fmt_rate(rate), eta=eta, left=what)
+            return
+        now = self.clock()
+        tenth = math.floor(10 * self.completed / self.total) if self.total else 10
+        if tenth > self.printed_tenth or now - self.printed_at >= self.quiet_interval:
+            self.printed_tenth = max(self.printed_tenth, tenth)
+            self.printed_at = now
+            pct = 100 * self.completed / self.total if self.total else 100.0
+            self.console.print(f"ckptfs: flush {self.label}: {fmt_bytes(self.completed)} of {fmt_bytes(self.total)} durable "
+                               f"({pct:.0f}%), {fmt_rate(rate)}, ETA {eta}, {what}", soft_wrap=True)
+
+    def finish(self) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, total=max(self.total, 1), completed=max(self.total, 1), eta="0s", left="done")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()

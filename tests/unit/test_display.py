@@ -1,0 +1,103 @@
+"""What `ckptfs status` and `ckptfs flush` print, from the daemon's answers (no mount needed)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from ckptfs.cli.display import FlushProgress, fmt_duration, make_console, plural, status_lines
+from ckptfs.drain import Throughput
+
+MiB = 1 << 20
+
+
+def screen(st: dict[str, Any]) -> str:
+    return "\n".join(line.plain for line in status_lines(st))
+
+
+def test_plural_and_durations() -> None:
+    assert plural(1, "file") == "1 file"
+    assert plural(0, "file") == "0 files"
+    assert plural(2, "stale directory", "stale directories") == "2 stale directories"
+    assert [fmt_duration(s) for s in (0.2, 42, 185, 7380, 90000)] == ["0s", "42s", "3m 05s", "2h 03m", "1d 1h"]
+
+
+BUSY = {
+    "version": "1.2.3", "mountpoint": "/mnt/ckpt", "source": "s3://b/p", "pid": 42, "uptime_seconds": 3700,
+    "dirty_files": 1, "dirty_bytes": 100 * MiB, "uploading_files": 1, "oldest_dirty_age_seconds": 12,
+    "dirty_bytes_in_bucket": 40 * MiB, "upload_bytes_per_second": 10 * MiB, "upload_rate_window_seconds": 30,
+    "drain_eta_seconds": 6.0, "parts_in_flight": 1, "uploaded_bytes_total": 0, "uploaded_files_total": 0,
+    "cache_used_bytes": 100 * MiB, "cache_capacity_bytes": 1024 * MiB, "cache_dirty_bytes": 0, "cache_uploading_bytes": 100 * MiB,
+    "stalled_writers": 1, "upload_errors_total": 1, "listing_errors_total": 2,
+    "last_error": "PUT p/x: SlowDown", "last_error_age_seconds": 75.0, "open_for_writing": ["step_1/model.pt"],
+}
+
+
+def test_status_screen_busy_mount() -> None:
+    text = screen(BUSY)
+    assert text.splitlines()[0].startswith("ckptfs 1.2.3  /mnt/ckpt ← s3://b/p")
+    assert "1 dirty file (100.0 MiB) not in the bucket" in text and "1 open for writing" in text
+    assert "10.0 MiB/s" in text and "ETA 6s for 60.0 MiB" in text and "1 part in flight" in text
+    assert "1 writer stalled" in text
+    assert "1 upload error · 2 listing errors" in text
+    assert "1m 15s ago: PUT p/x: SlowDown" in text
+    assert "1 files" not in text and "1 parts" not in text and "1 writers" not in text
+
+
+def test_status_screen_idle_mount_and_old_error() -> None:
+    st = {**BUSY, "dirty_files": 0, "dirty_bytes": 0, "dirty_bytes_in_bucket": 0, "drain_eta_seconds": 0.0, "parts_in_flight": 0,
+          "stalled_writers": 0, "upload_errors_total": 0, "listing_errors_total": 0, "uploaded_files_total": 1,
+          "uploaded_bytes_total": 100 * MiB, "last_error_age_seconds": 3 * 3600.0}
+    text = screen(st)
+    assert "nothing dirty" in text and "ETA" not in text
+    assert "uploaded 100.0 MiB (1 file)" in text
+    assert "errors   none" in text
+    assert "SlowDown" not in text  # a last error from hours ago is not news
+
+
+def test_status_screen_stale_directories_and_unknown_eta() -> None:
+    text = screen({**BUSY, "stale_directories": 1, "drain_eta_seconds": None, "upload_bytes_per_second": 0})
+    assert "1 stale directory" in text
+    assert "ETA unknown" in text
+    assert "stale" not in screen({k: v for k, v in BUSY.items() if k != "stale_directories"})  # missing counts as 0
+
+
+def test_flush_progress_moves_within_one_file() -> None:
+    """A single large file: parts already in the bucket count, so progress moves before the file is durable."""
+    out = io.StringIO()
+    p = FlushProgress("mnt/big", make_console(out))
+    for uploaded in (0, 25, 50, 75):
+        p.update({"files": 1, "bytes": 100 * MiB, "deletes": 0, "uploaded_bytes": uploaded * MiB, "upload_bytes_per_second": 5 * MiB})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "ckptfs: flush mnt/big: 0 B of 100.0 MiB durable (0%), 5.0 MiB/s, ETA 20s, 1 file left"
+    assert lines[-1] == "ckptfs: flush mnt/big: 75.0 MiB of 100.0 MiB durable (75%), 5.0 MiB/s, ETA 5s, 1 file left"
+    assert "\x1b[" not in out.getvalue()  # not a terminal: no colour, no cursor moves
+
+
+def test_flush_progress_starts_from_what_is_in_the_bucket_and_never_goes_back() -> None:
+    out = io.StringIO()
+    p = FlushProgress("m", make_console(out))
+    p.update({"files": 1, "bytes": 100 * MiB, "deletes": 0, "uploaded_bytes": 40 * MiB, "upload_bytes_per_second": 0})
+    assert (p.completed, p.total) == (40 * MiB, 100 * MiB)
+    # a second file joins the flush: the total grows, what is durable stays
+    p.update({"files": 2, "bytes": 150 * MiB, "deletes": 0, "uploaded_bytes": 40 * MiB, "upload_bytes_per_second": 0})
+    assert (p.completed, p.total) == (40 * MiB, 150 * MiB)
+    assert out.getvalue().splitlines()[0].endswith("40.0 MiB of 100.0 MiB durable (40%), 0 B/s, ETA unknown, 1 file left")
+
+
+def test_throughput_counts_only_time_spent_sending() -> None:
+    now = [0.0]
+    t = Throughput(window=30, clock=lambda: now[0])
+    assert t.rate() == 0.0
+    t.started()
+    now[0] = 4.0
+    t.add(40 * MiB)
+    t.stopped()
+    assert t.rate() == 10 * MiB
+    now[0] = 20.0  # idle since: the idle time does not dilute the figure
+    assert t.rate() == 10 * MiB
+    t.started()
+    now[0] = 30.0  # sending for 10 s without finishing anything (a stuck store)
+    assert t.rate() == 40 * MiB / 14
+    now[0] = 40.0  # the completed part left the window
+    assert t.rate() == 0.0
