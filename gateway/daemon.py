@@ -372,11 +372,13 @@ class Daemon:
             nursery.start_soon(self._fuse_main, pyfuse3)
             await nursery.start(self.drainer.run)
             await nursery.start(self.lifecycle.run)
-            await nursery.start(self.replicator.run)
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
             await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
-            set_kernel_read_ahead(cfg.mountpoint, cfg.kernel_read_ahead)
+            # in a thread too: a stat of the mount from this thread deadlocks (the FUSE loop runs here) once the
+            # kernel's cached attributes (1 s) expired between the two stats, as on a loaded machine
+            await trio.to_thread.run_sync(set_kernel_read_ahead, cfg.mountpoint, cfg.kernel_read_ahead)
+            await nursery.start(self.replicator.run)
             log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
             if ready_fd is not None:
                 os.write(ready_fd, b"READY\n")
