@@ -140,6 +140,7 @@ def verify(
     path: str = typer.Argument(..., help="The checkpoint directory in the mount."),
     deep: bool = typer.Option(False, "--deep", help="Read every file back and compare its xxh3-128 with the manifest."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    target: Optional[str] = typer.Option(None, "--target", help="Check the copy on replica target NAME ([replica.NAME]) instead of the primary's."),
 ) -> None:
     """Check a committed checkpoint against its manifest; exit 0 only when it is whole."""
     root, rel = _target(path)
@@ -153,7 +154,10 @@ def verify(
         task = progress.add_task("verify", total=None, files="?")
     result: dict[str, Any] | None = None
     try:
-        for msg in request(root, {"cmd": "verify", "path": rel, "deep": deep}, timeout=None):
+        req: dict[str, Any] = {"cmd": "verify", "path": rel, "deep": deep}
+        if target:
+            req["target"] = target
+        for msg in request(root, req, timeout=None):
             if msg.get("done"):
                 result = msg["result"]
                 break
@@ -167,7 +171,7 @@ def verify(
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
     else:
-        kind = "deep" if deep else "shallow"
+        kind = ("deep" if deep else "shallow") + (f", on replica {target}" if target else "")
         for what in ("missing", "changed", "unexpected"):
             for name in result[what]:
                 typer.echo(f"ckptfs: {result['path']}: {what}: {name}", err=True)
@@ -233,4 +237,5 @@ def audit(
         typer.echo(f"{e.get('at_iso')}  {e.get('action'):<10} {e.get('path')}  by {who} on {e.get('node')}: {e.get('reason')}")
 
 
+from ckptfs.cli import replicate as _replicate  # noqa: E402,F401 - registers `replicate status` (it uses the helpers above)
 from ckptfs.cli import retention as _retention  # noqa: E402,F401 - registers retention plan|apply|restore and drill

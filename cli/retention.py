@@ -97,6 +97,7 @@ def drill(
     into: str = typer.Option("", "--dir", help="Restore under this directory (default: the daemon's cache directory, drills/)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the restored directory afterwards (default: removed)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's output goes to stderr)."),
+    target: str = typer.Option("", "--target", help="Restore from replica target NAME ([replica.NAME], docs/replication.md) instead of the primary."),
 ) -> None:
     """Recovery drill: restore a checkpoint from the bucket as a fresh node would, verify it deep, run a command on it."""
     import os
@@ -110,6 +111,8 @@ def drill(
 
     root, rel = _target(path)
     req = {"cmd": "drill", "path": rel, "exec": bool(exec_), "dir": os.path.abspath(into) if into else "", "keep": keep}
+    if target:
+        req["target"] = target
     progress = None
     if sys.stdout.isatty() and not as_json:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
@@ -151,7 +154,8 @@ def drill(
             for name in result[what]:
                 typer.echo(f"ckptfs: drill {result['path']}: {what}: {name}", err=True)
         speed = fmt_bytes(result["bytes_per_second"]) + "/s"
-        typer.echo(f"ckptfs: drill {result['path']} (step {result['step']}): restored {result['files']} files, "
+        where = f" from replica {result['target']}" if result.get("target") else ""
+        typer.echo(f"ckptfs: drill {result['path']} (step {result['step']}){where}: restored {result['files']} files, "
                    f"{fmt_bytes(result['bytes'])} in {result['restore_seconds']:.1f} s ({speed}), deep verify: {result['verify']}")
         if result.get("exec"):
             e = result["exec"]

@@ -40,6 +40,8 @@ def _opt(default: Any, help: str, kind: str = "", **extra: Any) -> Any:
     meta = {"help": help, "kind": kind, **extra}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -109,6 +111,13 @@ class Config:
          "GLACIER:0.0036", "DEEP_ARCHIVE:0.00099", "REDUCED_REDUNDANCY:0.024"],
         "Price per GiB-month of each storage class, as `CLASS:PRICE`, for the estimates of `ckptfs usage` and the cost metrics. The defaults are EXAMPLES (AWS S3 us-east-1 list prices, USD, first tier, at the time of writing), not quotes: put your store's prices here. A class missing from the table is priced as STANDARD.",
     )
+    # replication (docs/replication.md); the targets are `[replica.NAME]` tables, see below
+    replication_interval: float = _opt(30.0, "Seconds between replication passes: every node surveys each `[replica.NAME]` target (for `ckptfs replicate status` and the metrics) and the node holding the `replication` lease copies what is missing.", "seconds")
+    replication_lease_ttl: float = _opt(60.0, "Seconds the `replication` lease in the bucket lasts unless its holder renews it (every third of it): a node that dies mid-copy is taken over after at most this long.", "seconds")
+    replication_part_size: int = _opt(16 * MiB, "Part size of the streamed copy (GET from the primary, multipart PUT to a target on another endpoint). The copy holds at most `replication_part_size` x `replication_parts_in_flight` bytes in memory.", "bytes")
+    replication_parts_in_flight: int = _opt(8, "Parts (or small objects) copied at once to each target, across all files.")
+    replication_read_timeout: float = _opt(30.0, "Seconds to wait for a replica target's answer before retrying (3 attempts): a target that hangs shows as an error after about three times this, and never holds up the mount, the drain or the primary.", "seconds")
+    read_only: bool = _opt(False, "Mount read-only (`-o read_only=true`): every change fails with EROFS, nothing is uploaded or committed. For a mount of a replica's bucket, or any bucket this node must not change.")
     retention_keep_last: int = _opt(0, "Retention (docs/lifecycle.md): keep the newest N committed checkpoints of each directory of checkpoints. 0 turns this rule off. With every keep rule off, retention keeps everything.")
     retention_keep_every_steps: int = _opt(0, "Retention: keep every checkpoint whose step is a multiple of K (milestones). 0 turns this rule off.")
     retention_keep_every_seconds: float = _opt(0.0, "Retention: keep one checkpoint per this many seconds of commit time (the oldest, then the first at least this long after the last one kept). 0 turns this rule off.", "seconds")
@@ -128,6 +137,7 @@ class Config:
     direct_io_writes: bool = _opt(True, "Handles opened for writing bypass the kernel's page cache (FUSE direct_io): writes are acknowledged up to several times faster and a just-written file renames in about a millisecond instead of the kernel dropping its cached pages (~150 ms per GiB). The price: a file open for writing cannot be mapped with mmap(MAP_SHARED) (ENODEV). Set false if an application writes through shared memory maps.")
     allow_other: bool = _opt(False, "Let users other than the mounting one access the mount (FUSE allow_other; needed for NFS re-export).")
     log_level: str = _opt("info", "Log level: debug, info, warning or error.")
+    replica: dict = _opt({}, "Replica targets, from `[replica.NAME]` tables in the TOML file (see the replica table below); not settable from the environment or `-o`.", "table")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -230,6 +240,100 @@ class Config:
             raise ConfigError(f"restore_tier = {self.restore_tier!r}: use Expedited, Standard or Bulk")
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):
             raise ConfigError(f"endpoint_url = {self.endpoint_url!r} is not an http:// or https:// URL")
+        for name in ("replication_interval", "replication_lease_ttl", "replication_read_timeout"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds > 0")
+        if not S3_MIN_PART_SIZE <= self.replication_part_size <= S3_MAX_PART_SIZE:
+            raise ConfigError(f"replication_part_size = {fmt_bytes(self.replication_part_size)}: give 5 MiB to 5 GiB")
+        if self.replication_parts_in_flight < 1:
+            raise ConfigError(f"replication_parts_in_flight = {self.replication_parts_in_flight}: give at least 1")
+        for r in self.replica.values():
+            if (r.endpoint_url or "") == (self.endpoint_url or "") and r.bucket == self.bucket and (
+                    r.key_prefix.startswith(self.key_prefix) or self.key_prefix.startswith(r.key_prefix)):
+                raise ConfigError(f"replica.{r.name}: s3://{r.bucket}/{r.prefix} overlaps the mount's own s3://{self.bucket}/{self.prefix}: "
+                                  "give another bucket or a prefix outside the mount's")
+
+
+# -------------------------------------------------------------------- replicas
+REPLICA_FIELDS = {
+    "source": "`s3://BUCKET[/PREFIX]` on the target: where the copies go (required). The mount's tree is copied below PREFIX as it is below the mount's prefix.",
+    "endpoint_url": "The target's S3 endpoint; empty for AWS S3. When it is the mount's own endpoint, objects are copied inside the store (CopyObject, UploadPartCopy above 5 GiB); otherwise streamed (GET, multipart PUT).",
+    "region": "Region for request signing (default `us-east-1`).",
+    "profile": "AWS profile with the target's credentials; empty for the standard chain (environment, ~/.aws, instance role). Credentials are never logged.",
+    "select": "Which committed checkpoints go there: `all`, `protected` (golden only) or `every:K` (steps that are multiples of K). Protected checkpoints go to every target whatever this says.",
+}
+_REPLICA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_SELECT = re.compile(r"all|protected|every:([1-9][0-9]*)")
+
+
+@dataclass
+class Replica:
+    """One `[replica.NAME]` table: a second store that committed checkpoints are copied to."""
+
+    name: str
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str = ""
+    region: str = "us-east-1"
+    profile: str = ""
+    select: str = "all"
+
+    @property
+    def key_prefix(self) -> str:
+        p = self.prefix.strip("/")
+        return f"{p}/" if p else ""
+
+    @property
+    def every(self) -> int | None:
+        """K of `every:K`, else None."""
+        m = _SELECT.fullmatch(self.select)
+        return int(m.group(1)) if m and m.group(1) else None
+
+    def wants(self, step: int, protected: bool) -> bool:
+        """Whether a committed checkpoint at `step` goes to this target."""
+        if protected or self.select == "all":
+            return True
+        k = self.every
+        return k is not None and step % k == 0
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+
+def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
+    """`[replica.NAME]` tables -> {NAME: Replica}; one ConfigError line per problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"replica in {origin} must be tables [replica.NAME], one per target")
+    out: dict[str, Replica] = {}
+    for name, table in data.items():
+        if not _REPLICA_NAME.fullmatch(name):
+            raise ConfigError(f"[replica.{name}] in {origin}: a target name is letters, digits, '.', '_' and '-'")
+        if not isinstance(table, dict):
+            raise ConfigError(f"replica.{name} in {origin} must be a table [replica.{name}] with source = \"s3://BUCKET/PREFIX\"")
+        unknown = sorted(set(table) - set(REPLICA_FIELDS))
+        if unknown:
+            raise ConfigError(f"[replica.{name}] in {origin}: unknown key {unknown[0]!r}: the keys are {', '.join(REPLICA_FIELDS)}")
+        for key, value in table.items():
+            if not isinstance(value, str):
+                raise ConfigError(f"[replica.{name}] {key} = {value!r} in {origin}: give a string")
+        if "source" not in table:
+            raise ConfigError(f"[replica.{name}] in {origin} has no source: add source = \"s3://BUCKET/PREFIX\"")
+        try:
+            bucket, prefix = parse_source(table["source"])
+        except ConfigError as e:
+            raise ConfigError(f"[replica.{name}] {e}") from None
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", bucket):
+            raise ConfigError(f"[replica.{name}] bucket name {bucket!r} is not a valid S3 bucket name")
+        endpoint = table.get("endpoint_url", "")
+        if endpoint and not re.match(r"https?://[^/]+", endpoint):
+            raise ConfigError(f"[replica.{name}] endpoint_url = {endpoint!r} is not an http:// or https:// URL")
+        select = table.get("select", "all").strip()
+        if not _SELECT.fullmatch(select):
+            raise ConfigError(f"[replica.{name}] select = {select!r}: use all, protected or every:K (K a positive step count)")
+        out[name] = Replica(name, bucket, prefix, endpoint, table.get("region", "us-east-1") or "us-east-1",
+                            table.get("profile", ""), select)
+    return out
 
 
 # ---------------------------------------------------------------------- values
@@ -307,6 +411,8 @@ def check_prefix(prefix: str, source: str = "") -> None:
 def _coerce(f: dataclasses.Field, value: Any, origin: str) -> Any:
     name = f.name
     ftype = f.type if isinstance(f.type, str) else f.type.__name__
+    if f.metadata.get("kind") == "table":
+        raise ConfigError(f"{name} in {origin}: replica targets are given only as [replica.NAME] tables in the TOML file")
     try:
         if f.default is None and (value is None or str(value).strip().lower() in ("", "auto")):
             return None  # an option whose default depends on the machine
@@ -366,6 +472,8 @@ def load_config(
             raise ConfigError(f"config file {config_file} cannot be read: {e.strerror}") from None
         if "source" in data:
             data["bucket"], data["prefix"] = parse_source(str(data.pop("source")))
+        if "replica" in data:
+            values["replica"] = parse_replicas(data.pop("replica"), config_file)
         for key, value in data.items():
             if key not in FIELDS:
                 raise ConfigError(f"unknown option {key!r} in {config_file}: see docs/configuration.md for the valid names")
@@ -403,6 +511,8 @@ def markdown_reference() -> str:
         "| --- | --- | --- | --- |",
     ]
     for name, f in FIELDS.items():
+        if f.metadata.get("kind") == "table":
+            continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         if default is None:
             shown = "auto"
@@ -415,6 +525,25 @@ def markdown_reference() -> str:
         unit = f.metadata.get("kind")
         unit = f" ({unit})" if unit else ""
         lines.append(f"| `{name}`{unit} | `CKPTFS_{name.upper()}` | {shown} | {f.metadata['help']} |")
+    lines += [
+        "",
+        "## Replica targets",
+        "",
+        "Each `[replica.NAME]` table in the TOML file is one target that committed checkpoints are",
+        "copied to (docs/replication.md). They can be given only in the file, not in the environment or with `-o`.",
+        "",
+        "```toml",
+        "[replica.dr]",
+        'source = "s3://ckpt-dr/runs/llama"',
+        'endpoint_url = "https://s3.other-region.example"',
+        'profile = "dr"',
+        'select = "every:1000"',
+        "```",
+        "",
+        "| key | meaning |",
+        "| --- | --- |",
+    ]
+    lines += [f"| `{k}` | {v} |" for k, v in REPLICA_FIELDS.items()]
     return "\n".join(lines) + "\n"
 
 

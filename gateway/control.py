@@ -23,6 +23,8 @@ xattr on the mount root. One JSON object per line each way:
                                          -> see lifecycle/service.py (verify and commit stream progress lines)
   {"cmd": "lifecycle_plan" | "lifecycle_apply" | "restore" | "usage", "path": ...}
                                          -> see lifecycle/tiers.py and lifecycle/usage.py
+  {"cmd": "replicate_status"} | {"cmd": "verify" | "drill", "path": ..., "target": NAME}
+                                         -> see replication/service.py
 Errors: {"ok": false, "error": "one line"}.
 """
 
@@ -131,6 +133,11 @@ class ControlServer:
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
                 return
             await send({"ok": True, **self.daemon.evict(path)})
+        elif (cmd == "replicate_status" or (cmd in ("verify", "drill") and request.get("target"))
+              or (cmd == "drill_done" and self.daemon.replicator.owns_drill(request.get("id")))):
+            await self.daemon.replicator.handle(request, send)
+        elif cmd in LIFECYCLE_COMMANDS and self.daemon.cfg.read_only and cmd in ("checkpoint_commit", "protect", "unprotect"):
+            await send({"ok": False, "error": f"{cmd}: this mount is read-only (read_only = true): run it on a mount that may change the bucket"})
         elif cmd in LIFECYCLE_COMMANDS:
             await self.daemon.lifecycle.handle(request, send)
         elif cmd == "unmount":

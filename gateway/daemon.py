@@ -35,6 +35,7 @@ from .metrics import Metrics
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
 from .remote import Remote
+from .replication.service import Replicator
 from .store import Store, StoreError
 from .version import VERSION
 
@@ -197,6 +198,9 @@ class Daemon:
         from .lifecycle.usage import UsageCollector
 
         self.metrics.registry.register(UsageCollector(self.lifecycle))
+        self.replicator = Replicator(cfg, self.lifecycle)
+        if self.replicator.targets:
+            self.metrics.registry.register(self.replicator.collector())
         self.control = ControlServer(cfg.control_socket, self)
 
     def _probe_key_chars(self) -> dict[str, str]:
@@ -357,6 +361,8 @@ class Daemon:
         options |= {"fsname=ckptfs", "subtype=ckptfs"}
         if cfg.allow_other:
             options.add("allow_other")
+        if cfg.read_only:
+            options.add("ro")  # the kernel answers EROFS to every change
         async with trio.open_nursery() as nursery:
             await nursery.start(self.control.serve)
             if cfg.metrics_addr:
@@ -374,7 +380,10 @@ class Daemon:
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
             await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
-            set_kernel_read_ahead(cfg.mountpoint, cfg.kernel_read_ahead)
+            # in a thread too: a stat of the mount from this thread deadlocks (the FUSE loop runs here) once the
+            # kernel's cached attributes (1 s) expired between the two stats, as on a loaded machine
+            await trio.to_thread.run_sync(set_kernel_read_ahead, cfg.mountpoint, cfg.kernel_read_ahead)
+            await nursery.start(self.replicator.run)
             log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
             if ready_fd is not None:
                 os.write(ready_fd, b"READY\n")

@@ -413,7 +413,7 @@ class Drainer:
         between CreateMultipartUpload and the journal commit). Anyone's: uploads
         older than `abort_stale_uploads_after`, left by a node that never came back.
         """
-        if not self.cfg.abort_stale_uploads_after:
+        if not self.cfg.abort_stale_uploads_after or self.cfg.read_only:
             return
         try:
             uploads = await threads.call(functools.partial(self.store.list_uploads, self.cfg.key_prefix))

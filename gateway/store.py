@@ -504,6 +504,48 @@ class Store:
             raise
         return r.get("LegalHold", {}).get("Status") == "ON"
 
+    # ----------------------------------------------- replication (copies to a second store)
+    def put_object_bytes(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
+        """PutObject of bytes held in memory (a streamed copy's small object), with user metadata."""
+        r = self._call("PutObject", self.client.put_object, Key=key, Body=body, ContentLength=len(body),
+                       ChecksumCRC32=crc32, Metadata=metadata)
+        return r["ETag"].strip('"')
+
+    def upload_part_bytes(self, key: str, upload_id: str, number: int, body: bytes, crc32: str) -> str:
+        r = self._call("UploadPart", self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
+                       Body=body, ContentLength=len(body), ChecksumCRC32=crc32)
+        return r["ETag"].strip('"')
+
+    def copy_from(self, src_bucket: str, src_key: str, src_etag: str, dst: str, size: int, metadata: dict[str, str],
+                  part_size: int, multipart_threshold: int) -> str:
+        """Server-side copy from another bucket of the same store, with new user metadata; ETag of the copy.
+
+        `src_etag` pins the source (CopySourceIfMatch): a source replaced meanwhile fails with CHANGED.
+        Above `multipart_threshold` (S3 allows CopyObject up to 5 GiB) in parts with UploadPartCopy.
+        """
+        source = {"Bucket": src_bucket, "Key": src_key}
+        if size < multipart_threshold:
+            r = self._call("CopyObject", self.client.copy_object, Key=dst, CopySource=source, CopySourceIfMatch=f'"{src_etag}"',
+                           MetadataDirective="REPLACE", Metadata=metadata)
+            return r["CopyObjectResult"]["ETag"].strip('"')
+        upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata)["UploadId"]
+        try:
+            parts = []
+            for n, offset in enumerate(range(0, size, part_size), start=1):
+                end = min(size, offset + part_size) - 1
+                r = self._call("UploadPartCopy", self.client.upload_part_copy, Key=dst, UploadId=upload_id, PartNumber=n,
+                               CopySource=source, CopySourceRange=f"bytes={offset}-{end}", CopySourceIfMatch=f'"{src_etag}"')
+                parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
+            r = self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, Key=dst, UploadId=upload_id,
+                           MultipartUpload={"Parts": parts})
+            return r["ETag"].strip('"')
+        except BaseException:
+            try:
+                self.abort(dst, upload_id)
+            except StoreError:
+                pass  # aborted when the next copy of this checkpoint starts
+            raise
+
 
     # ------------------------------------------------------ tiers (lifecycle/tiers.py)
     def get_tags(self, key: str) -> dict[str, str]:

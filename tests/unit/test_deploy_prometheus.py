@@ -55,7 +55,8 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
     names = set(alerts())
     assert names == {"CkptfsDown", "CkptfsDrainLagAboveSLO", "CkptfsUploadErrors", "CkptfsStoreRejectsCredentials",
                      "CkptfsCacheNearlyFull", "CkptfsWritersStalled", "CkptfsWritesRefused", "CkptfsNoCommittedCheckpoint",
-                     "CkptfsDrillFailedOrTooOld"}
+                     "CkptfsDrillFailedOrTooOld",
+                     "CkptfsReplicationLagHigh", "CkptfsReplicaUnreachable"}
     assert names - firing == set(), "alerts never tested firing"
     assert names - silent == set(), "alerts never tested staying silent"
 

@@ -1,0 +1,266 @@
+"""Copy one committed checkpoint to one replica target, checked against its manifest.
+
+Order, so that a checkpoint on a target is either complete or visibly incomplete:
+
+1. a target manifest of an earlier generation is deleted first (the target's
+   copy is then visibly incomplete until step 5);
+2. multipart uploads left under the checkpoint on the target (a copy killed
+   mid-way) are aborted;
+3. every file of the manifest is copied, unless the target already has it:
+   a HEAD showing the manifest's size, its xxh3-128 (`x-amz-meta-xxh3`) and the
+   source ETag (`x-amz-meta-ckptfs-source-etag`) means a finished copy, so a
+   restart never copies a finished object again;
+   - same endpoint (and credentials): CopyObject / UploadPartCopy inside the
+     store, pinned to the manifest's ETag (CopySourceIfMatch);
+   - otherwise streamed: ranged GETs of `replication_part_size` pinned to the
+     ETag (If-Match), hashed in order (xxh3-128) while the parts go up as a
+     multipart upload in parallel; the upload completes only if the hash is
+     the manifest's. At most `replication_parts_in_flight` parts are held in
+     memory per target;
+4. objects under the checkpoint on the target that the manifest does not name
+   (an earlier generation's) are deleted, and the protection object is copied
+   (with legal holds where the target has Object Lock) or removed;
+5. last, the target's manifest: the primary's, with each file's key and ETag
+   as the target has them (so `ckptfs verify` on a mount of the target checks
+   it like any other) and `replicated_from` naming the primary manifest's ETag
+   and generation.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import trio
+import xxhash
+
+from ..store import NO_OBJECT, Store, StoreError
+from ..lifecycle.manifest import MANIFEST, PROTECTED, Manifest, files_of, now_iso
+
+log = logging.getLogger(__name__)
+
+XXH3_META = "xxh3"
+SOURCE_ETAG_META = "ckptfs-source-etag"
+FILES_AT_ONCE = 4
+ABORT_SECONDS = 30.0  # bound on aborting a failed multipart upload on the target
+
+
+class CopyError(Exception):
+    """The checkpoint could not be copied as its manifest says (source changed, digest mismatch)."""
+
+
+@dataclass
+class Counters:
+    copied_objects: int = 0
+    copied_bytes: int = 0
+    skipped_objects: int = 0  # already on the target (a resumed copy)
+    server_side: int = 0
+
+
+@dataclass
+class Job:
+    """What copy_checkpoint needs: the two stores, the keys on each side, and the limits."""
+
+    src: Store
+    dst: Store
+    src_bucket: str
+    dst_base: str  # target key prefix of the checkpoint, ends in '/'
+    same_endpoint: bool
+    part_size: int
+    copy_multipart_threshold: int
+    slots: trio.Semaphore  # parts in flight (memory bound) for this target
+    io: Callable[..., Awaitable[Any]]  # runs a blocking store call in a worker thread
+    counters: Counters = field(default_factory=Counters)
+    check: Callable[[], None] = lambda: None  # raises if the copy must stop (lease lost)
+
+
+def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    """A nursery's group of copy failures as its first StoreError or CopyError (the caller reports one line);
+    the group itself if anything else is in it (a bug, or a cancellation)."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(group)
+    if leaves and all(isinstance(e, (StoreError, CopyError)) for e in leaves):
+        return leaves[0]
+    return group
+
+
+def _crc32(data: bytes) -> str:
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, protection: bytes | None,
+                          object_lock: bool) -> dict[str, Any]:
+    """Copy the checkpoint `manifest` describes; returns the manifest written on the target (as a dict)."""
+    dst = job.dst
+    base = job.dst_base
+    # 1. an older generation's manifest goes first: visibly incomplete from here until the new one is written
+    try:
+        body, _ = await job.io(dst.get_bytes, base + MANIFEST)
+        old = json.loads(body)
+        if old.get("replicated_from", {}).get("etag") != manifest.etag:
+            await job.io(dst.delete, base + MANIFEST)
+    except StoreError as e:
+        if e.kind != NO_OBJECT:
+            raise
+    except ValueError:
+        await job.io(dst.delete, base + MANIFEST)
+    # 2. uploads a killed copy left behind
+    for key, upload_id, _ in await job.io(dst.list_uploads, base):
+        await job.io(dst.abort, key, upload_id)
+    # 3. the files
+    etags: dict[str, str] = {}
+    limit = trio.CapacityLimiter(FILES_AT_ONCE)
+
+    async def one(f: dict[str, Any]) -> None:
+        async with limit:
+            job.check()
+            etags[f["path"]] = await _copy_file(job, f)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for f in manifest.files:
+                nursery.start_soon(one, f)
+    except BaseExceptionGroup as group:
+        raise one_error(group) from None
+    # 4. leftovers of an earlier generation, and protection
+    listing = await job.io(lambda: dst.list(base, recursive=True))
+    wanted = {f["path"] for f in manifest.files}
+    for f in files_of(listing, base):
+        if f.path not in wanted:
+            job.check()
+            await job.io(dst.delete, f.key)
+    job.check()
+    if protection is not None:
+        await job.io(dst.put_bytes, base + PROTECTED, protection)
+        if object_lock:
+            for f in manifest.files:
+                key = base + f["path"]
+                await job.io(dst.set_legal_hold, key, True)
+                if not await job.io(dst.legal_hold, key):
+                    raise CopyError(f"{key}: the target did not keep the legal hold")
+    elif any(o.name == PROTECTED for o in listing.objects):
+        if object_lock:  # unprotected on the primary: lift the holds placed with the protection
+            for f in manifest.files:
+                await job.io(dst.set_legal_hold, base + f["path"], False)
+        await job.io(dst.delete, base + PROTECTED)
+    # 5. the manifest, last
+    doc = json.loads(manifest_body)
+    doc["files"] = [{**f, "key": base + f["path"], "etag": etags[f["path"]]} for f in manifest.files]
+    doc["replicated_from"] = {"bucket": job.src_bucket, "path": manifest.path, "etag": manifest.etag, "generation": manifest.generation, "at": time.time(), "at_iso": now_iso()}
+    job.check()
+    await job.io(dst.put_bytes, base + MANIFEST, json.dumps(doc, indent=1, sort_keys=True).encode())
+    return doc
+
+
+async def _copy_file(job: Job, f: dict[str, Any]) -> str:
+    """Copy one file of the manifest unless the target has it already; the target's ETag."""
+    key = job.dst_base + f["path"]
+    size = int(f["size"])
+    want_xxh3 = f.get("xxh3") or ""
+    try:
+        info = await job.io(job.dst.head_object, key)
+        if (info.size == size and info.metadata.get(SOURCE_ETAG_META) == f["etag"]
+                and (not want_xxh3 or info.metadata.get(XXH3_META) == want_xxh3)):
+            job.counters.skipped_objects += 1
+            return info.etag
+    except StoreError as e:
+        if e.kind != NO_OBJECT:
+            raise
+    if job.same_endpoint and want_xxh3:
+        metadata = {XXH3_META: want_xxh3, SOURCE_ETAG_META: f["etag"]}
+        async with job.slots:
+            etag = await job.io(job.dst.copy_from, job.src_bucket, f["key"], f["etag"], key, size, metadata,
+                                job.part_size, job.copy_multipart_threshold)
+        job.counters.server_side += 1
+    else:
+        etag = await _stream(job, f, key, size, want_xxh3)
+    job.counters.copied_objects += 1
+    job.counters.copied_bytes += size
+    return etag
+
+
+async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: str) -> str:
+    """GET (ranged, pinned to the manifest's ETag) -> PUT, hashing in order; the upload completes only if the hash matches."""
+    src, dst = job.src, job.dst
+    h = xxhash.xxh3_128()
+
+    def check_digest() -> str:
+        digest = h.hexdigest()
+        if want_xxh3 and digest != want_xxh3:
+            raise CopyError(f"{f['key']}: its bytes have xxh3 {digest}, the manifest says {want_xxh3}: not copied "
+                            "(the primary's object does not match its manifest: run ckptfs verify --deep on it)")
+        return digest
+
+    if size < job.part_size:
+        async with job.slots:
+            data = await job.io(src.get_range, f["key"], f["etag"], 0, size)
+            h.update(data)
+            digest = check_digest()
+            return await job.io(dst.put_object_bytes, key, data, _crc32(data),
+                                {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]})
+    n = -(-size // job.part_size)
+    # the digest is only known at the end: the metadata is set at CreateMultipartUpload, so it is the manifest's;
+    # a file without one in the manifest gets it after the fact by a copy-in-place (rare: written without ckptfs)
+    upload_id = await job.io(dst.create_multipart, key, {XXH3_META: want_xxh3 or "", SOURCE_ETAG_META: f["etag"]})
+    fetched = [trio.Event() for _ in range(n)]
+    hashed = [trio.Event() for _ in range(n)]
+    held: dict[int, bytes] = {}
+    parts: dict[int, tuple[str, str]] = {}
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def part(i: int) -> None:
+                try:
+                    start = i * job.part_size
+                    data = await job.io(src.get_range, f["key"], f["etag"], start, min(job.part_size, size - start))
+                    held[i] = data
+                    fetched[i].set()
+                    crc = _crc32(data)
+                    etag = await job.io(dst.upload_part_bytes, key, upload_id, i + 1, data, crc)
+                    parts[i] = (etag, crc)
+                    await hashed[i].wait()
+                finally:
+                    held.pop(i, None)
+                    job.slots.release()
+
+            async def producer() -> None:
+                for i in range(n):
+                    job.check()
+                    await job.slots.acquire()
+                    nursery.start_soon(part, i)
+
+            nursery.start_soon(producer)
+            for i in range(n):
+                await fetched[i].wait()
+                h.update(held[i])
+                hashed[i].set()
+        digest = check_digest()
+        etag = await job.io(dst.complete, key, upload_id, [(i + 1, parts[i][0], parts[i][1]) for i in range(n)])
+    except BaseException as e:
+        with trio.CancelScope(shield=True) as scope:
+            scope.relative_deadline = ABORT_SECONDS  # a hung target: the next copy of this checkpoint aborts it
+            try:
+                await job.io(dst.abort, key, upload_id)
+            except StoreError:
+                pass  # aborted when the next copy of this checkpoint starts
+        if isinstance(e, BaseExceptionGroup):
+            raise one_error(e) from None
+        raise
+    if not want_xxh3:
+        await job.io(dst.copy_from, dst.bucket, key, etag, key, size, {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]},
+                     job.part_size, job.copy_multipart_threshold)
+        etag = (await job.io(dst.head_object, key)).etag
+    return etag
