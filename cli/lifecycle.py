@@ -189,8 +189,13 @@ def verify(
 
 
 def _protection(cmd: str, path: str, reason: str, as_json: bool) -> None:
+    _say(cmd, path, {"reason": reason}, as_json)
+
+
+def _say(cmd: str, path: str, fields: dict[str, Any], as_json: bool) -> None:
+    """Send a command about PATH (with who asks) that answers with one message: print it, or the JSON."""
     root, rel = _target(path)
-    msg = _one(root, {"cmd": cmd, "path": rel, "reason": reason, "who": _who()}, timeout=None)
+    msg = _one(root, {"cmd": cmd, "path": rel, "who": _who(), **fields}, timeout=None)
     if as_json:
         msg.pop("ok", None)
         typer.echo(json.dumps(msg, indent=2, sort_keys=True))

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from ckptfs.cli.lifecycle import _one, _target, _who
+from ckptfs.cli.lifecycle import _one, _say, _target, _who
 from ckptfs.cli.main import _one_line_errors, app
 
 retention_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -80,13 +80,7 @@ def restore(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Take an expiring checkpoint back: it is no longer deleted, and retention keeps it from now on."""
-    root, rel = _target(path)
-    msg = _one(root, {"cmd": "retention_restore", "path": rel, "who": _who(), "reason": reason}, timeout=None)
-    if as_json:
-        msg.pop("ok", None)
-        typer.echo(json.dumps(msg, indent=2, sort_keys=True))
-    else:
-        typer.echo(f"ckptfs: {msg['message']}")
+    _say("retention_restore", path, {"reason": reason}, as_json)
 
 
 @app.command()

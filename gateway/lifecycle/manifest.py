@@ -38,8 +38,8 @@ class LifecycleError(Exception):
     """A lifecycle command cannot be done; the message is one line naming the problem and the fix."""
 
 
-def first_store_error(group: BaseExceptionGroup) -> StoreError | None:  # type: ignore[type-arg]
-    """The first StoreError in a nursery's exception group, if every exception in it is one (else None)."""
+def leaf_errors(group: BaseExceptionGroup) -> list[BaseException]:  # type: ignore[type-arg]
+    """Every exception in a nursery's (possibly nested) exception group."""
     leaves: list[BaseException] = []
 
     def walk(e: BaseException) -> None:
@@ -50,6 +50,12 @@ def first_store_error(group: BaseExceptionGroup) -> StoreError | None:  # type: 
             leaves.append(e)
 
     walk(group)
+    return leaves
+
+
+def first_store_error(group: BaseExceptionGroup) -> StoreError | None:  # type: ignore[type-arg]
+    """The first StoreError in a nursery's exception group, if every exception in it is one (else None)."""
+    leaves = leaf_errors(group)
     if leaves and all(isinstance(e, StoreError) for e in leaves):
         return leaves[0]  # type: ignore[return-value]
     return None

@@ -40,7 +40,7 @@ import trio
 import xxhash
 
 from ..store import NO_OBJECT, Store, StoreError
-from ..lifecycle.manifest import MANIFEST, PROTECTED, Manifest, files_of, now_iso
+from ..lifecycle.manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +82,7 @@ class Job:
 def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
     """A nursery's group of copy failures as its first StoreError or CopyError (the caller reports one line);
     the group itself if anything else is in it (a bug, or a cancellation)."""
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        else:
-            leaves.append(e)
-
-    walk(group)
+    leaves = leaf_errors(group)
     if leaves and all(isinstance(e, (StoreError, CopyError)) for e in leaves):
         return leaves[0]
     return group
