@@ -278,6 +278,26 @@ def run_mounted(tmp_path: Any, body: Callable[[str, BackingFS, kernel.KernelSess
     return fs, out["s"]
 
 
+def run_libfuse(tmp_path: Any, body: Callable[[str, BackingFS, Any], None]) -> BackingFS:
+    """The same filesystem served by pyfuse3 through the adapter."""
+    from gateway.fuse import libfuse
+
+    backing = tmp_path / "backing"
+    mnt = tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    fs = BackingFS(str(backing))
+
+    async def main() -> None:
+        async with libfuse.mounted(fs, str(mnt), ["fsname=ckptfs-test"]) as adapter:
+            with trio.fail_after(HANG_GUARD * 5):
+                await trio.to_thread.run_sync(body, str(mnt), fs, adapter)
+        assert not os.path.ismount(mnt)
+
+    trio.run(main)
+    return fs
+
+
 def need_passthrough(s: kernel.KernelSession) -> None:
     if not s.passthrough:
         pytest.skip(f"passthrough not available: {s.passthrough_error}")
@@ -511,3 +531,32 @@ def _arm(fs: BackingFS) -> trio.Event:
 async def _wait(event: trio.Event) -> None:
     with trio.fail_after(HANG_GUARD):
         await event.wait()
+
+
+def _file_roundtrip(mnt: str, fs: BackingFS, _: Any) -> None:
+    data = os.urandom(MiB + 5)
+    os.mkdir(os.path.join(mnt, "d"))
+    p = os.path.join(mnt, "d", "f.bin")
+    with open(p + ".tmp", "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+        assert os.fstat(f.fileno()).st_size == len(data)
+    os.rename(p + ".tmp", p)
+    with open(p, "rb") as f:
+        assert f.read() == data
+    assert os.listdir(os.path.join(mnt, "d")) == ["f.bin"]
+    assert fs.fsynced
+
+
+@pytest.mark.parametrize("transport", ["kernel-passthrough", "kernel-copy", "libfuse"])
+def test_one_filesystem_behind_every_transport(tmp_path: Any, transport: str) -> None:
+    if transport == "libfuse":
+        fs = run_libfuse(tmp_path, _file_roundtrip)
+        assert fs.calls["write"] > 0
+        assert not any(fs.passthrough.values())
+        return
+    fs, s = run_mounted(tmp_path, _file_roundtrip, passthrough=transport == "kernel-passthrough")
+    if transport == "kernel-passthrough" and s.passthrough:
+        assert fs.calls["write"] == 0
+    else:
+        assert fs.calls["write"] > 0
