@@ -9,7 +9,7 @@
 #   make install the command in /opt/ckptfs (a venv) linked from /usr/local/bin, the systemd
 #                unit, /etc/ckptfs, /var/cache/ckptfs, docs (DESTDIR= to stage; docs/install.md)
 #   make uninstall  the reverse, keeping /etc/ckptfs and /var/cache/ckptfs
-#   make docs    regenerate docs/configuration.md from gateway/config.py
+#   make docs    regenerate docs/configuration.md from gateway/config.py (the ckptfs.config module)
 #   make clean   stop + remove dev state and caches; distclean also removes .venv
 
 SHELL := /bin/bash
@@ -120,7 +120,7 @@ bench: deps test-deps
 	$(PY) -m bench $(BENCH_ARGS)
 
 docs: $(STAMP)
-	$(PY) -c 'import pathlib, gateway.config as c; pathlib.Path("docs/configuration.md").write_text(c.markdown_reference())'
+	$(PY) -c 'import pathlib, ckptfs.config as c; pathlib.Path("docs/configuration.md").write_text(c.markdown_reference())'
 
 install: system-deps
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)

@@ -90,8 +90,23 @@ class CkptfsMount(Mounted):
         self.options = options
 
     def _cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=self.code_root,
-                              env={**os.environ, **self.server.env()}, timeout=timeout)
+        env = {**os.environ, **self.server.env()}
+        module = "ckptfs.cli"
+        if self.code_root.resolve() != ROOT.resolve():
+            if "package-dir" not in (self.code_root / "pyproject.toml").read_text():
+                module = "cli"  # a checkout from before the code was installed as `ckptfs`: run from its root
+            else:
+                env["PYTHONPATH"] = str(self._import_shim())
+        return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=self.code_root,
+                              env=env, timeout=timeout)
+
+    def _import_shim(self) -> Path:
+        """A `ckptfs` package that imports the other checkout's gateway/ and cli/ (ahead of this venv's editable install)."""
+        shim = self.state_dir / "import-shim"
+        (shim / "ckptfs").mkdir(parents=True, exist_ok=True)
+        root = self.code_root.resolve()
+        (shim / "ckptfs" / "__init__.py").write_text(f"__path__[:] = [{str(root / 'gateway')!r}, {str(root)!r}]\n")
+        return shim
 
     def start(self) -> "CkptfsMount":
         self.path.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from gateway.config import ConfigError, fmt_bytes, load_config, parse_source
+from ckptfs.config import ConfigError, fmt_bytes, load_config, parse_source
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="ckptfs: a write-back checkpoint gateway to S3.")
@@ -160,7 +160,7 @@ def mount(
     if daemon:
         detach([a for a in sys.argv[1:] if a != "--daemon"], cfg.cache_dir, cfg.mountpoint)
         return
-    from gateway.daemon import run_daemon
+    from ckptfs.daemon import run_daemon
 
     setup_logging(cfg.log_level)
     raise typer.Exit(run_daemon(cfg, ready_fd))
@@ -198,7 +198,7 @@ def setup_logging(level: str) -> None:
 
 def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     """Start the foreground daemon as a detached child; wait until it says READY or ERROR."""
-    from gateway.daemon import UserError, check_cache_dir
+    from ckptfs.daemon import UserError, check_cache_dir
 
     try:
         check_cache_dir(cache_dir)  # the log goes there: say what is wrong with it, as the daemon would
@@ -211,7 +211,7 @@ def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
         fail(f"cannot write the log {log_path}: {e.strerror} (is --cache-dir a writable directory?)")
     r, w = os.pipe()
     child = subprocess.Popen(
-        [sys.executable, "-m", "cli", *argv, "--ready-fd", str(w)],
+        [sys.executable, "-m", "ckptfs.cli", *argv, "--ready-fd", str(w)],
         stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, pass_fds=(w,), start_new_session=True,
     )
     os.close(w)
@@ -432,7 +432,7 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
 
 
 def main() -> None:
-    from cli.fstab import FstabError, is_mount_helper_call, mount_args
+    from ckptfs.cli.fstab import FstabError, is_mount_helper_call, mount_args
 
     argv = sys.argv[1:]
     commands = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}

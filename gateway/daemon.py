@@ -134,7 +134,7 @@ class Daemon:
         self.ns = Namespace(cfg, self.journal, self.cache)
         self.ns.recover()
         self.metrics = Metrics(self.status)
-        self.ns.on_durable = self.metrics.time_to_durable.observe
+        self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
         self.fetcher = Fetcher(cfg, self.ns, self.store)
         self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
@@ -169,8 +169,8 @@ class Daemon:
         return self.journal.resolve(path) is not None
 
     def flush_progress(self, path: str) -> dict[str, int]:
-        self.ns.mark_urgent(path)
-        files, size, deletes = self.ns.pending_under(path)
+        self.ns.uploads.mark_urgent(path)
+        files, size, deletes = self.ns.uploads.pending_under(path)
         return {"files": files, "bytes": size, "deletes": deletes}
 
     async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]:
@@ -221,7 +221,7 @@ class Daemon:
         return failed
 
     def evict(self, path: str) -> dict[str, int]:
-        files, size, skipped = self.ns.evict_under(path)
+        files, size, skipped = self.ns.space.evict_under(path)
         return {"files": files, "bytes": size, "skipped": skipped}
 
     def request_stop(self, flush: bool) -> None:
@@ -273,7 +273,7 @@ class Daemon:
                 pyfuse3.terminate()
                 await self.fuse_done.wait()
             pyfuse3.close(unmount=True)
-            self.ns.persist_all()  # handles still open at unmount will never be released to us
+            self.ns.files.persist_all()  # handles still open at unmount will never be released to us
             await self._drain_before_exit()
             nursery.cancel_scope.cancel()
         self.journal.sync()
@@ -321,7 +321,7 @@ class Daemon:
                 s = self.ns.stats()
                 if not s["dirty_files"] and not s["pending_deletes"] and not s["pending_markers"] and self.drainer.idle():
                     return
-                self.ns.mark_urgent("")
+                self.ns.uploads.mark_urgent("")
                 with trio.move_on_after(0.1):
                     await self._stop_now.wait()
 

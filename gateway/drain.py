@@ -124,7 +124,7 @@ class Drainer:
     def _schedule(self, nursery: trio.Nursery) -> float | None:
         now_mono = time.monotonic()
         waiting = {ino for ino, b in self.backoff.items() if b.next_at > now_mono}
-        ready, next_at = self.ns.candidates(time.time(), self.busy | waiting)
+        ready, next_at = self.ns.uploads.candidates(time.time(), self.busy | waiting)
         for p in ready:
             if len(self.busy) >= self.max_files:
                 break
@@ -133,7 +133,7 @@ class Drainer:
             self.busy.add(p.ino)
             self.busy_keys.add(p.key)
             nursery.start_soon(self._upload_file, p)
-        markers, marker_at = self.ns.ready_markers(time.time(), self.busy_keys)
+        markers, marker_at = self.ns.uploads.ready_markers(time.time(), self.busy_keys)
         if marker_at is not None:
             next_at = marker_at if next_at is None else min(next_at, marker_at)
         for marker_id, key in markers:
@@ -143,7 +143,7 @@ class Drainer:
             self.deleting.add(marker_id)
             self.busy_keys.add(key)
             nursery.start_soon(self._put_marker, marker_id, key)
-        for delete_id, key in self.ns.ready_deletes(self.busy_keys):
+        for delete_id, key in self.ns.uploads.ready_deletes(self.busy_keys):
             b = self.delete_backoff.get(delete_id)
             if delete_id in self.deleting or (b and b.next_at > now_mono):
                 continue
@@ -158,7 +158,7 @@ class Drainer:
 
     # ----------------------------------------------------------------- upload
     async def _upload_file(self, p: Pending) -> None:
-        ticket = self.ns.begin_upload(p.ino)
+        ticket = self.ns.uploads.begin_upload(p.ino)
         try:
             if ticket is None:
                 return
@@ -173,7 +173,7 @@ class Drainer:
                 etag, xxh3 = await self._upload(ticket, fd)
             finally:
                 os.close(fd)
-            if self.ns.finish_upload(ticket, etag, xxh3):
+            if self.ns.uploads.finish_upload(ticket, etag, xxh3):
                 self.backoff.pop(p.ino, None)
                 self.metrics.uploaded_files.inc()
                 log.info("durable: %s (%d bytes, etag %s)", ticket.key, ticket.size, etag)
@@ -182,27 +182,27 @@ class Drainer:
         except Abandoned as e:
             log.info("upload of %s abandoned: %s", p.key, e)
             self.metrics.abandoned_uploads.inc()
-            self.ns.upload_failed(p.ino)
+            self.ns.uploads.upload_failed(p.ino)
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
             delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
             self.last_error = str(e)
             level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
             log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
-            self.ns.upload_failed(p.ino)
+            self.ns.uploads.upload_failed(p.ino)
         except OSError as e:
             # the cache file could not be read: keep it queued, never drop acknowledged data
             self.metrics.upload_errors.labels("other").inc()
             delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
             self.last_error = f"reading cache file for {p.key}: {e}"
             log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
-            self.ns.upload_failed(p.ino)
+            self.ns.uploads.upload_failed(p.ino)
         except Exception as e:  # noqa: BLE001 - a bug must not stop the drain of everything else
             self.metrics.upload_errors.labels("other").inc()
             delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
             self.last_error = f"internal error uploading {p.key}: {e!r}"
             log.exception("upload of %s failed (retry in %.1fs)", p.key, delay)
-            self.ns.upload_failed(p.ino)
+            self.ns.uploads.upload_failed(p.ino)
         finally:
             self.busy.discard(p.ino)
             self.busy_keys.discard(p.key)
@@ -224,16 +224,16 @@ class Drainer:
         except StoreError as e:
             if e.kind != NO_OBJECT:
                 raise
-            self.ns.copy_source_gone(ticket.ino)
-            self.ns.upload_failed(ticket.ino)
+            self.ns.tree.copy_source_gone(ticket.ino)
+            self.ns.uploads.upload_failed(ticket.ino)
             return
-        if self.ns.finish_upload(ticket, etag, ticket.xxh3 or ""):
+        if self.ns.uploads.finish_upload(ticket, etag, ticket.xxh3 or ""):
             self.backoff.pop(ticket.ino, None)
             self.metrics.copied_objects.inc()
             log.info("durable: %s (copied from %s, %d bytes)", ticket.key, ticket.copy_from, ticket.size)
 
     def _check(self, ticket: UploadTicket) -> None:
-        if not self.ns.still_current(ticket):
+        if not self.ns.uploads.still_current(ticket):
             raise Abandoned("file changed, moved or was removed")
 
     async def _upload(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
@@ -347,7 +347,7 @@ class Drainer:
         for key, upload_id, started in uploads:
             if upload_id in known:
                 continue
-            owner = self.ns.journal.resolve(self.ns.path_of_key(key))
+            owner = self.ns.journal.resolve(self.ns.keys.path(key))
             ours = owner is not None and owner.kind == "file"
             stale = now - started >= self.cfg.abort_stale_uploads_after
             if not (ours and key not in self.busy_keys) and not stale:
@@ -361,12 +361,12 @@ class Drainer:
     # ------------------------------------------------------ object operations
     async def _put_marker(self, marker_id: int, key: str) -> None:
         if await self._object_op(marker_id, key, "put of directory marker", self.store.put_marker):
-            self.ns.marker_done(marker_id, key)
+            self.ns.uploads.marker_done(marker_id, key)
             log.info("put directory marker %s", key)
 
     async def _delete(self, delete_id: int, key: str) -> None:
         if await self._object_op(delete_id, key, "delete of", self.store.delete):
-            self.ns.delete_done(delete_id, key)
+            self.ns.uploads.delete_done(delete_id, key)
             self.metrics.deleted_objects.inc()
             log.info("deleted object %s", key)
 

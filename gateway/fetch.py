@@ -129,21 +129,21 @@ class Fetcher:
             self._nursery = nursery
             task_status.started()
             while True:
-                self.ns.evict_to_watermark()
+                self.ns.space.evict_to_watermark()
                 await trio.sleep(1.0)
 
     def start(self, ino: int) -> Download | None:
         """The running download of `ino`, starting one if its bytes are not local; None if they are."""
         dl = self.downloads.get(ino)
-        if dl is not None or not self.ns.needs_fetch(ino):
+        if dl is not None or not self.ns.files.needs_fetch(ino):
             return dl
         assert self._nursery is not None, "Fetcher.run is not running"
-        row = self.ns.row(ino)
+        row = self.ns.files.row(ino)
         key = row.remote_key or row.copy_from
         if not key:
             raise OSError(errno.EIO, "file has neither local bytes nor an object")
         try:
-            self.ns.make_room(row.size)
+            self.ns.space.make_room(row.size)
         except CacheFull:
             log.warning("no room in the cache to read %s (%d bytes): reader gets ENOSPC", key, row.size)
             raise
@@ -155,7 +155,7 @@ class Fetcher:
             self.ns.cache.grow(row.size, 0)
             raise
         self.downloads[ino] = dl
-        self.ns.fetching.add(ino)
+        self.ns.files.fetching.add(ino)
         self._nursery.start_soon(self._download, dl, fd, row.xxh3 if row.etag else None)
         return dl
 
@@ -187,7 +187,7 @@ class Fetcher:
                           dl.key, digest, expected)
                 raise OSError(errno.EIO, "object does not match its checksum")
             self.fetched_files_total += 1
-            self.ns.fetched(dl.ino, dl.etag, digest)
+            self.ns.files.fetched(dl.ino, dl.etag, digest)
         except OSError as e:
             if not isinstance(e, CacheFull):
                 self.read_errors_total += 1
@@ -195,7 +195,7 @@ class Fetcher:
             self.ns.cache.remove(dl.ino, dl.size)
         finally:
             os.close(fd)
-            self.ns.fetching.discard(dl.ino)
+            self.ns.files.fetching.discard(dl.ino)
             self.downloads.pop(dl.ino, None)
             dl.finished.set()
             for ev in dl.waiters.values():

@@ -122,37 +122,37 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(self.ns.row(inode))
+        return self._entry(self.ns.files.row(inode))
 
     @_fuse
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if name == b".":
-            row = self.ns.row(parent_inode)
+            row = self.ns.files.row(parent_inode)
         elif name == b"..":
-            prow = self.ns.row(parent_inode)
-            row = self.ns.row(prow.parent if prow.parent is not None else ROOT_INODE)
+            prow = self.ns.files.row(parent_inode)
+            row = self.ns.files.row(prow.parent if prow.parent is not None else ROOT_INODE)
         else:
             await self.remote.refresh(parent_inode)
-            row = self.ns.lookup(parent_inode, _name(name))
-        self.ns.ref(row.ino)
+            row = self.ns.tree.lookup(parent_inode, _name(name))
+        self.ns.tree.ref(row.ino)
         return self._entry(row)
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             try:
-                self.ns.forget(ino, n)
+                self.ns.tree.forget(ino, n)
             except Exception:  # forget cannot report errors
                 log.exception("forget(%d)", ino)
 
     @_fuse
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if fields.update_size:
-            if self.ns.row(inode).is_dir:
+            if self.ns.files.row(inode).is_dir:
                 raise OSError(errno.EISDIR, "is a directory")
-            if self.ns.needs_fetch(inode):
+            if self.ns.files.needs_fetch(inode):
                 await self.fetcher.ensure_local(inode)
-            self.ns.truncate(inode, attr.st_size)
-        self.ns.setattr(
+            self.ns.files.truncate(inode, attr.st_size)
+        self.ns.tree.setattr(
             inode,
             mode=attr.st_mode if fields.update_mode else None,
             uid=attr.st_uid if fields.update_uid else None,
@@ -160,7 +160,7 @@ class CkptFS(pyfuse3.Operations):
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
         )
-        return self._entry(self.ns.row(inode))
+        return self._entry(self.ns.files.row(inode))
 
     @_fuse
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
@@ -177,24 +177,24 @@ class CkptFS(pyfuse3.Operations):
     # ------------------------------------------------------------- directories
     @_fuse
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        row = self.ns.mkdir(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
-        self.ns.ref(row.ino)
+        row = self.ns.tree.mkdir(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
+        self.ns.tree.ref(row.ino)
         return self._entry(row)
 
     @_fuse
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        if not self.ns.row(inode).is_dir:
+        if not self.ns.files.row(inode).is_dir:
             raise OSError(errno.ENOTDIR, "not a directory")
         await self.remote.refresh(inode)
         return inode
 
     @_fuse
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        children = self.ns.children(fh)
+        children = self.ns.tree.children(fh)
         for i, row in enumerate(children[start_id:], start=start_id):
             if not pyfuse3.readdir_reply(token, row.name.encode(), self._entry(row), i + 1):
                 return
-            self.ns.ref(row.ino)
+            self.ns.tree.ref(row.ino)
 
     async def releasedir(self, fh: int) -> None:
         return None
@@ -205,23 +205,23 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        row = self.ns.lookup(parent_inode, _name(name))
+        row = self.ns.tree.lookup(parent_inode, _name(name))
         if row.is_dir:
             await self.remote.refresh_tree(row.ino)  # objects never looked at here still make it non-empty
-        self.ns.rmdir(parent_inode, _name(name))
+        self.ns.tree.rmdir(parent_inode, _name(name))
 
     @_fuse
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self.ns.unlink(parent_inode, _name(name))
+        self.ns.tree.unlink(parent_inode, _name(name))
 
     @_fuse
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
-        src = self.ns.lookup(parent_inode_old, _name(name_old))
+        src = self.ns.tree.lookup(parent_inode_old, _name(name_old))
         if src.is_dir:
             await self.remote.refresh_tree(src.ino)  # every object below moves, looked at here or not
-        self.ns.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+        self.ns.tree.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
 
     @_fuse
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -235,8 +235,8 @@ class CkptFS(pyfuse3.Operations):
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if not stat.S_ISREG(mode):
             raise OSError(errno.EPERM, "only regular files and directories are supported")
-        row = self.ns.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid, closed=True)
-        self.ns.ref(row.ino)
+        row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid, closed=True)
+        self.ns.tree.ref(row.ino)
         return self._entry(row)
 
     # ------------------------------------------------------------------- files
@@ -248,9 +248,9 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        row = self.ns.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
-        fd = self.ns.open(row.ino, write=True)
-        self.ns.ref(row.ino)
+        row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
+        fd = self.ns.files.open(row.ino, write=True)
+        self.ns.tree.ref(row.ino)
         direct = self.ns.cfg.direct_io_writes
         return pyfuse3.FileInfo(fh=self._add_handle(row.ino, fd, True), direct_io=direct), self._entry(row)
 
@@ -258,15 +258,15 @@ class CkptFS(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
         truncate = write and bool(flags & os.O_TRUNC)
-        row = self.ns.row(inode)
+        row = self.ns.files.row(inode)
         if row.state == DURABLE and row.parent is not None:
             # close-to-open: the kernel may reuse a name for ATTR_TIMEOUT without a lookup, so the
             # listing (and with it a changed ETag) is checked here too once it is older than the TTL
             await self.remote.refresh(row.parent)
         download = None
-        if self.ns.needs_fetch(inode):
-            if truncate and inode not in self.ns.fetching:
-                self.ns.empty_uncached(inode)  # about to be emptied: nothing to read from the bucket
+        if self.ns.files.needs_fetch(inode):
+            if truncate and inode not in self.ns.files.fetching:
+                self.ns.files.emptied(inode)  # about to be emptied: nothing to read from the bucket
             elif write:
                 FUSE_COUNTERS.cache_misses += 1
                 await self.fetcher.ensure_local(inode)  # writes go to a complete copy
@@ -275,14 +275,14 @@ class CkptFS(pyfuse3.Operations):
                 download = self.fetcher.start(inode)
         else:
             FUSE_COUNTERS.cache_hits += 1
-        fd = self.ns.open(inode, write)
+        fd = self.ns.files.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
-            self.ns.truncate(inode, 0)
+            self.ns.files.truncate(inode, 0)
         fh = self._add_handle(inode, fd, write)
         self.handles[fh].download = download
         # the kernel may keep its cached pages only if they are of the same bytes
-        row = self.ns.row(inode)
+        row = self.ns.files.row(inode)
         seen = (row.etag, row.version)
         keep = download is None and self._opened_etag.get(inode, seen) == seen
         self._opened_etag[inode] = seen
@@ -301,7 +301,7 @@ class CkptFS(pyfuse3.Operations):
     @_fuse
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self.handles[fh]
-        return await self.ns.write_waiting(h.ino, h.fd, off, buf)
+        return await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
 
     @_fuse
     async def flush(self, fh: int) -> None:
@@ -311,7 +311,7 @@ class CkptFS(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
         await trio.to_thread.run_sync(os.fsync, h.fd)
-        self.ns.fsync(h.ino)
+        self.ns.files.fsync(h.ino)
 
     @_fuse
     async def release(self, fh: int) -> None:
@@ -319,14 +319,16 @@ class CkptFS(pyfuse3.Operations):
         try:
             os.close(h.fd)
         finally:
-            self.ns.release(h.ino, h.write)
+            if self.ns.files.release(h.ino, h.write):
+                self.ns.on_change()
+            self.ns.tree.reap(h.ino)
 
     # ------------------------------------------------------------------ xattrs
     @_fuse
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if inode == ROOT_INODE and name == XATTR_CONTROL:
             return self.control_socket.encode()
-        row = self.ns.row(inode)
+        row = self.ns.files.row(inode)
         if row.is_dir:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
@@ -340,7 +342,7 @@ class CkptFS(pyfuse3.Operations):
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         if inode == ROOT_INODE:
             return [XATTR_CONTROL]
-        row = self.ns.row(inode)
+        row = self.ns.files.row(inode)
         if row.is_dir:
             return []
         return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == DURABLE else [])

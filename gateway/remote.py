@@ -1,7 +1,7 @@
 """The bucket's side of the namespace: directory listings, cached for `metadata_ttl`.
 
 Every node mounts the same bucket, so the tree a node shows is the bucket
-listing overlaid by its own journal (see `Namespace.merge_listing` for who
+listing overlaid by its own journal (see `namespace/merge.py` for who
 wins). A directory is listed again when a lookup or readdir touches it and its
 last listing is older than the TTL; concurrent lookups in one directory share
 one listing. Before a directory is renamed or removed its whole subtree is
@@ -39,7 +39,7 @@ class Remote:
         path = self.ns.journal.path_of(ino)
         if path is None:
             return None
-        return self.ns.key_of(path + "/" if path else "")
+        return self.ns.keys.of(path + "/" if path else "")
 
     async def refresh(self, ino: int) -> None:
         """List directory `ino` unless its listing is fresh. A store failure keeps the last view (logged)."""
@@ -61,7 +61,7 @@ class Remote:
                 log.warning("listing %s failed, showing what this node knows: %s", prefix or "/", e)
                 return
             self.listings_total += 1
-            self.ns.merge_listing(ino, started_wall, listing)
+            self.ns.merge.merge(ino, started_wall, listing)
             self.listed_at[ino] = started_mono
         if not lock.statistics().tasks_waiting and not lock.locked():
             self._locks.pop(ino, None)
@@ -102,7 +102,7 @@ class Remote:
             row = self.ns.journal.resolve(path)
             if row is None or not row.is_dir:
                 continue  # a local change won over this part of the listing
-            self.ns.merge_listing(row.ino, started_wall, per_dir[rel])
+            self.ns.merge.merge(row.ino, started_wall, per_dir[rel])
             self.listed_at[row.ino] = started_mono
 
     async def resolve(self, path: str) -> int | None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.seaweed import SeaweedServer  # noqa: E402
 
-CKPTFS = [sys.executable, "-m", "cli"]
+CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
 
 
 def fuse_usable() -> bool:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gateway.fs import ATTR_TIMEOUT
+from ckptfs.fs import ATTR_TIMEOUT
 from tests.conftest import Mount, sha256_file, write_random
 
 MiB = 1 << 20

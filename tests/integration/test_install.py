@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
+from ckptfs.config import load_config
 from tests.conftest import ROOT
 
 

@@ -50,7 +50,7 @@ def test_fstab_line_mounts_with_mount8(s3, bucket: str, tmp_path: Path, form: st
     for d in (mnt, cache, wrappers):
         d.mkdir()
     wrapper = wrappers / "ckptfs"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m cli "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m ckptfs.cli "$@"\n')
     wrapper.chmod(0o755)
     src = tmp_path / "step_1.bin"
     digest = write_random(src, 6 * MiB, seed=80)

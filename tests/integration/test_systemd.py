@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import Config
-from gateway.daemon import STOP_MARGIN_SECONDS
+from ckptfs.config import Config
+from ckptfs.daemon import STOP_MARGIN_SECONDS
 from tests.conftest import ROOT, fuse_usable, sha256_file, write_random
 
 UNIT = ROOT / "systemd" / "ckptfs@.service"
@@ -144,7 +144,7 @@ def test_notify_handshake_ready_status_stopping(s3, bucket: str, tmp_path: Path)
     log = open(log_path, "wb")
     st = os.fstat(log.fileno())
     env = {**os.environ, **s3.env(), "NOTIFY_SOCKET": str(notify.path), "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
-    proc = subprocess.Popen([*unit_sandbox(), sys.executable, "-m", "cli", "mount", "--config", str(config)],
+    proc = subprocess.Popen([*unit_sandbox(), sys.executable, "-m", "ckptfs.cli", "mount", "--config", str(config)],
                             cwd=ROOT, env=env, stdout=log, stderr=log)
     try:
         ready = notify.receive(proc, "READY")

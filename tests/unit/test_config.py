@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, MiB, GiB, load_config, markdown_reference, parse_size, parse_source
+from ckptfs.config import ConfigError, MiB, GiB, load_config, markdown_reference, parse_size, parse_source
 
 BASE = dict(bucket="ckpt", mountpoint="/mnt/ckpt", cache_dir="/var/cache/ckptfs")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import xxhash
 
-from gateway.config import MiB
-from gateway.drain import Backoff, file_digests, part_size_for
+from ckptfs.config import MiB
+from ckptfs.drain import Backoff, file_digests, part_size_for
 
 
 def test_part_size_grows_past_ten_thousand_parts() -> None:

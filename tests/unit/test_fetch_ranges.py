@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from gateway.fetch import Download
+from ckptfs.fetch import Download
 
 MiB = 1 << 20
 

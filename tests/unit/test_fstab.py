@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cli.fstab import FstabError, is_mount_helper_call, mount_args
+from ckptfs.cli.fstab import FstabError, is_mount_helper_call, mount_args
 from tests.conftest import ROOT
 
 COMMANDS = {"mount", "unmount", "status", "flush", "warmup", "evict"}
@@ -54,7 +54,7 @@ def test_commands_are_not_taken_for_mount_helper_calls() -> None:
 
 
 def test_cli_reports_helper_errors_in_one_line() -> None:
-    proc = subprocess.run([sys.executable, "-m", "cli", "s3://b", "/nonexistent", "-o", "ro"],
+    proc = subprocess.run([sys.executable, "-m", "ckptfs.cli", "s3://b", "/nonexistent", "-o", "ro"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "ckptfs: error: ckptfs mounts are read-write: remove the ro option"
@@ -62,7 +62,7 @@ def test_cli_reports_helper_errors_in_one_line() -> None:
 
 @pytest.mark.parametrize("command", ["", "mount", "unmount", "status", "flush", "warmup", "evict"])
 def test_every_help_page_renders(command: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "cli", *([command] if command else []), "--help"],
+    proc = subprocess.run([sys.executable, "-m", "ckptfs.cli", *([command] if command else []), "--help"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "Usage" in proc.stdout

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cache import Cache
-from gateway.config import load_config
-from gateway.journal import DIRTY, DURABLE, ROOT_INODE, Journal, JournalError
-from gateway.namespace import Namespace
+from ckptfs.cache import Cache
+from ckptfs.config import load_config
+from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE, Journal, JournalError
+from ckptfs.namespace import Namespace
 
 
 def make_ns(tmp_path: Path, **opts) -> Namespace:  # type: ignore[no-untyped-def]
@@ -19,13 +19,14 @@ def make_ns(tmp_path: Path, **opts) -> Namespace:  # type: ignore[no-untyped-def
 
 
 def write_file(ns: Namespace, parent: int, name: str, data: bytes) -> int:
-    row = ns.create(parent, name, 0o644, 0, 0)
-    fd = ns.open(row.ino, write=True)
-    ns.write(row.ino, fd, 0, data)
+    row = ns.tree.create(parent, name, 0o644, 0, 0)
+    fd = ns.files.open(row.ino, write=True)
+    ns.files.write(row.ino, fd, 0, data)
     import os
 
     os.close(fd)
-    ns.release(row.ino, write=True)
+    ns.files.release(row.ino, write=True)
+    ns.tree.reap(row.ino)
     return row.ino
 
 
@@ -46,8 +47,8 @@ def test_corrupt_journal_is_refused(tmp_path: Path) -> None:
 def test_inode_numbers_never_reused_across_restarts(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     a = write_file(ns, ROOT_INODE, "a", b"1")
-    ns.unlink(ROOT_INODE, "a")
-    ns.forget(a, 1)
+    ns.tree.unlink(ROOT_INODE, "a")
+    ns.tree.forget(a, 1)
     b = write_file(ns, ROOT_INODE, "b", b"2")
     ns.journal.close()
     ns2 = make_ns(tmp_path)
@@ -57,10 +58,10 @@ def test_inode_numbers_never_reused_across_restarts(tmp_path: Path) -> None:
 
 def test_rename_before_upload_goes_to_final_key(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
-    tmpdir = ns.mkdir(ROOT_INODE, "step.tmp", 0o755, 0, 0)
+    tmpdir = ns.tree.mkdir(ROOT_INODE, "step.tmp", 0o755, 0, 0)
     write_file(ns, tmpdir.ino, "shard", b"x" * 10)
-    ns.rename(ROOT_INODE, "step.tmp", ROOT_INODE, "step", noreplace=False)
-    ready, _ = ns.candidates(now=1e12, busy=set())
+    ns.tree.rename(ROOT_INODE, "step.tmp", ROOT_INODE, "step", noreplace=False)
+    ready, _ = ns.uploads.candidates(now=1e12, busy=set())
     assert [p.key for p in ready] == ["p/step/shard"]
     assert ns.journal.pending_deletes() == []
 
@@ -68,67 +69,67 @@ def test_rename_before_upload_goes_to_final_key(tmp_path: Path) -> None:
 def test_rename_of_durable_file_reuploads_then_deletes_old_key(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     ino = write_file(ns, ROOT_INODE, "old", b"data")
-    t = ns.begin_upload(ino)
+    t = ns.uploads.begin_upload(ino)
     assert t is not None and t.key == "p/old"
-    assert ns.finish_upload(t, "etag1", "h")
-    assert ns.row(ino).state == DURABLE
-    ns.rename(ROOT_INODE, "old", ROOT_INODE, "new", noreplace=False)
-    assert ns.row(ino).state == DIRTY
+    assert ns.uploads.finish_upload(t, "etag1", "h")
+    assert ns.files.row(ino).state == DURABLE
+    ns.tree.rename(ROOT_INODE, "old", ROOT_INODE, "new", noreplace=False)
+    assert ns.files.row(ino).state == DIRTY
     # the old object is deleted only after the new one is durable
-    assert ns.ready_deletes(set()) == []
-    t2 = ns.begin_upload(ino)
+    assert ns.uploads.ready_deletes(set()) == []
+    t2 = ns.uploads.begin_upload(ino)
     assert t2 is not None and t2.key == "p/new"
-    assert ns.finish_upload(t2, "etag2", "h")
-    assert [key for _, key in ns.ready_deletes(set())] == ["p/old"]
+    assert ns.uploads.finish_upload(t2, "etag2", "h")
+    assert [key for _, key in ns.uploads.ready_deletes(set())] == ["p/old"]
 
 
 def test_change_during_upload_is_not_published(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     ino = write_file(ns, ROOT_INODE, "f", b"v1")
-    t = ns.begin_upload(ino)
+    t = ns.uploads.begin_upload(ino)
     assert t is not None
-    fd = ns.open(ino, write=True)
-    ns.write(ino, fd, 0, b"v2")
-    assert not ns.still_current(t)
-    assert not ns.finish_upload(t, "e", "h")
-    assert ns.row(ino).state == DIRTY
+    fd = ns.files.open(ino, write=True)
+    ns.files.write(ino, fd, 0, b"v2")
+    assert not ns.uploads.still_current(t)
+    assert not ns.uploads.finish_upload(t, "e", "h")
+    assert ns.files.row(ino).state == DIRTY
 
 
 def test_unlink_during_upload_deletes_the_stale_object(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     ino = write_file(ns, ROOT_INODE, "f", b"v1")
-    t = ns.begin_upload(ino)
-    ns.unlink(ROOT_INODE, "f")
-    assert t is not None and not ns.finish_upload(t, "e", "h")
-    assert [key for _, key in ns.ready_deletes(set())] == ["p/f"]
+    t = ns.uploads.begin_upload(ino)
+    ns.tree.unlink(ROOT_INODE, "f")
+    assert t is not None and not ns.uploads.finish_upload(t, "e", "h")
+    assert [key for _, key in ns.uploads.ready_deletes(set())] == ["p/f"]
 
 
 def test_overwrite_by_rename_does_not_delete_the_new_object(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     old = write_file(ns, ROOT_INODE, "model", b"old")
-    t = ns.begin_upload(old)
-    assert t is not None and ns.finish_upload(t, "e1", "h")
+    t = ns.uploads.begin_upload(old)
+    assert t is not None and ns.uploads.finish_upload(t, "e1", "h")
     new = write_file(ns, ROOT_INODE, "model.tmp", b"new")
-    ns.rename(ROOT_INODE, "model.tmp", ROOT_INODE, "model", noreplace=False)
+    ns.tree.rename(ROOT_INODE, "model.tmp", ROOT_INODE, "model", noreplace=False)
     # the queued delete of p/model waits: the live file will replace the object
-    assert ns.ready_deletes(set()) == []
-    t2 = ns.begin_upload(new)
-    assert t2 is not None and t2.key == "p/model" and ns.finish_upload(t2, "e2", "h")
-    assert ns.ready_deletes(set()) == []  # and is dropped once it did
+    assert ns.uploads.ready_deletes(set()) == []
+    t2 = ns.uploads.begin_upload(new)
+    assert t2 is not None and t2.key == "p/model" and ns.uploads.finish_upload(t2, "e2", "h")
+    assert ns.uploads.ready_deletes(set()) == []  # and is dropped once it did
     assert ns.journal.pending_deletes() == []
 
 
 def test_commit_marker_waits_for_the_rest_of_its_directory(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
-    step = ns.mkdir(ROOT_INODE, "step", 0o755, 0, 0)
-    sub = ns.mkdir(step.ino, "sub", 0o755, 0, 0)
+    step = ns.tree.mkdir(ROOT_INODE, "step", 0o755, 0, 0)
+    sub = ns.tree.mkdir(step.ino, "sub", 0o755, 0, 0)
     marker = write_file(ns, step.ino, ".metadata", b"m")
     shard = write_file(ns, sub.ino, "shard", b"s")
-    ready, _ = ns.candidates(now=1e12, busy=set())
+    ready, _ = ns.uploads.candidates(now=1e12, busy=set())
     assert [p.ino for p in ready] == [shard]
-    t = ns.begin_upload(shard)
-    assert t is not None and ns.finish_upload(t, "e", "h")
-    ready, _ = ns.candidates(now=1e12, busy=set())
+    t = ns.uploads.begin_upload(shard)
+    assert t is not None and ns.uploads.finish_upload(t, "e", "h")
+    ready, _ = ns.uploads.candidates(now=1e12, busy=set())
     assert [p.ino for p in ready] == [marker]
 
 
@@ -138,21 +139,21 @@ def test_oldest_close_first_and_upload_delay(tmp_path: Path) -> None:
     second = write_file(ns, ROOT_INODE, "second", b"2")
     ns.journal.update(first, closed_at=100.0)
     ns.journal.update(second, closed_at=50.0)
-    ready, next_at = ns.candidates(now=55.0, busy=set())
+    ready, next_at = ns.uploads.candidates(now=55.0, busy=set())
     assert ready == [] and next_at == 60.0
-    ready, _ = ns.candidates(now=200.0, busy=set())
+    ready, _ = ns.uploads.candidates(now=200.0, busy=set())
     assert [p.ino for p in ready] == [second, first]
 
 
 def test_recover_after_crash_requeues_uploading_files(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     ino = write_file(ns, ROOT_INODE, "f", b"12345")
-    assert ns.begin_upload(ino) is not None
+    assert ns.uploads.begin_upload(ino) is not None
     ns.journal.close()  # crash: nothing else happens
     ns2 = make_ns(tmp_path)
-    row = ns2.row(ino)
+    row = ns2.files.row(ino)
     assert row.state == DIRTY and row.size == 5
-    ready, _ = ns2.candidates(now=1e12, busy=set())
+    ready, _ = ns2.uploads.candidates(now=1e12, busy=set())
     assert [p.key for p in ready] == ["p/f"]
 
 
@@ -161,12 +162,12 @@ def test_fsync_then_close_still_waits_for_upload_delay(tmp_path: Path) -> None:
     import time
 
     ns = make_ns(tmp_path, upload_delay=60)
-    row = ns.create(ROOT_INODE, "f.tmp", 0o644, 0, 0)
-    fd = ns.open(row.ino, write=True)
-    ns.write(row.ino, fd, 0, b"data")
-    ns.fsync(row.ino)
+    row = ns.tree.create(ROOT_INODE, "f.tmp", 0o644, 0, 0)
+    fd = ns.files.open(row.ino, write=True)
+    ns.files.write(row.ino, fd, 0, b"data")
+    ns.files.fsync(row.ino)
     os.close(fd)
-    ns.release(row.ino, write=True)
+    ns.files.release(row.ino, write=True)
     now = time.time()
-    ready, next_at = ns.candidates(now=now, busy=set())
+    ready, next_at = ns.uploads.candidates(now=now, busy=set())
     assert ready == [] and next_at is not None and next_at > now + 50

@@ -1,0 +1,208 @@
+"""Open files: the state of files being used, kept in memory until close or fsync.
+
+A write changes a file's bytes thousands of times a second; committing each
+to SQLite would cost more than the write. So sizes, versions and handle counts
+of files in use live here, and the journal catches up on the last close, on
+fsync and before an upload snapshots the file. The *version* is what makes an
+upload safe: bumped on every change, an upload is published only if the version
+it started from is still current.
+
+Synchronous, on the trio thread. Errors are `OSError(errno)` for the FS to map;
+`CacheFull` (an OSError) when the cache has no room for a write.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass
+
+from ..cache import Cache
+from ..config import Config
+from ..journal import DIRTY, Journal, Row
+
+
+@dataclass
+class Live:
+    """In-memory state of a file being used; the journal catches up on close/fsync."""
+
+    version: int
+    size: int
+    mtime_ns: int
+    handles: int = 0
+    writers: int = 0
+    modified: bool = False  # changes not yet written to the journal
+    unclosed: bool = False  # changed since the last close: the next last-close makes it eligible
+
+
+class OpenFiles:
+    def __init__(self, cfg: Config, journal: Journal, cache: Cache) -> None:
+        self.cfg, self.journal, self.cache = cfg, journal, cache
+        self.live: dict[int, Live] = {}
+        self.fetching: set[int] = set()  # being read in from the bucket: never evicted meanwhile
+
+    def row(self, ino: int) -> Row:
+        """The journal's row with the in-memory size, mtime and state of a file in use."""
+        row = self.journal.get(ino)
+        if row is None:
+            raise OSError(errno.ENOENT, "no such inode")
+        live = self.live.get(ino)
+        if live is not None:
+            row.size, row.mtime_ns = live.size, live.mtime_ns
+            if live.modified:
+                row.state = DIRTY
+        return row
+
+    def get(self, ino: int) -> Live:
+        live = self.live.get(ino)
+        if live is None:
+            row = self.journal.get(ino)
+            if row is None:
+                raise OSError(errno.ENOENT, "no such inode")
+            live = Live(version=row.version, size=row.size, mtime_ns=row.mtime_ns)
+            self.live[ino] = live
+        return live
+
+    def in_use(self, ino: int) -> bool:
+        """Open, changed and not yet persisted, or being fetched: not to be evicted or replaced."""
+        live = self.live.get(ino)
+        return live is not None and (live.handles > 0 or live.modified) or ino in self.fetching
+
+    def started(self, row: Row) -> None:
+        """A new file: even an empty one is a change to persist and upload on its last close."""
+        self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, modified=True, unclosed=True)
+
+    def abandon_upload(self, ino: int) -> None:
+        """Bump the version of a file in use so an upload in flight is not published."""
+        if ino in self.live:
+            self.live[ino].version += 1
+
+    def needs_fetch(self, ino: int) -> bool:
+        row = self.journal.get(ino)
+        return row is not None and row.kind == "file" and not row.cached
+
+    def open(self, ino: int, write: bool) -> int:
+        row = self.row(ino)
+        if row.is_dir:
+            raise OSError(errno.EISDIR, "is a directory")
+        if not row.cached and ino not in self.fetching:
+            raise OSError(errno.EIO, "cache copy missing; fetch it first")
+        fd = self.cache.open(ino)
+        self.journal.update(ino, atime=time.time())
+        live = self.get(ino)
+        live.handles += 1
+        if write:
+            live.writers += 1
+        return fd
+
+    def modified(self, ino: int, live: Live, new_size: int) -> None:
+        """Record that the file's bytes changed: a new version that must be uploaded."""
+        live.version += 1
+        live.size = new_size
+        live.mtime_ns = time.time_ns()
+        live.unclosed = True
+        if not live.modified:
+            live.modified = True
+            row = self.journal.get(ino)
+            if row is not None and row.parent is not None and (row.state != DIRTY or row.copy_from):
+                # a durable file that changes must never be taken for durable after a crash,
+                # nor published by copying the object that holds its old bytes
+                self.journal.update(ino, state=DIRTY, version=live.version, copy_from=None)
+
+    def write(self, ino: int, fd: int, offset: int, data: bytes) -> int:
+        live = self.get(ino)
+        end = offset + len(data)
+        if end > self.cfg.file_size_limit:
+            raise OSError(errno.EFBIG, "file larger than max_file_size")
+        if end > live.size:
+            self.cache.grow(live.size, end)
+        try:
+            n = os.pwrite(fd, data, offset)
+        except OSError:
+            if end > live.size:
+                self.cache.grow(end, live.size)
+            raise
+        self.modified(ino, live, max(live.size, offset + n))
+        return n
+
+    def truncate(self, ino: int, size: int) -> None:
+        if size > self.cfg.file_size_limit:
+            raise OSError(errno.EFBIG, "file larger than max_file_size")
+        live = self.get(ino)
+        self.cache.grow(live.size, size)
+        try:
+            os.truncate(self.cache.path(ino), size)
+        except OSError:
+            self.cache.grow(size, live.size)
+            raise
+        self.modified(ino, live, size)
+        if not live.handles:
+            self.persist(ino, closed=True)
+
+    def persist(self, ino: int, closed: bool) -> None:
+        """Write a file's in-memory state to the journal; `closed` starts its upload clock."""
+        live = self.live.get(ino)
+        if live is None or not (live.modified or (closed and live.unclosed)):
+            return
+        fields: dict[str, object] = dict(size=live.size, mtime_ns=live.mtime_ns, ctime_ns=live.mtime_ns, version=live.version)
+        row = self.journal.get(ino)
+        if row is not None and row.parent is not None:
+            fields["state"] = DIRTY  # an unlinked file stays out of the drain
+        if closed:
+            fields["closed_at"] = time.time()
+            live.unclosed = False
+        self.journal.update(ino, **fields)
+        live.modified = False
+
+    def fsync(self, ino: int) -> None:
+        """Called after the cache file itself was fsynced: make the journal entry durable too."""
+        if ino in self.live:
+            self.persist(ino, closed=False)
+        self.journal.sync()
+
+    def persist_all(self) -> None:
+        """At unmount: handles still open will never be released, so close them in the journal now."""
+        with self.journal.transaction():
+            for ino, live in self.live.items():
+                live.writers = live.handles = 0
+                self.persist(ino, closed=True)
+
+    def release(self, ino: int, write: bool) -> bool:
+        """A handle closed. True if the file's last writer left with changes: the drainer has work."""
+        live = self.live.get(ino)
+        if live is None:
+            return False
+        live.handles -= 1
+        if write:
+            live.writers -= 1
+        if live.writers == 0 and (live.modified or live.unclosed):
+            self.persist(ino, closed=True)
+            return True
+        return False
+
+    def set_mtime(self, ino: int, mtime_ns: int) -> None:
+        if ino in self.live:
+            self.live[ino].mtime_ns = mtime_ns
+
+    def forget_if_idle(self, ino: int) -> None:
+        """Drop the in-memory state of a file nobody uses and that has nothing left to persist."""
+        live = self.live.get(ino)
+        if live is not None and not (live.handles or live.modified or live.unclosed):
+            del self.live[ino]
+
+    def emptied(self, ino: int) -> None:
+        """A file only in the bucket opened with O_TRUNC: start an empty local copy instead of reading it."""
+        self.cache.create(ino)
+        live = self.get(ino)
+        with self.journal.transaction():
+            self.journal.update(ino, cached=1)
+            live.size = 0
+            self.modified(ino, live, 0)
+
+    def fetched(self, ino: int, etag: str, xxh3: str) -> None:
+        self.journal.update(ino, cached=1, atime=time.time(), etag=etag, xxh3=xxh3)
+
+    def size_of(self, row: Row) -> int:
+        live = self.live.get(row.ino)
+        return live.size if live is not None else row.size

@@ -1,0 +1,119 @@
+"""Merging a bucket listing into the tree: what other nodes and tools did shows up here.
+
+Local changes always win. New objects and prefixes become entries (files
+durable and not cached); a clean entry whose object is gone disappears; one
+whose ETag changed loses its cached copy so the next open fetches the new
+bytes. An entry the bucket confirmed (or this node created) after the listing
+started is kept: the listing is older than it. Keys this node is deleting, or
+deleted after the listing started, are not brought back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from typing import TYPE_CHECKING
+
+from ..cache import Cache
+from ..journal import DURABLE, ROOT_INODE, Journal, Row
+from .files import OpenFiles
+from .keys import Keys
+from .space import Space
+from .tree import Tree, valid_name
+from .uploads import UploadQueue
+
+if TYPE_CHECKING:
+    from ..store import Listing
+
+log = logging.getLogger(__name__)
+
+
+class ListingMerge:
+    def __init__(self, journal: Journal, keys: Keys, cache: Cache, files: OpenFiles, space: Space, tree: Tree,
+                 uploads: UploadQueue) -> None:
+        self.journal, self.keys, self.cache = journal, keys, cache
+        self.files, self.space, self.tree, self.uploads = files, space, tree, uploads
+        self.remote_removed_total = 0  # entries gone from the bucket (deleted by another node)
+        self.remote_changed_total = 0  # objects replaced in the bucket by another node
+
+    def merge(self, dir_ino: int, started_at: float, listing: "Listing") -> None:
+        """Overlay one directory's bucket listing (taken from `started_at`) on the journal."""
+        j = self.journal
+        dpath = j.path_of(dir_ino)
+        if dpath is None:
+            return
+        base = self.keys.of(dpath + "/" if dpath else "")
+        pending = j.pending_keys()
+        recent = {k for k, at in self.uploads.recently_deleted.items() if at >= started_at}
+
+        def skip(key: str) -> bool:
+            return key in pending or key in recent
+
+        uid, gid = os.getuid(), os.getgid()
+        children = {r.name: r for r in j.children(dir_ino)}
+        seen: set[str] = set()
+        with j.transaction():
+            if listing.marker and dir_ino != ROOT_INODE:
+                j.update(dir_ino, state=DURABLE, seen_at=max(started_at, j.get(dir_ino).seen_at or 0))  # type: ignore[union-attr]
+            for name in listing.dirs:
+                if not valid_name(name):
+                    continue
+                key = base + name + "/"
+                if any(k.startswith(key) for k in pending) and name not in children:
+                    continue  # being emptied by this node
+                seen.add(name)
+                row = children.get(name)
+                if row is None:
+                    j.insert(dir_ino, name, "dir", stat.S_IFDIR | 0o755, uid, gid, DURABLE, seen_at=started_at)
+                elif row.is_dir:
+                    j.update(row.ino, seen_at=max(started_at, row.seen_at or 0))
+            for obj in listing.objects:
+                if "/" in obj.name or not valid_name(obj.name):
+                    continue
+                key = base + obj.name
+                if skip(key):
+                    continue
+                seen.add(obj.name)
+                row = children.get(obj.name)
+                mtime_ns = int(obj.mtime * 1e9)
+                if row is None:
+                    j.insert(dir_ino, obj.name, "file", stat.S_IFREG | 0o644, uid, gid, DURABLE, size=obj.size,
+                             mtime_ns=mtime_ns, ctime_ns=mtime_ns, etag=obj.etag, remote_key=key, cached=0, seen_at=started_at)
+                    continue
+                if row.is_dir or row.state != DURABLE:
+                    continue  # local changes win
+                if row.etag == obj.etag:
+                    j.update(row.ino, seen_at=max(started_at, row.seen_at or 0))
+                    continue
+                if (row.seen_at or 0) > started_at or self.files.in_use(row.ino):
+                    continue  # newer than the listing, or open: look again next time
+                # replaced by someone else: forget the old bytes
+                log.info("object %s changed in the bucket (etag %s -> %s): the next open fetches it", key, row.etag, obj.etag)
+                if row.cached:
+                    self.cache.remove(row.ino, row.size)
+                j.update(row.ino, size=obj.size, mtime_ns=mtime_ns, ctime_ns=mtime_ns, etag=obj.etag, xxh3=None,
+                         remote_key=key, cached=0, seen_at=started_at, version=row.version + 1)
+                self.files.live.pop(row.ino, None)
+                self.remote_changed_total += 1
+            for name, row in children.items():
+                if name in seen or (row.seen_at or 0) > started_at:
+                    continue
+                if not self._removable(row):
+                    continue
+                log.info("%s is gone from the bucket: removing it from the mount", base + name)
+                self.tree.remove_subtree(row)
+                self.remote_removed_total += 1
+        self.space.freed()
+
+    def _removable(self, row: Row) -> bool:
+        """True if nothing of `row` (or below it) is local work the bucket has not seen yet."""
+        if not row.is_dir:
+            return row.state == DURABLE and not self.files.in_use(row.ino)
+        if row.state != DURABLE and any(self.keys.path(k).rstrip("/") == self.journal.path_of(row.ino)
+                                        for _, k, _ in self.journal.pending_markers()):
+            return False
+        return all(self._removable(r) for r in self.journal.children(row.ino))
+
+    def stats(self) -> dict[str, float]:
+        return {"remote_removed_total": self.remote_removed_total, "remote_changed_total": self.remote_changed_total}

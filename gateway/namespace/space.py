@@ -1,0 +1,143 @@
+"""Room in the cache: evicting clean copies, and writers waiting for the drain (backpressure).
+
+Dirty bytes are never evicted, so when the cache is full of them a writer
+waits for the drainer to make files durable (which makes them evictable) and
+gets ENOSPC only after `write_stall_timeout`: slow, never silent loss.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, TypeVar
+
+import trio
+
+from ..cache import Cache, CacheFull
+from ..config import Config
+from ..journal import Journal, Row
+from .files import OpenFiles
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def under(prefix_path: str, path: str) -> bool:
+    """True if mount-relative `path` is `prefix_path` or below it ('' is the whole mount)."""
+    return not prefix_path or path == prefix_path or path.startswith(prefix_path + "/")
+
+
+class Space:
+    def __init__(self, cfg: Config, journal: Journal, cache: Cache, files: OpenFiles, on_change: Callable[[], None]) -> None:
+        self.cfg, self.journal, self.cache, self.files = cfg, journal, cache, files
+        self._on_change = on_change  # wakes the drainer
+        self._freed = trio.Event()
+        self.evicted_files_total = 0
+        self.evicted_bytes_total = 0
+        self.write_stall_seconds_total = 0.0
+        self.write_stalls_total = 0
+        self.enospc_total = 0
+        self.stalled_writers = 0
+
+    def freed(self) -> None:
+        """Something may have made room (a delete, an eviction, a file becoming durable): wake waiting writers."""
+        self._freed.set()
+        self._freed = trio.Event()
+
+    async def when_room(self, attempt: Callable[[], T]) -> T:
+        """Run `attempt` (a write); when the cache is full evict clean copies, then wait for the drain, then ENOSPC."""
+        try:
+            return attempt()
+        except CacheFull as full:
+            needed = full.needed
+        if self.evict(needed) >= needed:
+            try:
+                return attempt()
+            except CacheFull as full:
+                needed = full.needed
+        started = trio.current_time()
+        deadline = started + self.cfg.write_stall_timeout
+        self.write_stalls_total += 1
+        self.stalled_writers += 1
+        self._on_change()  # make sure the drainer is looking
+        try:
+            while True:
+                with trio.move_on_at(deadline):
+                    await self._freed.wait()
+                self.evict(needed)
+                try:
+                    return attempt()
+                except CacheFull as full:
+                    needed = full.needed
+                    if trio.current_time() >= deadline:
+                        self.enospc_total += 1
+                        log.warning("cache full for %.0fs: write of %d bytes gets ENOSPC (raise cache_capacity or check the drain)",
+                                    self.cfg.write_stall_timeout, needed)
+                        raise
+        finally:
+            self.stalled_writers -= 1
+            self.write_stall_seconds_total += trio.current_time() - started
+
+    def evict(self, needed: int) -> int:
+        """Drop local copies of durable files, least recently used first, until `needed` bytes are free."""
+        freed = 0
+        for row in self.journal.evictable():
+            if freed >= needed:
+                break
+            if self._evict_one(row):
+                freed += row.size
+                log.info("evicted clean cache copy of inode %d (%d bytes)", row.ino, row.size)
+        return freed
+
+    def make_room(self, needed: int) -> None:
+        """Room for a fetch: evict if needed, else raise CacheFull."""
+        if self.cache.room() < needed:
+            self.evict(needed - self.cache.room())
+        self.cache.grow(0, needed)
+
+    def _evict_one(self, row: Row) -> bool:
+        if self.files.in_use(row.ino):
+            return False
+        self.cache.remove(row.ino, row.size)
+        self.journal.update(row.ino, cached=0)
+        self.evicted_files_total += 1
+        self.evicted_bytes_total += row.size
+        return True
+
+    def evict_to_watermark(self) -> int:
+        """Above the high watermark, evict clean copies down to the low one. Returns bytes freed."""
+        cap = self.cache.capacity_bytes
+        if not cap or self.cache.used_bytes <= cap * self.cfg.cache_high_watermark:
+            return 0
+        freed = self.evict(int(self.cache.used_bytes - cap * self.cfg.cache_low_watermark))
+        if freed:
+            log.info("cache above %.0f%% of its capacity: evicted %d bytes of clean copies", 100 * self.cfg.cache_high_watermark, freed)
+            self.freed()
+        return freed
+
+    def evict_under(self, path: str) -> tuple[int, int, int]:
+        """Drop the clean copies at or below `path`: (files, bytes) evicted and files skipped (dirty, uploading or open)."""
+        files = size = skipped = 0
+        for row in self.journal.evictable():
+            p = self.journal.path_of(row.ino)
+            if p is None or not under(path, p):
+                continue
+            if self._evict_one(row):
+                files += 1
+                size += row.size
+            else:
+                skipped += 1
+        skipped += sum(1 for r in self.journal.pending_files() if under(path, self.journal.path_of(r.ino) or "\0"))
+        if size:
+            self.freed()
+        return files, size, skipped
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "stalled_writers": self.stalled_writers,
+            "evicted_files_total": self.evicted_files_total,
+            "evicted_bytes_total": self.evicted_bytes_total,
+            "write_stalls_total": self.write_stalls_total,
+            "write_stall_seconds_total": round(self.write_stall_seconds_total, 3),
+            "enospc_total": self.enospc_total,
+        }

@@ -1,0 +1,338 @@
+"""The upload queue: which change reaches the bucket when, and whether a finished upload still counts.
+
+Everything that leaves the node goes through here: files ready to upload
+(after `upload_delay`, no writer left, commit markers after the rest of their
+directory, oldest close first), the tickets that snapshot a file for an upload,
+the object deletions and `dir/` markers queued in the journal, and what a
+flush waits for. The rules:
+
+* an upload is published only if the file's version and path are still the
+  ones its ticket saw; otherwise the file is re-queued (`still_current`);
+* a file renamed before its upload goes straight to its final key; a durable
+  file renamed is copied inside the store (or uploaded again if it changed),
+  and its old object is deleted only once the new one is complete;
+* deleting an object waits while another live file owns the same key and is
+  not yet durable (its upload will replace the object).
+
+Synchronous, on the trio thread; the drainer (drain.py) does the I/O.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import Config
+from ..journal import DIRTY, DURABLE, ROOT_INODE, UPLOADING, Journal, Row
+from .files import OpenFiles
+from .keys import Keys
+from .space import Space, under
+
+log = logging.getLogger(__name__)
+
+RECENT_DELETE_SECONDS = 600
+
+
+@dataclass
+class Pending:
+    """A file the drainer may upload, as seen when scheduling."""
+
+    ino: int
+    key: str
+    size: int
+    closed_at: float
+
+
+@dataclass
+class UploadTicket:
+    ino: int
+    version: int
+    size: int
+    key: str
+    closed_at: float
+    copy_from: str | None = None  # publish by copying this object inside the store, not by uploading
+    xxh3: str | None = None  # known digest of the bytes (for a copy)
+
+
+class UploadQueue:
+    def __init__(self, cfg: Config, journal: Journal, keys: Keys, files: OpenFiles, space: Space, on_change: Callable[[], None]) -> None:
+        self.cfg, self.journal, self.keys, self.files, self.space = cfg, journal, keys, files, space
+        self._on_change = on_change
+        self.on_durable: Callable[[float], None] = lambda seconds: None
+        self.urgent: set[int] = set()  # flush asked for these: skip upload_delay and open writers
+        self.urgent_until = 0.0  # a flush is running until then: directory markers go out at once
+        # keys this node deleted lately, with when: a listing that started before must not resurrect them
+        self.recently_deleted: dict[str, float] = {}
+
+    # ------------------------------------------------- what a tree change queues
+    def is_marker(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pat) for pat in self.cfg.commit_markers)
+
+    def marker_if_empty(self, ino: int) -> None:
+        """An empty directory exists in the bucket only as a `dir/` marker object: queue one."""
+        if ino == ROOT_INODE or self.journal.has_children(ino):
+            return
+        path = self.journal.path_of(ino)
+        if path is not None:
+            self.journal.queue_marker(self.keys.of(path) + "/")
+
+    def drop_marker(self, row: Row) -> None:
+        """A directory leaving its path: its `dir/` object must go, if the bucket may have one.
+
+        A directory's state is DURABLE once the bucket holds anything under it
+        (its marker, or a file's object). Deleting `dir/` also removes what some
+        stores (SeaweedFS) keep of a directory after its last object is gone; it
+        runs after the deletes of everything under it (see `ready_deletes`).
+        """
+        path = self.journal.path_of(row.ino)
+        if path is not None and row.state == DURABLE:
+            self.journal.queue_delete(self.keys.of(path) + "/")
+
+    def drop_object(self, row: Row) -> None:
+        """The object of a file that leaves the tree must leave the bucket; an upload in flight is abandoned."""
+        if row.remote_key:
+            self.journal.queue_delete(row.remote_key)
+        self.files.abandon_upload(row.ino)
+        self.journal.forget_upload(row.ino)
+
+    def requeue_moved(self, row: Row) -> None:
+        """A moved file must end up under its new key; nothing to do if it was never uploaded.
+
+        A durable file whose bytes are still exactly its object's is copied inside
+        the store (no byte through this node, and it need not be cached); a file
+        changed since is uploaded from the cache. Either way the old object is
+        deleted only once the new one is complete, so a crash in between leaves
+        both, never neither, and the next mount finishes the job.
+        """
+        if row.state == DIRTY and not row.remote_key and not row.copy_from:
+            return  # not uploaded yet: it will go straight to the final key
+        live = self.files.get(row.ino)
+        live.version += 1  # an upload under the old key in flight is abandoned
+        unchanged = row.state == DURABLE and not live.modified
+        copy_from = row.remote_key if unchanged else row.copy_from if not live.modified else None
+        if row.remote_key:
+            # the new object first, then delete the old one
+            self.journal.queue_delete(row.remote_key, after_ino=row.ino)
+        self.journal.update(row.ino, state=DIRTY, version=live.version, remote_key=None, copy_from=copy_from, closed_at=time.time())
+        self.journal.forget_upload(row.ino)
+
+    def forget(self, ino: int) -> None:
+        self.urgent.discard(ino)
+
+    # ------------------------------------------------------------------ files
+    def _ancestors(self, ino: int, memo: dict[int, int | None]) -> list[int]:
+        out = []
+        cur: int | None = ino
+        while cur is not None and cur != ROOT_INODE:
+            if cur not in memo:
+                row = self.journal.get(cur)
+                memo[cur] = row.parent if row else None
+            cur = memo[cur]
+            if cur is not None:
+                out.append(cur)
+        return out
+
+    def candidates(self, now: float, busy: set[int]) -> tuple[list[Pending], float | None]:
+        """Files ready to upload, oldest close first, and when the next one becomes ready."""
+        rows = [r for r in self.journal.pending_files() if r.parent is not None]
+        memo: dict[int, int | None] = {}
+        # directories that still hold a non-marker file which is not durable
+        blocking_dirs: set[int] = set()
+        for r in rows:
+            if not self.is_marker(r.name or ""):
+                blocking_dirs.update(self._ancestors(r.ino, memo))
+        ready: list[Pending] = []
+        next_at: float | None = None
+        for r in rows:
+            if r.ino in busy:
+                continue
+            live = self.files.live.get(r.ino)
+            urgent = r.ino in self.urgent
+            if live is not None and live.writers and not urgent:
+                continue
+            if self.is_marker(r.name or "") and r.parent in blocking_dirs:
+                continue
+            closed_at = r.closed_at or 0.0  # never closed but no writer left: due now
+            due = closed_at + self.cfg.upload_delay
+            if due > now and not urgent:
+                next_at = due if next_at is None else min(next_at, due)
+                continue
+            path = self.journal.path_of(r.ino)
+            if path is None:
+                continue
+            ready.append(Pending(r.ino, self.keys.of(path), self.files.size_of(r), closed_at))
+        ready.sort(key=lambda p: p.closed_at)
+        return ready, next_at
+
+    def begin_upload(self, ino: int) -> UploadTicket | None:
+        """Snapshot what is about to be uploaded; None if the file is gone or moved away."""
+        row = self.journal.get(ino)
+        if row is None or row.parent is None or row.state not in (DIRTY, UPLOADING):
+            return None
+        live = self.files.live.get(ino)
+        if live is not None and live.modified:
+            self.files.persist(ino, closed=live.writers == 0)
+            row = self.journal.get(ino)
+            assert row is not None
+        path = self.journal.path_of(ino)
+        if path is None:
+            return None
+        self.journal.update(ino, state=UPLOADING)
+        version = live.version if live is not None else row.version
+        return UploadTicket(ino, version, row.size, self.keys.of(path), row.closed_at or time.time(), row.copy_from, row.xxh3)
+
+    def still_current(self, ticket: UploadTicket) -> bool:
+        """True if publishing `ticket` now would publish the file's current bytes at its current key."""
+        row = self.journal.get(ticket.ino)
+        if row is None or row.parent is None:
+            return False
+        live = self.files.live.get(ticket.ino)
+        version = live.version if live is not None else row.version
+        if version != ticket.version:
+            return False
+        return self.journal.path_of(ticket.ino) == self.keys.path(ticket.key)
+
+    def finish_upload(self, ticket: UploadTicket, etag: str, xxh3: str) -> bool:
+        """The object at ticket.key is complete. Make the file durable, or clean up if it moved on."""
+        j = self.journal
+        if self.still_current(ticket):
+            with j.transaction():
+                j.update(ticket.ino, state=DURABLE, etag=etag, xxh3=xxh3 or None, remote_key=ticket.key, copy_from=None, seen_at=time.time())
+                for ancestor in self._ancestors(ticket.ino, {}):
+                    if ancestor != ROOT_INODE:
+                        j.update(ancestor, state=DURABLE)  # the bucket now holds something under it
+                j.forget_upload(ticket.ino)
+            self.urgent.discard(ticket.ino)
+            self.on_durable(max(0.0, time.time() - ticket.closed_at))
+            self.space.freed()  # a durable file can be evicted to make room
+            self._on_change()
+            return True
+        with j.transaction():
+            row = j.get(ticket.ino)
+            owner = j.resolve(self.keys.path(ticket.key))
+            if owner is None or owner.ino != ticket.ino:
+                j.queue_delete(ticket.key)  # a stale object under a name the file no longer has
+            if row is not None and row.state == UPLOADING:
+                j.update(ticket.ino, state=DIRTY)
+            j.forget_upload(ticket.ino)
+        self._on_change()
+        return False
+
+    def upload_failed(self, ino: int) -> None:
+        row = self.journal.get(ino)
+        if row is not None and row.state == UPLOADING:
+            self.journal.update(ino, state=DIRTY)
+
+    # --------------------------------------------------- deletions and markers
+    def ready_deletes(self, busy_keys: set[str]) -> list[tuple[int, str]]:
+        """Queued object deletions that may run now; drops those a live file has made moot."""
+        out = []
+        pending = self.journal.pending_deletes()
+        for delete_id, key, after_ino in pending:
+            if key in busy_keys:
+                continue
+            if after_ino is not None:
+                waited = self.journal.get(after_ino)
+                if waited is not None and waited.parent is not None and waited.state != DURABLE:
+                    continue
+            owner = self.journal.resolve(self.keys.path(key))
+            if key.endswith("/"):
+                if owner is not None and owner.is_dir:
+                    self.journal.drop_delete(delete_id)  # the directory exists again: its marker stays
+                    continue
+                if any(k != key and k.startswith(key) for _, k, _ in pending):
+                    continue  # objects under it go first
+            if owner is not None and owner.kind == "file":
+                if owner.state == DURABLE and owner.remote_key == key:
+                    self.journal.drop_delete(delete_id)  # the live file's upload replaced the object
+                continue  # its upload will replace the object; wait and see
+            out.append((delete_id, key))
+        return out
+
+    def delete_done(self, delete_id: int, key: str) -> None:
+        self.journal.drop_delete(delete_id)
+        now = time.time()
+        self.recently_deleted[key] = now
+        for k, at in list(self.recently_deleted.items()):
+            if now - at > RECENT_DELETE_SECONDS:
+                del self.recently_deleted[k]
+
+    def ready_markers(self, now: float, busy_keys: set[str]) -> tuple[list[tuple[int, str]], float | None]:
+        """Queued `dir/` markers that may be put now, and when the next one will be due.
+
+        Drops those made moot (directory gone, no longer empty, or marked already).
+        They wait `upload_delay` like files, so a `step.tmp/` renamed at once never reaches the bucket.
+        """
+        out = []
+        next_at: float | None = None
+        for marker_id, key, queued_at in self.journal.pending_markers():
+            if key in busy_keys:
+                continue
+            row = self.journal.resolve(self.keys.path(key))
+            if row is None or not row.is_dir or self.journal.has_children(row.ino):
+                self.journal.drop_delete(marker_id)
+                continue
+            due = queued_at + self.cfg.upload_delay
+            if due <= now or time.monotonic() < self.urgent_until:
+                out.append((marker_id, key))
+            else:
+                next_at = due if next_at is None else min(next_at, due)
+        return out, next_at
+
+    def marker_done(self, marker_id: int, key: str) -> None:
+        with self.journal.transaction():
+            self.journal.drop_delete(marker_id)
+            row = self.journal.resolve(self.keys.path(key))
+            if row is not None and row.is_dir:
+                self.journal.update(row.ino, state=DURABLE, seen_at=time.time())
+
+    # ------------------------------------------------------------------ flush
+    def pending_under(self, path: str) -> tuple[int, int, int]:
+        """(files, bytes, deletes) not yet durable at or below `path` (mount-relative)."""
+        files = size = 0
+        for r in self.journal.pending_files():
+            p = self.journal.path_of(r.ino)
+            if p is not None and under(path, p):
+                files += 1
+                size += self.files.size_of(r)
+        deletes = sum(1 for _, key, _ in self.journal.pending_deletes() if under(path, self.keys.path(key)))
+        deletes += sum(1 for _, key, _ in self.journal.pending_markers() if under(path, self.keys.path(key).rstrip("/")))
+        return files, size, deletes
+
+    def mark_urgent(self, path: str) -> None:
+        self.urgent_until = time.monotonic() + 2.0
+        for r in self.journal.pending_files():
+            p = self.journal.path_of(r.ino)
+            if p is not None and under(path, p):
+                self.urgent.add(r.ino)
+        self._on_change()
+
+    def stats(self) -> dict[str, float]:
+        rows = self.journal.pending_files()
+        now = time.time()
+        dirty_bytes = 0
+        oldest = 0.0
+        uploading = 0
+        in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
+        for r in rows:
+            size = self.files.size_of(r)
+            dirty_bytes += size
+            if r.cached:
+                in_cache[r.state or DIRTY] += size
+            if r.state == UPLOADING:
+                uploading += 1
+            if r.closed_at:
+                oldest = max(oldest, now - r.closed_at)
+        return {
+            "dirty_files": len(rows),
+            "dirty_bytes": dirty_bytes,
+            "uploading_files": uploading,
+            "oldest_dirty_age_seconds": round(oldest, 3),
+            "cache_dirty_bytes": in_cache[DIRTY],
+            "cache_uploading_bytes": in_cache[UPLOADING],
+            "pending_deletes": len(self.journal.pending_deletes()),
+            "pending_markers": len(self.journal.pending_markers()),
+        }
