@@ -30,7 +30,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.fuse import kernel  # noqa: E402
+from ckptfs.fuse import kernel  # noqa: E402
 from tests.integration.test_kernel_transport import BackingFS  # noqa: E402
 
 WRITER = r"""

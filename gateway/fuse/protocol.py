@@ -786,9 +786,14 @@ def encode_init(o: InitOut) -> bytes:
                          o.max_pages, o.map_alignment, o.flags >> 32, o.max_stack_depth)
 
 
-# what we ask for when the kernel offers it; never WRITEBACK_CACHE (it rules passthrough out)
+# What we ask for when the kernel offers it; never WRITEBACK_CACHE (it rules passthrough out).
+# HANDLE_KILLPRIV_V2 makes the kernel set SB_NOSEC: without it every write(2) first asks the
+# daemon for the file's security.capability xattr (one GETXATTR round trip per write, even
+# under passthrough). Clearing suid/sgid/caps on write is then ours, and moot: the mount is
+# nosuid and security.* xattrs cannot be set.
 WANTED = (ASYNC_READ | ATOMIC_O_TRUNC | EXPORT_SUPPORT | BIG_WRITES | AUTO_INVAL_DATA
-          | DO_READDIRPLUS | READDIRPLUS_AUTO | ASYNC_DIO | PARALLEL_DIROPS | MAX_PAGES | INIT_EXT)
+          | DO_READDIRPLUS | READDIRPLUS_AUTO | ASYNC_DIO | PARALLEL_DIROPS | MAX_PAGES
+          | HANDLE_KILLPRIV_V2 | INIT_EXT)
 
 
 class InitError(Exception):

@@ -25,9 +25,9 @@ from typing import Any, Callable
 import pytest
 import trio
 
-from gateway.fuse import kernel
-from gateway.fuse.ops import Attr, OpenReply, Operations, RequestContext, SetattrFields, StatFs
-from gateway.fuse.protocol import Op
+from ckptfs.fuse import kernel
+from ckptfs.fuse.ops import Attr, OpenReply, Operations, RequestContext, SetattrFields, StatFs
+from ckptfs.fuse.protocol import Op
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.access("/dev/fuse", os.R_OK | os.W_OK),
@@ -280,7 +280,7 @@ def run_mounted(tmp_path: Any, body: Callable[[str, BackingFS, kernel.KernelSess
 
 def run_libfuse(tmp_path: Any, body: Callable[[str, BackingFS, Any], None]) -> BackingFS:
     """The same filesystem served by pyfuse3 through the adapter."""
-    from gateway.fuse import libfuse
+    from ckptfs.fuse import libfuse
 
     backing = tmp_path / "backing"
     mnt = tmp_path / "mnt"

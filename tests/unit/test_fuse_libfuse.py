@@ -11,8 +11,8 @@ import pyfuse3
 import pytest
 import trio
 
-from gateway.fuse.libfuse import Pyfuse3Adapter, setattr_fields
-from gateway.fuse.ops import Attr, OpenReply, Operations, RequestContext, SetattrFields, StatFs
+from ckptfs.fuse.libfuse import Pyfuse3Adapter, setattr_fields
+from ckptfs.fuse.ops import Attr, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 
 
 class Ctx:

@@ -9,10 +9,10 @@ import struct
 
 import pytest
 
-from gateway.fuse import protocol as P
-from gateway.fuse.iomode import IoModes
-from gateway.fuse.kernel import setattr_fields
-from gateway.fuse.ops import Attr, StatFs
+from ckptfs.fuse import protocol as P
+from ckptfs.fuse.iomode import IoModes
+from ckptfs.fuse.kernel import setattr_fields
+from ckptfs.fuse.ops import Attr, StatFs
 
 
 def request(opcode: int, body: bytes, *, unique: int = 7, nodeid: int = 1, uid: int = 1000, gid: int = 100, pid: int = 42, extlen: int = 0) -> memoryview:
