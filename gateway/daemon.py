@@ -112,6 +112,10 @@ class Daemon:
         self._stop_now = trio.Event()  # a second signal: stop draining at once
         self.flush_on_stop = False
         self.fuse_done = trio.Event()
+        self.fs: Any = None  # the filesystem, once running
+        self.fuse_transport = ""  # "kernel" or "libfuse", once running
+        self.session: Any = None  # the kernel transport's session
+        self._fuse_scope = trio.CancelScope()
         self.metrics_port: int | None = None
 
     # ---- wiring, before trio
@@ -160,6 +164,9 @@ class Daemon:
             listings_total=self.remote.listings_total,
             listing_errors_total=self.remote.listing_errors_total,
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
+            fuse_transport=self.fuse_transport,
+            passthrough=bool(self.session is not None and self.session.passthrough),
+            passthrough_handles=self.fs.passthrough_handles if self.fs is not None else 0,
             shutdown_timeout=self.cfg.shutdown_timeout,
             uptime_seconds=round(time.time() - self.started, 1),
         )
@@ -230,16 +237,12 @@ class Daemon:
 
     # ---- running
     async def run(self, ready_fd: int | None = None) -> None:
-        import pyfuse3  # only fs.py and this wiring know FUSE
-
         from .fs import CkptFS
+        from .fuse.kernel import choose_transport
 
         cfg = self.cfg
-        fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()))
-        options = set(pyfuse3.default_options)
-        options |= {"fsname=ckptfs", "subtype=ckptfs"}
-        if cfg.allow_other:
-            options.add("allow_other")
+        fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()))
+        self.fuse_transport = choose_transport(cfg.fuse_transport)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.control.serve)
             if cfg.metrics_addr:
@@ -249,8 +252,16 @@ class Daemon:
                 except OSError as e:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)
-            pyfuse3.init(fs, cfg.mountpoint, options)
-            nursery.start_soon(self._fuse_main, pyfuse3)
+            if self.fuse_transport == "kernel":
+                await nursery.start(self._kernel_main, fs)
+                if self.session.passthrough:
+                    log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
+                else:
+                    log.warning("FUSE: the protocol spoken on /dev/fuse, without passthrough (%s): every byte is copied by the daemon",
+                                self.session.passthrough_error)
+            else:
+                self._libfuse_init(fs)
+                nursery.start_soon(self._fuse_main)
             await nursery.start(self.drainer.run)
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
@@ -269,10 +280,8 @@ class Daemon:
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
             notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
-            if not self.fuse_done.is_set():
-                pyfuse3.terminate()
-                await self.fuse_done.wait()
-            pyfuse3.close(unmount=True)
+            await self._unmount()
+            fs.sync_passthrough_all()
             self.ns.files.persist_all()  # handles still open at unmount will never be released to us
             await self._drain_before_exit()
             nursery.cancel_scope.cancel()
@@ -297,12 +306,63 @@ class Daemon:
                                f"cache {fmt_bytes(self.cache.used_bytes)} of {fmt_bytes(self.cache.capacity_bytes)}".encode())
             await trio.sleep(STATUS_INTERVAL)
 
-    async def _fuse_main(self, pyfuse3: Any) -> None:
+    def _libfuse_init(self, fs: Any) -> None:
+        import pyfuse3
+
+        from .fuse.libfuse import Pyfuse3Adapter
+
+        options = set(pyfuse3.default_options)
+        options |= {"fsname=ckptfs", "subtype=ckptfs"}
+        if self.cfg.allow_other:
+            options.add("allow_other")
+        pyfuse3.init(Pyfuse3Adapter(fs), self.cfg.mountpoint, options)
+
+    async def _fuse_main(self) -> None:
+        import pyfuse3
+
         try:
             await pyfuse3.main()
         finally:
             self.fuse_done.set()
             self._stop.set()  # an external unmount (fusermount3 -u) stops the daemon too
+
+    async def _kernel_main(self, fs: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The FUSE protocol spoken on /dev/fuse (passthrough when the kernel grants it)."""
+        from .fuse.kernel import KernelSession
+
+        cfg = self.cfg
+        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs",
+                                allow_other=cfg.allow_other, probe_dir=str(self.cache.data_dir))
+        try:
+            session.mount()
+        except OSError as e:
+            raise UserError(f"cannot mount {cfg.mountpoint} with fuse_transport=kernel: {e.strerror} "
+                            "(it needs root; use -o fuse_transport=libfuse)") from None
+        self.session = session
+        try:
+            with self._fuse_scope:
+                await session.serve(task_status=task_status)
+        finally:
+            self.fuse_done.set()
+            self._stop.set()  # an external unmount stops the daemon too
+
+    async def _unmount(self) -> None:
+        if self.fuse_transport == "kernel":
+            session = self.session
+            # like libfuse: detach at once (handles still open keep it alive) and stop serving
+            await session.unmount(lazy=True)
+            with trio.move_on_after(1):
+                await self.fuse_done.wait()
+            self._fuse_scope.cancel()
+            await self.fuse_done.wait()
+            session.close()
+            return
+        import pyfuse3
+
+        if not self.fuse_done.is_set():
+            pyfuse3.terminate()
+            await self.fuse_done.wait()
+        pyfuse3.close(unmount=True)
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -41,6 +41,7 @@ GAUGES = {
     "cache_used_bytes": "Bytes of file data in the local cache.",
     "cache_capacity_bytes": "Bytes the cache may hold.",
     "stalled_writers": "Writes waiting for the drain to free cache space (backpressure).",
+    "passthrough_handles": "Open file handles the kernel reads and writes itself (FUSE passthrough).",
 }
 
 # totals kept by the namespace and fetcher, exported as counters (names without _total)

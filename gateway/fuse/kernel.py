@@ -573,6 +573,25 @@ _HANDLERS: dict[int, Callable[[KernelSession, P.Request, RequestContext], Awaita
 }
 
 
+def passthrough_possible() -> bool:
+    """Whether the kernel transport can expect passthrough here: root (the backing-file
+    ioctls need CAP_SYS_ADMIN) on Linux 6.9 or later. The INIT reply settles it."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (6, 9)
+
+
+def choose_transport(setting: str) -> str:
+    """`fuse_transport` resolved: "kernel" or "libfuse" ("auto": kernel where passthrough is possible)."""
+    if setting in ("kernel", "libfuse"):
+        return setting
+    return "kernel" if passthrough_possible() else "libfuse"
+
+
 @asynccontextmanager
 async def mounted(ops: Operations, mountpoint: str, *, stop_timeout: float = 10.0, **kwargs: Any) -> AsyncIterator[KernelSession]:
     """Mount `ops` at `mountpoint`, serve it in the background, unmount on exit."""
