@@ -5,7 +5,8 @@ Writes SIZE bytes (1 MiB writes) + fsync + close from a separate process, timed 
 close, into: the raw disk (the backing directory itself), the kernel transport with
 passthrough, and the kernel transport in copy mode (direct_io write handles as ckptfs uses;
 reading /dev/fuse with trio's wait_readable "poll", and with worker threads; and "copy-cached":
-write-through the kernel's page cache, no direct_io). Median of
+write-through the kernel's page cache, no direct_io; and "libfuse": pyfuse3 through the
+adapter, direct_io, as ckptfs runs without the kernel transport). Median of
 RUNS, `sync; echo 3 > /proc/sys/vm/drop_caches` before each run. Prints GiB/s, the ratio to
 the raw disk and the daemon's CPU seconds per GiB. Not part of the test suite; needs root.
 
@@ -86,11 +87,8 @@ async def run_mode(mode: str, base: Path, size: int, runs: int, chunk: int) -> d
                 os.unlink(backing / f"f{i}")
             return {"mode": mode, "times": times, "cpu": None, "passthrough": None}
         fs = BackingFS(str(backing), direct_io=mode != "copy-cached")
-        kw: dict[str, Any] = {"passthrough": mode == "passthrough", "probe_dir": str(backing)}
-        if mode == "copy-threads":
-            kw["reader"] = "threads"
-        async with kernel.mounted(fs, str(mnt), **kw) as s:
-            granted = s.passthrough
+
+        async def runs_on_mount() -> None:
             for i in range(runs):
                 await trio.to_thread.run_sync(drop_caches)
                 c0 = cpu_seconds()
@@ -98,6 +96,19 @@ async def run_mode(mode: str, base: Path, size: int, runs: int, chunk: int) -> d
                 c1 = cpu_seconds()
                 cpu.append((c1[0] - c0[0], c1[1] - c0[1]))
                 await trio.to_thread.run_sync(os.unlink, str(mnt / f"f{i}"))
+
+        if mode == "libfuse":
+            from ckptfs.fuse import libfuse
+
+            async with libfuse.mounted(fs, str(mnt), ["fsname=ckptfs-probe"]):
+                await runs_on_mount()
+            return {"mode": mode, "times": times, "cpu": cpu, "passthrough": False, "write_requests": fs.calls["write"]}
+        kw: dict[str, Any] = {"passthrough": mode == "passthrough", "probe_dir": str(backing)}
+        if mode == "copy-threads":
+            kw["reader"] = "threads"
+        async with kernel.mounted(fs, str(mnt), **kw) as s:
+            granted = s.passthrough
+            await runs_on_mount()
             writes = s.counts[16]
         return {"mode": mode, "times": times, "cpu": cpu, "passthrough": granted, "write_requests": writes}
     finally:
@@ -111,7 +122,7 @@ async def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--chunk", default="1M")
     ap.add_argument("--dir", default=None, help="where the backing files go (default: a temp dir under /var/tmp)")
-    ap.add_argument("--modes", default="raw,passthrough,copy-poll,copy-threads")
+    ap.add_argument("--modes", default="raw,passthrough,copy-poll,copy-threads,copy-cached,libfuse")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:

@@ -280,3 +280,21 @@ def test_iomode_disabled_or_ioctl_failing() -> None:
     assert m.open(5, 2, 30) is None  # the inode stays in copy mode
     m.close_all()
     assert m.mode_of(5) is None
+
+
+def test_choose_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    from types import SimpleNamespace
+
+    from ckptfs.fuse import kernel
+
+    assert kernel.choose_transport("libfuse") == "libfuse"
+    assert kernel.choose_transport("kernel") == "kernel"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "uname", lambda: SimpleNamespace(release="6.18.44-fc"))
+    assert kernel.choose_transport("auto") == "kernel"
+    monkeypatch.setattr(os, "uname", lambda: SimpleNamespace(release="6.8.0-51-generic"))
+    assert kernel.choose_transport("auto") == "libfuse"  # no passthrough before 6.9
+    monkeypatch.setattr(os, "uname", lambda: SimpleNamespace(release="6.18.44"))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert kernel.choose_transport("auto") == "libfuse"  # not root: fusermount3 and pyfuse3
