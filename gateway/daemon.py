@@ -253,7 +253,9 @@ class Daemon:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)
             if self.fuse_transport == "kernel":
-                await nursery.start(self._kernel_main, fs)
+                self._kernel_mount(fs)
+            if self.fuse_transport == "kernel":
+                await nursery.start(self._kernel_main)
                 if self.session.passthrough:
                     log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
                 else:
@@ -326,8 +328,9 @@ class Daemon:
             self.fuse_done.set()
             self._stop.set()  # an external unmount (fusermount3 -u) stops the daemon too
 
-    async def _kernel_main(self, fs: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The FUSE protocol spoken on /dev/fuse (passthrough when the kernel grants it)."""
+    def _kernel_mount(self, fs: Any) -> None:
+        """mount(2) for the kernel transport; with `auto`, a refusal (no CAP_SYS_ADMIN, say in a
+        container) falls back to libfuse."""
         from .fuse.kernel import KernelSession
 
         cfg = self.cfg
@@ -336,9 +339,17 @@ class Daemon:
         try:
             session.mount()
         except OSError as e:
+            if cfg.fuse_transport == "auto" and e.errno in (errno.EPERM, errno.EACCES):
+                log.warning("FUSE: cannot mount /dev/fuse directly (%s): using libfuse", e.strerror)
+                self.fuse_transport = "libfuse"
+                return
             raise UserError(f"cannot mount {cfg.mountpoint} with fuse_transport=kernel: {e.strerror} "
                             "(it needs root; use -o fuse_transport=libfuse)") from None
         self.session = session
+
+    async def _kernel_main(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The FUSE protocol spoken on /dev/fuse (passthrough when the kernel grants it)."""
+        session = self.session
         try:
             with self._fuse_scope:
                 await session.serve(task_status=task_status)
