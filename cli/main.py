@@ -8,6 +8,7 @@ user can cause is one line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -58,13 +59,26 @@ def _one_line_errors(fn):  # type: ignore[no-untyped-def]
 
 
 # ----------------------------------------------------------------- helpers
+def dead_mount(root: Path | str, fix: str = "") -> str:
+    """The one message about a mount whose daemon is gone, wherever it is noticed."""
+    fix = fix or f"run `ckptfs unmount {root}` to clean it up, then mount it again (its journal keeps what was not uploaded)"
+    return f"the ckptfs daemon of {root} is not running (the mount is dead): {fix}"
+
+
+def positive_timeout(timeout: Optional[float]) -> None:
+    if timeout is not None and not timeout > 0:
+        raise CliError(f"--timeout {timeout:g}: give a number of seconds greater than 0", EXIT_USAGE)
+
+
 def find_mount_root(path: str) -> Path:
     p = Path(os.path.abspath(path))
     try:
         if not p.exists():
             raise CliError(f"{path}: no such file or directory")
     except OSError as e:
-        raise CliError(f"{path}: {e.strerror} (is the ckptfs daemon for it still running?)") from None
+        if e.errno == errno.ENOTCONN:
+            raise CliError(dead_mount(_mount_above(p))) from None
+        raise CliError(f"{path}: {e.strerror}") from None
     cur = p
     while not os.path.ismount(cur):
         if cur.parent == cur:
@@ -75,6 +89,20 @@ def find_mount_root(path: str) -> Path:
     except OSError:
         raise CliError(f"{path} is not inside a ckptfs mount") from None
     return cur
+
+
+def _mount_above(p: Path) -> Path:
+    """The mount point at or above `p` in the mount table (a dead mount cannot be stat'ed)."""
+    mounts = []
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1] for line in f if len(line.split()) > 1]
+    except OSError:
+        pass
+    for cur in (p, *p.parents):
+        if str(cur) in mounts:
+            return cur
+    return p
 
 
 def control_socket(mount_root: Path) -> str:
@@ -92,6 +120,8 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
     try:
         s.connect(path)
     except OSError as e:
+        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            raise CliError(dead_mount(mount_root)) from None
         raise CliError(f"cannot reach the ckptfs daemon of {mount_root} at {path}: {e.strerror}") from None
     with s:
         s.sendall(json.dumps(obj).encode() + b"\n")
@@ -201,12 +231,14 @@ def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     from ckptfs.daemon import UserError, check_cache_dir
 
     try:
-        check_cache_dir(cache_dir)  # the log goes there: say what is wrong with it, as the daemon would
+        check_cache_dir(cache_dir, mountpoint)  # the log goes there: say what is wrong with it, as the daemon would
     except UserError as e:
         fail(str(e))
     log_path = Path(cache_dir) / "ckptfs.log"
     try:
-        log_file = open(log_path, "ab")
+        os.umask(0o077)  # the log and all the daemon writes are the owner's alone, whatever the caller's umask
+        log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        os.fchmod(log_file.fileno(), 0o600)
     except OSError as e:
         fail(f"cannot write the log {log_path}: {e.strerror} (is --cache-dir a writable directory?)")
     r, w = os.pipe()
@@ -235,28 +267,54 @@ def unmount(
     mountpoint: str = typer.Argument(..., help="The mount point."),
     flush: bool = typer.Option(False, "--flush", help="Wait until everything is durable in the bucket first."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="With --flush: give up after this many seconds."),
+    force: bool = typer.Option(False, "--force", help="Unmount even while files are open for writing (their writers get errors)."),
 ) -> None:
-    """Unmount. Dirty data stays in the journal for the next mount unless --flush."""
+    """Unmount. Dirty data stays in the journal for the next mount unless --flush.
+
+    Refused (exit 1) while files are open for writing, naming them, unless --force.
+    """
+    positive_timeout(timeout)
     root = Path(os.path.abspath(mountpoint))
     try:
         st = get_status(root)
     except CliError as e:
-        if os.path.ismount(root) or _is_dead_mount(root):
+        if _is_dead_mount(root) or os.path.ismount(root) and "not running" in str(e):
             subprocess.run(["fusermount3", "-u", "-z", str(root)], check=False, capture_output=True)
-            typer.echo(f"ckptfs: {root} had no reachable daemon ({e}); unmounted it")
+            typer.echo(f"ckptfs: {dead_mount(root, 'unmounted it; mount it again to upload what its journal holds')}")
             return
+        if os.path.ismount(root):
+            raise
         fail(f"{mountpoint} is not mounted")
         return
+    writers = st.get("open_for_writing") or []
+    if writers and not force:
+        from ckptfs.control import open_for_writing_message
+
+        raise CliError(open_for_writing_message(writers))
     if flush:
         wait_durable(root, "", timeout)
     pid = st["pid"]
-    for _ in request(root, {"cmd": "unmount", "flush": flush}):
-        break
-    deadline = time.monotonic() + float(st.get("shutdown_timeout", 30)) + 30
+    left: dict[str, Any] = {}
+    wait = None if flush else float(st.get("shutdown_timeout", 30)) + 30
+    try:
+        for msg in request(root, {"cmd": "unmount", "flush": flush, "force": force}, timeout=wait):
+            if msg.get("done"):
+                left = msg
+                break
+    except CliError as e:
+        if "did not answer in time" not in str(e):
+            raise
+    deadline = time.monotonic() + 30
     while _alive(pid):
         if time.monotonic() > deadline:
             fail(f"daemon pid {pid} did not stop in time; it may still be draining (kill -TERM {pid} again, or wait)")
         time.sleep(0.1)
+    if left.get("left_files") or left.get("left_deletes"):
+        n, d = left["left_files"], left["left_deletes"]
+        typer.echo(f"ckptfs: unmounted {root}; {n} file{'s' if n != 1 else ''} ({fmt_bytes(left['left_bytes'])}) and "
+                   f"{d} deletion{'s' if d != 1 else ''} are not in the bucket yet: they stay in the journal in "
+                   f"{left.get('cache_dir', 'the cache directory')} and the next mount of it uploads them")
+        return
     typer.echo(f"ckptfs: unmounted {root}")
 
 
@@ -326,6 +384,7 @@ def flush(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 1)."),
 ) -> None:
     """Block until every file under PATH is durable in the bucket."""
+    positive_timeout(timeout)
     root = find_mount_root(path)
     wait_durable(root, _rel(root, path), timeout, label=path)
     typer.echo(f"ckptfs: {path} is durable")
@@ -431,11 +490,15 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
             progress.stop()
 
 
+from ckptfs.cli import lifecycle as _lifecycle  # noqa: E402,F401 - registers checkpoint, checkpoints, verify, protect, ...
+
+
 def main() -> None:
     from ckptfs.cli.fstab import FstabError, is_mount_helper_call, mount_args
 
     argv = sys.argv[1:]
     commands = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None}
+    commands |= {g.name for g in app.registered_groups if g.name}
     if is_mount_helper_call(argv, commands):
         # run by mount(8) via mount.fuse3 (`mount -t fuse.ckptfs`, fstab): SOURCE MOUNTPOINT -o OPTIONS
         try:

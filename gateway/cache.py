@@ -16,6 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from .config import auto_min_free
+
 DISK_SAMPLE_SECONDS = 0.25
 
 
@@ -28,13 +30,15 @@ class CacheFull(OSError):
 
 
 class Cache:
-    def __init__(self, root: Path, capacity: int, min_free: int = 0) -> None:
+    def __init__(self, root: Path, capacity: int, min_free: int | None = 0) -> None:
         self.data_dir = root / "data"
-        self.data_dir.mkdir(exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
         st = os.statvfs(self.data_dir)
         fs_size = st.f_blocks * st.f_frsize
+        self.fs_size = fs_size
         self.capacity_bytes = capacity if capacity > 0 else int(fs_size * 0.9)
-        self.min_free = min_free
+        self.min_free = auto_min_free(fs_size) if min_free is None else min_free
         self.used_bytes = 0
         self._disk_free = 0
         self._sampled_at = -1e9
@@ -48,8 +52,19 @@ class Cache:
             self._disk_free = st.f_bavail * st.f_frsize
             self._sampled_at = now
             self._grown_since_sample = 0
-        disk_room = self._disk_free - self._grown_since_sample - self.min_free
-        return min(self.capacity_bytes - self.used_bytes, disk_room)
+        return min(self.capacity_bytes - self.used_bytes, self._disk_room())
+
+    def _disk_room(self) -> int:
+        return self._disk_free - self._grown_since_sample - self.min_free
+
+    def limit(self) -> str:
+        """Which setting bounds the room now: 'cache_capacity' or 'cache_min_free' (the disk's free space)."""
+        self.room()
+        return "cache_min_free" if self._disk_room() < self.capacity_bytes - self.used_bytes else "cache_capacity"
+
+    def disk_free(self) -> int:
+        self.room()
+        return self._disk_free - self._grown_since_sample
 
     def path(self, ino: int) -> Path:
         return self.data_dir / str(ino)

@@ -28,6 +28,8 @@ TiB = 1024 * GiB
 S3_MIN_PART_SIZE = 5 * MiB
 S3_MAX_PART_SIZE = 5 * GiB
 S3_MAX_PARTS = 10_000
+S3_MAX_KEY_BYTES = 1024
+AUTO_MIN_FREE_PERCENT = 5  # default cache_min_free: this share of the cache file system, at most 1 GiB
 
 
 class ConfigError(Exception):
@@ -76,14 +78,21 @@ class Config:
 
     # cache
     cache_capacity: int = _opt(0, "Bytes of cache the mount may use; 0 means 90% of the cache file system's size.", "bytes")
-    cache_min_free: int = _opt(1 << 30, "Free space to leave on the cache file system, whatever the capacity says.", "bytes")
+    cache_min_free: int | None = _opt(None, "Free space to leave on the cache file system, whatever the capacity says. Empty (or `auto`) means 5% of the cache file system, at most 1 GiB, so a small disk is not reserved whole.", "bytes")
     cache_high_watermark: float = _opt(0.9, "When the cache holds more than this fraction of `cache_capacity`, clean (durable) copies are evicted in the background, least recently used first, down to `cache_low_watermark`.")
     cache_low_watermark: float = _opt(0.75, "Fraction of `cache_capacity` that background eviction brings the cache down to. Dirty or uploading files are never evicted.")
     write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC.", "seconds")
 
+    # checkpoints (docs/lifecycle.md)
+    checkpoint_patterns: list[str] = _opt(
+        ["step_{step}", "step-{step}", "checkpoint-{step}", "global_step{step}", "iter_{step}", "{step}"],
+        "Directory names that make a checkpoint (docs/lifecycle.md): `{step}` stands for the step number (digits) and `*` for any characters; the whole name must match. A checkpoint may sit at any depth (`run/step_100`); directories inside a checkpoint are part of it. An empty list turns checkpoint tracking off.",
+    )
+    checkpoint_quiet_seconds: float = _opt(60.0, "A checkpoint is committed (its manifest written) once every file in it is durable and nothing in it has changed, on this node or in the bucket, for this many seconds; `ckptfs checkpoint commit` commits at once.", "seconds")
+
     # object store client
-    connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store.", "seconds")
-    read_timeout: float = _opt(60.0, "Seconds to wait for a response from the object store before retrying.", "seconds")
+    connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store (more than 0).", "seconds")
+    read_timeout: float = _opt(60.0, "Seconds to wait for a response from the object store before retrying (more than 0).", "seconds")
     retry_max_backoff: float = _opt(60.0, "Upper bound, in seconds, of the exponential backoff between attempts to upload a file. Attempts never stop for acknowledged data.", "seconds")
     retry_auth_backoff: float = _opt(30.0, "Seconds between attempts while the store answers 403 (credentials, permissions) or 404 (bucket gone): these need an operator, so retry slowly.", "seconds")
     abort_stale_uploads_after: float = _opt(86400.0, "At mount, abort multipart uploads under the prefix started this many seconds ago or more that no journal owns (left by a crashed node). 0 disables.", "seconds")
@@ -120,12 +129,16 @@ class Config:
             raise ConfigError("no mount point: give MOUNTPOINT, or mountpoint = \"/path\" in the config file")
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
-        for name in ("upload_delay", "connect_timeout", "read_timeout", "shutdown_timeout", "retry_max_backoff",
-                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after"):
-            if getattr(self, name) < 0:
+        check_prefix(self.prefix)
+        for name in ("connect_timeout", "read_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds greater than 0")
+        for name in ("upload_delay", "shutdown_timeout", "retry_max_backoff",
+                     "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds"):
+            if not getattr(self, name) >= 0:  # NaN too
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
         for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity", "cache_min_free"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a size in bytes >= 0")
         if self.part_size < S3_MIN_PART_SIZE:
             raise ConfigError(f"part_size = {fmt_bytes(self.part_size)} is below the S3 minimum of 5 MiB: raise it")
@@ -162,26 +175,49 @@ class Config:
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:
             parse_hostport(self.metrics_addr)
+        from .lifecycle.patterns import PatternError, compile_patterns
+
+        try:
+            compile_patterns(self.checkpoint_patterns)
+        except PatternError as e:
+            raise ConfigError(f"checkpoint_patterns: {e}") from None
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):
             raise ConfigError(f"endpoint_url = {self.endpoint_url!r} is not an http:// or https:// URL")
 
 
 # ---------------------------------------------------------------------- values
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
+_SIZE_HINT = "give a whole number of bytes or a size with a unit, like '800M', '64MiB' or '1.5GiB'"
 
 
 def parse_size(value: Any, name: str = "size") -> int:
-    """Bytes from an int or a string like '64MiB', '1.5G', '4096'. Binary units."""
+    """Bytes from an int or a string like '64MiB', '1.5G', '800M', '4096'. Binary units (K = 1024).
+
+    A plain number is a count of bytes and must be whole: `1.5` is refused, not read as 1 byte.
+    """
     if isinstance(value, bool):
-        raise ConfigError(f"{name} = {value!r} is not a size: give bytes or a string like '64MiB'")
+        raise ConfigError(f"{name} = {value!r} is not a size: {_SIZE_HINT}")
     if isinstance(value, int):
         return value
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ConfigError(f"{name} = {value!r} is not a whole number of bytes: {_SIZE_HINT}")
     m = _SIZE_RE.match(str(value))
     if not m:
-        raise ConfigError(f"{name} = {value!r} is not a size: give bytes or a string like '64MiB'")
-    unit = (m.group(2) or "").upper()[:1]
-    return int(float(m.group(1)) * _UNITS[unit])
+        raise ConfigError(f"{name} = {value!r} is not a size: {_SIZE_HINT}")
+    number, unit = m.group(1), (m.group(2) or "").upper()[:1]
+    if unit in ("", "B") and "." in number:
+        raise ConfigError(f"{name} = {value!r} is not a whole number of bytes: {_SIZE_HINT}")
+    if unit in ("", "B"):
+        return int(number)
+    return int(float(number) * _UNITS[unit])
+
+
+def auto_min_free(fs_size: int) -> int:
+    """The default `cache_min_free` for a cache file system of `fs_size` bytes: 5%, at most 1 GiB."""
+    return min(GiB, fs_size * AUTO_MIN_FREE_PERCENT // 100)
 
 
 def fmt_bytes(n: float) -> str:
@@ -204,13 +240,29 @@ def parse_source(source: str) -> tuple[str, str]:
     m = re.fullmatch(r"s3://([^/]+)(?:/(.*))?", source.strip())
     if not m:
         raise ConfigError(f"source {source!r} is not of the form s3://BUCKET[/PREFIX]")
-    return m.group(1), (m.group(2) or "").strip("/")
+    prefix = (m.group(2) or "").strip("/")
+    check_prefix(prefix, source.strip())
+    return m.group(1), prefix
+
+
+def check_prefix(prefix: str, source: str = "") -> None:
+    """A prefix is a path of names: `.`, `..` or empty components (`a//b`) would make keys no path maps to."""
+    parts = prefix.strip("/").split("/") if prefix.strip("/") else []
+    bad = next((p for p in parts if p in ("", ".", "..")), None)
+    if bad is not None:
+        what = f"source {source!r}" if source else f"prefix {prefix!r}"
+        shown = "an empty component ('//')" if bad == "" else f"a {bad!r} component"
+        raise ConfigError(f"{what} has {shown}: give the prefix as names separated by single '/', like s3://BUCKET/runs/llama")
+    if len(prefix.encode()) + 2 > S3_MAX_KEY_BYTES:
+        raise ConfigError(f"prefix is {len(prefix.encode())} bytes: object keys are at most {S3_MAX_KEY_BYTES} bytes, give a shorter prefix")
 
 
 def _coerce(f: dataclasses.Field, value: Any, origin: str) -> Any:
     name = f.name
     ftype = f.type if isinstance(f.type, str) else f.type.__name__
     try:
+        if f.default is None and (value is None or str(value).strip().lower() in ("", "auto")):
+            return None  # an option whose default depends on the machine
         if f.metadata.get("kind") == "bytes":
             return parse_size(value, name)
         if ftype == "bool":
@@ -223,7 +275,7 @@ def _coerce(f: dataclasses.Field, value: Any, origin: str) -> Any:
                 return False
             raise ValueError
         if ftype == "int":
-            if isinstance(value, bool):
+            if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return int(value)
         if ftype == "float":
@@ -296,7 +348,8 @@ def markdown_reference() -> str:
         "",
         "Options come from, lowest precedence first: the defaults below, the TOML file given",
         "with `--config`, environment variables `CKPTFS_<NAME>`, and command-line flags.",
-        "Sizes accept bytes or strings with binary units (`\"64MiB\"`, `\"1G\"`). In the TOML",
+        "Sizes accept a whole number of bytes or strings with binary units (`\"64MiB\"`, `\"1G\"`,",
+        "`\"1.5GiB\"`, `\"800M\"`; K, M, G, T are powers of 1024); anything else is refused. In the TOML",
         "file, `source = \"s3://bucket/prefix\"` may stand for `bucket` and `prefix`.",
         "",
         "| option | environment | default | meaning |",
@@ -304,7 +357,9 @@ def markdown_reference() -> str:
     ]
     for name, f in FIELDS.items():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        if f.metadata.get("kind") == "bytes" and default:
+        if default is None:
+            shown = "auto"
+        elif f.metadata.get("kind") == "bytes" and default:
             shown = f"{default} ({fmt_bytes(default)})"
         elif isinstance(default, list):
             shown = ", ".join(f"`{d}`" for d in default)

@@ -10,7 +10,14 @@ xattr on the mount root. One JSON object per line each way:
   {"cmd": "warmup", "paths": ["a", "b/c"]} -> progress lines {"files", "bytes", "done_bytes"}
                                             ... then {"ok": true, "done": true, "failed": [[path, error], ...]}
   {"cmd": "evict", "path": "a"}          -> {"ok": true, "files": N, "bytes": N, "skipped": N}
-  {"cmd": "unmount", "flush": false}     -> {"ok": true, "pid": N}; the daemon then stops
+  {"cmd": "unmount", "flush": false, "force": false}
+                                         -> {"ok": true, "pid": N}; the daemon then stops, and once it has
+                                            drained what it could: {"ok": true, "done": true, "left_files": N,
+                                            "left_bytes": N, "left_deletes": N, "cache_dir": "..."} (what stays
+                                            in the journal for the next mount). Refused while files are open
+                                            for writing unless "force".
+  {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
+                                         -> see lifecycle/service.py (verify and commit stream progress lines)
 Errors: {"ok": false, "error": "one line"}.
 """
 
@@ -27,6 +34,7 @@ import trio
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.2
+LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit")
 
 
 class Daemon(Protocol):
@@ -36,6 +44,10 @@ class Daemon(Protocol):
     def exists(self, path: str) -> bool: ...
     async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]: ...
     def evict(self, path: str) -> dict[str, int]: ...
+    def open_for_writing(self) -> list[str]: ...
+    async def stopped(self) -> dict[str, Any]: ...
+    def stop_reported(self) -> None: ...
+    lifecycle: Any  # lifecycle.service.Lifecycle: checkpoints, commit, verify, protect (docs/lifecycle.md)
 
 
 class ControlServer:
@@ -112,11 +124,29 @@ class ControlServer:
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
                 return
             await send({"ok": True, **self.daemon.evict(path)})
+        elif cmd in LIFECYCLE_COMMANDS:
+            await self.daemon.lifecycle.handle(request, send)
         elif cmd == "unmount":
+            writers = self.daemon.open_for_writing()
+            if writers and not request.get("force"):
+                await send({"ok": False, "open_for_writing": writers, "error": open_for_writing_message(writers)})
+                return
             await send({"ok": True, "pid": os.getpid()})
             self.daemon.request_stop(bool(request.get("flush")))
+            left = await self.daemon.stopped()
+            try:
+                await send({"ok": True, "done": True, **left})
+            finally:
+                self.daemon.stop_reported()
         else:
             await send({"ok": False, "error": f"unknown command {cmd!r}"})
+
+
+def open_for_writing_message(paths: list[str]) -> str:
+    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    n = len(paths)
+    return (f"{n} file{'s are' if n != 1 else ' is'} open for writing: {shown}: close {'them' if n != 1 else 'it'} first, "
+            "or unmount --force (the writers then get errors; what they wrote so far stays in the journal)")
 
 
 async def _read_line(stream: trio.SocketStream, limit: int = 65536) -> bytes | None:

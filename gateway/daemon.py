@@ -13,6 +13,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,8 +29,10 @@ from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
 from .journal import Journal, JournalError
+from .lifecycle.service import Lifecycle
 from .metrics import Metrics
 from .namespace import Namespace
+from .namespace.keys import PROBE_NAME_PREFIX
 from .remote import Remote
 from .store import Store, StoreError
 
@@ -78,7 +81,8 @@ def check_mountpoint(path: str) -> None:
         raise UserError(f"mount point {path} is not empty: use an empty directory")
 
 
-def check_cache_dir(path: str) -> None:
+def check_cache_dir(path: str, mountpoint: str = "") -> None:
+    check_cache_dir_placement(path, mountpoint)
     p = Path(path)
     if not p.exists():
         raise UserError(f"cache directory {path} does not exist: create it (mkdir -p {path}) on the local NVMe")
@@ -86,6 +90,48 @@ def check_cache_dir(path: str) -> None:
         raise UserError(f"cache directory {path} is not a directory")
     if not os.access(p, os.W_OK | os.X_OK):
         raise UserError(f"cache directory {path} is not writable by this user: fix its permissions or run as its owner")
+
+
+def _mount_table() -> list[tuple[str, str]]:
+    """(mount point, file system type) of every mount this process sees."""
+    out = []
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 3:
+                    # spaces and the like are escaped as octal (\040) in the table
+                    where = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+                    out.append((where, fields[2]))
+    except OSError:
+        pass
+    return out
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def check_cache_dir_placement(path: str, mountpoint: str = "") -> None:
+    """The cache must be on local disk: never the mount point itself, nor inside any ckptfs mount."""
+    cache = os.path.realpath(path)
+    if mountpoint and _inside(cache, os.path.realpath(mountpoint)):
+        raise UserError(f"cache directory {path} is the mount point {mountpoint} or inside it: put the cache on a local disk outside the mount")
+    for where, fstype in _mount_table():
+        if fstype.startswith("fuse.ckptfs") and _inside(cache, where):
+            raise UserError(f"cache directory {path} is inside the ckptfs mount {where}: put the cache on a local disk, not in a ckptfs mount")
+
+
+def secure_cache_dir(path: str) -> None:
+    """The journal, the log and the control socket are the owner's alone: 0600 files in a 0700 directory."""
+    os.umask(0o077)  # whatever the daemon creates from now on
+    p = Path(path)
+    if p.stat().st_mode & 0o077:
+        log.info("cache directory %s: access limited to its owner (mode 0700)", path)
+        os.chmod(p, 0o700)
+    for entry in os.scandir(p):
+        if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
+            os.chmod(entry.path, 0o600)
 
 
 def lock_cache_dir(path: str) -> int:
@@ -117,32 +163,52 @@ class Daemon:
         self.session: Any = None  # the kernel transport's session
         self._fuse_scope = trio.CancelScope()
         self.metrics_port: int | None = None
+        self._stopped = trio.Event()  # drained (or gave up): `left` says what stays in the journal
+        self.left: dict[str, Any] = {}
+        self._stop_reporters = 0
 
     # ---- wiring, before trio
     def prepare(self) -> None:
         cfg = self.cfg
         check_fuse()
         check_mountpoint(cfg.mountpoint)
-        check_cache_dir(cfg.cache_dir)
+        check_cache_dir(cfg.cache_dir, cfg.mountpoint)
+        secure_cache_dir(cfg.cache_dir)
         self.lock_fd = lock_cache_dir(cfg.cache_dir)
         try:
             self.store = Store(cfg)
             self.store.check()
         except StoreError as e:
             raise UserError(str(e)) from None
+        refused = self._probe_key_chars()
         try:
             self.journal = Journal(Path(cfg.cache_dir) / "journal.sqlite3", cfg.bucket, cfg.prefix.strip("/"))
         except JournalError as e:
             raise UserError(str(e)) from None
         self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity, cfg.cache_min_free)
         self.ns = Namespace(cfg, self.journal, self.cache)
+        self.ns.keys.refused = refused
         self.ns.recover()
         self.metrics = Metrics(self.status)
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
         self.fetcher = Fetcher(cfg, self.ns, self.store)
         self.remote = Remote(self.ns, self.store, cfg.metadata_ttl)
+        self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
+        self.metrics.registry.register(self.lifecycle.collector())
         self.control = ControlServer(cfg.control_socket, self)
+
+    def _probe_key_chars(self) -> dict[str, str]:
+        """Learn once which characters the store changes in keys; names with them are refused (EINVAL)."""
+        try:
+            refused = self.store.probe_key_chars(self.cfg.key_prefix, f"{PROBE_NAME_PREFIX}{os.urandom(6).hex()}/")
+        except StoreError as e:
+            log.warning("could not check which characters the object store keeps in keys (%s): refusing names with '\\'", e)
+            return {"\\": "?"}
+        if refused:
+            shown = ", ".join(f"{c!r} -> {k!r}" for c, k in refused.items())
+            log.info("the object store does not keep these characters in keys as written (%s): names with them are refused (EINVAL)", shown)
+        return refused
 
     # ---- control API
     def status(self) -> dict[str, Any]:
@@ -167,7 +233,9 @@ class Daemon:
             fuse_transport=self.fuse_transport,
             passthrough=bool(self.session is not None and self.session.passthrough),
             passthrough_handles=self.fs.passthrough_handles if self.fs is not None else 0,
+            **self.lifecycle.stats(),
             shutdown_timeout=self.cfg.shutdown_timeout,
+            open_for_writing=self.open_for_writing(),
             uptime_seconds=round(time.time() - self.started, 1),
         )
         return s
@@ -231,6 +299,26 @@ class Daemon:
         files, size, skipped = self.ns.space.evict_under(path)
         return {"files": files, "bytes": size, "skipped": skipped}
 
+    def open_for_writing(self) -> list[str]:
+        """Paths of files some process has open for writing now (an unmount would cut them off)."""
+        out = []
+        for ino, live in self.ns.files.live.items():
+            if live.writers > 0:
+                out.append(self.journal.path_of(ino) or f"(deleted file, inode {ino})")
+        return sorted(out)
+
+    async def stopped(self) -> dict[str, Any]:
+        """Wait until the daemon has unmounted and drained what it could; what stays in the journal.
+
+        The caller reports it (the control socket's `unmount` reply), then calls `stop_reported`.
+        """
+        self._stop_reporters += 1
+        await self._stopped.wait()
+        return self.left
+
+    def stop_reported(self) -> None:
+        self._stop_reporters -= 1
+
     def request_stop(self, flush: bool) -> None:
         self.flush_on_stop = self.flush_on_stop or flush
         self._stop.set()
@@ -241,7 +329,7 @@ class Daemon:
         from .fuse.kernel import choose_transport
 
         cfg = self.cfg
-        fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()))
+        fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         self.fuse_transport = choose_transport(cfg.fuse_transport)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.control.serve)
@@ -265,6 +353,7 @@ class Daemon:
                 self._libfuse_init(fs)
                 nursery.start_soon(self._fuse_main)
             await nursery.start(self.drainer.run)
+            await nursery.start(self.lifecycle.run)
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
             await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
@@ -286,6 +375,13 @@ class Daemon:
             fs.sync_passthrough_all()
             self.ns.files.persist_all()  # handles still open at unmount will never be released to us
             await self._drain_before_exit()
+            s = self.ns.stats()
+            self.left = {"left_files": s["dirty_files"], "left_bytes": s["dirty_bytes"],
+                         "left_deletes": s["pending_deletes"] + s["pending_markers"], "cache_dir": os.path.abspath(cfg.cache_dir)}
+            self._stopped.set()
+            with trio.move_on_after(5):  # let `ckptfs unmount` hear what stays in the journal
+                while self._stop_reporters:
+                    await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
         self.journal.sync()
         left = self.ns.stats()

@@ -180,23 +180,17 @@ class Drainer:
             else:
                 self.metrics.abandoned_uploads.inc()
         except Abandoned as e:
-            log.info("upload of %s abandoned: %s", p.key, e)
-            self.metrics.abandoned_uploads.inc()
-            self.ns.uploads.upload_failed(p.ino)
-        except StoreError as e:
-            self.metrics.upload_errors.labels(e.kind).inc()
-            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
-            self.last_error = str(e)
-            level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
-            log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
-            self.ns.uploads.upload_failed(p.ino)
-        except OSError as e:
-            # the cache file could not be read: keep it queued, never drop acknowledged data
-            self.metrics.upload_errors.labels("other").inc()
-            delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
-            self.last_error = f"reading cache file for {p.key}: {e}"
-            log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
-            self.ns.uploads.upload_failed(p.ino)
+            self._abandoned(p, str(e))
+        except (StoreError, OSError) as e:
+            if ticket is not None and not self.ns.uploads.still_current(ticket):
+                # the file was rewritten, truncated, moved or removed under the upload (a part whose
+                # CRC32 no longer matches, a cache file that shrank): not the store's fault, and the
+                # new version goes out at once, without the error backoff
+                self._abandoned(p, f"file changed while it uploaded ({e})")
+            elif isinstance(e, StoreError):
+                self._store_failed(p, e)
+            else:
+                self._read_failed(p, e)
         except Exception as e:  # noqa: BLE001 - a bug must not stop the drain of everything else
             self.metrics.upload_errors.labels("other").inc()
             delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
@@ -207,6 +201,28 @@ class Drainer:
             self.busy.discard(p.ino)
             self.busy_keys.discard(p.key)
             self.wake()
+
+    def _abandoned(self, p: Pending, why: str) -> None:
+        log.info("upload of %s abandoned: %s", p.key, why)
+        self.metrics.abandoned_uploads.inc()
+        self.backoff.pop(p.ino, None)  # a stale version's failures say nothing about the new one
+        self.ns.uploads.upload_failed(p.ino)
+
+    def _store_failed(self, p: Pending, e: StoreError) -> None:
+        self.metrics.upload_errors.labels(e.kind).inc()
+        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
+        self.last_error = str(e)
+        level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
+        log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
+        self.ns.uploads.upload_failed(p.ino)
+
+    def _read_failed(self, p: Pending, e: OSError) -> None:
+        # the cache file could not be read: keep it queued, never drop acknowledged data
+        self.metrics.upload_errors.labels("other").inc()
+        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
+        self.last_error = f"reading cache file for {p.key}: {e}"
+        log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
+        self.ns.uploads.upload_failed(p.ino)
 
     async def _copy_file(self, ticket: UploadTicket) -> None:
         """A renamed durable file: copy its object inside the store (the old one is deleted after)."""

@@ -13,8 +13,8 @@ WRITE reaches us. So such a file counts as modified from its open for writing (a
 version, `dirty` in the journal) until its last release, where its size and mtime are
 taken from the cache file (also on FSYNC, GETATTR and truncate while it is open). FSYNC
 still comes here: we fsync the cache file. Not checked per write under passthrough: the
-cache capacity (hence the room rule) and `max_file_size` (a file at or past it gets copy
-mode).
+cache capacity (hence the room rule), `max_file_size` (a file at or past it gets copy
+mode) and setuid/setgid (a writer who must drop them gets copy mode).
 
 Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
 inline on the trio thread: they hit the page cache and a thread hop would
@@ -39,8 +39,9 @@ import trio
 from .fetch import Download, Fetcher
 from .fuse.ops import Attr, DirEntry, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 from .journal import DURABLE, ROOT_INODE, Row
+from .lifecycle.protect import Guard
 from .metrics import FUSE_COUNTERS
-from .namespace import Namespace
+from .namespace import NAME_MAX, Namespace
 from .remote import Remote
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ XATTR_CONTROL = b"user.ckptfs.control"  # on the root: path of the control socke
 FILE_XATTRS = (XATTR_STATE, XATTR_ETAG, XATTR_XXH3)
 
 ATTR_TIMEOUT = 1.0
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 BLOCK = 4096
 PASSTHROUGH_MIN_ROOM = 1 << 30  # cache room a new passthrough writer needs: it is never stalled
 RENAME_NOREPLACE = 1
@@ -84,6 +86,9 @@ def _fuse(fn: F) -> F:
 
 
 def _name(raw: bytes) -> str:
+    if len(raw) > NAME_MAX:
+        # the kernel leaves the limit to the filesystem: without this a lookup would say ENOENT
+        raise OSError(errno.ENAMETOOLONG, "file name longer than 255 bytes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -97,13 +102,16 @@ class Handle:
     fd: int
     write: bool
     download: Download | None = None  # bytes still arriving from the bucket
+    uid: int = 0  # who opened it: a write request has no request context
+    kill_priv: bool = False  # the next write must drop setuid/setgid (the opener may not keep them)
     passthrough: bool = False  # the kernel reads/writes the cache file itself
 
 
 class CkptFS(Operations):
-    def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str) -> None:
+    def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str, guard: Guard | None = None) -> None:
         super().__init__()
         self.ns = ns
+        self.guard = guard or Guard.none()  # refuses changes to protected checkpoints and ckptfs's own names
         self.fetcher = fetcher
         self.remote = remote
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
@@ -118,24 +126,27 @@ class CkptFS(Operations):
 
     # ------------------------------------------------------------- attributes
     def _entry(self, row: Row) -> Attr:
+        if row.is_dir:
+            nlink = 2 + self.ns.journal.subdirs(row.ino)
+        else:
+            nlink = 0 if row.parent is None else 1  # unlinked while open
         size = row.size if not row.is_dir else BLOCK
-        mtime_ns = row.mtime_ns
-        ctime_ns = row.ctime_ns
+        mtime_ns, ctime_ns = row.mtime_ns, row.ctime_ns
         fhs = self._pt_writers.get(row.ino)
         if fhs:
             # the kernel writes the cache file behind our back: it knows the size and times
             st = os.fstat(self.handles[fhs[0]].fd)
-            size, mtime_ns, ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
+            size, mtime_ns, ctime_ns = st.st_size, st.st_mtime_ns, max(ctime_ns, st.st_mtime_ns)
         return Attr(
             ino=row.ino,
             mode=row.mode,
-            nlink=2 if row.is_dir else 1,
+            nlink=nlink,
             uid=row.uid,
             gid=row.gid,
             size=size,
             blksize=BLOCK,
             blocks=(size + 511) // 512,
-            atime_ns=mtime_ns,
+            atime_ns=row.atime_ns if row.atime_ns is not None else mtime_ns,
             mtime_ns=mtime_ns,
             ctime_ns=ctime_ns,
             entry_timeout=ATTR_TIMEOUT,
@@ -186,6 +197,7 @@ class CkptFS(Operations):
 
     @_fuse
     async def setattr(self, inode: int, fields: SetattrFields, ctx: RequestContext) -> Attr:
+        self.guard.check_inode(inode)
         if fields.size is not None:
             if self.ns.files.row(inode).is_dir:
                 raise OSError(errno.EISDIR, "is a directory")
@@ -201,6 +213,12 @@ class CkptFS(Operations):
             atime_ns=fields.atime_ns,
             mtime_ns=fields.mtime_ns,
         )
+        if fields.kill_suidgid and fields.mode is None:
+            self.ns.tree.kill_priv(inode)  # a truncate by a caller who may not keep setuid/setgid
+        if fields.mode is not None:
+            for h in self.handles.values():
+                if h.ino == inode and h.write:
+                    h.kill_priv = self._kill_priv(h.uid, inode)
         return self._entry(self.ns.files.row(inode))
 
     @_fuse
@@ -213,6 +231,7 @@ class CkptFS(Operations):
     # ------------------------------------------------------------- directories
     @_fuse
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: RequestContext) -> Attr:
+        self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.mkdir(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
         self.ns.tree.ref(row.ino)
         return self._entry(row)
@@ -242,10 +261,12 @@ class CkptFS(Operations):
         row = self.ns.tree.lookup(parent_inode, _name(name))
         if row.is_dir:
             await self.remote.refresh_tree(row.ino)  # objects never looked at here still make it non-empty
+        self.guard.check_entry(parent_inode, _name(name), subtree=True)
         self.ns.tree.rmdir(parent_inode, _name(name))
 
     @_fuse
     async def unlink(self, parent_inode: int, name: bytes, ctx: RequestContext) -> None:
+        self.guard.check_entry(parent_inode, _name(name))
         self.ns.tree.unlink(parent_inode, _name(name))
 
     @_fuse
@@ -255,6 +276,8 @@ class CkptFS(Operations):
         src = self.ns.tree.lookup(parent_inode_old, _name(name_old))
         if src.is_dir:
             await self.remote.refresh_tree(src.ino)  # every object below moves, looked at here or not
+        self.guard.check_entry(parent_inode_old, _name(name_old), subtree=True)
+        self.guard.check_entry(parent_inode_new, _name(name_new))
         self.ns.tree.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & RENAME_NOREPLACE))
 
     @_fuse
@@ -269,27 +292,37 @@ class CkptFS(Operations):
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: RequestContext) -> Attr:
         if not stat.S_ISREG(mode):
             raise OSError(errno.EPERM, "only regular files and directories are supported")
+        self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid, closed=True)
         self.ns.tree.ref(row.ino)
         return self._entry(row)
 
     # ------------------------------------------------------------------- files
-    def _add_handle(self, ino: int, fd: int, write: bool) -> int:
+    def _add_handle(self, ino: int, fd: int, write: bool, uid: int = 0) -> int:
         fh = self._next_fh
         self._next_fh += 1
-        self.handles[fh] = Handle(ino, fd, write)
+        self.handles[fh] = Handle(ino, fd, write, uid=uid, kill_priv=write and self._kill_priv(uid, ino))
         return fh
 
-    def _offer_passthrough(self, ino: int, write: bool, download: Download | None) -> bool:
-        """Whether a new handle may be passthrough: the whole file is in the cache, and a
-        writer (never stalled by us under passthrough) leaves the cache enough room."""
-        if download is not None or ino in self.ns.files.fetching or self.ns.files.needs_fetch(ino):
-            return False  # bytes still arriving: copy mode until the file is whole
-        if not write:
-            return True
-        if self.ns.files.size_of(self.ns.files.row(ino)) >= self.ns.cfg.file_size_limit:
-            return False  # copy mode refuses the write past the limit with EFBIG
-        return self.ns.cache.room() >= PASSTHROUGH_MIN_ROOM
+    def _kill_priv(self, uid: int, ino: int) -> bool:
+        """True if a write by `uid` must drop the file's setuid/setgid bits (as the kernel does for a
+        writer without CAP_FSETID; with direct_io writes it leaves that to the filesystem)."""
+        return uid != 0 and bool(self.ns.files.row(ino).mode & (stat.S_ISUID | stat.S_ISGID))
+
+    def _offer_passthrough(self, fh: int, download: Download | None) -> int | None:
+        """The cache file's fd if handle `fh` may be passthrough: the whole file is in the cache,
+        and a writer (never stalled by us under passthrough) leaves the cache enough room."""
+        h = self.handles[fh]
+        if download is not None or h.ino in self.ns.files.fetching or self.ns.files.needs_fetch(h.ino):
+            return None  # bytes still arriving: copy mode until the file is whole
+        if h.write:
+            if h.kill_priv:
+                return None  # its first write must drop setuid/setgid: we must see it
+            if self.ns.files.size_of(self.ns.files.row(h.ino)) >= self.ns.cfg.file_size_limit:
+                return None  # copy mode refuses the write past the limit with EFBIG
+            if self.ns.cache.room() < PASSTHROUGH_MIN_ROOM:
+                return None  # copy mode: writers wait for the drain (backpressure), then ENOSPC
+        return h.fd
 
     def opened(self, fh: int, passthrough: bool) -> None:
         h = self.handles.get(fh)
@@ -303,17 +336,20 @@ class CkptFS(Operations):
 
     @_fuse
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: RequestContext) -> tuple[OpenReply, Attr]:
+        self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
         fd = self.ns.files.open(row.ino, write=True)
         self.ns.tree.ref(row.ino)
         direct = self.ns.cfg.direct_io_writes
-        offer = fd if self._offer_passthrough(row.ino, True, None) else None
-        return OpenReply(fh=self._add_handle(row.ino, fd, True), direct_io=direct, passthrough_fd=offer), self._entry(row)
+        fh = self._add_handle(row.ino, fd, True, ctx.uid)
+        return OpenReply(fh=fh, direct_io=direct, passthrough_fd=self._offer_passthrough(fh, None)), self._entry(row)
 
     @_fuse
     async def open(self, inode: int, flags: int, ctx: RequestContext) -> OpenReply:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
         truncate = write and bool(flags & os.O_TRUNC)
+        if write:
+            self.guard.check_inode(inode)
         row = self.ns.files.row(inode)
         if row.state == DURABLE and row.parent is not None:
             # close-to-open: the kernel may reuse a name for ATTR_TIMEOUT without a lookup, so the
@@ -335,7 +371,7 @@ class CkptFS(Operations):
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
             self.ns.files.truncate(inode, 0)
-        fh = self._add_handle(inode, fd, write)
+        fh = self._add_handle(inode, fd, write, ctx.uid)
         self.handles[fh].download = download
         # the kernel may keep its cached pages only if they are of the same bytes
         row = self.ns.files.row(inode)
@@ -345,8 +381,7 @@ class CkptFS(Operations):
         # a write handle with direct_io: no copy into the kernel's page cache, and no cached pages
         # for the kernel to drop when the file's attributes change (see config direct_io_writes)
         direct = write and self.ns.cfg.direct_io_writes
-        offer = fd if self._offer_passthrough(inode, write, download) else None
-        return OpenReply(fh=fh, keep_cache=keep and not direct, direct_io=direct, passthrough_fd=offer)
+        return OpenReply(fh=fh, keep_cache=keep and not direct, direct_io=direct, passthrough_fd=self._offer_passthrough(fh, download))
 
     @_fuse
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -358,7 +393,28 @@ class CkptFS(Operations):
     @_fuse
     async def write(self, fh: int, off: int, buf: memoryview) -> int:
         h = self.handles[fh]
-        return await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
+        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
+        if h.kill_priv:
+            h.kill_priv = False
+            self.ns.tree.kill_priv(h.ino)
+        return n
+
+    @_fuse
+    async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        """Mode 0 and FALLOC_FL_KEEP_SIZE on a cached file; punching holes, zeroing ranges and the like: EOPNOTSUPP.
+
+        The kernel transport passes FALLOCATE on; pyfuse3 3.5 has no fallocate handler (libfuse
+        answers ENOSYS and the kernel then gives EOPNOTSUPP to every caller; glibc's
+        posix_fallocate falls back to writing).
+        """
+        if mode & ~FALLOC_FL_KEEP_SIZE:
+            raise OSError(errno.EOPNOTSUPP, "only fallocate mode 0 and FALLOC_FL_KEEP_SIZE are supported")
+        if offset < 0 or length <= 0:
+            raise OSError(errno.EINVAL, "bad offset or length")
+        h = self.handles[fh]
+        if not h.write:
+            raise OSError(errno.EBADF, "not open for writing")
+        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)))
 
     @_fuse
     async def flush(self, fh: int) -> None:

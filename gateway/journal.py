@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS inodes(
     atime      REAL,                         -- last open, for least-recently-used eviction
     copy_from  TEXT,                         -- durable file renamed: its bytes are this object (server-side copy)
     seen_at    REAL,                         -- wall time the bucket last confirmed this entry (upload or listing)
+    atime_ns   INTEGER,                      -- the POSIX atime (utimensat, relatime on open); NULL: the mtime
     UNIQUE(parent, name)
 );
 CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
@@ -107,6 +108,7 @@ class Row:
     atime: float | None = None
     copy_from: str | None = None
     seen_at: float | None = None
+    atime_ns: int | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -125,13 +127,14 @@ class UploadRecord:
     parts: dict[int, tuple[str, str]]  # part number -> (etag, crc32)
 
 
-_COLUMNS = "ino, parent, name, kind, mode, uid, gid, size, mtime_ns, ctime_ns, version, state, closed_at, xxh3, etag, remote_key, cached, atime, copy_from, seen_at"
+_COLUMNS = "ino, parent, name, kind, mode, uid, gid, size, mtime_ns, ctime_ns, version, state, closed_at, xxh3, etag, remote_key, cached, atime, copy_from, seen_at, atime_ns"
 
 # columns added after schema 1 was first released: (table, column, declaration)
 _ADDED_COLUMNS = [
     ("inodes", "copy_from", "TEXT"),
     ("inodes", "seen_at", "REAL"),
     ("deletes", "op", "TEXT NOT NULL DEFAULT 'delete'"),
+    ("inodes", "atime_ns", "INTEGER"),
 ]
 
 
@@ -233,6 +236,10 @@ class Journal:
         rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? ORDER BY name", (parent,)).fetchall()
         return [Row(*r) for r in rows]
 
+    def subdirs(self, parent: int) -> int:
+        """How many directories `parent` holds (a directory's link count is 2 plus this)."""
+        return self.db.execute("SELECT COUNT(*) FROM inodes WHERE parent = ? AND kind = 'dir'", (parent,)).fetchone()[0]
+
     def has_children(self, parent: int) -> bool:
         return self.db.execute("SELECT 1 FROM inodes WHERE parent = ? LIMIT 1", (parent,)).fetchone() is not None
 
@@ -241,6 +248,7 @@ class Journal:
         values: dict[str, object] = dict(parent=parent, name=name, kind=kind, mode=mode, uid=uid, gid=gid, mtime_ns=now,
                                          ctime_ns=now, state=state, version=1 if kind == "file" else 0, seen_at=time.time())
         values.update(fields)
+        values.setdefault("atime_ns", values["mtime_ns"])
         cur = self.db.execute(
             f"INSERT INTO inodes({', '.join(values)}) VALUES ({', '.join('?' * len(values))})", tuple(values.values())
         )

@@ -29,6 +29,9 @@ from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
+MAX_CONNECTIONS = 64  # metrics connections open at once; the oldest is closed for a new one
+REQUEST_TIMEOUT = 10.0  # seconds a metrics connection may take to send its request and get the answer
+
 DURABLE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, float("inf"))
 
 GAUGES = {
@@ -170,14 +173,49 @@ class Metrics:
         return generate_latest(self.registry)
 
     async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve GET /metrics until cancelled; reports the bound port when listening."""
+        """Serve GET /metrics until cancelled; reports the bound port when listening.
+
+        At most MAX_CONNECTIONS at once: past that, the connection open longest is closed to make
+        room (a flood of idle connections must not take the file descriptors the filesystem needs,
+        nor keep a scrape out). Each connection gets REQUEST_TIMEOUT seconds to be answered.
+        """
         listeners = await trio.open_tcp_listeners(port, host=host)
         task_status.started(listeners[0].socket.getsockname()[1])
-        await trio.serve_listeners(self._handle, listeners)
+        open_conns: dict[int, trio.CancelScope] = {}  # insertion order = oldest first
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept, listener, nursery, open_conns)
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery, open_conns: dict[int, trio.CancelScope]) -> None:
+        async with listener:
+            n = 0
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as e:
+                    # out of file descriptors or memory: the filesystem comes first, try again later
+                    log.warning("metrics endpoint cannot accept a connection: %s", e)
+                    await trio.sleep(0.5)
+                    continue
+                while len(open_conns) >= MAX_CONNECTIONS:
+                    oldest = next(iter(open_conns))
+                    open_conns.pop(oldest).cancel()
+                n += 1
+                scope = trio.CancelScope(deadline=trio.current_time() + REQUEST_TIMEOUT)
+                open_conns[n] = scope
+                nursery.start_soon(self._serve_one, stream, scope, n, open_conns)
+
+    async def _serve_one(self, stream: trio.SocketStream, scope: trio.CancelScope, n: int, open_conns: dict[int, trio.CancelScope]) -> None:
+        try:
+            with scope:
+                await self._handle(stream)
+        finally:
+            open_conns.pop(n, None)
+            stream.socket.close()  # if _handle was cancelled before its own close
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:
-            with trio.move_on_after(10):
+            with trio.move_on_after(REQUEST_TIMEOUT):
                 request = b""
                 while b"\r\n\r\n" not in request and len(request) < 16384:
                     chunk = await stream.receive_some(4096)
@@ -194,4 +232,5 @@ class Metrics:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            await stream.aclose()
+            with trio.CancelScope(shield=True):
+                await stream.aclose()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import trio
 
@@ -30,6 +31,8 @@ class Remote:
         self._locks: dict[int, trio.Lock] = {}
         self.listings_total = 0
         self.listing_errors_total = 0
+        # told every directory listing merged (mount-relative path, listing): the lifecycle learns protection from it
+        self.on_listing: Callable[[str, Listing], None] = lambda path, listing: None
 
     def _fresh(self, ino: int) -> bool:
         at = self.listed_at.get(ino)
@@ -63,6 +66,7 @@ class Remote:
             self.listings_total += 1
             self.ns.merge.merge(ino, started_wall, listing)
             self.listed_at[ino] = started_mono
+            self.on_listing(prefix[len(self.ns.keys.prefix):].rstrip("/"), listing)
         if not lock.statistics().tasks_waiting and not lock.locked():
             self._locks.pop(ino, None)
 
@@ -104,6 +108,7 @@ class Remote:
                 continue  # a local change won over this part of the listing
             self.ns.merge.merge(row.ino, started_wall, per_dir[rel])
             self.listed_at[row.ino] = started_mono
+            self.on_listing(path, per_dir[rel])
 
     async def resolve(self, path: str) -> int | None:
         """The inode at mount-relative `path`, listing each directory on the way as needed."""

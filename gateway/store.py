@@ -29,9 +29,13 @@ NO_BUCKET = "no-bucket"  # retry slowly, report loudly
 NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
 NO_OBJECT = "no-object"  # the key does not exist (deleted by someone else)
 CHANGED = "changed"  # the object's ETag is not the one the read started from
+PRECONDITION = "precondition"  # a conditional write found the object not as required (exists already, or another ETag)
 OTHER = "other"
 
 READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call
+
+# characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
+PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
 
 
 class StoreError(Exception):
@@ -101,6 +105,16 @@ class RemoteObject:
 
 
 @dataclass
+class ObjectInfo:
+    """An object as HeadObject shows it."""
+
+    size: int
+    etag: str
+    version_id: str | None
+    metadata: dict[str, str]
+
+
+@dataclass
 class Listing:
     dirs: list[str]  # common prefixes, without the trailing '/'
     objects: list[RemoteObject]
@@ -111,7 +125,7 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
     if isinstance(e, StoreError):
         return e
     if isinstance(e, bexc.NoCredentialsError):
-        return StoreError(AUTH, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or a profile with --config profile=...")
+        return StoreError(AUTH, NO_CREDENTIALS)
     if isinstance(e, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
         return StoreError(NETWORK, f"cannot reach the object store ({e}): check endpoint_url and that the server is up")
     if isinstance(e, (bexc.ReadTimeoutError, bexc.ConnectionClosedError, bexc.HTTPClientError)):
@@ -142,10 +156,23 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
     raise e
 
 
+NO_CREDENTIALS = (
+    "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the daemon's environment, "
+    "name a profile of ~/.aws/credentials with -o profile=NAME (profile = \"NAME\" in the config file, or AWS_PROFILE), "
+    "or run where an instance role provides them"
+)
+
+
 class Store:
     def __init__(self, cfg: Config) -> None:
         self.bucket = cfg.bucket
-        session = boto3.session.Session(profile_name=cfg.profile or None, region_name=cfg.region)
+        try:
+            session = boto3.session.Session(profile_name=cfg.profile or None, region_name=cfg.region)
+        except bexc.ProfileNotFound as e:
+            raise StoreError(AUTH, f"AWS profile {e.kwargs.get('profile', cfg.profile)!r} is not in ~/.aws/credentials or ~/.aws/config "
+                                   "(or the files AWS_SHARED_CREDENTIALS_FILE/AWS_CONFIG_FILE name): fix -o profile=NAME") from None
+        except bexc.BotoCoreError as e:
+            raise StoreError(AUTH, f"the AWS configuration cannot be used: {e}") from None
         self.client = session.client(
             "s3",
             endpoint_url=cfg.endpoint_url or None,
@@ -306,6 +333,51 @@ class Store:
                 pass  # aborted as leaked by the next mount
             raise
 
+    def probe_key_chars(self, prefix: str, probe_dir: str) -> dict[str, str]:
+        """Which characters this store does not keep in keys as written: {char: what it stored instead}.
+
+        Puts one empty object whose name holds every candidate character under the reserved
+        `prefix + probe_dir` ('.ckptfs-probe-<random>/'), lists it back and deletes it (and what the
+        store kept of its directories). Only if that listing cannot be matched up character by
+        character (a character dropped, the put refused) is each character tried on its own.
+        """
+        base = prefix + probe_dir
+        changed: dict[str, str] = {}
+        whole = self._probe(base, PROBE_CHARS)
+        if whole is not None and len(whole) == len(PROBE_CHARS):
+            return {c: k for c, k in zip(PROBE_CHARS, whole) if c != k}
+        for c in PROBE_CHARS:
+            got = self._probe(base, c)
+            if got != c:
+                changed[c] = got if got else "(refused)"
+        return changed
+
+    def _probe(self, base: str, chars: str) -> str | None:
+        """Put `base + 'a' + chars + 'z'`; the chars part of the key the store lists back (None: put refused)."""
+        key = base + "a" + chars + "z"
+        stored: list[str] = []
+        try:
+            try:
+                self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)
+            except StoreError as e:
+                if e.kind in (NETWORK, SERVER, AUTH, NO_BUCKET):
+                    raise
+                return None
+            stored = [o.name for o in self.list(base, recursive=True).objects]
+        finally:
+            dirs = {base}
+            for name in stored:
+                parts = name.split("/")[:-1]
+                dirs.update(base + "/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1))
+            for k in [key, *(base + n for n in stored), *sorted(dirs, key=len, reverse=True)]:
+                try:
+                    self.delete(k)
+                except StoreError:
+                    pass
+        if len(stored) != 1 or not stored[0].startswith("a") or not stored[0].endswith("z"):
+            return ""
+        return stored[0][1:-1]
+
     def put_marker(self, key: str) -> None:
         self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0)
 
@@ -322,6 +394,83 @@ class Store:
 
     def delete(self, key: str) -> None:
         self._call("DeleteObject", self.client.delete_object, Key=key)
+
+    # ------------------------------------------------ small objects (lifecycle)
+    def put_bytes(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None,
+                  content_type: str = "application/json") -> str:
+        """PutObject of a small body; conditional with `if_none_match` (create only) or `if_match` (replace that ETag).
+
+        A condition not met raises StoreError(PRECONDITION): another writer got there first.
+        """
+        kw: dict[str, Any] = {"Key": key, "Body": body, "ContentLength": len(body), "ContentType": content_type}
+        if if_none_match:
+            kw["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kw["IfMatch"] = f'"{if_match}"'
+        try:
+            r = self._call("PutObject", self.client.put_object, **kw)
+        except StoreError as e:
+            if e.kind == CHANGED or "ConditionalRequestConflict" in str(e):
+                raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile") from None
+            raise
+        return r["ETag"].strip('"')
+
+    def get_bytes(self, key: str) -> tuple[bytes, str]:
+        """(body, etag) of a small object."""
+        r = self._call("GetObject", self.client.get_object, Key=key)
+        try:
+            body = r["Body"].read()
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        return body, r["ETag"].strip('"')
+
+    def get_range(self, key: str, etag: str, start: int, length: int) -> bytes:
+        """Bytes [start, start+length) of the object whose ETag is `etag` (CHANGED if it is not)."""
+        if length <= 0:
+            return b""
+        r = self._call("GetObject", self.client.get_object, Key=key, Range=f"bytes={start}-{start + length - 1}",
+                       IfMatch=f'"{etag}"')
+        try:
+            data = r["Body"].read()
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        if len(data) != length:
+            raise StoreError(NETWORK, f"short read of {key}: {len(data)} of {length} bytes")
+        return data
+
+    def head_object(self, key: str) -> ObjectInfo:
+        r = self._call("HeadObject", self.client.head_object, Key=key)
+        return ObjectInfo(r["ContentLength"], r["ETag"].strip('"'), r.get("VersionId"),
+                          {k.lower(): v for k, v in r.get("Metadata", {}).items()})
+
+    def object_lock_enabled(self) -> bool:
+        """True if the bucket was created with S3 Object Lock (legal holds are enforced)."""
+        try:
+            r = self._call("GetObjectLockConfiguration", self.client.get_object_lock_configuration)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT) and ("ObjectLockConfigurationNotFound" in str(e) or e.kind == NO_OBJECT):
+                return False
+            raise
+        return r.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
+
+    def set_legal_hold(self, key: str, on: bool, version_id: str | None = None) -> None:
+        kw: dict[str, Any] = {"Key": key, "LegalHold": {"Status": "ON" if on else "OFF"}}
+        if version_id:
+            kw["VersionId"] = version_id
+        self._call("PutObjectLegalHold", self.client.put_object_legal_hold, **kw)
+
+    def legal_hold(self, key: str, version_id: str | None = None) -> bool:
+        """Whether the object (that version of it) is under a legal hold, as the store reports it."""
+        kw: dict[str, Any] = {"Key": key}
+        if version_id:
+            kw["VersionId"] = version_id
+        try:
+            r = self._call("GetObjectLegalHold", self.client.get_object_legal_hold, **kw)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT):
+                return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
+            raise
+        return r.get("LegalHold", {}).get("Status") == "ON"
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:

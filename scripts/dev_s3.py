@@ -66,8 +66,13 @@ def _running_pids(state: Path) -> list[int]:
 
 
 def _write(path: Path, text: str) -> None:
+    """Write a file readable by its owner only (0600), whatever the umask: `env` holds the credentials."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -88,6 +93,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 0
 
     state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o700)  # the credentials file is in it
     for name in ("pid", "endpoint", "env"):
         (state / name).unlink(missing_ok=True)
     server = SeaweedServer(state / "data", args.access_key, args.secret_key)

@@ -526,6 +526,7 @@ def setattr_fields(a: P.Setattr) -> SetattrFields:
         mtime_ns=now if v & P.FATTR_MTIME_NOW else (a.mtime_ns if v & P.FATTR_MTIME else None),
         ctime_ns=a.ctime_ns if v & P.FATTR_CTIME else None,
         fh=a.fh if v & P.FATTR_FH else None,
+        kill_suidgid=bool(v & P.FATTR_KILL_SUIDGID),
     )
 
 

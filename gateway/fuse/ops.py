@@ -82,6 +82,7 @@ class SetattrFields:
     mtime_ns: int | None = None
     ctime_ns: int | None = None
     fh: int | None = None  # the handle the change came through (ftruncate), if any
+    kill_suidgid: bool = False  # a truncate or chown that must drop setuid/setgid (the kernel leaves it to us)
 
 
 @dataclass(slots=True)

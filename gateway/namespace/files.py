@@ -22,6 +22,8 @@ from ..cache import Cache
 from ..config import Config
 from ..journal import DIRTY, Journal, Row
 
+RELATIME_NS = 24 * 3600 * 10**9  # an atime older than this is updated on open even if newer than the mtime
+
 
 @dataclass
 class Live:
@@ -30,6 +32,7 @@ class Live:
     version: int
     size: int
     mtime_ns: int
+    ctime_ns: int
     handles: int = 0
     writers: int = 0
     modified: bool = False  # changes not yet written to the journal
@@ -49,7 +52,7 @@ class OpenFiles:
             raise OSError(errno.ENOENT, "no such inode")
         live = self.live.get(ino)
         if live is not None:
-            row.size, row.mtime_ns = live.size, live.mtime_ns
+            row.size, row.mtime_ns, row.ctime_ns = live.size, live.mtime_ns, live.ctime_ns
             if live.modified:
                 row.state = DIRTY
         return row
@@ -60,7 +63,7 @@ class OpenFiles:
             row = self.journal.get(ino)
             if row is None:
                 raise OSError(errno.ENOENT, "no such inode")
-            live = Live(version=row.version, size=row.size, mtime_ns=row.mtime_ns)
+            live = Live(version=row.version, size=row.size, mtime_ns=row.mtime_ns, ctime_ns=row.ctime_ns)
             self.live[ino] = live
         return live
 
@@ -71,7 +74,7 @@ class OpenFiles:
 
     def started(self, row: Row) -> None:
         """A new file: even an empty one is a change to persist and upload on its last close."""
-        self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, modified=True, unclosed=True)
+        self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, ctime_ns=row.ctime_ns, modified=True, unclosed=True)
 
     def abandon_upload(self, ino: int) -> None:
         """Bump the version of a file in use so an upload in flight is not published."""
@@ -89,7 +92,12 @@ class OpenFiles:
         if not row.cached and ino not in self.fetching:
             raise OSError(errno.EIO, "cache copy missing; fetch it first")
         fd = self.cache.open(ino)
-        self.journal.update(ino, atime=time.time())
+        now = time.time_ns()
+        fields: dict[str, object] = dict(atime=now / 1e9)  # least recently opened is evicted first
+        shown = row.atime_ns if row.atime_ns is not None else row.mtime_ns
+        if not write and (shown <= max(row.mtime_ns, row.ctime_ns) or now - shown > RELATIME_NS):
+            fields["atime_ns"] = now  # relatime, as Linux mounts by default: an open for reading updates the atime
+        self.journal.update(ino, **fields)
         live = self.get(ino)
         live.handles += 1
         if write:
@@ -100,7 +108,7 @@ class OpenFiles:
         """Record that the file's bytes changed: a new version that must be uploaded."""
         live.version += 1
         live.size = new_size
-        live.mtime_ns = time.time_ns()
+        live.mtime_ns = live.ctime_ns = time.time_ns()
         live.unclosed = True
         if not live.modified:
             live.modified = True
@@ -158,7 +166,7 @@ class OpenFiles:
         live = self.live.get(ino)
         if live is None or not (live.modified or (closed and live.unclosed)):
             return
-        fields: dict[str, object] = dict(size=live.size, mtime_ns=live.mtime_ns, ctime_ns=live.mtime_ns, version=live.version)
+        fields: dict[str, object] = dict(size=live.size, mtime_ns=live.mtime_ns, ctime_ns=live.ctime_ns, version=live.version)
         row = self.journal.get(ino)
         if row is not None and row.parent is not None:
             fields["state"] = DIRTY  # an unlinked file stays out of the drain
@@ -194,9 +202,29 @@ class OpenFiles:
             return True
         return False
 
-    def set_mtime(self, ino: int, mtime_ns: int) -> None:
-        if ino in self.live:
-            self.live[ino].mtime_ns = mtime_ns
+    def set_times(self, ino: int, ctime_ns: int, mtime_ns: int | None = None) -> None:
+        """The journal got new times for `ino` (setattr, rename, link count): keep a file in use in step."""
+        live = self.live.get(ino)
+        if live is not None:
+            live.ctime_ns = ctime_ns
+            if mtime_ns is not None:
+                live.mtime_ns = mtime_ns
+
+    def allocate(self, ino: int, fd: int, offset: int, length: int, keep_size: bool) -> None:
+        """fallocate mode 0 (or FALLOC_FL_KEEP_SIZE): reserve disk blocks; mode 0 may grow the file."""
+        live = self.get(ino)
+        end = offset + length
+        if keep_size or end <= live.size:
+            return  # the cache accounts logical sizes: nothing changes that anyone can see
+        if end > self.cfg.file_size_limit:
+            raise OSError(errno.EFBIG, "file larger than max_file_size")
+        self.cache.grow(live.size, end)
+        try:
+            os.posix_fallocate(fd, live.size, end - live.size)
+        except OSError:
+            self.cache.grow(end, live.size)
+            raise
+        self.modified(ino, live, end)
 
     def forget_if_idle(self, ino: int) -> None:
         """Drop the in-memory state of a file nobody uses and that has nothing left to persist."""

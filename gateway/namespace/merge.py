@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..cache import Cache
 from ..journal import DURABLE, ROOT_INODE, Journal, Row
 from .files import OpenFiles
-from .keys import Keys
+from .keys import Keys, is_reserved
 from .space import Space
 from .tree import Tree, valid_name
 from .uploads import UploadQueue
@@ -57,7 +57,7 @@ class ListingMerge:
             if listing.marker and dir_ino != ROOT_INODE:
                 j.update(dir_ino, state=DURABLE, seen_at=max(started_at, j.get(dir_ino).seen_at or 0))  # type: ignore[union-attr]
             for name in listing.dirs:
-                if not valid_name(name):
+                if not valid_name(name) or is_reserved(name):
                     continue
                 key = base + name + "/"
                 if any(k.startswith(key) for k in pending) and name not in children:
@@ -69,7 +69,7 @@ class ListingMerge:
                 elif row.is_dir:
                     j.update(row.ino, seen_at=max(started_at, row.seen_at or 0))
             for obj in listing.objects:
-                if "/" in obj.name or not valid_name(obj.name):
+                if "/" in obj.name or not valid_name(obj.name) or is_reserved(obj.name):
                     continue
                 key = base + obj.name
                 if skip(key):

@@ -13,13 +13,15 @@ from typing import Callable, TypeVar
 import trio
 
 from ..cache import Cache, CacheFull
-from ..config import Config
+from ..config import Config, fmt_bytes
 from ..journal import Journal, Row
 from .files import OpenFiles
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+STALL_LOG_INTERVAL = 60.0  # seconds between "a write waits" warnings
 
 
 def under(prefix_path: str, path: str) -> bool:
@@ -38,6 +40,7 @@ class Space:
         self.write_stalls_total = 0
         self.enospc_total = 0
         self.stalled_writers = 0
+        self._stall_logged_at = -1e9
 
     def freed(self) -> None:
         """Something may have made room (a delete, an eviction, a file becoming durable): wake waiting writers."""
@@ -57,6 +60,9 @@ class Space:
                 needed = full.needed
         started = trio.current_time()
         deadline = started + self.cfg.write_stall_timeout
+        if started - self._stall_logged_at > STALL_LOG_INTERVAL:
+            self._stall_logged_at = started
+            log.warning("a write of %d bytes waits for the drain: %s", needed, self.why_full())
         self.write_stalls_total += 1
         self.stalled_writers += 1
         self._on_change()  # make sure the drainer is looking
@@ -71,12 +77,21 @@ class Space:
                     needed = full.needed
                     if trio.current_time() >= deadline:
                         self.enospc_total += 1
-                        log.warning("cache full for %.0fs: write of %d bytes gets ENOSPC (raise cache_capacity or check the drain)",
-                                    self.cfg.write_stall_timeout, needed)
+                        log.warning("cache full for %.0fs: write of %d bytes gets ENOSPC: %s",
+                                    self.cfg.write_stall_timeout, needed, self.why_full())
                         raise
         finally:
             self.stalled_writers -= 1
             self.write_stall_seconds_total += trio.current_time() - started
+
+    def why_full(self) -> str:
+        """Which setting stops the cache growing, and what to do about it (for the log)."""
+        cache = self.cache
+        if cache.limit() == "cache_min_free":
+            return (f"the cache file system has {fmt_bytes(max(0, cache.disk_free()))} free and cache_min_free = "
+                    f"{fmt_bytes(cache.min_free)} must stay free: lower cache_min_free, free space on that disk, or check the drain")
+        return (f"the cache holds {fmt_bytes(cache.used_bytes)} of cache_capacity = {fmt_bytes(cache.capacity_bytes)}, "
+                "none of it evictable yet: raise cache_capacity or check the drain (ckptfs status)")
 
     def evict(self, needed: int) -> int:
         """Drop local copies of durable files, least recently used first, until `needed` bytes are free."""

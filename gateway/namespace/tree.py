@@ -20,6 +20,7 @@ from typing import Callable
 from ..cache import Cache
 from ..journal import DIRTY, ROOT_INODE, Journal, Row
 from .files import OpenFiles
+from .keys import PROBE_NAME_PREFIX
 from .space import Space
 from .uploads import UploadQueue
 
@@ -29,8 +30,8 @@ NAME_MAX = 255
 
 
 def valid_name(name: str) -> bool:
-    """Object keys that cannot be a POSIX name ('a//b', '.', '..', too long) are not shown."""
-    return bool(name) and name not in (".", "..") and len(name.encode()) <= NAME_MAX
+    """Object keys that cannot be a POSIX name ('a//b', '.', '..', too long), or ckptfs's probes, are not shown."""
+    return bool(name) and name not in (".", "..") and len(name.encode()) <= NAME_MAX and not name.startswith(PROBE_NAME_PREFIX)
 
 
 class Tree:
@@ -79,7 +80,7 @@ class Tree:
         self.journal.delete(ino)
 
     # --------------------------------------------------------------- creation
-    def _check_name(self, parent: int, name: str) -> Row:
+    def _check_name(self, parent: int, name: str, below: int = 0) -> Row:
         if len(name.encode()) > NAME_MAX:
             raise OSError(errno.ENAMETOOLONG, name)
         prow = self.journal.get(parent)
@@ -89,7 +90,27 @@ class Tree:
             raise OSError(errno.ENOTDIR, name)
         if self.journal.lookup(parent, name) is not None:
             raise OSError(errno.EEXIST, name)
+        self.uploads.keys.check_new(self.journal.path_of(parent) or "", name, below)
         return prow
+
+    def _key_bytes_below(self, row: Row) -> int:
+        """Bytes the longest object key under `row` adds to `row`'s own key (a file: 0; a directory: at least its `/`)."""
+        if not row.is_dir:
+            return 0
+        rows = self.journal.descendants(row.ino)
+        by_ino = {r.ino: r for r in rows}
+        lengths = {row.ino: 0}
+        longest = 1  # its own `dir/` marker
+
+        def length(r: Row) -> int:
+            if r.ino not in lengths:
+                parent = by_ino.get(r.parent) if r.parent is not None else None
+                lengths[r.ino] = (length(parent) if parent is not None else 0) + 1 + len((r.name or "").encode())
+            return lengths[r.ino]
+
+        for r in rows:
+            longest = max(longest, length(r) + (1 if r.is_dir else 0))
+        return longest
 
     def create(self, parent: int, name: str, mode: int, uid: int, gid: int, closed: bool = False) -> Row:
         """A new empty file; `closed` if no handle is opened on it (mknod), so it is eligible at once."""
@@ -107,7 +128,7 @@ class Tree:
         return row
 
     def mkdir(self, parent: int, name: str, mode: int, uid: int, gid: int) -> Row:
-        self._check_name(parent, name)
+        self._check_name(parent, name, below=1)  # its `dir/` marker
         with self.journal.transaction():
             row = self.journal.insert(parent, name, "dir", stat.S_IFDIR | (mode & 0o7777), uid, gid, None)
             self._touch_dir(parent)
@@ -130,15 +151,30 @@ class Tree:
             fields["gid"] = gid
         if mtime_ns is not None:
             fields["mtime_ns"] = mtime_ns
-            self.files.set_mtime(ino, mtime_ns)
+        if atime_ns is not None:
+            fields["atime_ns"] = atime_ns
         if fields:
-            fields["ctime_ns"] = time.time_ns()
+            fields["ctime_ns"] = now = time.time_ns()
             self.journal.update(ino, **fields)
+            self.files.set_times(ino, now, mtime_ns)
+
+    def kill_priv(self, ino: int) -> None:
+        """A write by a user without the privilege to keep them: drop setuid (and setgid of a group-executable file)."""
+        row = self.journal.get(ino)
+        if row is None or row.kind != "file":
+            return
+        drop = (stat.S_ISUID if row.mode & stat.S_ISUID else 0) | (stat.S_ISGID if row.mode & stat.S_ISGID and row.mode & stat.S_IXGRP else 0)
+        if drop:
+            now = time.time_ns()
+            self.journal.update(ino, mode=row.mode & ~drop, ctime_ns=now)
+            self.files.set_times(ino, now)
 
     # ---------------------------------------------------------------- removal
     def _detach(self, row: Row) -> None:
         """Take `row` out of the tree; its inode lives on until the kernel and its handles let go."""
-        self.journal.update(row.ino, parent=None, name=None, remote_key=None, state=None)
+        now = time.time_ns()  # its link count changed
+        self.journal.update(row.ino, parent=None, name=None, remote_key=None, state=None, ctime_ns=now)
+        self.files.set_times(row.ino, now)
 
     def unlink(self, parent: int, name: str) -> None:
         row = self.journal.lookup(parent, name)
@@ -202,6 +238,8 @@ class Tree:
         dst_parent = j.get(new_parent)
         if dst_parent is None or not dst_parent.is_dir:
             raise OSError(errno.ENOTDIR, new_name)
+        # every key that moves must fit: a directory's whole subtree, looked at here or not (fs lists it first)
+        self.uploads.keys.check_new(j.path_of(new_parent) or "", new_name, self._key_bytes_below(src))
         if src.is_dir and j.is_ancestor(src.ino, new_parent):
             raise OSError(errno.EINVAL, "cannot move a directory into itself")
         dst = j.lookup(new_parent, new_name)
@@ -228,7 +266,9 @@ class Tree:
             for row in moved:
                 if row.is_dir:
                     self.uploads.drop_marker(row)  # still at its old path here
-            j.update(src.ino, parent=new_parent, name=new_name, ctime_ns=time.time_ns())
+            now = time.time_ns()
+            j.update(src.ino, parent=new_parent, name=new_name, ctime_ns=now)
+            self.files.set_times(src.ino, now)
             for row in moved:
                 if row.is_dir:
                     j.update(row.ino, state=None)

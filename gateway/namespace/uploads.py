@@ -66,6 +66,8 @@ class UploadQueue:
         self.urgent_until = 0.0  # a flush is running until then: directory markers go out at once
         # keys this node deleted lately, with when: a listing that started before must not resurrect them
         self.recently_deleted: dict[str, float] = {}
+        # objects ckptfs keeps inside a directory (a checkpoint's manifest...): they leave with it
+        self.own_objects: Callable[[str], list[str]] = lambda path: []
 
     # ------------------------------------------------- what a tree change queues
     def is_marker(self, name: str) -> bool:
@@ -89,6 +91,8 @@ class UploadQueue:
         """
         path = self.journal.path_of(row.ino)
         if path is not None and row.state == DURABLE:
+            for name in self.own_objects(path):
+                self.journal.queue_delete(self.keys.of(f"{path}/{name}"))
             self.journal.queue_delete(self.keys.of(path) + "/")
 
     def drop_object(self, row: Row) -> None:

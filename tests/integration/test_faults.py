@@ -7,10 +7,13 @@ bucket's bytes against what was written.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -290,26 +293,21 @@ def test_error_cache_dir_problems(plain: Mount, make_mount, tmp_path: Path) -> N
 
 def test_error_cache_dir_not_writable(plain: Mount, tmp_path: Path) -> None:
     if not _have("setpriv"):
-        pytest.skip("setpriv (util-linux) is needed to run as another user")
-    # root may write anywhere: run the command as nobody, in directories nobody can reach
-    base = Path(tmp_path_factory_dir())
-    (base / "mnt").mkdir()
-    (base / "cache").mkdir(mode=0o755)
-    os.chmod(base / "mnt", 0o777)
-    env = {**plain.env, "HOME": str(base)}
-    args = [*CKPTFS, "mount", f"s3://{plain.bucket}/ckpt", str(base / "mnt"), "--cache-dir", str(base / "cache"),
-            "--endpoint-url", plain.s3.endpoint_url, "--daemon"]
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *args],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        pytest.skip("setpriv (util-linux) is needed to drop the capabilities that let root write anywhere")
+    # root may write anywhere: keep the user (so the checkout stays readable, wherever it is) but drop
+    # CAP_DAC_OVERRIDE, with a cache directory owned by somebody else
+    cache = tmp_path / "theirs"
+    cache.mkdir()
+    os.chown(cache, 65534, 65534)
+    os.chmod(cache, 0o755)
+    proc = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-all",
+                           *CKPTFS, *mount_with_args(plain, cache_dir=cache)],
+                          capture_output=True, text=True, env=plain.env, cwd=ROOT, timeout=120)
     one_line_error(proc, "is not writable by this user")
 
 
-def tmp_path_factory_dir() -> str:
-    import tempfile
-
-    d = tempfile.mkdtemp(prefix="ckptfs-nobody-")
-    os.chmod(d, 0o755)
-    return d
+def mount_with_args(m: Mount, cache_dir: Path) -> list[str]:
+    return ["mount", f"s3://{m.bucket}/ckpt", str(m.path), "--cache-dir", str(cache_dir), "--endpoint-url", m.s3.endpoint_url, "--daemon"]
 
 
 @pytest.mark.parametrize("content,needles", [
@@ -320,6 +318,10 @@ def tmp_path_factory_dir() -> str:
     ('part_size = "4MiB"', ("below the S3 minimum of 5 MiB",)),
     ('part_size = "5MiB"\nmax_file_size = "100GiB"', ("more than 10,000 parts", "raise part_size")),
     ("upload_delay = -1", ("upload_delay", "negative")),
+    ("cache_capacity = 1.5", ("cache_capacity = 1.5 is not a whole number of bytes", "1.5GiB")),
+    ('cache_min_free = "lots"', ("cache_min_free = 'lots' is not a size",)),
+    ("read_timeout = 0", ("read_timeout", "greater than 0")),
+    ('source = "s3://b/runs/../llama"', ("'..' component",)),
 ])
 def test_error_config_file(plain: Mount, tmp_path: Path, content: str | None, needles: tuple[str, ...]) -> None:
     cfg = tmp_path / "ckptfs.toml"
@@ -365,3 +367,178 @@ def test_journal_has_no_credentials(make_mount) -> None:  # type: ignore[no-unty
     assert secret not in (m.cache_dir / "ckptfs.log").read_text()
     db = sqlite3.connect(m.cache_dir / "journal.sqlite3")
     assert secret not in repr(db.execute("SELECT * FROM meta").fetchall())
+
+
+# ------------------------------------------------------------ bad input
+def test_error_missing_profile(plain: Mount, tmp_path: Path) -> None:
+    env = {**plain.env, "HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "config"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials")}
+    line = one_line_error(mount_with(plain, "-o", "profile=no-such-profile", env=env), "AWS profile 'no-such-profile'", "-o profile=")
+    assert "Traceback" not in line
+
+
+def test_error_no_credentials_names_the_real_ways(plain: Mount, tmp_path: Path) -> None:
+    env = {k: v for k, v in plain.env.items() if not k.startswith("AWS_")}
+    env.update(HOME=str(tmp_path), AWS_CONFIG_FILE=str(tmp_path / "config"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "credentials"),
+               AWS_EC2_METADATA_DISABLED="true")
+    line = one_line_error(mount_with(plain, env=env), "no AWS credentials found")
+    for way in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "-o profile=NAME", "instance role"):
+        assert way in line
+    assert "--config profile" not in line  # not a thing
+
+
+def test_error_source_prefix_with_dot_components(plain: Mount) -> None:
+    for source in (f"s3://{plain.bucket}/a/../b", f"s3://{plain.bucket}/a//b", f"s3://{plain.bucket}/./a"):
+        one_line_error(mount_with(plain, source=source), "component", "s3://BUCKET/runs/llama")
+
+
+@pytest.mark.parametrize("args", [("flush", "--timeout", "-1"), ("flush", "--timeout", "0"), ("unmount", "--flush", "--timeout", "-5")])
+def test_error_negative_or_zero_timeouts_are_usage_errors(mount: Mount, args: tuple[str, ...]) -> None:
+    proc = mount.cli(args[0], str(mount.path), *args[1:])
+    assert proc.returncode == 2, proc.stderr
+    one_line_error(proc, "--timeout", "greater than 0")
+    assert os.path.ismount(mount.path)
+
+
+def test_error_cache_dir_in_a_ckptfs_mount(plain: Mount, make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    live: Mount = make_mount("live")
+    inside = live.path / "cache"
+    inside.mkdir()
+    one_line_error(mount_with(plain, cache_dir=inside), "is inside the ckptfs mount", "local disk")
+    assert not (inside / "ckptfs.log").exists()  # not even the log was written there
+    same = tmp_path / "same"
+    same.mkdir()
+    one_line_error(mount_with(plain, mountpoint=same, cache_dir=same), "is the mount point", "outside the mount")
+
+
+def test_small_cache_disk_scales_the_reserve_and_the_log_names_the_setting(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    if os.geteuid() != 0 or not _have("mount"):
+        pytest.skip("needs root to mount a small tmpfs as the cache disk")
+    m: Mount = make_mount("small", start=False, write_stall_timeout=3)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(m.cache_dir)], check=True)
+    try:
+        # the old default reserve (1 GiB) on a 64 MiB disk: every write stalled, then ENOSPC
+        m.start()
+        digest = write_random(m.path / "fits.bin", 20 * MiB, seed=90)
+        m.flush()
+        assert m.object_sha256("fits.bin") == digest
+        m.stop()
+        # a reserve that does hold the writes back: the log says which setting it is
+        m.options["cache_min_free"] = "60MiB"
+        m.start()
+        with pytest.raises(OSError) as e:
+            write_random(m.path / "stalls.bin", 8 * MiB, seed=91)
+        assert e.value.errno == errno.ENOSPC
+        log = (m.cache_dir / "ckptfs.log").read_text()
+        assert "waits for the drain" in log and "cache_min_free = 60.0 MiB" in log and "lower cache_min_free" in log
+    finally:
+        m.stop()
+        subprocess.run(["umount", "-l", str(m.cache_dir)], check=False)
+
+
+def test_metrics_flood_of_idle_connections_leaves_fs_and_endpoint_working(make_mount) -> None:  # type: ignore[no-untyped-def]
+    import resource
+    import socket
+    import urllib.request
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4000 + 200
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    m: Mount = make_mount(start=False)
+    m.metrics_port = free_port()
+    m.start()
+    pid = m.status()["pid"]
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(4000):  # more than the daemon's 1024 file descriptors: EMFILE broke the mount
+            s = socket.socket()
+            s.connect(("127.0.0.1", m.metrics_port))
+            flood.append(s)
+        digest = write_random(m.path / "during.bin", 1 * MiB, seed=95)
+        assert sha256_file(m.path / "during.bin") == digest
+        body = urllib.request.urlopen(f"http://127.0.0.1:{m.metrics_port}/metrics", timeout=60).read().decode()
+        assert "ckptfs_dirty_files" in body
+        assert len(os.listdir(f"/proc/{pid}/fd")) < 500
+    finally:
+        for s in flood:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    m.flush()
+    assert m.object_sha256("during.bin") == digest
+
+
+def test_unmount_refuses_while_files_are_open_for_writing(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
+    m: Mount = make_mount(endpoint_url=proxy.url, shutdown_timeout=1, connect_timeout=1, read_timeout=2)
+    f = open(m.path / "open.bin", "wb", buffering=0)
+    try:
+        f.write(b"a" * 1000)
+        line = one_line_error(m.cli("unmount", str(m.path)), "1 file is open for writing: open.bin", "--force")
+        assert line.startswith("ckptfs: error:")
+        assert os.path.ismount(m.path)
+        f.write(b"b" * 1000)  # the writer never noticed
+        proxy.set_mode("refuse")  # nothing can reach the bucket: it all stays in the journal
+        proc = m.cli("unmount", "--force", str(m.path))
+        assert proc.returncode == 0, proc.stderr
+        assert not os.path.ismount(m.path)
+        assert "1 file (2.0 KiB)" in proc.stdout and "stay in the journal" in proc.stdout and str(m.cache_dir) in proc.stdout
+    finally:
+        try:
+            f.close()
+        except OSError:
+            pass  # the mount is gone under it
+    proxy.set_mode("pass")
+    m.start()
+    m.flush()
+    assert m.s3.client().get_object(Bucket=m.bucket, Key=m.key("open.bin"))["Body"].read() == b"a" * 1000 + b"b" * 1000
+
+
+def test_dead_mount_messages_are_the_same_everywhere(mount: Mount) -> None:
+    pid = mount.status()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the mount to be dead", lambda: mount_is_dead(mount.path))
+    expected = f"the ckptfs daemon of {mount.path} is not running (the mount is dead)"
+    one_line_error(mount.cli("status", str(mount.path)), expected, f"ckptfs unmount {mount.path}")
+    one_line_error(mount.cli("flush", str(mount.path)), expected, f"ckptfs unmount {mount.path}")
+    proc = mount.cli("unmount", str(mount.path))
+    assert proc.returncode == 0 and expected in proc.stdout, proc.stderr
+    assert not mount_is_dead(mount.path)
+
+
+def test_cache_dir_files_are_the_owners_alone_whatever_the_umask(make_mount) -> None:  # type: ignore[no-untyped-def]
+    m: Mount = make_mount(start=False)
+    os.chmod(m.cache_dir, 0o755)
+    old = os.umask(0)
+    try:
+        m.start()
+    finally:
+        os.umask(old)
+    write_random(m.path / "x.bin", 1000, seed=96)
+    m.flush()
+    assert stat.S_IMODE(os.stat(m.cache_dir).st_mode) == 0o700
+    for entry in os.scandir(m.cache_dir):
+        mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+        if entry.is_dir(follow_symlinks=False):
+            assert mode == 0o700, entry.name
+        else:
+            assert mode == 0o600, f"{entry.name} is {oct(mode)}"
+    names = set(os.listdir(m.cache_dir))
+    assert {"journal.sqlite3", "ckptfs.log", "lock", "control.sock"} <= names
+
+
+def test_dev_s3_credentials_file_is_the_owners_alone(tmp_path: Path) -> None:
+    state = tmp_path / "s3"
+    old = os.umask(0)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "dev_s3.py"), "start", "--dir", str(state)],
+                              capture_output=True, text=True, timeout=180)
+    finally:
+        os.umask(old)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(state / "env").st_mode) == 0o600
+        assert "AWS_SECRET_ACCESS_KEY" in (state / "env").read_text()
+    finally:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "dev_s3.py"), "stop", "--dir", str(state)], capture_output=True, timeout=120)

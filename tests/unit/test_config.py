@@ -67,3 +67,62 @@ def test_docs_are_generated_from_the_config() -> None:
         assert f"`{name}`" in ref
     doc = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
     assert doc.read_text() == ref, "docs/configuration.md is stale: run make docs"
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("1.5GiB", 3 * GiB // 2), ("800M", 800 * MiB), ("64MiB", 64 * MiB), ("4096", 4096), (4096, 4096),
+    (4096.0, 4096), ("2 g", 2 * GiB), ("10B", 10),
+])
+def test_sizes_with_units(value: object, expected: int) -> None:
+    assert parse_size(value, "cache_capacity") == expected
+
+
+@pytest.mark.parametrize("value", [1.5, "1.5", "1.5B", "lots", "1e9", "", True, "5 parsecs", "GiB"])
+def test_what_is_not_a_size_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_size(value, "cache_capacity")
+    assert "cache_capacity" in str(e.value) and "'1.5GiB'" in str(e.value)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("cache_capacity = 1.5", "cache_capacity = 1.5 is not a whole number of bytes"),
+    ('cache_capacity = "1.5"', "not a whole number of bytes"),
+    ("max_parts_in_flight = 1.5", "max_parts_in_flight = 1.5 in"),
+    ("read_timeout = 0", "read_timeout = 0.0: give a number of seconds greater than 0"),
+    ("connect_timeout = -1", "connect_timeout"),
+    ('prefix = "a//b"', "empty component"),
+    ('source = "s3://b/runs/../x"', "a '..' component"),
+    ('source = "s3://b/./x"', "a '.' component"),
+])
+def test_sizes_counts_timeouts_and_prefixes_from_the_file(tmp_path: Path, content: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(content + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f), environ={}, overrides=BASE)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_sizes_from_environment_and_flags() -> None:
+    cfg = load_config(None, environ={"CKPTFS_CACHE_CAPACITY": "1.5GiB"}, overrides={**BASE, "part_size": "800M"})
+    assert cfg.cache_capacity == 3 * GiB // 2 and cfg.part_size == 800 * MiB
+    with pytest.raises(ConfigError, match="CKPTFS_|cache_capacity"):
+        load_config(None, environ={"CKPTFS_CACHE_CAPACITY": "1.5"}, overrides=BASE)
+
+
+def test_cache_min_free_scales_with_a_small_disk() -> None:
+    from ckptfs.config import auto_min_free
+
+    cfg = load_config(None, environ={}, overrides=BASE)
+    assert cfg.cache_min_free is None  # auto
+    assert auto_min_free(GiB) == GiB // 20  # 5% of a 1 GiB disk, not all of it
+    assert auto_min_free(10_000 * GiB) == GiB
+    assert load_config(None, environ={}, overrides={**BASE, "cache_min_free": "0"}).cache_min_free == 0
+    assert load_config(None, environ={"CKPTFS_CACHE_MIN_FREE": "auto"}, overrides=BASE).cache_min_free is None
+
+
+def test_source_prefix_components() -> None:
+    assert parse_source("s3://b/runs/llama/") == ("b", "runs/llama")
+    for bad in ("s3://b/a//b", "s3://b/..", "s3://b/x/./y"):
+        with pytest.raises(ConfigError, match="component"):
+            parse_source(bad)

@@ -1,0 +1,175 @@
+"""The catalogue: which checkpoints the bucket holds, in which state. It lives in the bucket.
+
+There is no index object to keep in step: a checkpoint is a directory whose
+name matches `checkpoint_patterns`, and what is known about it is in the
+objects ckptfs keeps inside it (manifest, protection, last verify). Any node
+mounting the bucket therefore sees the same catalogue: `find` walks the bucket
+(one delimited listing per directory level, not descending into checkpoints),
+`describe` lists one checkpoint's top level and reads those objects
+(manifests are cached by ETag).
+
+The catalogue also remembers which checkpoints are protected, from every
+listing of a checkpoint directory the mount makes (`learn_listing`), from
+`describe` and from the protect commands; the guard asks it (`protected`)
+without touching the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..namespace.keys import is_reserved
+from ..store import Listing, NO_OBJECT, StoreError
+from .manifest import MANIFEST, PROTECTED, VERIFY, Manifest, files_of, read_manifest
+from .patterns import Checkpoint
+
+if TYPE_CHECKING:
+    from .service import Lifecycle
+
+log = logging.getLogger(__name__)
+
+MAX_DEPTH = 8  # directory levels walked looking for checkpoints (run/.../step)
+STATES = ("writing", "draining", "committed", "protected", "expiring")
+
+
+class Catalogue:
+    def __init__(self, lc: "Lifecycle") -> None:
+        self.lc = lc
+        self.protected: dict[str, dict[str, Any]] = {}  # checkpoint path -> what its protection object says
+        self._manifests: dict[str, Manifest] = {}  # manifest key -> last one read (by ETag)
+
+    # ------------------------------------------------------ protection knowledge
+    def learn_listing(self, path: str, listing: Listing) -> None:
+        """A listing of directory `path` was merged into the mount: note whether it is a protected checkpoint."""
+        ck = self.lc.patterns.checkpoint_of(path)
+        if ck is None or ck.path != path:
+            return
+        on = any(o.name == PROTECTED for o in listing.objects)
+        if on and path not in self.protected:
+            self.protected[path] = {"reason": "?", "learned_from": "listing"}
+            log.info("checkpoint %s is protected (seen in the bucket)", path)
+        elif not on and path in self.protected:
+            del self.protected[path]
+            log.info("checkpoint %s is no longer protected (seen in the bucket)", path)
+
+    def set_protected(self, path: str, info: dict[str, Any] | None) -> None:
+        if info is None:
+            self.protected.pop(path, None)
+        else:
+            self.protected[path] = info
+
+    def protected_at(self, path: str, subtree: bool) -> str | None:
+        """The protected checkpoint that `path` is or is inside (or, with `subtree`, contains); None if none."""
+        for ck in self.protected:
+            if path == ck or path.startswith(ck + "/") or (subtree and (not path or ck.startswith(path + "/"))):
+                return ck
+        return None
+
+    # ------------------------------------------------------------------ walking
+    async def find(self, path: str) -> list[Checkpoint]:
+        """Checkpoints at, inside or below mount-relative `path`: the bucket's and this node's."""
+        lc = self.lc
+        found: dict[str, Checkpoint] = {}
+        ck = lc.patterns.checkpoint_of(path)
+        if ck is not None:
+            found[ck.path] = ck  # `path` is a checkpoint or inside one
+        else:
+            await self._walk(path, 0, found)
+        for local in lc.tracker.local_checkpoints():
+            if (ck is not None and local.path == ck.path) or (ck is None and _under(path, local.path)):
+                found.setdefault(local.path, local)
+        return sorted(found.values(), key=lambda c: (c.path.rsplit("/", 1)[0] if "/" in c.path else "", c.step, c.path))
+
+    async def _walk(self, path: str, depth: int, found: dict[str, Checkpoint]) -> None:
+        lc = self.lc
+        prefix = lc.keys.of(path + "/" if path else "")
+        listing = await lc.io(lc.store.list, prefix)
+        for name in listing.dirs:
+            if not name or is_reserved(name):
+                continue
+            child = f"{path}/{name}" if path else name
+            step = lc.patterns.step(name)
+            if step is not None:
+                found[child] = Checkpoint(child, step)
+            elif depth + 1 < MAX_DEPTH:
+                await self._walk(child, depth + 1, found)
+
+    # --------------------------------------------------------------- describing
+    async def manifest(self, ck: Checkpoint) -> Manifest | None:
+        lc = self.lc
+        key = lc.keys.of(f"{ck.path}/{MANIFEST}")
+        return await lc.io(read_manifest, lc.store, key)
+
+    async def _json(self, key: str) -> dict[str, Any] | None:
+        try:
+            body, _ = await self.lc.io(self.lc.store.get_bytes, key)
+        except StoreError as e:
+            if e.kind == NO_OBJECT:
+                return None
+            raise
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    async def describe(self, ck: Checkpoint) -> dict[str, Any]:
+        """One checkpoint as `ckptfs checkpoints --json` shows it."""
+        lc = self.lc
+        base = lc.keys.of(ck.path + "/")
+        top = await lc.io(lc.store.list, base)
+        own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY)}
+        manifest = None
+        if MANIFEST in own:
+            key = base + MANIFEST
+            cached = self._manifests.get(key)
+            if cached is not None and cached.etag == own[MANIFEST].etag:
+                manifest = cached
+            else:
+                manifest = await lc.io(read_manifest, lc.store, key)
+                if manifest is not None:
+                    self._manifests[key] = manifest
+        protection = await self._json(base + PROTECTED) if PROTECTED in own else None
+        verified = await self._json(base + VERIFY) if VERIFY in own else None
+        self.set_protected(ck.path, protection)
+        now = time.time()
+        if manifest is not None:
+            files, size, since = len(manifest.files), manifest.bytes, manifest.committed_at
+        else:
+            listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+            entries = files_of(listing, base)
+            files, size = len(entries), sum(f.size for f in entries)
+            since = max((f.mtime for f in entries), default=0.0)
+        local = lc.tracker.local_state(ck.path)
+        if local:
+            state = local
+        elif manifest is not None:
+            state = "protected" if protection is not None else "committed"
+        else:
+            state = "writing"  # not committed: still being written, not quiet yet, or written without ckptfs
+        if verified is not None and manifest is not None and verified.get("generation") != manifest.generation:
+            verified = {**verified, "stale": True}  # verified an earlier generation of the manifest
+        return {
+            "path": ck.path,
+            "step": ck.step,
+            "state": state,
+            "files": files,
+            "bytes": size,
+            "protected": protection is not None,
+            "protection": protection,
+            "committed": manifest is not None,
+            "committed_at": manifest.committed_at if manifest else None,
+            "generation": manifest.generation if manifest else 0,
+            "changed": manifest.changed if manifest else False,
+            "node": manifest.node if manifest else None,
+            "metadata": manifest.metadata if manifest else {},
+            "age_seconds": round(now - since, 1) if since else None,
+            "last_verify": verified,
+        }
+
+
+def _under(path: str, other: str) -> bool:
+    return not path or other == path or other.startswith(path + "/")

@@ -1,0 +1,213 @@
+"""Committing checkpoints: notice when one written here is done, and write its manifest.
+
+The namespace says which files are not durable yet (dirty, uploading), which
+are open for writing and which deletions are queued; the checkpoint each
+belongs to is *writing* (a file open for writing) or *draining* (closed, not
+yet durable) on this node. A checkpoint that had local work becomes *active*;
+once it has had none for `checkpoint_quiet_seconds`, and the bucket agrees
+(no multipart upload in progress under it, no object newer than the quiet
+period: other nodes may be writing shards of the same step), the manifest is
+written. Active checkpoints are remembered in the cache directory, so one
+that became durable just before a restart is still committed after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..journal import ROOT_INODE
+from ..store import StoreError
+from .manifest import MANIFEST, FileEntry, LifecycleError, Manifest, files_of, next_manifest, write_manifest
+from .patterns import Checkpoint
+
+if TYPE_CHECKING:
+    from .service import Lifecycle
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "lifecycle-active.json"
+RETRY_SECONDS = 10.0
+
+
+@dataclass
+class Active:
+    step: int
+    last_work: float  # wall time local work was last seen under it
+    next_check: float = 0.0
+
+
+class Tracker:
+    def __init__(self, lc: "Lifecycle", cache_dir: str) -> None:
+        self.lc = lc
+        self.state_path = Path(cache_dir) / STATE_FILE
+        self.active: dict[str, Active] = {}
+        self.work: dict[str, str] = {}  # checkpoint path -> writing | draining, as of the last tick
+        self.commits_total = 0
+        self.commit_errors_total = 0
+        self._load()
+
+    # ------------------------------------------------------------ persistence
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.state_path.read_text())
+            for path, step in data.items():
+                self.active[path] = Active(int(step), time.time())
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            log.warning("ignoring %s (%s): checkpoints being committed before the restart wait for their next change",
+                        self.state_path, e)
+
+    def _save(self) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({p: a.step for p, a in self.active.items()}))
+        os.replace(tmp, self.state_path)
+
+    # ------------------------------------------------------------- local work
+    def scan(self) -> dict[str, str]:
+        """Checkpoints with local work now: path -> 'writing' (open for writing) or 'draining'."""
+        lc = self.lc
+        j = lc.ns.journal
+        files = lc.ns.files
+        out: dict[str, str] = {}
+        paths: dict[int, str | None] = {}
+
+        def path_of(ino: int) -> str | None:
+            if ino not in paths:
+                paths[ino] = j.path_of(ino)
+            return paths[ino]
+
+        def note(path: str | None, is_dir: bool, state: str) -> None:
+            if path is None:
+                return
+            ck = lc.patterns.checkpoint_of(path, is_dir)
+            if ck is not None and out.get(ck.path) != "writing":
+                out[ck.path] = state
+                if ck.path not in self.active:
+                    self.active[ck.path] = Active(ck.step, time.time())
+
+        for row in j.pending_files():
+            if row.parent is None:
+                continue
+            live = files.live.get(row.ino)
+            note(path_of(row.ino), False, "writing" if live is not None and live.writers else "draining")
+        for ino, live in files.live.items():
+            if live.writers:
+                note(path_of(ino), False, "writing")
+        for _, key, _ in j.pending_deletes():
+            note(lc.keys.path(key).rstrip("/"), key.endswith("/"), "draining")
+        return out
+
+    def local_state(self, path: str) -> str | None:
+        return self.work.get(path)
+
+    def local_checkpoints(self) -> list[Checkpoint]:
+        return [Checkpoint(p, a.step) for p, a in self.active.items()]
+
+    # -------------------------------------------------------------------- loop
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        if not self.lc.patterns.enabled:
+            return
+        quiet = self.lc.cfg.checkpoint_quiet_seconds
+        tick = min(5.0, max(0.25, quiet / 4))
+        while True:
+            await self.tick()
+            await trio.sleep(tick)
+
+    async def tick(self) -> None:
+        before = set(self.active)
+        self.work = self.scan()
+        now = time.time()
+        quiet = self.lc.cfg.checkpoint_quiet_seconds
+        for path in self.work:
+            self.active[path].last_work = now
+        for path, a in list(self.active.items()):
+            if path in self.work or now - a.last_work < quiet or now < a.next_check:
+                continue
+            try:
+                done = await self._try_commit(path, a, now, quiet)
+            except (StoreError, LifecycleError) as e:
+                self.commit_errors_total += 1
+                log.warning("checkpoint %s: commit failed, will retry: %s", path, e)
+                a.next_check = now + RETRY_SECONDS
+                continue
+            if done:
+                self.active.pop(path, None)
+        if set(self.active) != before:
+            try:
+                self._save()
+            except OSError as e:
+                log.warning("cannot save %s: %s", self.state_path, e)
+
+    async def _try_commit(self, path: str, a: Active, now: float, quiet: float) -> bool:
+        """Commit `path` if the bucket is quiet too; True when nothing is left to do for it."""
+        lc = self.lc
+        row = lc.ns.journal.resolve(path)
+        if row is None or not row.is_dir:
+            return True  # removed or moved away: nothing to commit
+        base = lc.keys.of(path + "/")
+        if await lc.io(lc.store.list_uploads, base):
+            a.last_work = now  # another node is still uploading into it
+            return False
+        listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+        files = files_of(listing, base)
+        if not files:
+            return True  # nothing in it (yet): committed when files arrive
+        newest = max(f.mtime for f in files)
+        if now - newest < quiet:
+            a.last_work = newest  # written in the bucket lately (another node): wait for quiet
+            return False
+        await self.commit(Checkpoint(path, a.step), files, "quiet", None)
+        return True
+
+    async def commit(self, ck: Checkpoint, files: list[FileEntry] | None, how: str, metadata: dict[str, Any] | None) -> tuple[Manifest, bool]:
+        """Write `ck`'s manifest (from `files`, or a fresh listing); (manifest in the bucket, written by this call)."""
+        lc = self.lc
+        base = lc.keys.of(ck.path + "/")
+        if files is None:
+            listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+            files = files_of(listing, base)
+        if not files:
+            raise LifecycleError(f"{ck.path} holds no files in the bucket: nothing to commit (is it written and flushed?)")
+        await self._checksums(ck.path, files)
+        manifest, wrote = await lc.io(
+            write_manifest, lc.store, base + MANIFEST,
+            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, metadata),
+        )
+        self.active.pop(ck.path, None)
+        if wrote:
+            self.commits_total += 1
+            change = " (changed since its last manifest)" if manifest.changed and manifest.generation > 1 else ""
+            log.info("checkpoint %s committed: manifest generation %d, %d files, %d bytes%s",
+                     ck.path, manifest.generation, len(manifest.files), manifest.bytes, change)
+        return manifest, wrote
+
+    async def _checksums(self, path: str, files: list[FileEntry]) -> None:
+        """Each file's xxh3-128: from the journal when this node uploaded those bytes, else from the object's metadata."""
+        lc = self.lc
+        j = lc.ns.journal
+        todo = []
+        for f in files:
+            row = j.resolve(f"{path}/{f.path}")
+            if row is not None and row.ino != ROOT_INODE and row.etag == f.etag and row.xxh3:
+                f.xxh3 = row.xxh3
+            else:
+                todo.append(f)
+
+        async def head(f: FileEntry) -> None:
+            info = await lc.io(lc.store.head_object, f.key)
+            if info.etag == f.etag:
+                f.xxh3 = info.metadata.get("xxh3")
+
+        async with trio.open_nursery() as nursery:
+            for f in todo:
+                nursery.start_soon(head, f)
