@@ -343,6 +343,13 @@ def _is_dead_mount(path: Path) -> bool:
         return e.errno == errno.ENOTCONN
 
 
+def _transport_line(st: dict[str, Any]) -> str:
+    transport = st.get("fuse_transport") or "-"
+    if transport == "kernel":
+        return f"kernel, passthrough ({st.get('passthrough_handles', 0)} handles)" if st.get("passthrough") else "kernel, copy mode"
+    return transport
+
+
 @app.command()
 @_one_line_errors
 def status(
@@ -363,6 +370,7 @@ def status(
     table.add_column("")
     rows = [
         ("daemon pid", str(st["pid"])),
+        ("fuse transport", _transport_line(st)),
         ("dirty files", f"{st['dirty_files']} ({st['uploading_files']} uploading)"),
         ("dirty bytes", fmt_bytes(st["dirty_bytes"])),
         ("oldest dirty age", f"{st['oldest_dirty_age_seconds']:.1f} s"),

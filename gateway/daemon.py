@@ -445,11 +445,16 @@ class Daemon:
 
     async def _kernel_main(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The FUSE protocol spoken on /dev/fuse (passthrough when the kernel grants it)."""
+        from .fuse.mount import umount
+
         session = self.session
         try:
             with self._fuse_scope:
                 await session.serve(task_status=task_status)
         finally:
+            if session.init_out is None:  # INIT never completed: do not leave a dead mount behind
+                umount(self.cfg.mountpoint, lazy=True)
+                session.close()
             self.fuse_done.set()
             self._stop.set()  # an external unmount stops the daemon too
 
