@@ -86,5 +86,12 @@ class IoModes:
                 log.warning("closing backing id %d of inode %d: %s", st.backing_id, ino, e)
 
     def close_all(self) -> None:
+        """Release every handle (closing the backing ids)."""
         for fh in list(self._fh_ino):
             self.release(fh)
+
+    def drop_all(self) -> None:
+        """Forget every handle without the ioctls: closing /dev/fuse frees the backing ids."""
+        self._inodes.clear()
+        self._fh_ino.clear()
+        self.passthrough_handles = 0

@@ -147,7 +147,7 @@ class KernelSession:
             fd, self.fd = self.fd, -1
             if self.reader == "poll":
                 trio.lowlevel.notify_closing(fd)
-            self.modes.close_all()
+            self.modes.drop_all()
             os.close(fd)
 
     # ---------------------------------------------------------------- backing ids

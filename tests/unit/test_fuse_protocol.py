@@ -298,3 +298,13 @@ def test_choose_transport(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "uname", lambda: SimpleNamespace(release="6.18.44"))
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert kernel.choose_transport("auto") == "libfuse"  # not root: fusermount3 and pyfuse3
+
+
+def test_iomode_drop_all_makes_no_ioctl() -> None:
+    b = FakeBacking()
+    m = IoModes(b.open_backing, b.close_backing, enabled=True)
+    m.open(5, 1, 30)
+    b.fail = True  # the device is gone: any ioctl would fail
+    m.drop_all()
+    assert m.passthrough_handles == 0 and m.mode_of(5) is None
+    assert b.open == {1: 30}  # not closed by an ioctl
