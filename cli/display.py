@@ -63,6 +63,16 @@ def _line(label: str, *parts: Text | str | None) -> Text:
     return text
 
 
+def transport_text(st: dict[str, Any]) -> str:
+    """How the kernel talks to the daemon: `kernel` (with or without passthrough) or `libfuse`."""
+    transport = st.get("fuse_transport") or "-"
+    if transport == "kernel":
+        if st.get("passthrough"):
+            return f"kernel, passthrough ({plural(st.get('passthrough_handles') or 0, 'handle')} open)"
+        return "kernel, copy mode (no passthrough)"
+    return transport
+
+
 def status_lines(st: dict[str, Any]) -> list[Text]:
     """The one-screen status of a mount, from the daemon's status dict (missing fields count as 0)."""
     g = lambda key, default=0: st.get(key, default) if st.get(key) is not None else default  # noqa: E731
@@ -72,6 +82,8 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     head.append(f"  {g('mountpoint', '?')} ← {g('source', '?')}")
     head.append(f"  pid {g('pid', '?')}, up {fmt_duration(g('uptime_seconds'))}", style="dim")
     lines.append(head)
+    if st.get("fuse_transport"):
+        lines.append(_line("fuse", transport_text(st)))
 
     # drain: what is not in the bucket yet
     dirty_files, dirty_bytes = g("dirty_files"), g("dirty_bytes")

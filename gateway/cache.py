@@ -104,6 +104,12 @@ class Cache:
         self.used_bytes = max(0, self.used_bytes - size)
         self._grown_since_sample -= size
 
+    def resized(self, old_size: int, new_size: int) -> None:
+        """Account a size change already on disk (the kernel wrote the file itself, FUSE
+        passthrough): nothing to refuse any more."""
+        self.used_bytes += new_size - old_size
+        self._grown_since_sample += new_size - old_size
+
     def grow(self, old_size: int, new_size: int) -> None:
         """Account a size change; raise CacheFull if growing would pass the capacity or the disk reserve."""
         delta = new_size - old_size

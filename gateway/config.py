@@ -136,6 +136,7 @@ class Config:
     shutdown_timeout: float = _opt(30.0, "On SIGTERM or `ckptfs unmount`, seconds to keep draining before stopping; what is left stays in the journal for the next mount.", "seconds")
     direct_io_writes: bool = _opt(True, "Handles opened for writing bypass the kernel's page cache (FUSE direct_io): writes are acknowledged up to several times faster and a just-written file renames in about a millisecond instead of the kernel dropping its cached pages (~150 ms per GiB). The price: a file open for writing cannot be mapped with mmap(MAP_SHARED) (ENODEV). Set false if an application writes through shared memory maps.")
     allow_other: bool = _opt(False, "Let users other than the mounting one access the mount (FUSE allow_other; needed for NFS re-export).")
+    fuse_transport: str = _opt("auto", "How the daemon talks to the kernel. `kernel`: it speaks the FUSE protocol on /dev/fuse itself, and with FUSE passthrough (root, Linux 6.9 or later) the kernel reads and writes cache files directly, without the daemon copying the bytes. `libfuse`: through pyfuse3/libfuse, for any user (mounts via fusermount3); the daemon copies every byte. `auto`: kernel when running as root on a kernel that has passthrough, else libfuse.")
     log_level: str = _opt("info", "Log level: debug, info, warning or error.")
     replica: dict = _opt({}, "Replica targets, from `[replica.NAME]` tables in the TOML file (see the replica table below); not settable from the environment or `-o`.", "table")
 
@@ -209,6 +210,8 @@ class Config:
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a count >= 0 (0 turns the rule off)")
         if self.max_parts_in_flight < 1:
             raise ConfigError(f"max_parts_in_flight = {self.max_parts_in_flight}: give at least 1")
+        if self.fuse_transport not in ("auto", "kernel", "libfuse"):
+            raise ConfigError(f"fuse_transport = {self.fuse_transport!r}: use auto, kernel or libfuse")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:

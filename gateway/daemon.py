@@ -161,6 +161,10 @@ class Daemon:
         self._stop_now = trio.Event()  # a second signal: stop draining at once
         self.flush_on_stop = False
         self.fuse_done = trio.Event()
+        self.fs: Any = None  # the filesystem, once running
+        self.fuse_transport = ""  # "kernel" or "libfuse", once running
+        self.session: Any = None  # the kernel transport's session
+        self._fuse_scope = trio.CancelScope()
         self.metrics_port: int | None = None
         self._stopped = trio.Event()  # drained (or gave up): `left` says what stays in the journal
         self.left: dict[str, Any] = {}
@@ -247,6 +251,9 @@ class Daemon:
             read_errors_total=self.fetcher.read_errors_total,
             **self.remote.stats(),
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
+            fuse_transport=self.fuse_transport,
+            passthrough=bool(self.session is not None and self.session.passthrough),
+            passthrough_handles=self.fs.passthrough_handles if self.fs is not None else 0,
             **self.lifecycle.stats(),
             encryption=self.store.enc.describe(),
             deletes_not_permitted_total=self.drainer.deletes_not_permitted_total,
@@ -351,18 +358,12 @@ class Daemon:
 
     # ---- running
     async def run(self, ready_fd: int | None = None) -> None:
-        import pyfuse3  # only fs.py and this wiring know FUSE
-
         from .fs import CkptFS
+        from .fuse.kernel import choose_transport
 
         cfg = self.cfg
-        fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
-        options = set(pyfuse3.default_options)
-        options |= {"fsname=ckptfs", "subtype=ckptfs"}
-        if cfg.allow_other:
-            options.add("allow_other")
-        if cfg.read_only:
-            options.add("ro")  # the kernel answers EROFS to every change
+        fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
+        self.fuse_transport = choose_transport(cfg.fuse_transport)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.control.serve)
             if cfg.metrics_addr:
@@ -373,8 +374,18 @@ class Daemon:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)
             await nursery.start(self.remote.run)
-            pyfuse3.init(fs, cfg.mountpoint, options)
-            nursery.start_soon(self._fuse_main, pyfuse3)
+            if self.fuse_transport == "kernel":
+                self._kernel_mount(fs)
+            if self.fuse_transport == "kernel":
+                await nursery.start(self._kernel_main)
+                if self.session.passthrough:
+                    log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
+                else:
+                    log.warning("FUSE: the protocol spoken on /dev/fuse, without passthrough (%s): every byte is copied by the daemon",
+                                self.session.passthrough_error)
+            else:
+                self._libfuse_init(fs)
+                nursery.start_soon(self._fuse_main)
             await nursery.start(self.drainer.run)
             await nursery.start(self.lifecycle.run)
             nursery.start_soon(self._signals)
@@ -397,10 +408,8 @@ class Daemon:
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
             notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
-            if not self.fuse_done.is_set():
-                pyfuse3.terminate()
-                await self.fuse_done.wait()
-            pyfuse3.close(unmount=True)
+            await self._unmount()
+            fs.sync_passthrough_all()
             self.ns.files.persist_all()  # handles still open at unmount will never be released to us
             await self._drain_before_exit()
             s = self.ns.stats()
@@ -432,12 +441,79 @@ class Daemon:
                                f"cache {fmt_bytes(self.cache.used_bytes)} of {fmt_bytes(self.cache.capacity_bytes)}".encode())
             await trio.sleep(STATUS_INTERVAL)
 
-    async def _fuse_main(self, pyfuse3: Any) -> None:
+    def _libfuse_init(self, fs: Any) -> None:
+        import pyfuse3
+
+        from .fuse.libfuse import Pyfuse3Adapter
+
+        options = set(pyfuse3.default_options)
+        options |= {"fsname=ckptfs", "subtype=ckptfs"}
+        if self.cfg.allow_other:
+            options.add("allow_other")
+        if self.cfg.read_only:
+            options.add("ro")  # the kernel answers EROFS to every change
+        pyfuse3.init(Pyfuse3Adapter(fs), self.cfg.mountpoint, options)
+
+    async def _fuse_main(self) -> None:
+        import pyfuse3
+
         try:
             await pyfuse3.main()
         finally:
             self.fuse_done.set()
             self._stop.set()  # an external unmount (fusermount3 -u) stops the daemon too
+
+    def _kernel_mount(self, fs: Any) -> None:
+        """mount(2) for the kernel transport; with `auto`, a refusal (no CAP_SYS_ADMIN, say in a
+        container) falls back to libfuse."""
+        from .fuse.kernel import KernelSession
+
+        cfg = self.cfg
+        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs",
+                                allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
+        try:
+            session.mount()
+        except OSError as e:
+            if cfg.fuse_transport == "auto" and e.errno in (errno.EPERM, errno.EACCES):
+                log.warning("FUSE: cannot mount /dev/fuse directly (%s): using libfuse", e.strerror)
+                self.fuse_transport = "libfuse"
+                return
+            raise UserError(f"cannot mount {cfg.mountpoint} with fuse_transport=kernel: {e.strerror} "
+                            "(it needs root; use -o fuse_transport=libfuse)") from None
+        self.session = session
+
+    async def _kernel_main(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The FUSE protocol spoken on /dev/fuse (passthrough when the kernel grants it)."""
+        from .fuse.mount import umount
+
+        session = self.session
+        try:
+            with self._fuse_scope:
+                await session.serve(task_status=task_status)
+        finally:
+            if session.init_out is None:  # INIT never completed: do not leave a dead mount behind
+                umount(self.cfg.mountpoint, lazy=True)
+                session.close()
+            self.fuse_done.set()
+            self._stop.set()  # an external unmount stops the daemon too
+
+    async def _unmount(self) -> None:
+        if self.fuse_transport == "kernel":
+            session = self.session
+            # like libfuse: detach at once (handles still open keep it alive) and stop serving
+            await session.unmount(lazy=True)
+            with trio.move_on_after(1):
+                await self.fuse_done.wait()
+            self._fuse_scope.cancel()
+            await self.fuse_done.wait()
+            session.close()
+            return
+        import pyfuse3
+
+        if not self.fuse_done.is_set():
+            pyfuse3.terminate()
+            await self.fuse_done.wait()
+        pyfuse3.close(unmount=True)
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

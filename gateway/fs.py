@@ -1,8 +1,20 @@
 """FUSE operations: translate kernel requests into namespace calls. Owns no policy.
 
-The only module that knows FUSE. pyfuse3 tears the mount down on any
-exception that is not a `FUSEError`, so every handler goes through `_fuse`,
-which maps `OSError` to its errno and anything unexpected to EIO (logged).
+Written against the transport-neutral `fuse.ops.Operations`: the same class is served by
+the kernel transport (`fuse/kernel.py`, the protocol spoken on /dev/fuse, with passthrough)
+and by pyfuse3 (`fuse/libfuse.py`). Every handler goes through `_fuse`, which counts the
+request and turns anything unexpected into EIO (logged); `OSError`s pass to the transport,
+which answers with their errno.
+
+Passthrough (kernel transport only): a write handle of a file in the cache, while the cache
+has `PASSTHROUGH_MIN_ROOM` to spare, and a read handle of a file that is entirely in the
+cache, are offered to the kernel, which then reads and writes the cache file itself: no
+WRITE reaches us. So such a file counts as modified from its open for writing (a new
+version, `dirty` in the journal) until its last release, where its size and mtime are
+taken from the cache file (also on FSYNC, GETATTR and truncate while it is open). FSYNC
+still comes here: we fsync the cache file. Not checked per write under passthrough: the
+cache capacity (hence the room rule), `max_file_size` (a file at or past it gets copy
+mode) and setuid/setgid (a writer who must drop them gets copy mode).
 
 Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
 inline on the trio thread: they hit the page cache and a thread hop would
@@ -22,10 +34,10 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
-import pyfuse3
 import trio
 
 from .fetch import Download, Fetcher
+from .fuse.ops import Attr, DirEntry, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 from .journal import DURABLE, ROOT_INODE, Row
 from .lifecycle.protect import Guard
 from .metrics import FUSE_COUNTERS
@@ -43,6 +55,9 @@ FILE_XATTRS = (XATTR_STATE, XATTR_ETAG, XATTR_XXH3)
 ATTR_TIMEOUT = 1.0
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 BLOCK = 4096
+PASSTHROUGH_MIN_ROOM = 1 << 30  # cache room a new passthrough writer needs: it is never stalled
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -57,18 +72,15 @@ def _fuse(fn: F) -> F:
         requests[op] += 1
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError as e:
-            FUSE_COUNTERS.error(op, e.errno)
-            raise
         except OSError as e:
             FUSE_COUNTERS.error(op, e.errno or errno.EIO)
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except trio.Cancelled:
+            if not e.errno:
+                raise OSError(errno.EIO, str(e)) from None
             raise
         except Exception:
             log.exception("internal error in %s", fn.__name__)
             FUSE_COUNTERS.error(op, errno.EIO)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise OSError(errno.EIO, "internal error") from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -90,13 +102,12 @@ class Handle:
     fd: int
     write: bool
     download: Download | None = None  # bytes still arriving from the bucket
-    uid: int = 0  # who opened it: pyfuse3's write has no request context
+    uid: int = 0  # who opened it: a write request has no request context
     kill_priv: bool = False  # the next write must drop setuid/setgid (the opener may not keep them)
+    passthrough: bool = False  # the kernel reads/writes the cache file itself
 
 
-class CkptFS(pyfuse3.Operations):
-    supports_dot_lookup = True
-
+class CkptFS(Operations):
     def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str, guard: Guard | None = None) -> None:
         super().__init__()
         self.ns = ns
@@ -109,36 +120,62 @@ class CkptFS(pyfuse3.Operations):
         self._next_fh = 1
         # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
         self._fsyncs = trio.CapacityLimiter(8)
+        self._pt_writers: dict[int, list[int]] = {}  # ino -> fhs of passthrough write handles
+
+    @property
+    def passthrough_handles(self) -> int:
+        return sum(1 for h in self.handles.values() if h.passthrough)
 
     # ------------------------------------------------------------- attributes
-    def _entry(self, row: Row) -> pyfuse3.EntryAttributes:
-        e = pyfuse3.EntryAttributes()
-        e.st_ino = row.ino
-        e.generation = 0
-        e.entry_timeout = ATTR_TIMEOUT
-        e.attr_timeout = ATTR_TIMEOUT
-        e.st_mode = row.mode
+    def _entry(self, row: Row) -> Attr:
         if row.is_dir:
-            e.st_nlink = 2 + self.ns.journal.subdirs(row.ino)
+            nlink = 2 + self.ns.journal.subdirs(row.ino)
         else:
-            e.st_nlink = 0 if row.parent is None else 1  # unlinked while open
-        e.st_uid = row.uid
-        e.st_gid = row.gid
-        e.st_rdev = 0
-        e.st_size = row.size if not row.is_dir else BLOCK
-        e.st_blksize = BLOCK
-        e.st_blocks = (e.st_size + 511) // 512
-        e.st_atime_ns = row.atime_ns if row.atime_ns is not None else row.mtime_ns
-        e.st_mtime_ns = row.mtime_ns
-        e.st_ctime_ns = row.ctime_ns
-        return e
+            nlink = 0 if row.parent is None else 1  # unlinked while open
+        size = row.size if not row.is_dir else BLOCK
+        mtime_ns, ctime_ns = row.mtime_ns, row.ctime_ns
+        fhs = self._pt_writers.get(row.ino)
+        if fhs:
+            # the kernel writes the cache file behind our back: it knows the size and times
+            st = os.fstat(self.handles[fhs[0]].fd)
+            size, mtime_ns, ctime_ns = st.st_size, st.st_mtime_ns, max(ctime_ns, st.st_mtime_ns)
+        return Attr(
+            ino=row.ino,
+            mode=row.mode,
+            nlink=nlink,
+            uid=row.uid,
+            gid=row.gid,
+            size=size,
+            blksize=BLOCK,
+            blocks=(size + 511) // 512,
+            atime_ns=row.atime_ns if row.atime_ns is not None else mtime_ns,
+            mtime_ns=mtime_ns,
+            ctime_ns=ctime_ns,
+            entry_timeout=ATTR_TIMEOUT,
+            attr_timeout=ATTR_TIMEOUT,
+        )
+
+    def _sync_passthrough(self, ino: int) -> None:
+        """Take the size and mtime of a file the kernel writes itself from its cache file."""
+        fhs = self._pt_writers.get(ino)
+        if fhs:
+            st = os.fstat(self.handles[fhs[0]].fd)
+            self.ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns)
+
+    def sync_passthrough_all(self) -> None:
+        """At unmount: files still open for writing under passthrough get their sizes recorded."""
+        for ino in list(self._pt_writers):
+            try:
+                self._sync_passthrough(ino)
+            except OSError:
+                log.exception("recording the size of inode %d", ino)
 
     @_fuse
-    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(self.ns.files.row(inode))
+    async def getattr(self, ino: int, fh: int | None, ctx: RequestContext) -> Attr:
+        return self._entry(self.ns.files.row(ino))
 
     @_fuse
-    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_inode: int, name: bytes, ctx: RequestContext) -> Attr:
         if name == b".":
             row = self.ns.files.row(parent_inode)
         elif name == b"..":
@@ -150,6 +187,9 @@ class CkptFS(pyfuse3.Operations):
         self.ns.tree.ref(row.ino)
         return self._entry(row)
 
+    def ref(self, ino: int) -> None:
+        self.ns.tree.ref(ino)
+
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             try:
@@ -158,62 +198,58 @@ class CkptFS(pyfuse3.Operations):
                 log.exception("forget(%d)", ino)
 
     @_fuse
-    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def setattr(self, inode: int, fields: SetattrFields, ctx: RequestContext) -> Attr:
         self.guard.check_inode(inode)
-        if fields.update_size:
+        if fields.size is not None:
             if self.ns.files.row(inode).is_dir:
                 raise OSError(errno.EISDIR, "is a directory")
             if self.ns.files.needs_fetch(inode):
                 await self.fetcher.ensure_local(inode)
-            self.ns.files.truncate(inode, attr.st_size)
+            self._sync_passthrough(inode)  # the size to account from is the cache file's
+            self.ns.files.truncate(inode, fields.size)
         self.ns.tree.setattr(
             inode,
-            mode=attr.st_mode if fields.update_mode else None,
-            uid=attr.st_uid if fields.update_uid else None,
-            gid=attr.st_gid if fields.update_gid else None,
-            atime_ns=attr.st_atime_ns if fields.update_atime else None,
-            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            mode=fields.mode,
+            uid=fields.uid,
+            gid=fields.gid,
+            atime_ns=fields.atime_ns,
+            mtime_ns=fields.mtime_ns,
         )
-        if fields.update_mode:
+        if fields.kill_suidgid and fields.mode is None:
+            self.ns.tree.kill_priv(inode)  # a truncate by a caller who may not keep setuid/setgid
+        if fields.mode is not None:
             for h in self.handles.values():
                 if h.ino == inode and h.write:
                     h.kill_priv = self._kill_priv(h.uid, inode)
         return self._entry(self.ns.files.row(inode))
 
     @_fuse
-    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+    async def statfs(self, ctx: RequestContext) -> StatFs:
         cache = self.ns.cache
-        s = pyfuse3.StatvfsData()
-        s.f_bsize = s.f_frsize = BLOCK
-        s.f_blocks = cache.capacity_bytes // BLOCK
-        s.f_bfree = s.f_bavail = max(0, cache.capacity_bytes - cache.used_bytes) // BLOCK
-        s.f_files = 1 << 32
-        s.f_ffree = s.f_favail = 1 << 31
-        s.f_namemax = 255
-        return s
+        free = max(0, cache.capacity_bytes - cache.used_bytes) // BLOCK
+        return StatFs(bsize=BLOCK, frsize=BLOCK, blocks=cache.capacity_bytes // BLOCK, bfree=free, bavail=free,
+                      files=1 << 32, ffree=1 << 31, namemax=255)
 
     # ------------------------------------------------------------- directories
     @_fuse
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: RequestContext) -> Attr:
         self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.mkdir(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
         self.ns.tree.ref(row.ino)
         return self._entry(row)
 
     @_fuse
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+    async def opendir(self, inode: int, ctx: RequestContext) -> int:
         if not self.ns.files.row(inode).is_dir:
             raise OSError(errno.ENOTDIR, "not a directory")
         await self.remote.refresh(inode)
         return inode
 
     @_fuse
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+    async def readdir(self, fh: int, offset: int, plus: bool, ctx: RequestContext) -> list[DirEntry]:
+        # the transport sends what fits and, with `plus`, calls `ref` for each entry it sent
         children = self.ns.tree.children(fh)
-        for i, row in enumerate(children[start_id:], start=start_id):
-            if not pyfuse3.readdir_reply(token, row.name.encode(), self._entry(row), i + 1):
-                return
-            self.ns.tree.ref(row.ino)
+        return [(row.name.encode(), self._entry(row), i + 1) for i, row in enumerate(children[offset:], start=offset)]
 
     async def releasedir(self, fh: int) -> None:
         return None
@@ -223,7 +259,7 @@ class CkptFS(pyfuse3.Operations):
         self.ns.journal.sync()
 
     @_fuse
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: RequestContext) -> None:
         row = self.ns.tree.lookup(parent_inode, _name(name))
         if row.is_dir:
             await self.remote.refresh_tree(row.ino, "rmdir")  # objects never looked at here still make it non-empty
@@ -231,31 +267,31 @@ class CkptFS(pyfuse3.Operations):
         self.ns.tree.rmdir(parent_inode, _name(name))
 
     @_fuse
-    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def unlink(self, parent_inode: int, name: bytes, ctx: RequestContext) -> None:
         self.guard.check_entry(parent_inode, _name(name))
         self.ns.tree.unlink(parent_inode, _name(name))
 
     @_fuse
-    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
-        if flags & pyfuse3.RENAME_EXCHANGE:
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: RequestContext) -> None:
+        if flags & RENAME_EXCHANGE:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         src = self.ns.tree.lookup(parent_inode_old, _name(name_old))
         if src.is_dir:
             await self.remote.refresh_tree(src.ino, "rename")  # every object below moves, looked at here or not
         self.guard.check_entry(parent_inode_old, _name(name_old), subtree=True)
         self.guard.check_entry(parent_inode_new, _name(name_new))
-        self.ns.tree.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & pyfuse3.RENAME_NOREPLACE))
+        self.ns.tree.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & RENAME_NOREPLACE))
 
     @_fuse
-    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: RequestContext) -> Attr:
         raise OSError(errno.EPERM, "hard links are not supported")
 
     @_fuse
-    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: RequestContext) -> Attr:
         raise OSError(errno.EPERM, "symbolic links are not supported")
 
     @_fuse
-    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: RequestContext) -> Attr:
         if not stat.S_ISREG(mode):
             raise OSError(errno.EPERM, "only regular files and directories are supported")
         self.guard.check_entry(parent_inode, _name(name))
@@ -275,17 +311,43 @@ class CkptFS(pyfuse3.Operations):
         writer without CAP_FSETID; with direct_io writes it leaves that to the filesystem)."""
         return uid != 0 and bool(self.ns.files.row(ino).mode & (stat.S_ISUID | stat.S_ISGID))
 
+    def _offer_passthrough(self, fh: int, download: Download | None) -> int | None:
+        """The cache file's fd if handle `fh` may be passthrough: the whole file is in the cache,
+        and a writer (never stalled by us under passthrough) leaves the cache enough room."""
+        h = self.handles[fh]
+        if download is not None or h.ino in self.ns.files.fetching or self.ns.files.needs_fetch(h.ino):
+            return None  # bytes still arriving: copy mode until the file is whole
+        if h.write:
+            if h.kill_priv:
+                return None  # its first write must drop setuid/setgid: we must see it
+            if self.ns.files.size_of(self.ns.files.row(h.ino)) >= self.ns.cfg.file_size_limit:
+                return None  # copy mode refuses the write past the limit with EFBIG
+            if self.ns.cache.room() < PASSTHROUGH_MIN_ROOM:
+                return None  # copy mode: writers wait for the drain (backpressure), then ENOSPC
+        return h.fd
+
+    def opened(self, fh: int, passthrough: bool) -> None:
+        h = self.handles.get(fh)
+        if h is None or not passthrough:
+            return
+        h.passthrough = True
+        if h.write:
+            # no WRITE will tell us: the file counts as modified from now to its last release
+            self._pt_writers.setdefault(h.ino, []).append(fh)
+            self.ns.files.changed_behind(h.ino, None, None)
+
     @_fuse
-    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: RequestContext) -> tuple[OpenReply, Attr]:
         self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
         fd = self.ns.files.open(row.ino, write=True)
         self.ns.tree.ref(row.ino)
         direct = self.ns.cfg.direct_io_writes
-        return pyfuse3.FileInfo(fh=self._add_handle(row.ino, fd, True, ctx.uid), direct_io=direct), self._entry(row)
+        fh = self._add_handle(row.ino, fd, True, ctx.uid)
+        return OpenReply(fh=fh, direct_io=direct, passthrough_fd=self._offer_passthrough(fh, None)), self._entry(row)
 
     @_fuse
-    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+    async def open(self, inode: int, flags: int, ctx: RequestContext) -> OpenReply:
         write = (flags & os.O_ACCMODE) != os.O_RDONLY
         truncate = write and bool(flags & os.O_TRUNC)
         if write:
@@ -321,7 +383,7 @@ class CkptFS(pyfuse3.Operations):
         # a write handle with direct_io: no copy into the kernel's page cache, and no cached pages
         # for the kernel to drop when the file's attributes change (see config direct_io_writes)
         direct = write and self.ns.cfg.direct_io_writes
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep and not direct, direct_io=direct)
+        return OpenReply(fh=fh, keep_cache=keep and not direct, direct_io=direct, passthrough_fd=self._offer_passthrough(fh, download))
 
     @_fuse
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -331,7 +393,7 @@ class CkptFS(pyfuse3.Operations):
         return os.pread(h.fd, size, off)
 
     @_fuse
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
+    async def write(self, fh: int, off: int, buf: memoryview) -> int:
         h = self.handles[fh]
         n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
         if h.kill_priv:
@@ -343,9 +405,9 @@ class CkptFS(pyfuse3.Operations):
     async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
         """Mode 0 and FALLOC_FL_KEEP_SIZE on a cached file; punching holes, zeroing ranges and the like: EOPNOTSUPP.
 
-        pyfuse3 3.5 has no fallocate handler (libfuse answers ENOSYS and the kernel then gives
-        EOPNOTSUPP to every caller; glibc's posix_fallocate falls back to writing): this serves
-        transports that pass FALLOCATE on.
+        The kernel transport passes FALLOCATE on; pyfuse3 3.5 has no fallocate handler (libfuse
+        answers ENOSYS and the kernel then gives EOPNOTSUPP to every caller; glibc's
+        posix_fallocate falls back to writing).
         """
         if mode & ~FALLOC_FL_KEEP_SIZE:
             raise OSError(errno.EOPNOTSUPP, "only fallocate mode 0 and FALLOC_FL_KEEP_SIZE are supported")
@@ -362,13 +424,24 @@ class CkptFS(pyfuse3.Operations):
 
     @_fuse
     async def fsync(self, fh: int, datasync: bool) -> None:
+        # under passthrough too: the kernel does not fsync the cache file, we do
         h = self.handles[fh]
         await trio.to_thread.run_sync(os.fsync, h.fd, limiter=self._fsyncs)
+        self._sync_passthrough(h.ino)
         self.ns.files.fsync(h.ino)
 
     @_fuse
     async def release(self, fh: int) -> None:
-        h = self.handles.pop(fh)
+        h = self.handles[fh]
+        try:
+            if h.passthrough and h.write:
+                self._sync_passthrough(h.ino)
+                fhs = self._pt_writers[h.ino]
+                fhs.remove(fh)
+                if not fhs:
+                    del self._pt_writers[h.ino]
+        finally:
+            del self.handles[fh]
         try:
             os.close(h.fd)
         finally:
@@ -378,21 +451,21 @@ class CkptFS(pyfuse3.Operations):
 
     # ------------------------------------------------------------------ xattrs
     @_fuse
-    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+    async def getxattr(self, inode: int, name: bytes, ctx: RequestContext) -> bytes:
         if inode == ROOT_INODE and name == XATTR_CONTROL:
             return self.control_socket.encode()
         row = self.ns.files.row(inode)
         if row.is_dir:
-            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+            raise OSError(errno.ENODATA, "no such attribute")
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
         if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
         if not value:
-            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+            raise OSError(errno.ENODATA, "no such attribute")
         return value.encode()
 
     @_fuse
-    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+    async def listxattr(self, inode: int, ctx: RequestContext) -> list[bytes]:
         if inode == ROOT_INODE:
             return [XATTR_CONTROL]
         row = self.ns.files.row(inode)
@@ -401,9 +474,9 @@ class CkptFS(pyfuse3.Operations):
         return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == DURABLE else [])
 
     @_fuse
-    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def setxattr(self, inode: int, name: bytes, value: bytes, flags: int, ctx: RequestContext) -> None:
         raise OSError(errno.ENOTSUP, "extended attributes are read-only")
 
     @_fuse
-    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def removexattr(self, inode: int, name: bytes, ctx: RequestContext) -> None:
         raise OSError(errno.ENOTSUP, "extended attributes are read-only")

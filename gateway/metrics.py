@@ -46,6 +46,7 @@ GAUGES = {
     "cache_capacity_bytes": "Bytes the cache may hold.",
     "stalled_writers": "Writes waiting for the drain to free cache space (backpressure).",
     "stale_directories": "Directories served without a current listing because the store did not answer one in time (retried in the background).",
+    "passthrough_handles": "Open file handles the kernel reads and writes itself (FUSE passthrough).",
 }
 
 # totals kept by the namespace and fetcher, exported as counters (names without _total)

@@ -118,6 +118,19 @@ class OpenFiles:
                 # nor published by copying the object that holds its old bytes
                 self.journal.update(ino, state=DIRTY, version=live.version, copy_from=None)
 
+    def changed_behind(self, ino: int, size: int | None, mtime_ns: int | None) -> None:
+        """A change no WRITE told us of: under FUSE passthrough the kernel writes the cache file
+        itself. Called when a writer opens (size None: the file counts as modified from now)
+        and with the cache file's size and mtime on its fsync, getattr and close. The bytes
+        are already on disk: accounted, never refused."""
+        live = self.get(ino)
+        new_size = live.size if size is None else size
+        if new_size != live.size:
+            self.cache.resized(live.size, new_size)
+        self.modified(ino, live, new_size)
+        if mtime_ns is not None:
+            live.mtime_ns = mtime_ns
+
     def write(self, ino: int, fd: int, offset: int, data: bytes) -> int:
         live = self.get(ino)
         end = offset + len(data)

@@ -1,0 +1,79 @@
+"""fs.py under FUSE passthrough, without a mount: the kernel's writes are simulated by writing
+the cache file through the offered fd, as the kernel does; no `write` call reaches CkptFS.
+
+What must hold: the file is dirty (a new version) from the writer's open, its size and mtime
+come from the cache file while open and are recorded on fsync and on the last release (which
+makes it due for upload), the cache accounts the bytes, and handles that must stay in copy
+mode are not offered passthrough.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import trio
+
+from ckptfs.fs import CkptFS
+from ckptfs.fuse.ops import RequestContext
+from ckptfs.journal import DIRTY, ROOT_INODE
+from tests.unit.test_journal import make_ns, write_file
+
+ROOT = RequestContext(0, 0, 1)
+
+
+def test_passthrough_writer_is_tracked_without_write_requests(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    fs = CkptFS(ns, None, None, "")  # type: ignore[arg-type]
+    reply, attr = trio.run(fs.create, ROOT_INODE, b"ckpt.bin", stat.S_IFREG | 0o644, os.O_WRONLY, ROOT)
+    assert reply.passthrough_fd is not None
+    fs.opened(reply.fh, True)
+    assert fs.passthrough_handles == 1
+    version_at_open = ns.files.live[attr.ino].version
+    os.pwrite(reply.passthrough_fd, b"x" * 5000, 0)  # the kernel writing the cache file
+    got = trio.run(fs.getattr, attr.ino, None, ROOT)
+    assert got.size == 5000  # from the cache file while it is open
+    trio.run(fs.fsync, reply.fh, False)
+    row = ns.journal.get(attr.ino)
+    assert row is not None and row.size == 5000 and row.state == DIRTY
+    os.pwrite(reply.passthrough_fd, b"y" * 100, 5000)
+    trio.run(fs.release, reply.fh)
+    row = ns.journal.get(attr.ino)
+    assert row is not None and row.size == 5100 and row.closed_at is not None
+    assert row.version > version_at_open
+    assert ns.cache.used_bytes == 5100
+    assert fs.passthrough_handles == 0
+
+
+def test_rewrite_of_a_closed_file_counts_as_modified_from_open(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    fs = CkptFS(ns, None, None, "")  # type: ignore[arg-type]
+    ino = write_file(ns, ROOT_INODE, "f", b"abc")
+    before = ns.journal.get(ino)
+    assert before is not None
+    reply = trio.run(fs.open, ino, os.O_RDWR, ROOT)
+    fs.opened(reply.fh, True)
+    assert ns.files.live[ino].version > before.version  # an upload in flight is now stale
+    trio.run(fs.release, reply.fh)
+    after = ns.journal.get(ino)
+    assert after is not None and after.state == DIRTY and after.size == 3
+
+
+def test_copy_mode_for_handles_that_need_the_daemon(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    fs = CkptFS(ns, None, None, "")  # type: ignore[arg-type]
+    ino = write_file(ns, ROOT_INODE, "tool", b"#!/bin/sh\n")
+    ns.tree.setattr(ino, mode=stat.S_IFREG | 0o6755, uid=None, gid=None, atime_ns=None, mtime_ns=None)
+    nobody = RequestContext(65534, 65534, 1)
+    reply = trio.run(fs.open, ino, os.O_WRONLY, nobody)
+    assert reply.passthrough_fd is None  # its write must drop setuid/setgid: we must see it
+    trio.run(fs.release, reply.fh)
+    reader = trio.run(fs.open, ino, os.O_RDONLY, nobody)
+    assert reader.passthrough_fd is not None  # a whole cached file: reads may go through
+    fs.opened(reader.fh, False)  # the transport may still decide copy mode
+    trio.run(fs.release, reader.fh)
+    ns.cache.capacity_bytes = ns.cache.used_bytes + (1 << 20)  # less room than a writer needs
+    writer = trio.run(fs.open, ino, os.O_WRONLY, RequestContext(0, 0, 1))
+    assert writer.passthrough_fd is None  # copy mode keeps backpressure and ENOSPC
+    trio.run(fs.release, writer.fh)
