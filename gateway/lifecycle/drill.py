@@ -37,7 +37,8 @@ import trio
 import xxhash
 
 from ..store import CHANGED, NETWORK, NO_OBJECT, PRECONDITION, StoreError
-from .manifest import LifecycleError, Manifest, first_store_error, files_of, node_name, now_iso
+from . import ranges
+from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso
 from .patterns import Checkpoint
 
 if TYPE_CHECKING:
@@ -149,18 +150,6 @@ async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, do
     range in flight); the hash reads each range back from the page cache once the ones before it are in.
     """
     h = xxhash.xxh3_128()
-    if size == 0:
-        await lc.io(lc.store.get_range, key, etag, 0, 0)
-        return h.hexdigest()
-    rs = lc.cfg.read_range_size
-    n = -(-size // rs)
-    slots = trio.Semaphore(lc.cfg.read_concurrency)
-    events = [trio.Event() for _ in range(n)]
-
-    async def fetch(i: int) -> None:
-        start = i * rs
-        await lc.io(lc.store.read_range, key, etag, start, min(rs, size - start), fd)
-        events[i].set()
 
     def hash_range(start: int, length: int) -> None:
         end = start + length
@@ -171,27 +160,14 @@ async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, do
             h.update(chunk)
             start += len(chunk)
 
-    try:
-        async with trio.open_nursery() as nursery:
+    async def fetch(start: int, length: int) -> None:
+        await lc.io(lc.store.read_range, key, etag, start, length, fd)
 
-            async def producer() -> None:
-                for i in range(n):
-                    await slots.acquire()
-                    nursery.start_soon(fetch, i)
+    async def consume(start: int, length: int, _: None) -> None:
+        await trio.to_thread.run_sync(hash_range, start, length)
+        done["bytes"] += length
 
-            nursery.start_soon(producer)
-            for i in range(n):
-                await events[i].wait()
-                length = min(rs, size - i * rs)
-                await trio.to_thread.run_sync(hash_range, i * rs, length)
-                done["bytes"] += length
-                slots.release()
-    except BaseExceptionGroup as group:
-        # ranges fail together (the object changed or vanished): one StoreError for the caller to classify
-        err = first_store_error(group)
-        if err is None:
-            raise
-        raise err from None
+    await ranges.in_order(lc, key, etag, size, fetch, consume)
     return h.hexdigest()
 
 

@@ -24,7 +24,8 @@ import trio
 import xxhash
 
 from ..store import CHANGED, NO_OBJECT, StoreError
-from .manifest import VERIFY, LifecycleError, Manifest, files_of, first_store_error, node_name, now_iso
+from . import ranges
+from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
 from .patterns import Checkpoint
 
 if TYPE_CHECKING:
@@ -106,39 +107,13 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
 async def _xxh3(lc: "Lifecycle", key: str, etag: str, size: int, done: dict[str, int]) -> str:
     """xxh3-128 of the object read back with parallel ranged GETs, at most `read_concurrency` ranges held at once."""
     h = xxhash.xxh3_128()
-    if size == 0:
-        await lc.io(lc.store.get_range, key, etag, 0, 0)
-        return h.hexdigest()
-    rs = lc.cfg.read_range_size
-    n = -(-size // rs)
-    slots = trio.Semaphore(lc.cfg.read_concurrency)
-    arrived: dict[int, bytes] = {}
-    events = [trio.Event() for _ in range(n)]
 
-    async def fetch(i: int) -> None:
-        start = i * rs
-        arrived[i] = await lc.io(lc.store.get_range, key, etag, start, min(rs, size - start))
-        events[i].set()
+    async def fetch(start: int, length: int) -> bytes:
+        return await lc.io(lc.store.get_range, key, etag, start, length)
 
-    try:
-        async with trio.open_nursery() as nursery:
+    async def consume(start: int, length: int, data: bytes) -> None:
+        h.update(data)
+        done["bytes"] += len(data)
 
-            async def producer() -> None:
-                for i in range(n):
-                    await slots.acquire()
-                    nursery.start_soon(fetch, i)
-
-            nursery.start_soon(producer)
-            for i in range(n):
-                await events[i].wait()
-                data = arrived.pop(i)
-                h.update(data)
-                done["bytes"] += len(data)
-                slots.release()
-    except BaseExceptionGroup as group:
-        # ranges fail together (the object changed or vanished): one StoreError for the caller to classify
-        err = first_store_error(group)
-        if err is None:
-            raise
-        raise err from None
+    await ranges.in_order(lc, key, etag, size, fetch, consume)
     return h.hexdigest()

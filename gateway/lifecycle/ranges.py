@@ -1,0 +1,56 @@
+"""Reading an object back in parallel ranges, in order: what verify and drills both do.
+
+At most `read_concurrency` ranges of `read_range_size` are in flight (so memory is bounded),
+each pinned to the object's ETag; the caller's `consume` sees them in order, so a hash can
+follow. Ranges fail together (the object changed or vanished): the first StoreError is raised
+alone, for the caller to classify.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
+
+import trio
+
+from .manifest import first_store_error
+
+if TYPE_CHECKING:
+    from .service import Lifecycle
+
+T = TypeVar("T")
+
+
+async def in_order(lc: "Lifecycle", key: str, etag: str, size: int,
+                   fetch: Callable[[int, int], Awaitable[T]], consume: Callable[[int, int, T], Awaitable[None]]) -> None:
+    """fetch(start, length) every range of the object, consume(start, length, result) them in order."""
+    if size == 0:
+        await lc.io(lc.store.get_range, key, etag, 0, 0)  # the object is still there, with that ETag
+        return
+    rs = lc.cfg.read_range_size
+    n = -(-size // rs)
+    slots = trio.Semaphore(lc.cfg.read_concurrency)
+    results: dict[int, T] = {}
+    events = [trio.Event() for _ in range(n)]
+
+    async def one(i: int) -> None:
+        results[i] = await fetch(i * rs, min(rs, size - i * rs))
+        events[i].set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def producer() -> None:
+                for i in range(n):
+                    await slots.acquire()
+                    nursery.start_soon(one, i)
+
+            nursery.start_soon(producer)
+            for i in range(n):
+                await events[i].wait()
+                await consume(i * rs, min(rs, size - i * rs), results.pop(i))
+                slots.release()
+    except BaseExceptionGroup as group:
+        err = first_store_error(group)
+        if err is None:
+            raise
+        raise err from None
