@@ -113,9 +113,10 @@ def checkpoints(
     from rich.table import Table
 
     table = Table(title=f"checkpoints under {path}")
-    for col in ("step", "path", "state", "files", "size", "class", "age", "last verify", "note"):
+    for col in ("step", "path", "state", "files", "size", "class", "age", "last verify"):
         table.add_column(col, justify="right" if col in ("step", "files", "size") else "left")
     now = time.time()
+    notes_of: list[str] = []  # below the table, whole: a note squeezed into a column of 80 is unreadable
     for e in entries:
         v = e.get("last_verify")
         verified = "-" if not v else f"{v['outcome']}{' (deep)' if v.get('deep') else ''} {fmt_age(now - v['at'])} ago" + (" (earlier manifest)" if v.get("stale") else "")
@@ -130,8 +131,13 @@ def checkpoints(
         elif mark.get("state") == "restored":
             notes.append("restored from expiring")
         table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
-                      verified, "; ".join(notes))
-    Console().print(table)
+                      verified)
+        if notes:
+            notes_of.append(f"{e['path']}: {'; '.join(notes)}")
+    console = Console()
+    console.print(table)
+    for line in notes_of:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()

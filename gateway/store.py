@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,6 +22,8 @@ from botocore.config import Config as BotoConfig
 
 from .config import Config
 from .encryption import Encryption, EncryptionError
+
+log = logging.getLogger(__name__)
 
 # kinds of failure
 NETWORK = "network"  # unreachable, timed out, connection reset: retry
@@ -208,6 +211,8 @@ class Store:
         )
 
     def _call(self, what: str, fn: Any, **kw: Any) -> Any:
+        # the request's name and key only: its parameters may hold an SSE-C key
+        log.debug("%s %s (encryption %s)", what, kw.get("Key") or kw.get("Prefix") or "", self.enc.mode)
         try:
             return fn(Bucket=self.bucket, **kw)
         except Exception as e:  # noqa: BLE001 - every failure becomes a StoreError
