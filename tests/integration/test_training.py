@@ -58,6 +58,16 @@ def test_dcp_four_ranks_save_flush_and_load_on_a_fresh_mount(make_mount, tmp_pat
     assert st["fetched_bytes_total"] >= total - 1 * MiB  # every shard came from the bucket
     assert st["checksum_mismatches_total"] == 0
 
+    # the step is a checkpoint: committed on the writing node, seen whole from the other one
+    proc = a.cli("checkpoint", "commit", str(step))
+    assert proc.returncode == 0, proc.stderr
+    proc = b.cli("checkpoints", str(b.path / "run"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(proc.stdout)
+    assert (entry["path"], entry["step"], entry["state"], entry["files"], entry["bytes"]) == ("run/step_100", 100, "committed", len(files), total)
+    proc = b.cli("verify", str(b.path / "run" / "step_100"), "--deep")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
 
 def test_torch_save_tmp_fsync_rename_then_load_on_a_fresh_mount(make_mount) -> None:  # type: ignore[no-untyped-def]
     a: Mount = make_mount("a")
