@@ -7,7 +7,7 @@ request and turns anything unexpected into EIO (logged); `OSError`s pass to the 
 which answers with their errno.
 
 Passthrough (kernel transport only): a write handle of a file in the cache, while the cache
-has `PASSTHROUGH_MIN_ROOM` to spare, and a read handle of a file that is entirely in the
+has `passthrough_min_room` to spare, and a read handle of a file that is entirely in the
 cache, are offered to the kernel, which then reads and writes the cache file itself: no
 WRITE reaches us. So such a file counts as modified from its open for writing (a new
 version, `dirty` in the journal) until its last release, where its size and mtime are
@@ -55,7 +55,6 @@ FILE_XATTRS = (XATTR_STATE, XATTR_ETAG, XATTR_XXH3)
 ATTR_TIMEOUT = 1.0
 FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
 BLOCK = 4096
-PASSTHROUGH_MIN_ROOM = 1 << 30  # cache room a new passthrough writer needs: it is never stalled
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -322,7 +321,7 @@ class CkptFS(Operations):
                 return None  # its first write must drop setuid/setgid: we must see it
             if self.ns.files.size_of(self.ns.files.row(h.ino)) >= self.ns.cfg.file_size_limit:
                 return None  # copy mode refuses the write past the limit with EFBIG
-            if self.ns.cache.room() < PASSTHROUGH_MIN_ROOM:
+            if self.ns.cache.room() < self.ns.cfg.passthrough_min_room:
                 return None  # copy mode: writers wait for the drain (backpressure), then ENOSPC
         return h.fd
 
