@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import trio
 import xxhash
 
-from ..store import CHANGED, NETWORK, NO_OBJECT, PRECONDITION, StoreError
+from ..store import NETWORK, NO_OBJECT, PRECONDITION, StoreError
 from . import ranges
 from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso
 from .patterns import Checkpoint
@@ -104,12 +104,7 @@ async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: P
             try:
                 digest = await _download(lc, f["key"], f["etag"], int(f["size"]), fd, done)
             except StoreError as e:
-                if e.kind == NO_OBJECT:
-                    missing.append(f["path"])
-                elif e.kind == CHANGED:
-                    changed.append(f["path"])
-                else:
-                    raise
+                ranges.sort_read_error(e, f["path"], missing, changed)
                 return
             finally:
                 os.close(fd)

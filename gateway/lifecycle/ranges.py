@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
 
 import trio
 
+from ..store import CHANGED, NO_OBJECT, StoreError
 from .manifest import first_store_error
 
 if TYPE_CHECKING:
@@ -54,3 +55,13 @@ async def in_order(lc: "Lifecycle", key: str, etag: str, size: int,
         if err is None:
             raise
         raise err from None
+
+
+def sort_read_error(e: StoreError, path: str, missing: list[str], changed: list[str]) -> None:
+    """A file that could not be read back is missing or changed (what verify and drills report); anything else goes on."""
+    if e.kind == NO_OBJECT:
+        missing.append(path)
+    elif e.kind == CHANGED:
+        changed.append(path)
+    else:
+        raise e

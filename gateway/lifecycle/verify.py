@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import trio
 import xxhash
 
-from ..store import CHANGED, NO_OBJECT, StoreError
+from ..store import StoreError
 from . import ranges
 from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
 from .patterns import Checkpoint
@@ -66,12 +66,7 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
                 try:
                     digest = await _xxh3(lc, f["key"], f["etag"], int(f["size"]), done)
                 except StoreError as e:
-                    if e.kind == NO_OBJECT:
-                        missing.append(f["path"])
-                    elif e.kind == CHANGED:
-                        changed.append(f["path"])
-                    else:
-                        raise
+                    ranges.sort_read_error(e, f["path"], missing, changed)
                     return
                 if f.get("xxh3") and digest != f["xxh3"]:
                     log.warning("verify %s: %s has xxh3 %s, the manifest says %s", ck.path, f["path"], digest, f["xxh3"])
