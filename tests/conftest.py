@@ -27,6 +27,18 @@ def fuse_usable() -> bool:
     return os.path.exists("/dev/fuse") and os.access("/dev/fuse", os.R_OK | os.W_OK)
 
 
+@pytest.fixture
+def proxy(s3: SeaweedServer) -> Iterator[Any]:
+    """A fault-injecting HTTP proxy in front of the test S3 server (tests/support/faultproxy.py)."""
+    from tests.support.faultproxy import FaultProxy
+
+    p = FaultProxy(s3.s3_port)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
     data = tmp_path_factory.mktemp("seaweed")

@@ -17,7 +17,6 @@ import tempfile
 import tomllib
 import urllib.request
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -27,15 +26,6 @@ from tests.support.seaweed import SeaweedServer, free_port
 
 MiB = 1 << 20
 COMMANDS_ON_A_PATH = ("status", "flush", "warmup", "evict")
-
-
-@pytest.fixture
-def proxy(s3: SeaweedServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(s3.s3_port)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:

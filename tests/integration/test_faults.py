@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,15 +25,6 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.seaweed import SeaweedServer, free_port
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def proxy(s3: SeaweedServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(s3.s3_port)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def uploads_under(m: Mount) -> list[str]:
