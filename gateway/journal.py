@@ -11,16 +11,30 @@ acknowledge data to an application (`fsync`, last `close`, `fsyncdir`) call
 
 Inode numbers come from an AUTOINCREMENT key and are never reused, not even
 after a restart: the kernel may still hold an old number in its caches.
+
+A full disk: the journal shares the cache's file system, and a FUSE passthrough writer
+(which the daemon cannot hold back) may fill it to the last block. So the journal keeps
+`JOURNAL_RESERVE` bytes allocated in `journal.reserve`; a write that finds the disk full
+gives the reserve up and is retried once (only where SQLite left nothing half done: a
+statement outside a transaction, or a COMMIT whose transaction is still open), so closes,
+fsyncs, uploads marked durable and unlinks that free space still commit. The reserve is
+taken back at the next `sync()` that finds the disk has room. With the reserve gone too,
+the write fails with `DiskFull` (ENOSPC), never a half-applied change.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
 SCHEMA_VERSION = 1
@@ -82,8 +96,43 @@ CREATE TABLE IF NOT EXISTS deletes(
 """
 
 
+JOURNAL_RESERVE = 8 << 20  # room kept for the journal on a full disk: a WAL cycle (~4 MiB) and then some
+
+
 class JournalError(Exception):
     """The journal cannot be used (corrupt, foreign, newer schema); message is one line."""
+
+
+class DiskFull(OSError):
+    """The cache disk is full and the journal's reserve is spent: the change was not made."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ENOSPC, "cache disk full: the journal cannot be written")
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that meets a full disk by giving up the journal's reserve and retrying once."""
+
+    release_reserve: Callable[[], bool] = staticmethod(lambda: False)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        was_open = self.in_transaction
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorcode != sqlite3.SQLITE_FULL:
+                raise
+            # retry only a write that failed whole: outside a transaction SQLite rolled the statement
+            # back; a COMMIT may be retried while its transaction is still open
+            whole = not was_open or (sql == "COMMIT" and self.in_transaction)
+            if not (whole and self.release_reserve()):
+                raise DiskFull() from None
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorcode == sqlite3.SQLITE_FULL:
+                raise DiskFull() from None
+            raise
 
 
 @dataclass
@@ -142,7 +191,7 @@ class Journal:
     def __init__(self, path: Path, bucket: str, prefix: str) -> None:
         self.path = path
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, factory=_Connection)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=OFF")
@@ -154,7 +203,36 @@ class Journal:
         except sqlite3.DatabaseError as e:
             raise JournalError(f"journal {path} cannot be opened ({e}): move it aside and remount") from None
         self._depth = 0
+        self.reserve_path = path.with_name("journal.reserve")
+        self.reserved = self._take_reserve()
+        self.db.release_reserve = self._release_reserve  # type: ignore[attr-defined]
         self._bind(bucket, prefix)
+
+    def _take_reserve(self) -> bool:
+        """Allocate JOURNAL_RESERVE bytes in journal.reserve (True), unless the disk cannot spare them."""
+        fd = os.open(self.reserve_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, JOURNAL_RESERVE)
+            return True
+        except OSError:
+            os.ftruncate(fd, 0)
+            return False
+        finally:
+            os.close(fd)
+
+    def _release_reserve(self) -> bool:
+        if not self.reserved:
+            return False
+        os.truncate(self.reserve_path, 0)
+        self.reserved = False
+        log.warning("cache disk full: gave up the journal's reserve (%d MiB) so the journal can still be written; "
+                    "it is taken back once the disk has room", JOURNAL_RESERVE >> 20)
+        return True
+
+    def _retake_reserve(self) -> None:
+        st = os.statvfs(self.reserve_path.parent)
+        if st.f_bavail * st.f_frsize > 4 * JOURNAL_RESERVE:
+            self.reserved = self._take_reserve()
 
     def _add_columns(self) -> None:
         """Bring a journal written by an earlier 0.x release up to date (columns only ever get added)."""
@@ -207,15 +285,18 @@ class Journal:
         self._depth = 1
         try:
             yield
+            self._depth = 0
+            self.db.execute("COMMIT")
         except BaseException:
             self._depth = 0
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
+                self.db.execute("ROLLBACK")
             raise
-        self._depth = 0
-        self.db.execute("COMMIT")
 
     def sync(self) -> None:
         """Make every earlier commit survive power loss (fsync the WAL)."""
+        if not self.reserved:
+            self._retake_reserve()
         self.db.execute("PRAGMA synchronous=FULL")
         try:
             with self.transaction():

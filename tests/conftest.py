@@ -158,9 +158,38 @@ class Mount:
 
 DEFAULT_LISTING_TIMEOUT = Config.__dataclass_fields__["listing_timeout"].default
 
+# Both FUSE transports (issue 17): every test that mounts (`make_mount`, `mount`, or asks for
+# `fuse_transport`) runs once per transport, with ids `[kernel]` and `[libfuse]`, unless it (or its
+# module, with `pytestmark`) is marked `one_transport`: tests of store-side logic behind the
+# control socket, where the transport changes nothing; they run under the default (`auto`).
+# CKPTFS_FUSE_TRANSPORT=kernel|libfuse forces one transport for the whole run (no parameter:
+# the daemon takes it from the environment); tests that pass `fuse_transport=` themselves keep it.
+TRANSPORTS = ("kernel", "libfuse")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "one_transport: run under the default FUSE transport only, not once per transport")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not {"make_mount", "fuse_transport"} & set(metafunc.fixturenames):
+        return
+    if os.environ.get("CKPTFS_FUSE_TRANSPORT") or metafunc.definition.get_closest_marker("one_transport"):
+        return
+    metafunc.parametrize("fuse_transport", TRANSPORTS, indirect=True)
+
 
 @pytest.fixture
-def make_mount(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Any]:
+def fuse_transport(request: pytest.FixtureRequest) -> str | None:
+    """The FUSE transport this test runs under ("kernel" or "libfuse"), None for the default."""
+    name = getattr(request, "param", None)
+    if name == "kernel" and os.geteuid() != 0:
+        pytest.skip("the kernel transport mounts with mount(2): needs root")
+    return name
+
+
+@pytest.fixture
+def make_mount(s3: SeaweedServer, bucket: str, tmp_path: Path, fuse_transport: str | None) -> Iterator[Any]:
     if not fuse_usable():
         pytest.skip("/dev/fuse is not usable here")
     mounts: list[Mount] = []
@@ -173,7 +202,7 @@ def make_mount(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Any]:
         # listing_timeout: tests of what another node sees read the bucket right after a flush; on a
         # loaded machine a listing can outlast the default bound, and the (correct) stale answer would
         # fail them. Tests of a slow or hung store pass DEFAULT_LISTING_TIMEOUT themselves.
-        opts = {"upload_delay": 0.2, "listing_timeout": 120, **options}
+        opts = {"upload_delay": 0.2, "listing_timeout": 120, **({"fuse_transport": fuse_transport} if fuse_transport else {}), **options}
         m = Mount(s3, bucket, prefix, path, cache, opts, endpoint_url=endpoint_url)
         mounts.append(m)
         if start:

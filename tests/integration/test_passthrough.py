@@ -9,15 +9,24 @@ that was fsynced. The same files under `fuse_transport=libfuse` are the referenc
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
+import shutil
 import signal
+import subprocess
 from typing import Any
 
 import pytest
 
-from tests.conftest import mount_is_dead, wait_for
+from tests.conftest import mount_is_dead, sha256_file, wait_for, write_random
+from tests.integration.test_metrics import scrape, value
+from tests.support.faultproxy import FaultProxy
+from tests.support.seaweed import free_port
+
+# each test picks its transport itself (fuse_transport=...)
+pytestmark = pytest.mark.one_transport
 
 MiB = 1 << 20
 
@@ -26,18 +35,25 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def kernel_mount(make_mount: Any, **options: Any) -> Any:
-    m = make_mount(fuse_transport="kernel", **options)
+def kernel_mount(make_mount: Any, name: str = "m", metrics: bool = False, **options: Any) -> Any:
+    m = make_mount(name, fuse_transport="kernel", start=False, **options)
+    if metrics:
+        m.metrics_port = free_port()
+    m.start()
+    kernel_mount_checks(m)
+    return m
+
+
+def kernel_mount_checks(m: Any) -> None:
     s = m.status()
     assert s["fuse_transport"] == "kernel"
     if not s["passthrough"]:
         pytest.skip("the kernel transport runs, but this kernel or user gets no passthrough")
-    return m
 
 
 @pytest.mark.integration
 def test_passthrough_write_upload_and_status(make_mount: Any) -> None:
-    m = kernel_mount(make_mount)
+    m = kernel_mount(make_mount, metrics=True)
     data = os.urandom(9 * MiB + 17)
     p = m.path / "step_1" / "model.pt"
     os.mkdir(p.parent)
@@ -45,8 +61,15 @@ def test_passthrough_write_upload_and_status(make_mount: Any) -> None:
     try:
         os.write(fd, data[:4 * MiB])
         os.write(fd, data[4 * MiB:])
-        assert os.stat(p).st_size == len(data)  # from the cache file while it is open
+        # size and mtime while open: from the cache file the kernel writes
+        st, cached = os.stat(p), os.stat(m.cache_dir / "data" / str(os.stat(p).st_ino))
+        assert (st.st_size, st.st_mtime_ns) == (len(data), cached.st_mtime_ns)
+        fsyncs = value(scrape(m.metrics_port), "ckptfs_fuse_requests_total", op="fsync")
         os.fsync(fd)
+        # FSYNC reaches the daemon (which fsyncs the cache file); no WRITE ever did
+        text = scrape(m.metrics_port)
+        assert value(text, "ckptfs_fuse_requests_total", op="fsync") == fsyncs + 1
+        assert value(text, "ckptfs_fuse_requests_total", op="write") == 0
         s = m.status()
         assert s["passthrough_handles"] == 1
         assert os.getxattr(p, "user.ckptfs.state") == b"dirty"
@@ -119,3 +142,133 @@ def test_libfuse_transport_chosen_by_option(make_mount: Any) -> None:
     (m.path / "f").write_bytes(data)
     m.flush()
     assert m.object_sha256("f") == sha256(data)
+
+
+@pytest.mark.integration
+def test_passthrough_writer_fills_the_disk_gets_enospc_and_loses_nothing(make_mount: Any) -> None:
+    """Issue 17 item 4: the kernel writes a passthrough handle's cache file itself, so the daemon
+    cannot hold such a writer back when the disk fills: the writer gets ENOSPC from the kernel,
+    the daemon stays up, what was fsynced before is intact and drains, and once the writer
+    removes its partial file the mount works as before."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs as the cache disk")
+    # passthrough_min_room 1 MiB and no reserve: a 48 MiB disk still grants passthrough;
+    # upload_delay: nothing drains (and no clean copy is evicted) until the test flushes
+    m = make_mount("full", start=False, fuse_transport="kernel", passthrough_min_room="1MiB", cache_min_free=0, upload_delay=3600)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(m.cache_dir)], check=True)
+    try:
+        m.start()
+        kernel_mount_checks(m)
+        kept = {f"kept{i}.bin": write_random(m.path / f"kept{i}.bin", 8 * MiB, seed=170 + i) for i in range(2)}  # fsynced
+        chunk = os.urandom(MiB)
+        h = hashlib.sha256()
+        written = 0
+        fd = os.open(m.path / "big.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            assert m.status()["passthrough_handles"] == 1  # not copy mode, where the daemon refuses the write itself
+            with pytest.raises(OSError) as e:
+                while written < 64 * MiB:  # the disk holds 48 MiB: ENOSPC comes first
+                    n = os.write(fd, chunk)
+                    h.update(chunk[:n])
+                    written += n
+            assert e.value.errno == errno.ENOSPC
+            assert written > 0
+            # the daemon is up and serves the other files (read through passthrough from the full disk)
+            s = m.status()
+            assert s["passthrough_handles"] == 1
+            for name, digest in kept.items():
+                assert sha256_file(m.path / name) == digest
+            assert os.stat(m.path / "big.bin").st_size == written
+            os.fsync(fd)  # what the kernel took is on disk: fsync succeeds
+        finally:
+            os.close(fd)
+        # the partial file closed by its writer is an ordinary closed file: the bytes that reached
+        # the disk, dirty, uploaded like any other (docs/semantics.md)
+        assert os.stat(m.path / "big.bin").st_size == written
+        assert os.getxattr(m.path / "big.bin", "user.ckptfs.state") == b"dirty"
+        for name, digest in kept.items():
+            assert sha256_file(m.cache_dir / "data" / str(os.stat(m.path / name).st_ino)) == digest
+        m.flush()
+        for name, digest in kept.items():
+            assert m.object_sha256(name) == digest
+        assert m.object_sha256("big.bin") == h.hexdigest()
+        # the writer removes its partial file: room again, and the mount works as before
+        os.unlink(m.path / "big.bin")
+        digest = write_random(m.path / "after.bin", 16 * MiB, seed=179)
+        assert m.status()["passthrough_handles"] == 0
+        m.flush()
+        assert m.object_sha256("after.bin") == digest
+        assert sha256_file(m.path / "after.bin") == digest
+        assert "big.bin" not in {k.rsplit("/", 1)[-1] for k in m.keys()}
+    finally:
+        m.stop()
+        if (m.cache_dir / "ckptfs.log").exists():  # kept beside the tmpfs, for a failure's post-mortem
+            shutil.copy(m.cache_dir / "ckptfs.log", m.cache_dir.parent / "full-ckptfs.log")
+        subprocess.run(["umount", "-l", str(m.cache_dir)], check=False)
+
+
+@pytest.mark.integration
+def test_passthrough_granted_and_refused_one_mode_per_inode(make_mount: Any) -> None:
+    # a 64 MiB cache has less room than passthrough_min_room (1 GiB): a writer gets copy mode,
+    # where the daemon sees each write and can hold it back
+    small = kernel_mount(make_mount, "small", cache_capacity="64MiB", cache_min_free=0)
+    data = os.urandom(4 * MiB)
+    with open(small.path / "w.bin", "wb") as f:
+        f.write(data)
+        assert small.status()["passthrough_handles"] == 0
+    # a reader of a file that is whole in the cache: passthrough, whatever the room
+    with open(small.path / "w.bin", "rb") as f:
+        assert small.status()["passthrough_handles"] == 1
+        assert f.read() == data
+    small.flush()
+    assert small.object_sha256("w.bin") == sha256(data)
+
+    m = kernel_mount(make_mount)
+    p = m.path / "r.bin"
+    p.write_bytes(data)
+    m.flush()
+    assert m.cli("evict", str(p)).returncode == 0
+    # only in the bucket: a reader gets copy mode while the bytes arrive; a writer opened beside
+    # it follows the inode's mode (mixing the two on one inode gives EIO in the kernel)
+    with open(p, "rb") as r:
+        assert m.status()["passthrough_handles"] == 0
+        with open(p, "r+b") as w:
+            assert m.status()["passthrough_handles"] == 0
+            w.write(b"X")
+        assert r.read() == b"X" + data[1:]
+    # whole in the cache and no handle left: new opens get passthrough again
+    with open(p, "rb") as r, open(p, "r+b", buffering=0) as w:
+        assert m.status()["passthrough_handles"] == 2
+        w.seek(1)
+        w.write(b"Y")
+        assert r.read() == b"XY" + data[2:]
+    m.flush()
+    assert m.object_sha256("r.bin") == sha256(b"XY" + data[2:])
+
+
+@pytest.mark.integration
+def test_unmount_with_a_passthrough_writer_open_loses_nothing(make_mount: Any, proxy: FaultProxy) -> None:
+    m = kernel_mount(make_mount, endpoint_url=proxy.url, shutdown_timeout=1, connect_timeout=1, read_timeout=2)
+    data = os.urandom(5 * MiB)
+    f = open(m.path / "open.bin", "wb", buffering=0)
+    try:
+        f.write(data[:3 * MiB])
+        os.fsync(f.fileno())
+        f.write(data[3 * MiB:])  # not fsynced: still in the cache file the daemon reads its size from
+        assert m.status()["passthrough_handles"] == 1
+        proxy.set_mode("refuse")  # nothing reaches the bucket: it all stays in the journal
+        proc = m.cli("unmount", "--force", str(m.path))
+        assert proc.returncode == 0, proc.stderr
+        assert not os.path.ismount(m.path)
+        assert "1 file (5.0 MiB)" in proc.stdout and "stay in the journal" in proc.stdout
+    finally:
+        try:
+            f.close()
+        except OSError:
+            pass  # the mount is gone under it
+    proxy.set_mode("pass")
+    m.start()  # the journal replays: the file is dirty, with every byte the kernel took
+    assert os.stat(m.path / "open.bin").st_size == len(data)
+    m.flush()
+    assert m.object_sha256("open.bin") == sha256(data)
+    assert (m.path / "open.bin").read_bytes() == data

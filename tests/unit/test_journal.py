@@ -244,3 +244,42 @@ def test_marker_put_racing_rmdir_is_deleted_again(tmp_path: Path) -> None:
     ns.uploads.marker_done(marker_id, key)
     assert [k for _, k in ns.uploads.ready_deletes(set())] == ["p/new/"]
 
+
+
+def test_a_full_journal_gives_up_its_reserve_then_fails_with_enospc_and_changes_nothing(tmp_path: Path) -> None:
+    import errno
+    import os
+
+    from ckptfs.journal import JOURNAL_RESERVE, DiskFull
+
+    j = Journal(tmp_path / "journal.sqlite3", "ckpt", "p")
+    reserve = tmp_path / "journal.reserve"
+    assert os.stat(reserve).st_size == JOURNAL_RESERVE and os.stat(reserve).st_mode & 0o777 == 0o600
+    with j.transaction():
+        a = j.insert(ROOT_INODE, "a", "file", 0o644, 0, 0, DIRTY)
+    # SQLITE_FULL without filling a disk: the database may not grow past its pages now
+    pages = j.db.execute("PRAGMA page_count").fetchone()[0]
+    j.db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(DiskFull) as e:
+        with j.transaction():
+            j.update(a.ino, size=1)
+            for i in range(200):
+                j.insert(ROOT_INODE, f"f{i}-" + "x" * 200, "file", 0o644, 0, 0, DIRTY)
+    assert e.value.errno == errno.ENOSPC
+    # inside a transaction SQLite may have undone part of it: no retry, the whole change is rolled back
+    assert os.stat(reserve).st_size == JOURNAL_RESERVE
+    assert not j.db.in_transaction
+    got = j.get(a.ino)
+    assert got is not None and got.size == 0
+    assert [r.name for r in j.children(ROOT_INODE)] == ["a"]
+    # a statement on its own is retried once after giving the reserve up (here the retry finds no room either)
+    with pytest.raises(DiskFull):
+        for i in range(200):
+            j.insert(ROOT_INODE, f"g{i}-" + "x" * 200, "file", 0o644, 0, 0, DIRTY)
+    assert os.stat(reserve).st_size == 0
+    # the journal goes on: a change that fits commits, and sync takes the reserve back
+    j.update(a.ino, size=7)
+    j.sync()
+    assert os.stat(reserve).st_size == JOURNAL_RESERVE
+    got = j.get(a.ino)
+    assert got is not None and got.size == 7  # type: ignore[union-attr]
