@@ -231,7 +231,7 @@ class Journal:
 
     def _retake_reserve(self) -> None:
         st = os.statvfs(self.reserve_path.parent)
-        if st.f_bavail * st.f_frsize > 4 * JOURNAL_RESERVE:
+        if st.f_bavail * st.f_frsize > 2 * JOURNAL_RESERVE:
             self.reserved = self._take_reserve()
 
     def _add_columns(self) -> None:

@@ -24,6 +24,9 @@ from tests.conftest import CKPTFS, ROOT, Mount, fuse_usable, mount_is_dead, run_
 from tests.support.faultproxy import FaultProxy
 from tests.support.seaweed import SeaweedServer, free_port
 
+# The command's output and errors, from the control socket: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
+
 MiB = 1 << 20
 COMMANDS_ON_A_PATH = ("status", "flush", "warmup", "evict")
 

@@ -8,10 +8,15 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Mount
 from tests.integration.test_lifecycle import dcp_save
 from tests.integration.test_metrics import scrape, value
 from tests.support.seaweed import free_port
+
+# Drills: store-side logic behind the control socket: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
 
 MiB = 1 << 20
 

@@ -3,6 +3,10 @@
 The daemon is killed, signalled, or cut off from a real SeaweedFS server by a
 fault-injecting proxy (tests/support/faultproxy.py); every test checks the
 bucket's bytes against what was written.
+
+A crash, a signal, an unmount with a writer open and a dead mount run under both FUSE
+transports; the store's faults, the journal's checks and the errors of `ckptfs mount`
+(which these tests run with their own options) under the default one (`one_transport`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def test_kill9_mid_upload_resumes_from_the_parts_in_the_bucket(make_mount, proxy
     assert sha256_file(m.path / "big.bin") == big
 
 
+@pytest.mark.one_transport
 def test_leaked_multipart_upload_is_aborted(make_mount, s3: SeaweedServer, bucket: str) -> None:  # type: ignore[no-untyped-def]
     client = s3.client()
     upload = client.create_multipart_upload(Bucket=bucket, Key="ckpt/crashed-node.bin")
@@ -78,6 +83,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str
     return lines[0]
 
 
+@pytest.mark.one_transport
 def test_foreign_and_corrupt_journals_are_refused(make_mount) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(prefix="ckpt")
     digest = write_random(m.path / "a.bin", 1 * MiB, seed=4)
@@ -105,6 +111,7 @@ def status_of(m: Mount) -> dict[str, Any]:
     return m.status()
 
 
+@pytest.mark.one_transport
 def test_endpoint_down_for_60s_writers_never_notice(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(endpoint_url=proxy.url, connect_timeout=1, read_timeout=5, retry_max_backoff=4,
                           part_size="5MiB", multipart_threshold="5MiB")
@@ -129,6 +136,7 @@ def test_endpoint_down_for_60s_writers_never_notice(make_mount, proxy: FaultProx
     assert m.status()["dirty_files"] == 0
 
 
+@pytest.mark.one_transport
 def test_hanging_endpoint_times_out_and_recovers(make_mount, s3: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(connect_timeout=1, read_timeout=2, retry_max_backoff=2)
     s3.pause()  # SIGSTOP: connections are accepted by the kernel, nothing answers
@@ -142,6 +150,7 @@ def test_hanging_endpoint_times_out_and_recovers(make_mount, s3: SeaweedServer) 
     assert m.object_sha256("hang.bin") == digest
 
 
+@pytest.mark.one_transport
 def test_blackholed_endpoint_times_out_and_recovers(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(endpoint_url=proxy.url, connect_timeout=1, read_timeout=2, retry_max_backoff=2)
     proxy.set_mode("blackhole")
@@ -152,6 +161,7 @@ def test_blackholed_endpoint_times_out_and_recovers(make_mount, proxy: FaultProx
     assert m.object_sha256("bh.bin") == digest
 
 
+@pytest.mark.one_transport
 @pytest.mark.parametrize("status,code", [(503, "SlowDown"), (500, "InternalError")])
 def test_server_errors_are_retried(make_mount, proxy: FaultProxy, status: int, code: str) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(endpoint_url=proxy.url, retry_max_backoff=1, part_size="5MiB", multipart_threshold="5MiB")
@@ -168,6 +178,7 @@ def test_server_errors_are_retried(make_mount, proxy: FaultProxy, status: int, c
     assert uploads_under(m) == []
 
 
+@pytest.mark.one_transport
 def test_access_denied_is_reported_loudly_and_retried_slowly(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(endpoint_url=proxy.url, retry_auth_backoff=2)
     proxy.fail(403, "AccessDenied", count=3, methods={"PUT"})
@@ -180,6 +191,7 @@ def test_access_denied_is_reported_loudly_and_retried_slowly(make_mount, proxy: 
     assert "ERROR" in log and "access denied" in log
 
 
+@pytest.mark.one_transport
 def test_missing_bucket_is_reported_loudly_and_retried_slowly(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
     # SeaweedFS re-creates a deleted bucket on the next PutObject, so the proxy answers
     # as a store whose bucket was deleted does
@@ -242,27 +254,32 @@ def mount_with(m: Mount, *extra: str, env: dict[str, str] | None = None, source:
     return run_cli(*args, env=env or m.env, timeout=120)
 
 
+@pytest.mark.one_transport
 def test_error_unreachable_endpoint(plain: Mount) -> None:
     one_line_error(mount_with(plain, "-o", "connect_timeout=1", endpoint=f"http://127.0.0.1:{free_port()}"),
                    "cannot reach the object store", "endpoint")
 
 
+@pytest.mark.one_transport
 def test_error_wrong_credentials(plain: Mount) -> None:
     env = {**plain.env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
     one_line_error(mount_with(plain, env=env), "rejected the credentials", "AWS_SECRET_ACCESS_KEY")
     assert "not-the-secret" not in mount_with(plain, env=env).stderr  # credentials are never printed
 
 
+@pytest.mark.one_transport
 def test_error_missing_bucket(plain: Mount) -> None:
     one_line_error(mount_with(plain, source="s3://no-such-bucket-here/x"), "bucket 'no-such-bucket-here' does not exist")
 
 
+@pytest.mark.one_transport
 def test_error_no_permission_on_the_bucket(plain: Mount, proxy: FaultProxy) -> None:
     # SeaweedFS has no per-bucket policies to deny us; the proxy answers as a denying store does
     proxy.fail(403, "AccessDenied", count=10)
     one_line_error(mount_with(plain, endpoint=proxy.url), "access denied to bucket")
 
 
+@pytest.mark.one_transport
 def test_error_mount_point_problems(plain: Mount, make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     one_line_error(mount_with(plain, mountpoint=tmp_path / "missing"), "does not exist", "mkdir -p")
     (tmp_path / "file").write_text("x")
@@ -274,6 +291,7 @@ def test_error_mount_point_problems(plain: Mount, make_mount, tmp_path: Path) ->
     one_line_error(mount_with(plain, mountpoint=live.path), "is already mounted", "ckptfs unmount")
 
 
+@pytest.mark.one_transport
 def test_error_cache_dir_problems(plain: Mount, make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     one_line_error(mount_with(plain, cache_dir=tmp_path / "nocache"), "cache directory", "does not exist")
     (tmp_path / "cachefile").write_text("x")
@@ -282,6 +300,7 @@ def test_error_cache_dir_problems(plain: Mount, make_mount, tmp_path: Path) -> N
     one_line_error(mount_with(plain, cache_dir=live.cache_dir), "in use by a running ckptfs", "another --cache-dir")
 
 
+@pytest.mark.one_transport
 def test_error_cache_dir_not_writable(plain: Mount, tmp_path: Path) -> None:
     if not _have("setpriv"):
         pytest.skip("setpriv (util-linux) is needed to drop the capabilities that let root write anywhere")
@@ -301,6 +320,7 @@ def mount_with_args(m: Mount, cache_dir: Path) -> list[str]:
     return ["mount", f"s3://{m.bucket}/ckpt", str(m.path), "--cache-dir", str(cache_dir), "--endpoint-url", m.s3.endpoint_url, "--daemon"]
 
 
+@pytest.mark.one_transport
 @pytest.mark.parametrize("content,needles", [
     (None, ("does not exist", "--config")),
     ("part_size = [", ("is not valid TOML",)),
@@ -321,12 +341,14 @@ def test_error_config_file(plain: Mount, tmp_path: Path, content: str | None, ne
     one_line_error(mount_with(plain, "--config", str(cfg)), *needles)
 
 
+@pytest.mark.one_transport
 def test_error_fusermount3_missing(plain: Mount, tmp_path: Path) -> None:
     empty = tmp_path / "emptybin"
     empty.mkdir()
     one_line_error(mount_with(plain, env={**plain.env, "PATH": str(empty)}), "fusermount3 is not installed", "apt-get install fuse3")
 
 
+@pytest.mark.one_transport
 def test_error_dev_fuse_missing(plain: Mount, tmp_path: Path) -> None:
     if not (_have("unshare") and _have("mount")):
         pytest.skip("unshare/mount (util-linux) are needed to hide /dev/fuse")
@@ -350,6 +372,7 @@ def _have(cmd: str) -> bool:
     return shutil.which(cmd) is not None
 
 
+@pytest.mark.one_transport
 def test_journal_has_no_credentials(make_mount) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount()
     write_random(m.path / "x.bin", 1000, seed=70)
@@ -361,6 +384,7 @@ def test_journal_has_no_credentials(make_mount) -> None:  # type: ignore[no-unty
 
 
 # ------------------------------------------------------------ bad input
+@pytest.mark.one_transport
 def test_error_missing_profile(plain: Mount, tmp_path: Path) -> None:
     env = {**plain.env, "HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "config"),
            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials")}
@@ -368,6 +392,7 @@ def test_error_missing_profile(plain: Mount, tmp_path: Path) -> None:
     assert "Traceback" not in line
 
 
+@pytest.mark.one_transport
 def test_error_no_credentials_names_the_real_ways(plain: Mount, tmp_path: Path) -> None:
     env = {k: v for k, v in plain.env.items() if not k.startswith("AWS_")}
     env.update(HOME=str(tmp_path), AWS_CONFIG_FILE=str(tmp_path / "config"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "credentials"),
@@ -378,11 +403,13 @@ def test_error_no_credentials_names_the_real_ways(plain: Mount, tmp_path: Path) 
     assert "--config profile" not in line  # not a thing
 
 
+@pytest.mark.one_transport
 def test_error_source_prefix_with_dot_components(plain: Mount) -> None:
     for source in (f"s3://{plain.bucket}/a/../b", f"s3://{plain.bucket}/a//b", f"s3://{plain.bucket}/./a"):
         one_line_error(mount_with(plain, source=source), "component", "s3://BUCKET/runs/llama")
 
 
+@pytest.mark.one_transport
 @pytest.mark.parametrize("args", [("flush", "--timeout", "-1"), ("flush", "--timeout", "0"), ("unmount", "--flush", "--timeout", "-5")])
 def test_error_negative_or_zero_timeouts_are_usage_errors(mount: Mount, args: tuple[str, ...]) -> None:
     proc = mount.cli(args[0], str(mount.path), *args[1:])
@@ -391,6 +418,7 @@ def test_error_negative_or_zero_timeouts_are_usage_errors(mount: Mount, args: tu
     assert os.path.ismount(mount.path)
 
 
+@pytest.mark.one_transport
 def test_error_cache_dir_in_a_ckptfs_mount(plain: Mount, make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     live: Mount = make_mount("live")
     inside = live.path / "cache"
@@ -402,6 +430,7 @@ def test_error_cache_dir_in_a_ckptfs_mount(plain: Mount, make_mount, tmp_path: P
     one_line_error(mount_with(plain, mountpoint=same, cache_dir=same), "is the mount point", "outside the mount")
 
 
+@pytest.mark.one_transport
 def test_small_cache_disk_scales_the_reserve_and_the_log_names_the_setting(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if os.geteuid() != 0 or not _have("mount"):
         pytest.skip("needs root to mount a small tmpfs as the cache disk")
@@ -427,6 +456,7 @@ def test_small_cache_disk_scales_the_reserve_and_the_log_names_the_setting(make_
         subprocess.run(["umount", "-l", str(m.cache_dir)], check=False)
 
 
+@pytest.mark.one_transport
 def test_metrics_flood_of_idle_connections_leaves_fs_and_endpoint_working(make_mount) -> None:  # type: ignore[no-untyped-def]
     import resource
     import socket
@@ -497,6 +527,7 @@ def test_dead_mount_messages_are_the_same_everywhere(mount: Mount) -> None:
     assert not mount_is_dead(mount.path)
 
 
+@pytest.mark.one_transport
 def test_cache_dir_files_are_the_owners_alone_whatever_the_umask(make_mount) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(start=False)
     os.chmod(m.cache_dir, 0o755)
@@ -515,7 +546,7 @@ def test_cache_dir_files_are_the_owners_alone_whatever_the_umask(make_mount) -> 
         else:
             assert mode == 0o600, f"{entry.name} is {oct(mode)}"
     names = set(os.listdir(m.cache_dir))
-    assert {"journal.sqlite3", "ckptfs.log", "lock", "control.sock"} <= names
+    assert {"journal.sqlite3", "journal.reserve", "ckptfs.log", "lock", "control.sock"} <= names
 
 
 def test_dev_s3_credentials_file_is_the_owners_alone(tmp_path: Path) -> None:

@@ -17,6 +17,9 @@ import xxhash
 
 from tests.conftest import ROOT, Mount, delete_bucket, fuse_usable, wait_for, write_random
 
+# Checkpoint lifecycle: store-side logic behind the control socket: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
+
 MiB = 1 << 20
 MANIFEST = ".ckptfs-manifest.json"
 

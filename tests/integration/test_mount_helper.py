@@ -43,7 +43,7 @@ def namespaces_usable() -> bool:
 
 @pytest.mark.skipif(not namespaces_usable(), reason="needs unshare -m (root) and fuse3's /sbin/mount.fuse")
 @pytest.mark.parametrize("form", ["fuse.ckptfs", "ckptfs#"])
-def test_fstab_line_mounts_with_mount8(s3, bucket: str, tmp_path: Path, form: str) -> None:  # type: ignore[no-untyped-def]
+def test_fstab_line_mounts_with_mount8(s3, bucket: str, tmp_path: Path, form: str, fuse_transport: str | None) -> None:  # type: ignore[no-untyped-def]
     if not fuse_usable():
         pytest.skip("/dev/fuse is not usable here")
     mnt, cache, wrappers = tmp_path / "mnt", tmp_path / "cache", tmp_path / "bin"
@@ -55,6 +55,8 @@ def test_fstab_line_mounts_with_mount8(s3, bucket: str, tmp_path: Path, form: st
     src = tmp_path / "step_1.bin"
     digest = write_random(src, 6 * MiB, seed=80)
     options = f"cache_dir={cache},endpoint_url={s3.endpoint_url},upload_delay=0.2,_netdev,nofail,noatime,x-systemd.requires=network-online.target"
+    if fuse_transport:  # once per FUSE transport (tests/conftest.py)
+        options += f",fuse_transport={fuse_transport}"
     if form == "fuse.ckptfs":
         line = f"s3://{bucket}/fstab {mnt} fuse.ckptfs {options} 0 0\n"
     else:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ckptfs.journal import JOURNAL_RESERVE
 from tests.conftest import mount_is_dead, sha256_file, wait_for, write_random
 from tests.integration.test_metrics import scrape, value
 from tests.support.faultproxy import FaultProxy
@@ -194,12 +195,15 @@ def test_passthrough_writer_fills_the_disk_gets_enospc_and_loses_nothing(make_mo
         assert m.object_sha256("big.bin") == h.hexdigest()
         # the writer removes its partial file: room again, and the mount works as before
         os.unlink(m.path / "big.bin")
-        digest = write_random(m.path / "after.bin", 16 * MiB, seed=179)
+        digest = write_random(m.path / "after.bin", 4 * MiB, seed=179)
         assert m.status()["passthrough_handles"] == 0
         m.flush()
         assert m.object_sha256("after.bin") == digest
         assert sha256_file(m.path / "after.bin") == digest
         assert "big.bin" not in {k.rsplit("/", 1)[-1] for k in m.keys()}
+        # the journal met the full disk (it shares it), gave its reserve up to go on, and took it back
+        assert "cache disk full: gave up the journal's reserve" in (m.cache_dir / "ckptfs.log").read_text()
+        assert os.stat(m.cache_dir / "journal.reserve").st_size == JOURNAL_RESERVE
     finally:
         m.stop()
         if (m.cache_dir / "ckptfs.log").exists():  # kept beside the tmpfs, for a failure's post-mortem

@@ -27,6 +27,9 @@ from tests.unit.test_deploy_grafana import load as load_dashboard
 from tests.unit.test_deploy_grafana import queries as dashboard_queries
 from tests.unit.test_deploy_prometheus import alerts
 
+# A Prometheus server scraping the daemon: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
+
 MiB = 1 << 20
 
 

@@ -23,6 +23,9 @@ from tests.integration.test_lifecycle import dcp_save
 from tests.support.faultproxy import FaultProxy
 from tests.support.seaweed import SeaweedServer, free_port
 
+# Replication: store-side logic behind the control socket: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
+
 MiB = 1 << 20
 MANIFEST = ".ckptfs-manifest.json"
 PROTECTED = ".ckptfs-protected.json"

@@ -11,8 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import Mount, wait_for
 from tests.integration.test_lifecycle import catalogue, cli_json, dcp_save
+
+# Retention: store-side logic behind the control socket: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
 
 RETENTION = ".ckptfs-retention.json"
 

@@ -16,6 +16,9 @@ from botocore.exceptions import ClientError
 from tests.conftest import sha256_file, write_random
 from tests.support.seaweed import free_port
 
+# Encryption and access policies: what reaches the bucket: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
+
 MiB = 1 << 20
 SMALL, LARGE = 300_000, 12 * MiB  # one PutObject; a multipart upload of 5 MiB parts
 MULTIPART = {"part_size": "5MiB", "multipart_threshold": "5MiB"}

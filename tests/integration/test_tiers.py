@@ -6,6 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
+# Storage tiers: store-side logic behind the control socket: the FUSE transport changes nothing here, so these tests run under the default one only
+pytestmark = pytest.mark.one_transport
+
 MANIFEST = ".ckptfs-manifest.json"
 FOREIGN = {"ID": "someone-elses", "Status": "Enabled", "Filter": {"Prefix": "logs/"}, "Expiration": {"Days": 30}}
 
