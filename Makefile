@@ -5,7 +5,8 @@
 #   make stop    unmount ./mnt (draining up to shutdown_timeout: returns even with the S3 server
 #                hung), stop the local S3 and DELETE ITS DATA and the cache; make stop KEEP=1
 #                stops both but keeps them (and what was not uploaded) for the next make run
-#   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it); adds the test, train
+#   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it), every test that mounts
+#                once per FUSE transport (CKPTFS_FUSE_TRANSPORT=kernel|libfuse: one); adds the test, train
 #                and bench extras (PyTorch...) and what the ops tests drive: prometheus,
 #                nfs-ganesha, rpcbind, libnfs-utils, s3fs
 #   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run);

@@ -3,8 +3,11 @@
 Under passthrough the kernel writes the cache file itself; these tests check that the rest of
 ckptfs still sees every change: the upload after the last close has the bytes, a rewrite of a
 durable file is uploaded again, shared mmap writes arrive, status reports the transport and
-the passthrough handles, and a daemon killed with a passthrough writer open loses nothing
-that was fsynced. The same files under `fuse_transport=libfuse` are the reference.
+the passthrough handles, size, mtime and FSYNC while a passthrough writer is open, when
+passthrough is granted and refused (one mode per inode), a daemon killed or unmounted with a
+passthrough writer open loses nothing, and a passthrough writer that fills the cache disk
+gets ENOSPC while the daemon goes on. The same files under `fuse_transport=libfuse` are the
+reference. (Every other integration test runs under both transports: tests/conftest.py.)
 """
 
 from __future__ import annotations
