@@ -116,6 +116,20 @@ def restore(
     rel = _rel(root, path)
     for msg in request(root, {"cmd": "restore", "path": rel, "wait": wait}, timeout=None):
         msg.pop("ok", None)
+        if msg.get("moved"):  # a checkpoint moved to a cold target (tier_move_target): copied back from there
+            from ckptfs.config import fmt_bytes
+
+            if msg.get("done"):
+                if as_json:
+                    typer.echo(json.dumps(msg, indent=2, sort_keys=True))
+                else:
+                    typer.echo(f"ckptfs: {path}: " + (msg.get("message") or f"brought back from cold target {msg['target']}: "
+                               f"{msg['files']} files ({fmt_bytes(msg['bytes'])}) copied back and verified; it is hot again"))
+                return
+            if not as_json:
+                typer.echo(f"ckptfs: {path}: copying back from cold target {msg['target']}: {msg['done_files']} of {msg['files']} files, "
+                           f"{fmt_bytes(msg['done_bytes'])} of {fmt_bytes(msg['bytes'])}", err=True)
+            continue
         if msg.get("done"):
             if as_json:
                 typer.echo(json.dumps(msg, indent=2, sort_keys=True))

@@ -104,6 +104,9 @@ class Config:
     checkpoint_tags: bool = _opt(True, "Tag the objects of each committed checkpoint with `ckptfs-state` (committed, protected), `ckptfs-protected` (true, false) and `ckptfs-step`, when its manifest is written and on protect/unprotect: the bucket lifecycle rules of `ckptfs lifecycle plan` select checkpoints by these tags. Other tags on the objects are kept.")
     tier_transitions: list[str] = _opt([], "Storage-class transitions for committed, not protected checkpoints, as `DAYS:CLASS` (days after an object was written), e.g. `30:STANDARD_IA, 90:GLACIER_IR`. Empty: no transitions. `ckptfs lifecycle plan` shows the bucket rules, `ckptfs lifecycle apply` sets them.")
     tier_expiring_delete_days: int = _opt(0, "Add a bucket lifecycle rule that deletes objects of checkpoints tagged `ckptfs-state=expiring` this many days after they were written (S3 counts from the object's creation); 0: no such rule.", "days")
+    tier_move_target: str = _opt("", "For stores without lifecycle transitions (SeaweedFS answers them with 501): the name of a `[replica.NAME]` table that the daemon itself moves old checkpoints to (docs/lifecycle.md, \"Moving to a cold target\"). Committed, not protected, not expiring checkpoints committed more than `tier_move_after` ago are copied there (server-side on the same endpoint, else streamed), verified (size and xxh3-128, read back), and only then deleted from this bucket; the manifest stays here with a record of the move, and `ckptfs restore PATH` brings one back. That table is then a cold target only: the replicator does not copy checkpoints to it. Empty: no moves.")
+    tier_move_after: float = _opt(90 * 86400.0, "With `tier_move_target`: move a checkpoint once this many seconds have passed since it was committed (or since it was restored). Never less than any job needs to read it: a file open on another node is not seen from the moving node.", "seconds")
+    tier_move_interval: float = _opt(3600.0, "With `tier_move_target`: seconds between passes of the mover (the node holding the `tier-move` lease looks for checkpoints to move each time).", "seconds")
     restore_days: int = _opt(7, "`ckptfs restore` asks for archived objects to be readable for this many days.", "days")
     restore_tier: str = _opt("Standard", "`ckptfs restore` retrieval tier: Expedited, Standard or Bulk (price and speed differ per store and class).")
     storage_prices: list[str] = _opt(
@@ -251,6 +254,13 @@ class Config:
             raise ConfigError(f"replication_part_size = {fmt_bytes(self.replication_part_size)}: give 5 MiB to 5 GiB")
         if self.replication_parts_in_flight < 1:
             raise ConfigError(f"replication_parts_in_flight = {self.replication_parts_in_flight}: give at least 1")
+        if self.tier_move_target and self.tier_move_target not in self.replica:
+            known = ", ".join(self.replica) or "none"
+            raise ConfigError(f"tier_move_target = {self.tier_move_target!r} names no [replica.{self.tier_move_target}] table "
+                              f"(tables: {known}): add one with source = \"s3://BUCKET/PREFIX\" (docs/lifecycle.md)")
+        for name in ("tier_move_after", "tier_move_interval"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds > 0")
         for r in self.replica.values():
             if (r.endpoint_url or "") == (self.endpoint_url or "") and r.bucket == self.bucket and (
                     r.key_prefix.startswith(self.key_prefix) or self.key_prefix.startswith(r.key_prefix)):

@@ -202,6 +202,9 @@ class Daemon:
         from .lifecycle.usage import UsageCollector
 
         self.metrics.registry.register(UsageCollector(self.lifecycle))
+        from .lifecycle.coldmove import MoveCollector
+
+        self.metrics.registry.register(MoveCollector(self.lifecycle.mover))
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:
             self.metrics.registry.register(self.replicator.collector())

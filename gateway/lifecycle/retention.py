@@ -50,7 +50,7 @@ from ..config import Config
 from ..store import NO_OBJECT, PRECONDITION, StoreError
 from . import audit
 from .lease import Lease, keep
-from .manifest import PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso
+from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso
 from .patterns import Checkpoint
 from .verify import verify
 
@@ -190,7 +190,11 @@ async def apply(lc: "Lifecycle", path: str, who: dict[str, Any], lease: Lease | 
         manifest = await lc.catalogue.manifest(ck)
         if manifest is None:
             continue
-        result = await verify(lc, ck, manifest, False, _no_progress)
+        moved = e.get("moved") or {}
+        if moved.get("state") == "moved":  # its files are on the cold target (coldmove.py): verified there
+            result = await lc.mover.verify(ck, False, _no_progress, str(moved.get("target") or ""))
+        else:
+            result = await verify(lc, ck, manifest, False, _no_progress)
         e["last_verify"] = result
         if result["outcome"] != "whole":
             log.warning("retention: %s is not whole (shallow verify): nothing older in its directory is deleted", target)
@@ -284,6 +288,12 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     if not isinstance(mark, dict) or mark.get("state") != "expiring":
         d.action, d.reason, d.done = "keep", "no longer expiring (restored meanwhile)", "skipped"
         return
+    moved = None
+    if MOVED in names:  # moved to a cold target (coldmove.py): the cold copy goes first
+        moved, _ = await lc.mover.record(d.path)
+        if moved and moved.get("state") in ("moving", "restoring"):
+            d.action, d.reason, d.done = "keep", f"being {moved['state'].replace('ing', 'ed')} (cold target {moved.get('target')}); deleted on a later run", "postponed"
+            return
     since = float(mark.get("since", 0))
     written = [o.name for o in listing.objects if not is_own(o.name) and not o.name.endswith("/") and o.mtime > since]
     if written:
@@ -299,6 +309,14 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     files = [base + o.name for o in listing.objects if not is_own(o.name) and not o.name.endswith("/")]
     own = [base + o.name for o in listing.objects if is_own(o.name) and o.name != RETENTION]
     size = sum(o.size for o in listing.objects if not is_own(o.name))
+    cold = 0
+    if moved and moved.get("state") == "moved":
+        try:
+            cold = await lc.mover.delete_cold(d.path, moved)
+        except LifecycleError as err:
+            d.action, d.reason, d.done = "keep", str(err), f"failed: {err}"
+            return
+        size += int(moved.get("bytes") or 0)
     for batch in (files, own):
         await _delete_all(lc, batch)
     # directory keys last, deepest first, even when no marker object was listed: stores that keep
@@ -312,8 +330,8 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     lc.retention_stats["deleted"] += 1
     lc.retention_stats["deleted_bytes"] += size
     await audit.record(lc, "delete", d.path, who, "retention: not kept by any rule, grace period over", step=d.step,
-                       files=len(files), bytes=size,
-                       expiring_since=mark.get("since_iso"))
+                       files=len(files), bytes=size, expiring_since=mark.get("since_iso"),
+                       **({"cold_target": moved.get("target"), "cold_objects": cold} if cold else {}))
     d.done = "deleted"
     log.info("retention: deleted %s (%d objects, %d bytes)", d.path, len(files) + len(own) + 1, size)
 

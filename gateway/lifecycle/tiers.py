@@ -12,8 +12,9 @@
 * Restores. `restore` asks the store to restore every archived object at or under a path
   (RestoreObject) and reports, on each poll, how many are restored.
 
-Stores that refuse a rule (SeaweedFS answers transitions with 501) get one line naming it.
-Moving checkpoints to another bucket or endpoint by the daemon itself needs replication: not built.
+Stores that refuse a rule (SeaweedFS answers transitions with 501) get one line naming it; with
+`tier_move_target` the daemon moves old checkpoints to that cold target itself (coldmove.py), and
+`restore` of a moved checkpoint copies it back from there.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def parse_prices(entries: list[str]) -> dict[str, float]:
     """`["STANDARD:0.023", ...]` -> {"STANDARD": 0.023, ...} (per GiB-month)."""
     out: dict[str, float] = {}
     for e in entries:
-        cls, sep, price = e.partition(":")
+        cls, sep, price = e.rpartition(":")  # the class may hold ':' itself (moved:NAME, coldmove.py)
         try:
             value = float(price)
         except ValueError:
@@ -188,8 +189,14 @@ async def apply(lc: "Lifecycle") -> dict[str, Any]:
     except StoreError as e:
         if "501" in str(e) or "does not implement" in str(e):
             parts = sorted({"transitions (storage classes)" if "Transitions" in r else "expiration" for r in p["rules"]})
+            if lc.cfg.tier_move_target and lc.cfg.tier_transitions:
+                raise LifecycleError(f"bucket {lc.store.bucket!r} does not support lifecycle {' and '.join(parts)} (501 Not Implemented): "
+                                     f"nothing was changed; the daemon moves checkpoints committed more than {lc.cfg.tier_move_after:g} s ago "
+                                     f"to cold target {lc.cfg.tier_move_target} itself (tier_move_target): drop tier_transitions for this store "
+                                     "(docs/lifecycle.md, Moving to a cold target)") from None
             raise LifecycleError(f"bucket {lc.store.bucket!r} does not support lifecycle {' and '.join(parts)} (501 Not Implemented): "
-                                 "nothing was changed; drop tier_transitions for this store (see docs/lifecycle.md, Tiers)") from None
+                                 "nothing was changed; drop tier_transitions for this store, or set tier_move_target to have the daemon "
+                                 "move old checkpoints to a cold target itself (see docs/lifecycle.md, Tiers)") from None
         raise
     log.info("bucket lifecycle rules set: added %s, changed %s, removed %s, kept %d others",
              p["add"] or "-", p["change"] or "-", p["remove"] or "-", len(p["keep"]))
@@ -199,6 +206,12 @@ async def apply(lc: "Lifecycle") -> dict[str, Any]:
 # -------------------------------------------------------------------- restores
 async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any]:
     """Restore every archived object at or under mount-relative `rel`; progress lines until done (or once unless `wait`)."""
+    mover = getattr(lc, "mover", None)
+    ck = lc.patterns.checkpoint_of(rel) if rel and mover is not None else None
+    if ck is not None:  # a checkpoint moved to a cold target (coldmove.py) is copied back from there
+        moved = await mover.restore(ck, send)
+        if moved is not None:
+            return moved
     listing_prefix = lc.keys.of(rel)
     single = await _is_object(lc, listing_prefix) if rel else False
     if single:

@@ -3,7 +3,8 @@
 `usage` lists every object under a path once (recursive listing: sizes and storage classes)
 and the catalogue (checkpoints and their states), and sums bytes and objects per checkpoint,
 per run (the directory holding the checkpoints), per state and per storage class. Objects
-outside checkpoints (other files, ckptfs's audit log) count under the state `none`. The
+outside checkpoints (other files, ckptfs's audit log) count under the state `none`. A checkpoint moved to
+a cold target (coldmove.py) counts its manifest's files and bytes under the class `moved:NAME`. The
 monthly cost estimate multiplies the bytes of each class by `storage_prices` (per GiB-month,
 examples by default, not quotes); it leaves out requests, retrievals, minimum storage durations
 and minimum object sizes.
@@ -70,6 +71,22 @@ def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[
                                               "objects": 0, "by_class": {}})
         c["bytes"] += size
         c["objects"] += 1
+        c["by_class"][cls] = c["by_class"].get(cls, 0) + size
+    for entry in checkpoints:  # moved to a cold target (coldmove.py): its files count there, under the class moved:NAME
+        rec = entry.get("moved") or {}
+        if rec.get("state") != "moved":
+            continue
+        cls, size, n = f"moved:{rec.get('target')}", int(rec.get("bytes") or 0), int(rec.get("files") or 0)
+        total += size
+        count += n
+        _add(by_class, cls, size, n)
+        _add(by_state, entry["state"], size, n)
+        run = entry["path"].rsplit("/", 1)[0] if "/" in entry["path"] else "/"
+        _add(by_run, run, size, n).setdefault("checkpoints", set()).add(entry["path"])
+        c = per_ck.setdefault(entry["path"], {"path": entry["path"], "step": entry["step"], "state": entry["state"], "bytes": 0,
+                                              "objects": 0, "by_class": {}})
+        c["bytes"] += size
+        c["objects"] += n
         c["by_class"][cls] = c["by_class"].get(cls, 0) + size
     for c in per_ck.values():
         c["storage_class"] = class_label(c["by_class"])

@@ -41,8 +41,9 @@ from prometheus_client.registry import Collector
 from ..config import Config, Replica
 from ..lifecycle import audit, drill
 from ..lifecycle.catalogue import MAX_DEPTH
+from ..lifecycle.coldmove import moved_away
 from ..lifecycle.lease import Lease, keep
-from ..lifecycle.manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
+from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
 from ..lifecycle.patterns import Checkpoint
 from ..lifecycle.verify import verify
 from ..namespace.keys import Keys, is_reserved
@@ -160,7 +161,8 @@ class _TargetView:
 class Replicator:
     def __init__(self, cfg: Config, lc: "Lifecycle") -> None:
         self.cfg, self.lc = cfg, lc
-        self.targets = {name: Target(r, cfg) for name, r in cfg.replica.items()}
+        # the cold target of tier_move_target is the mover's (lifecycle/coldmove.py), not a replica
+        self.targets = {name: Target(r, cfg) for name, r in cfg.replica.items() if name != cfg.tier_move_target}
         self.limiter = trio.CapacityLimiter(cfg.replication_parts_in_flight * max(1, len(self.targets)) + 8)
         self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl) if self.targets else None
         self.primary: dict[str, Primary] = {}
@@ -253,6 +255,8 @@ class Replicator:
             own = {o.name: o for o in top.objects}
             if MANIFEST not in own:
                 continue  # not committed
+            if MOVED in own and moved_away(await self._body(lc.store, base + MOVED, own[MOVED].etag)):
+                continue  # its files are (going) on the cold target: lifecycle/coldmove.py
             try:
                 body = await self._body(lc.store, base + MANIFEST, own[MANIFEST].etag)
                 protection = await self._body(lc.store, base + PROTECTED, own[PROTECTED].etag) if PROTECTED in own else None
