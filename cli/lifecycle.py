@@ -130,6 +130,10 @@ def checkpoints(
             notes.append(f"expiring: deleted after {mark.get('delete_after_iso', '?')} (ckptfs retention restore)")
         elif mark.get("state") == "restored":
             notes.append("restored from expiring")
+        moved = e.get("moved") or {}
+        if moved.get("state") in ("moving", "moved", "restoring"):  # tier_move_target (docs/lifecycle.md)
+            notes.append(f"{moved['state']} to cold target {moved.get('target')} ({moved.get('target_url')}) since {moved.get('at_iso')}"
+                         + (f": `ckptfs restore {e['path']}` brings it back" if moved["state"] != "moving" else ""))
         table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
                       verified)
         if notes:
