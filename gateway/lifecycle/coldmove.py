@@ -203,6 +203,8 @@ class Mover:
         return out
 
     async def _work(self) -> None:
+        from ..replication.copy import CopyError, one_error
+
         entries = await self.lc.scan("")
         decisions = plan(entries, self.lc.cfg, time.time(), self.busy())
         self.last_plan = decisions
@@ -223,11 +225,9 @@ class Mover:
                 self.failed.pop(path, None)
             except Skip as e:
                 log.info("tier move: %s not moved now: %s", path, e)
-            except (StoreError, LifecycleError, MoveError) as e:
+            except (StoreError, LifecycleError, MoveError, CopyError) as e:
                 self._fail(path, e)
             except BaseExceptionGroup as group:
-                from ..replication.copy import one_error
-
                 err = one_error(group)
                 if err is group:
                     raise
@@ -392,7 +392,7 @@ class Mover:
     # ----------------------------------------------------------------- restore
     async def restore(self, ck: Checkpoint, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any] | None:
         """Bring a moved checkpoint back to the primary (None: it has no move record to act on)."""
-        from ..replication.copy import Job, _copy_file
+        from ..replication.copy import CopyError, Job, _copy_file, one_error
 
         lc, cfg = self.lc, self.lc.cfg
         rec, rec_etag = await self.record(ck.path)
@@ -428,9 +428,18 @@ class Mover:
                 await send({"ok": True, **out, "state": RESTORING, "done_files": done["files"], "done_bytes": done["bytes"]})
 
         await send({"ok": True, **out, "state": RESTORING, "done_files": 0, "done_bytes": 0})
-        async with trio.open_nursery() as nursery:
-            for f in tman.files:
-                nursery.start_soon(one, f)
+        try:
+            async with trio.open_nursery() as nursery:
+                for f in tman.files:
+                    nursery.start_soon(one, f)
+        except BaseExceptionGroup as group:
+            err = one_error(group)
+            if err is group:
+                raise
+            raise LifecycleError(f"{ck.path}: copying back from {t.replica.name} failed ({err}): it stays moved; "
+                                 f"run `ckptfs restore {ck.path}` again (files already back are not copied again)") from None
+        except CopyError as e:
+            raise LifecycleError(f"{ck.path}: copying back from {t.replica.name} failed ({e}): run `ckptfs restore {ck.path}` again") from None
         files = [{**f, "key": base + f["path"], "etag": etags[f["path"]]} for f in manifest.files]
         hot = Manifest(**{**manifest.__dict__, "files": files})
         result = await verify(lc, ck, hot, True, _no_progress)
