@@ -104,6 +104,7 @@ class Config:
     checkpoint_tags: bool = _opt(True, "Tag the objects of each committed checkpoint with `ckptfs-state` (committed, protected), `ckptfs-protected` (true, false) and `ckptfs-step`, when its manifest is written and on protect/unprotect: the bucket lifecycle rules of `ckptfs lifecycle plan` select checkpoints by these tags. Other tags on the objects are kept.")
     tier_transitions: list[str] = _opt([], "Storage-class transitions for committed, not protected checkpoints, as `DAYS:CLASS` (days after an object was written), e.g. `30:STANDARD_IA, 90:GLACIER_IR`. Empty: no transitions. `ckptfs lifecycle plan` shows the bucket rules, `ckptfs lifecycle apply` sets them.")
     tier_expiring_delete_days: int = _opt(0, "Add a bucket lifecycle rule that deletes objects of checkpoints tagged `ckptfs-state=expiring` this many days after they were written (S3 counts from the object's creation); 0: no such rule.", "days")
+    tier_noncurrent_delete_days: int = _opt(0, "On a versioned bucket (Object Lock turns versioning on), deleting an object (retention's deletes, overwrites) keeps its old version, still stored and billed. This many days after a version became noncurrent, a bucket lifecycle rule deletes it, and the delete markers left without versions; 0: no such rule (`ckptfs lifecycle plan` warns when the bucket is versioned). Versions under legal hold or Object Lock retention are kept by the store whatever the rule says.", "days")
     restore_days: int = _opt(7, "`ckptfs restore` asks for archived objects to be readable for this many days.", "days")
     restore_tier: str = _opt("Standard", "`ckptfs restore` retrieval tier: Expedited, Standard or Bulk (price and speed differ per store and class).")
     storage_prices: list[str] = _opt(
@@ -238,8 +239,8 @@ class Config:
             parse_prices(self.storage_prices)
         except TierError as e:
             raise ConfigError(str(e)) from None
-        if self.tier_expiring_delete_days < 0 or self.restore_days < 1:
-            raise ConfigError("tier_expiring_delete_days must be >= 0 and restore_days >= 1: give a number of days")
+        if self.tier_expiring_delete_days < 0 or self.tier_noncurrent_delete_days < 0 or self.restore_days < 1:
+            raise ConfigError("tier_expiring_delete_days and tier_noncurrent_delete_days must be >= 0 and restore_days >= 1: give a number of days")
         if self.restore_tier not in ("Expedited", "Standard", "Bulk"):
             raise ConfigError(f"restore_tier = {self.restore_tier!r}: use Expedited, Standard or Bulk")
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):

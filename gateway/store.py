@@ -13,7 +13,7 @@ import base64
 import io
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import boto3
@@ -126,6 +126,16 @@ class Listing:
     dirs: list[str]  # common prefixes, without the trailing '/'
     objects: list[RemoteObject]
     marker: bool  # the `prefix` object itself (an empty directory's marker) exists
+
+
+@dataclass
+class NoncurrentVersions:
+    """Noncurrent versions and delete markers under a prefix of a versioned bucket."""
+
+    objects: int = 0
+    bytes: int = 0
+    delete_markers: int = 0
+    by_class: dict[str, int] = field(default_factory=dict)
 
 
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
@@ -577,6 +587,29 @@ class Store:
                        LifecycleConfiguration={"Rules": rules})
         else:
             self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
+
+    def versioning(self) -> str:
+        """The bucket's versioning status: "Enabled", "Suspended", or "" (never enabled)."""
+        return str(self._call("GetBucketVersioning", self.client.get_bucket_versioning).get("Status") or "")
+
+    def noncurrent(self, prefix: str) -> NoncurrentVersions:
+        """What a versioned bucket keeps under `prefix` besides the current objects: noncurrent versions
+        (deleted or overwritten objects, still stored and billed) and delete markers."""
+        out = NoncurrentVersions()
+        kw: dict[str, Any] = {"Prefix": prefix}
+        while True:
+            r = self._call("ListObjectVersions", self.client.list_object_versions, **kw)
+            for v in r.get("Versions", []):
+                if not v.get("IsLatest"):
+                    cls = v.get("StorageClass") or "STANDARD"
+                    out.objects += 1
+                    out.bytes += int(v.get("Size") or 0)
+                    out.by_class[cls] = out.by_class.get(cls, 0) + int(v.get("Size") or 0)
+            out.delete_markers += len(r.get("DeleteMarkers", []))
+            if not r.get("IsTruncated"):
+                return out
+            kw["KeyMarker"] = r.get("NextKeyMarker")
+            kw["VersionIdMarker"] = r.get("NextVersionIdMarker")
 
     def restore(self, key: str, days: int, tier: str) -> bool:
         """Ask for an archived object to be restored for `days`; False if a restore is already under way."""

@@ -144,7 +144,27 @@ def desired_rules(cfg: Any) -> list[dict[str, Any]]:
             "Filter": {"And": {"Prefix": prefix, "Tags": [{"Key": TAG_STATE, "Value": "expiring"}]}},
             "Expiration": {"Days": cfg.tier_expiring_delete_days},
         })
+    if cfg.tier_noncurrent_delete_days:
+        # prefix only: S3 refuses ExpiredObjectDeleteMarker in a rule filtered by tags
+        rules.append({
+            "ID": f"{rid}noncurrent",
+            "Status": "Enabled",
+            "Filter": {"Prefix": prefix},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": cfg.tier_noncurrent_delete_days},
+            "Expiration": {"ExpiredObjectDeleteMarker": True},
+        })
     return rules
+
+
+def _expires_noncurrent(rule: dict[str, Any], prefix: str) -> bool:
+    """Whether an enabled rule deletes noncurrent versions of every key under `prefix`."""
+    if rule.get("Status") != "Enabled" or not rule.get("NoncurrentVersionExpiration"):
+        return False
+    f = rule.get("Filter") or {}
+    if "And" in f or "Tag" in f:
+        return False
+    rule_prefix_ = f.get("Prefix", rule.get("Prefix", "")) or ""
+    return prefix.startswith(rule_prefix_)
 
 
 def _norm(rule: dict[str, Any]) -> dict[str, Any]:
@@ -156,8 +176,11 @@ def _norm(rule: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def plan(cfg: Any, current: list[dict[str, Any]]) -> dict[str, Any]:
-    """What `apply` would set: the whole configuration, and its difference from `current`."""
+def plan(cfg: Any, current: list[dict[str, Any]], versioning: str = "") -> dict[str, Any]:
+    """What `apply` would set: the whole configuration, and its difference from `current`.
+
+    `versioning` is the bucket's versioning status: on a versioned bucket without a rule expiring
+    noncurrent versions, what retention deletes stays stored (and billed), which the plan says."""
     mine = rule_prefix(cfg.prefix)
     want = {r["ID"]: r for r in desired_rules(cfg)}
     have = {r.get("ID", ""): r for r in current}
@@ -174,13 +197,16 @@ def plan(cfg: Any, current: list[dict[str, Any]]) -> dict[str, Any]:
             if low and t["Days"] < low:
                 warnings.append(f"AWS S3 refuses transitions to {t['StorageClass']} before {low} days "
                                 f"(tier_transitions has {t['Days']}); other stores may accept it")
-    return {"prefix": cfg.key_prefix, "rules": rules, "add": add, "change": change, "unchanged": same, "remove": remove,
+    if versioning in ("Enabled", "Suspended") and not any(_expires_noncurrent(r, cfg.key_prefix) for r in rules):
+        warnings.append(f"the bucket is versioned ({versioning}): deleted and overwritten objects stay stored as noncurrent "
+                        "versions and are billed; set tier_noncurrent_delete_days to expire them")
+    return {"prefix": cfg.key_prefix, "versioning": versioning, "rules": rules, "add": add, "change": change, "unchanged": same, "remove": remove,
             "keep": keep, "changes": bool(add or change or remove), "warnings": warnings}
 
 
 async def apply(lc: "Lifecycle") -> dict[str, Any]:
     current = await lc.io(lc.store.lifecycle_rules)
-    p = plan(lc.cfg, current)
+    p = plan(lc.cfg, current, await versioning_status(lc))
     if not p["changes"]:
         return {**p, "applied": False}
     try:
@@ -235,6 +261,15 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
                 states[key] = (await lc.io(lc.store.storage_state, key))[1] or "ongoing"
 
 
+async def versioning_status(lc: "Lifecycle") -> str:
+    """The bucket's versioning status, or "" when the store will not say (a warning is all it feeds)."""
+    try:
+        return await lc.io(lc.store.versioning)
+    except StoreError as e:
+        log.debug("GetBucketVersioning: %s", e)
+        return ""
+
+
 async def _is_object(lc: "Lifecycle", key: str) -> bool:
     try:
         await lc.io(lc.store.storage_state, key)
@@ -254,7 +289,7 @@ async def handle(lc: "Lifecycle", cmd: str, path: str, request: dict[str, Any], 
     """The control-socket commands of this module (called by Lifecycle.handle, which turns errors into one line)."""
     if cmd == "lifecycle_plan":
         current = await lc.io(lc.store.lifecycle_rules)
-        await send({"ok": True, "bucket": lc.store.bucket, "current": current, **plan(lc.cfg, current)})
+        await send({"ok": True, "bucket": lc.store.bucket, "current": current, **plan(lc.cfg, current, await versioning_status(lc))})
     elif cmd == "lifecycle_apply":
         await send({"ok": True, "bucket": lc.store.bucket, **await apply(lc)})
     elif cmd == "usage":

@@ -66,6 +66,30 @@ def test_plan_adds_changes_removes_its_own_rules_and_keeps_the_rest() -> None:
     assert not plan(cfg(), [foreign])["changes"]  # nothing configured: nothing to set, the foreign rule untouched
 
 
+def test_a_versioned_bucket_without_noncurrent_expiry_is_warned_about() -> None:
+    def warned(p: dict[str, Any]) -> bool:
+        return any("noncurrent versions" in w for w in p["warnings"])
+
+    assert not warned(plan(cfg(), [], ""))
+    p = plan(cfg(), [], "Enabled")
+    assert warned(p) and p["versioning"] == "Enabled" and not p["changes"]
+    assert warned(plan(cfg(), [], "Suspended"))  # versions written before suspension stay too
+    # the option adds one prefix-scoped rule (S3 refuses ExpiredObjectDeleteMarker with tag filters) and the warning goes
+    p = plan(cfg(tier_noncurrent_delete_days=3), [], "Enabled")
+    assert not warned(p) and p["add"] == ["ckptfs:runs:noncurrent"]
+    assert p["rules"][0] == {"ID": "ckptfs:runs:noncurrent", "Status": "Enabled", "Filter": {"Prefix": "runs/"},
+                             "NoncurrentVersionExpiration": {"NoncurrentDays": 3}, "Expiration": {"ExpiredObjectDeleteMarker": True}}
+    # someone else's rule already expiring noncurrent versions of the whole bucket counts; one on another prefix, a
+    # disabled one or one filtered by tags (it misses untagged objects) does not
+    whole = {"ID": "all", "Status": "Enabled", "Filter": {"Prefix": ""}, "NoncurrentVersionExpiration": {"NoncurrentDays": 30}}
+    assert not warned(plan(cfg(), [whole], "Enabled"))
+    for rule in ({**whole, "Filter": {"Prefix": "logs/"}}, {**whole, "Status": "Disabled"},
+                 {**whole, "Filter": {"And": {"Prefix": "", "Tags": [{"Key": "k", "Value": "v"}]}}}):
+        assert warned(plan(cfg(), [rule], "Enabled")), rule
+    with pytest.raises(ConfigError, match="tier_noncurrent_delete_days must be >= 0"):
+        cfg(tier_noncurrent_delete_days=-1)
+
+
 def test_class_label() -> None:
     assert class_label({}) == "-"
     assert class_label({"STANDARD": 5}) == "STANDARD"
