@@ -23,8 +23,9 @@ class Archive:
         """A listing showed `key` in `storage_class`."""
         if may_need_restore(storage_class):
             self.classes[key] = storage_class
-        elif self.classes.pop(key, None) is not None or key in self.states:
-            self.states.pop(key, None)  # moved back to a class read at once (or replaced)
+        else:  # a class read at once (moved back, or replaced): nothing to remember
+            self.classes.pop(key, None)
+            self.states.pop(key, None)
 
     def may_need_restore(self, key: str | None) -> bool:
         if not key:
