@@ -22,6 +22,7 @@ from botocore.config import Config as BotoConfig
 
 from .config import Config
 from .encryption import Encryption, EncryptionError
+from .storageclass import ArchiveState, from_head
 
 log = logging.getLogger(__name__)
 
@@ -624,10 +625,12 @@ class Store:
 
     def storage_state(self, key: str) -> tuple[str, str]:
         """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
-        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
-        restore = str(r.get("Restore") or "")
-        state = "" if not restore else ("ongoing" if 'ongoing-request="true"' in restore else "restored")
-        return r.get("StorageClass") or "STANDARD", state
+        st = self.archive_state(key)
+        return st.storage_class, st.restore
+
+    def archive_state(self, key: str) -> ArchiveState:
+        """Storage class, intelligent tiering's archive tier and restore state of an object (HeadObject; storageclass.py)."""
+        return from_head(self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer()))
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:

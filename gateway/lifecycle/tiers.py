@@ -18,12 +18,14 @@ Moving checkpoints to another bucket or endpoint by the daemon itself needs repl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
+from ..storageclass import ARCHIVE_CLASSES, ONGOING, may_need_restore  # noqa: F401 (ARCHIVE_CLASSES: for callers of tiers)
 from ..store import StoreError
 from .manifest import MANIFEST, LifecycleError, Manifest
 from .patterns import Checkpoint
@@ -35,7 +37,6 @@ log = logging.getLogger(__name__)
 
 STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
                    "GLACIER", "DEEP_ARCHIVE", "EXPRESS_ONEZONE")
-ARCHIVE_CLASSES = ("GLACIER", "DEEP_ARCHIVE")  # need a restore before a GET (GLACIER_IR does not)
 # AWS's minimum object age for a transition into these classes (other stores may accept less)
 AWS_MIN_DAYS = {"STANDARD_IA": 30, "ONEZONE_IA": 30}
 TAG_STATE, TAG_PROTECTED, TAG_STEP = "ckptfs-state", "ckptfs-protected", "ckptfs-step"
@@ -238,15 +239,18 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
     states: dict[str, str] = {}
     requested = 0
     for key, cls in objects:
-        if cls is not None and cls not in ARCHIVE_CLASSES:
+        if cls is not None and not may_need_restore(cls):
             continue
-        klass, state = await lc.io(lc.store.storage_state, key)
-        if klass not in ARCHIVE_CLASSES:
+        st = await lc.io(lc.store.archive_state, key)
+        lc.ns.archive.observed(key, st)  # what opens and user.ckptfs.state say (archived | restoring)
+        if not st.archived:
             continue
+        state = st.restore
         if state == "":
             if await lc.io(lc.store.restore, key, lc.cfg.restore_days, lc.cfg.restore_tier):
                 requested += 1
-            state = "ongoing"
+            state = ONGOING
+            lc.ns.archive.observed(key, dataclasses.replace(st, restore=ONGOING))
         states[key] = state
     while True:
         done = sum(1 for s in states.values() if s == "restored")
@@ -258,7 +262,9 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
         await trio.sleep(RESTORE_POLL)
         for key, state in list(states.items()):
             if state != "restored":
-                states[key] = (await lc.io(lc.store.storage_state, key))[1] or "ongoing"
+                st = await lc.io(lc.store.archive_state, key)
+                lc.ns.archive.observed(key, st)
+                states[key] = st.restore or ONGOING
 
 
 async def versioning_status(lc: "Lifecycle") -> str:

@@ -16,6 +16,7 @@ from botocore.stub import Stubber
 
 from ckptfs.config import ConfigError, load_config
 from ckptfs.lifecycle.tiers import TierError, class_label, parse_prices, parse_transitions, plan, restore
+from ckptfs.namespace.archive import Archive
 from ckptfs.namespace.keys import Keys
 from ckptfs.store import ARCHIVED, Store, StoreError
 
@@ -132,7 +133,8 @@ def test_restore_requests_archived_objects_and_reports_progress() -> None:
     stub.add_client_error("restore_object", "RestoreAlreadyInProgress", "Object restore is already in progress", http_status_code=409)
     stub.add_response("head_object", {"StorageClass": "GLACIER", "Restore": 'ongoing-request="false", expiry-date="Fri, 23 Dec 2026 00:00:00 GMT"'},
                       {"Bucket": "ckpt", "Key": "runs/step_1/d.bin"})
-    lc = SimpleNamespace(store=s, cfg=cfg(restore_days=3, restore_tier="Bulk"), keys=Keys("runs/"))
+    archive = Archive()
+    lc = SimpleNamespace(store=s, cfg=cfg(restore_days=3, restore_tier="Bulk"), keys=Keys("runs/"), ns=SimpleNamespace(archive=archive))
 
     async def io(fn: Any, *args: Any) -> Any:
         return functools.partial(fn, *args)()
@@ -144,5 +146,8 @@ def test_restore_requests_archived_objects_and_reports_progress() -> None:
 
     result = trio.run(restore, lc, "step_1", False, send)
     assert result == {"objects": 4, "archived": 3, "requested": 1, "restored": 1, "ongoing": 2}
+    # what opens and user.ckptfs.state of those files say from now on
+    assert {k: (st.label or "readable") for k, (st, _) in archive.states.items()} == {
+        "runs/step_1/a.bin": "restoring", "runs/step_1/b.bin": "restoring", "runs/step_1/d.bin": "readable"}
     stub.assert_no_pending_responses()
 
