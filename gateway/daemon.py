@@ -323,7 +323,7 @@ class Daemon:
             for ino, (path, size) in files.items():
                 nursery.start_soon(limited, ino, path, size)
             while True:
-                in_flight = sum(sum(dl.done) * dl.range_size for dl in self.fetcher.downloads.values() if dl.ino in files)
+                in_flight = sum(dl.bytes_done() for dl in self.fetcher.downloads.values() if dl.ino in files)
                 await progress({"files": len(files), "bytes": total, "done_bytes": min(total, done + in_flight)})
                 if not nursery.child_tasks:
                     break

@@ -79,6 +79,10 @@ class Download:
         self.error: OSError | None = None
         self.finished = trio.Event()  # every range fetched and checked, or failed
 
+    def bytes_done(self) -> int:
+        """Bytes of the ranges already in the cache file (progress of a warmup)."""
+        return sum(self.span(i)[1] for i in range(self.count) if self.done[i])
+
     def span(self, i: int) -> tuple[int, int]:
         """(offset, length) of range `i`."""
         end = self.starts[i + 1] if i + 1 < self.count else self.size
