@@ -18,6 +18,7 @@ import typer
 
 from ckptfs.cli.main import EXIT_USAGE, CliError, _one_line_errors, _rel, app, find_mount_root, request
 from ckptfs.config import fmt_bytes
+from ckptfs.storageclass import ARCHIVE_CLASSES
 
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Act on one checkpoint (commit).")
 app.add_typer(checkpoint_app, name="checkpoint")
@@ -134,6 +135,10 @@ def checkpoints(
         if moved.get("state") in ("moving", "moved", "restoring"):  # tier_move_target (docs/lifecycle.md)
             notes.append(f"{moved['state']} to cold target {moved.get('target')} ({moved.get('target_url')}) since {moved.get('at_iso')}"
                          + (f": `ckptfs restore {e['path']}` brings it back" if moved["state"] != "moving" else ""))
+        archived = sorted(c for c in (e.get("storage_classes") or {}) if c in ARCHIVE_CLASSES)
+        if archived:
+            notes.append(f"in {'/'.join(archived)}: reading it needs a restore first (ckptfs restore {os.path.join(root, e['path'])} "
+                         "requests it, or reports it done)")
         table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
                       verified)
         if notes:

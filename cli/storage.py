@@ -169,6 +169,11 @@ def usage(
     console = Console()
     console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {u['monthly_cost_estimate']:.2f} per month "
                   f"({u['prices_note']})")
+    nc = u.get("noncurrent")
+    if nc is not None:
+        console.print(f"versioned bucket: {fmt_bytes(nc['bytes'])} in {nc['objects']} noncurrent versions"
+                      f" (and {nc['delete_markers']} delete markers), about {nc['monthly_cost']:.2f} per month of the above"
+                      + ("" if not nc["objects"] else "; `tier_noncurrent_delete_days` expires them"))
     for title, rows in (("by storage class", u["by_class"]), ("by state", {k: v for k, v in u["by_state"].items() if v["objects"]}),
                         ("by run", u["by_run"])):
         if not rows:

@@ -107,6 +107,7 @@ class Config:
     tier_move_target: str = _opt("", "For stores without lifecycle transitions (SeaweedFS answers them with 501): the name of a `[replica.NAME]` table that the daemon itself moves old checkpoints to (docs/lifecycle.md, \"Moving to a cold target\"). Committed, not protected, not expiring checkpoints committed more than `tier_move_after` ago are copied there (server-side on the same endpoint, else streamed), verified (size and xxh3-128, read back), and only then deleted from this bucket; the manifest stays here with a record of the move, and `ckptfs restore PATH` brings one back. That table is then a cold target only: the replicator does not copy checkpoints to it. Empty: no moves.")
     tier_move_after: float = _opt(90 * 86400.0, "With `tier_move_target`: move a checkpoint once this many seconds have passed since it was committed (or since it was restored). Never less than any job needs to read it: a file open on another node is not seen from the moving node.", "seconds")
     tier_move_interval: float = _opt(3600.0, "With `tier_move_target`: seconds between passes of the mover (the node holding the `tier-move` lease looks for checkpoints to move each time).", "seconds")
+    tier_noncurrent_delete_days: int = _opt(0, "On a versioned bucket (Object Lock turns versioning on), deleting an object (retention's deletes, overwrites) keeps its old version, still stored and billed. This many days after a version became noncurrent, a bucket lifecycle rule deletes it, and the delete markers left without versions; 0: no such rule (`ckptfs lifecycle plan` warns when the bucket is versioned). Versions under legal hold or Object Lock retention are kept by the store whatever the rule says.", "days")
     restore_days: int = _opt(7, "`ckptfs restore` asks for archived objects to be readable for this many days.", "days")
     restore_tier: str = _opt("Standard", "`ckptfs restore` retrieval tier: Expedited, Standard or Bulk (price and speed differ per store and class).")
     storage_prices: list[str] = _opt(
@@ -241,8 +242,8 @@ class Config:
             parse_prices(self.storage_prices)
         except TierError as e:
             raise ConfigError(str(e)) from None
-        if self.tier_expiring_delete_days < 0 or self.restore_days < 1:
-            raise ConfigError("tier_expiring_delete_days must be >= 0 and restore_days >= 1: give a number of days")
+        if self.tier_expiring_delete_days < 0 or self.tier_noncurrent_delete_days < 0 or self.restore_days < 1:
+            raise ConfigError("tier_expiring_delete_days and tier_noncurrent_delete_days must be >= 0 and restore_days >= 1: give a number of days")
         if self.restore_tier not in ("Expedited", "Standard", "Bulk"):
             raise ConfigError(f"restore_tier = {self.restore_tier!r}: use Expedited, Standard or Bulk")
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):

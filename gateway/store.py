@@ -13,7 +13,7 @@ import base64
 import io
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import boto3
@@ -22,6 +22,7 @@ from botocore.config import Config as BotoConfig
 
 from .config import Config
 from .encryption import Encryption, EncryptionError
+from .storageclass import ArchiveState, from_head
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,16 @@ class Listing:
     dirs: list[str]  # common prefixes, without the trailing '/'
     objects: list[RemoteObject]
     marker: bool  # the `prefix` object itself (an empty directory's marker) exists
+
+
+@dataclass
+class NoncurrentVersions:
+    """Noncurrent versions and delete markers under a prefix of a versioned bucket."""
+
+    objects: int = 0
+    bytes: int = 0
+    delete_markers: int = 0
+    by_class: dict[str, int] = field(default_factory=dict)
 
 
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
@@ -578,6 +589,29 @@ class Store:
         else:
             self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
 
+    def versioning(self) -> str:
+        """The bucket's versioning status: "Enabled", "Suspended", or "" (never enabled)."""
+        return str(self._call("GetBucketVersioning", self.client.get_bucket_versioning).get("Status") or "")
+
+    def noncurrent(self, prefix: str) -> NoncurrentVersions:
+        """What a versioned bucket keeps under `prefix` besides the current objects: noncurrent versions
+        (deleted or overwritten objects, still stored and billed) and delete markers."""
+        out = NoncurrentVersions()
+        kw: dict[str, Any] = {"Prefix": prefix}
+        while True:
+            r = self._call("ListObjectVersions", self.client.list_object_versions, **kw)
+            for v in r.get("Versions", []):
+                if not v.get("IsLatest"):
+                    cls = v.get("StorageClass") or "STANDARD"
+                    out.objects += 1
+                    out.bytes += int(v.get("Size") or 0)
+                    out.by_class[cls] = out.by_class.get(cls, 0) + int(v.get("Size") or 0)
+            out.delete_markers += len(r.get("DeleteMarkers", []))
+            if not r.get("IsTruncated"):
+                return out
+            kw["KeyMarker"] = r.get("NextKeyMarker")
+            kw["VersionIdMarker"] = r.get("NextVersionIdMarker")
+
     def restore(self, key: str, days: int, tier: str) -> bool:
         """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
         try:
@@ -591,10 +625,12 @@ class Store:
 
     def storage_state(self, key: str) -> tuple[str, str]:
         """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
-        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
-        restore = str(r.get("Restore") or "")
-        state = "" if not restore else ("ongoing" if 'ongoing-request="true"' in restore else "restored")
-        return r.get("StorageClass") or "STANDARD", state
+        st = self.archive_state(key)
+        return st.storage_class, st.restore
+
+    def archive_state(self, key: str) -> ArchiveState:
+        """Storage class, intelligent tiering's archive tier and restore state of an object (HeadObject; storageclass.py)."""
+        return from_head(self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer()))
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:
