@@ -77,6 +77,9 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
         commit(a, f"run/step_{step}")
     proc = a.cli("protect", str(a.path / "run/step_2"), "--reason", "golden")
     assert proc.returncode == 0, proc.stderr
+    # a checkpoint uploaded by another tool: no digests in its manifest, so a copy could not be verified: it stays
+    a.s3.client().put_object(Bucket=a.bucket, Key=a.key("run/step_4/model.bin"), Body=b"u" * 1000)
+    commit(a, "run/step_4")
 
     # the store cannot do transitions: one line naming what, and that the daemon moves instead
     proc = a.cli("lifecycle", "apply", str(a.path))
@@ -109,6 +112,7 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
         assert {a.key(f"{p}/{MANIFEST}"), a.key(f"{p}/{MOVED}")} <= set(hot_keys(a, p))
         assert not [k for k in hot_keys(a, p) if not k.rsplit("/", 1)[-1].startswith(".ckptfs") and not k.endswith("/")], hot_keys(a, p)
     assert listed["run/step_2"]["storage_class"] == "STANDARD" and not listed["run/step_2"]["moved"]
+    assert listed["run/step_4"]["storage_class"] == "STANDARD" and not listed["run/step_4"]["moved"]
     assert not objects(coldstore, cold_bucket, "c/run/step_2/")
     # what a user sees in the mount: the directory is there, its files are not
     assert sorted(os.listdir(a.path / "run" / "step_1")) == []
