@@ -47,7 +47,7 @@ from ..lifecycle.patterns import Checkpoint
 from ..lifecycle.verify import verify
 from ..namespace.keys import Keys, is_reserved
 from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
-from .copy import CopyError, Counters, Job, copy_checkpoint, one_error
+from .copy import CopyError, Counters, Job, PartBuffers, copy_checkpoint, one_error
 
 if TYPE_CHECKING:
     from ..lifecycle.service import Lifecycle
@@ -95,6 +95,7 @@ class Target:
         self.deleted_total = 0  # checkpoints deleted on the target after retention deleted them on the primary
         self.object_lock: bool | None = None
         self.slots = trio.Semaphore(cfg.replication_parts_in_flight)
+        self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
 
     def open(self) -> Store:
         """The target's store client (made once; a bad profile is a target error, not a crash)."""
@@ -145,6 +146,7 @@ class Target:
             "server_side_objects_total": self.counters.server_side,
             "errors_total": self.errors_total,
             "deleted_total": self.deleted_total,
+            "buffer_bytes_peak": self.buffers.peak_bytes,
         }
 
 
@@ -346,7 +348,8 @@ class Replicator:
                 if t.object_lock is None:  # legal holds placed with protection, lifted with it
                     t.object_lock = await self.io(store.object_lock_enabled)
                 job = Job(self.lc.store, store, self.cfg.bucket, t.replica.key_prefix + path + "/", t.same_endpoint,
-                          self.cfg.replication_part_size, self.cfg.copy_multipart_threshold, t.slots, self.io, t.counters, check)
+                          self.cfg.replication_part_size, self.cfg.copy_multipart_threshold, t.slots, self.io, t.counters, check,
+                          t.buffers)
                 t.copying = path
                 before = (t.counters.copied_objects, t.counters.skipped_objects)
                 await copy_checkpoint(job, v.manifest, v.body, v.protection, bool(t.object_lock))
@@ -364,6 +367,7 @@ class Replicator:
                     break
             finally:
                 t.copying = None
+        t.buffers.release()  # unmapped: an idle replicator holds no part buffers (a cancelled pass: the next one's)
         await self._write_failures(t)
 
     # --------------------------------------------------------------- retention

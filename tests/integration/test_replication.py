@@ -5,18 +5,27 @@ read-only mount of the replica, and the metrics against docs/metrics.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import os
 import signal
 import sys
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import trio
 import xxhash
+
+from ckptfs.config import Config
+from ckptfs.lifecycle.manifest import read_manifest
+from ckptfs.replication.copy import Job, PartBuffers, copy_checkpoint
+from ckptfs.store import Store
 
 from tests.conftest import Mount, delete_bucket, mount_is_dead, run_cli, wait_for, write_random
 from tests.integration.test_lifecycle import dcp_save
@@ -139,6 +148,8 @@ def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make
         copied = sa["dr"]["copied_objects_total"] + sb["dr"]["copied_objects_total"]
         assert copied == len(want) + len(files200)
         assert 0 in (sa["dr"]["copied_objects_total"], sb["dr"]["copied_objects_total"])
+        # the streamed copy's memory: part buffers of replication_part_size, at most replication_parts_in_flight
+        assert 0 < max(sa["dr"]["buffer_bytes_peak"], sb["dr"]["buffer_bytes_peak"]) <= 8 * 16 * MiB
         # the copies: same bytes, the manifest's xxh3 in their metadata, the manifest last and pointing at them
         dr = objects(region2, dr_bucket)
         for name, data in want.items():
@@ -434,3 +445,51 @@ def test_an_object_not_matching_its_manifest_is_not_copied(make_mount, region2, 
     keys = objects(region2, dr_bucket)
     assert "step_4/bad.distcp" not in keys and f"step_4/{MANIFEST}" not in keys  # visibly incomplete, never whole
     assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
+
+
+def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, region2, dr_bucket, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The memory of a streamed copy is bounded by construction: a part holds one of `parts in flight` slots and one
+    reused part buffer (an anonymous mmap) from its GET until it is uploaded and hashed; nothing part-sized is
+    allocated on the heap besides (tracemalloc sees every bytes object, in every thread; not the mmaps)."""
+    a = make_mount("a")
+    step = a.path / "step_5"
+    step.mkdir()
+    want = {f"__{r}_0.distcp": shard(step / f"__{r}_0.distcp", 20 * MiB + r, r) for r in range(3)}
+    want["small"] = shard(step / "small", MiB, 9)
+    commit(a, "step_5")
+    for k, v in a.s3.env().items():
+        monkeypatch.setenv(k, v)
+    cfg = Config(bucket=a.bucket, prefix=a.prefix, endpoint_url=a.s3.endpoint_url)
+    src = Store(cfg)
+    dst = Store(dataclasses.replace(cfg, bucket=dr_bucket, prefix="", endpoint_url=region2.endpoint_url))
+    key = a.key(f"step_5/{MANIFEST}")
+    manifest = read_manifest(src, key)
+    assert manifest is not None
+    manifest_body = src.get_bytes(key)[0]
+    dst.list("")  # both clients made their first requests before memory is traced
+    part, in_flight = 8 * MiB, 2
+    buffers = PartBuffers(part, in_flight)  # take() beyond 2 raises: a part without a slot
+    traced: dict[str, int] = {}
+
+    async def main() -> None:
+        limiter = trio.CapacityLimiter(8)
+
+        async def io(fn, *args):  # type: ignore[no-untyped-def]
+            return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
+
+        job = Job(src, dst, a.bucket, "step_5/", False, part, 5 << 30, trio.Semaphore(in_flight), io, buffers=buffers)
+        tracemalloc.start()
+        try:
+            await copy_checkpoint(job, manifest, manifest_body, None, False)
+            traced["peak"] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    trio.run(main)
+    for name, data in want.items():
+        assert body(region2, dr_bucket, f"step_5/{name}") == data
+    assert MANIFEST in {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, "step_5/")}
+    assert (buffers.peak, buffers.in_use, buffers.peak_bytes) == (in_flight, 0, in_flight * part)
+    # a copy that held each part as a bytes object (2 in flight) peaks at 2 x 8 MiB or more
+    assert traced["peak"] < part, f"{traced['peak'] / MiB:.1f} MiB on the heap while copying"
+
