@@ -493,3 +493,48 @@ def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, reg
     # a copy that held each part as a bytes object (2 in flight) peaks at 2 x 8 MiB or more
     assert traced["peak"] < part, f"{traced['peak'] / MiB:.1f} MiB on the heap while copying"
 
+
+def test_a_replica_with_its_own_longer_retention_keeps_what_the_primary_deleted(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "replicas.toml", {
+        "long": {"source": f"s3://{dr_bucket}/long", "endpoint_url": region2.endpoint_url, "keep_last": 3},
+        "follow": {"source": f"s3://{dr_bucket}/follow", "endpoint_url": region2.endpoint_url},
+    })
+    a = make_mount("a", start=False, retention_keep_last=1, retention_min_age=0, retention_grace=2, **replica_options())
+    start(a, config)
+    for step in (1, 2, 3):
+        dcp_save(a.path / "run" / f"step_{step}", ranks=2, size=MiB + step)
+        commit(a, f"run/step_{step}")
+    wait_for("three checkpoints on both targets", lambda: caught_up(a, "long", 3) and caught_up(a, "follow", 3), timeout=180)
+
+    def on(target: str, step: int) -> set[str]:
+        return {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, f"{target}/run/step_{step}/")}
+
+    def retention_deleted(*steps: int) -> bool:
+        a.cli("retention", "apply", str(a.path), "--json")
+        return not any(objects(a.s3, a.bucket, a.key(f"run/step_{s}/")) for s in steps)
+
+    # the primary keeps the newest only: steps 1 and 2 expire, then are deleted after the grace period
+    wait_for("steps 1 and 2 deleted on the primary", lambda: retention_deleted(1, 2), timeout=120)
+    # the replica without a policy of its own follows; the one with keep_last = 3 keeps both, whole
+    wait_for("follow deleted steps 1 and 2", lambda: not on("follow", 1) and not on("follow", 2), timeout=180)
+    long = wait_for("long kept them by its own retention", lambda: (lambda t: t if t["kept_by_own_policy"] == 2 else None)(status(a)["long"]),
+                    timeout=180)
+    assert long["own_policy"] == "keep_last = 3" and status(a)["follow"]["own_policy"] is None
+    assert MANIFEST in on("long", 1) and MANIFEST in on("long", 2)
+    for step in (1, 2):
+        proc = a.cli("verify", str(a.path / f"run/step_{step}"), "--target", "long", "--deep")
+        assert proc.returncode == 0, proc.stderr
+        assert "is whole (deep, on replica long)" in proc.stdout
+    proc = a.cli("drill", str(a.path / "run/step_2"), "--target", "long", "--json")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (lambda r: (r["path"], r["target"], r["verify"], r["outcome"]))(json.loads(proc.stdout)) == ("run/step_2", "long", "whole", "ok")
+    # a newer checkpoint: the primary lets step 3 go; the long replica's newest 3 are now 2, 3, 4: step 1 goes there
+    dcp_save(a.path / "run" / "step_4", ranks=2, size=MiB + 4)
+    commit(a, "run/step_4")
+    wait_for("step 4 on both targets", lambda: caught_up(a, "long", 2) and caught_up(a, "follow", 2), timeout=180)
+    wait_for("step 3 deleted on the primary", lambda: retention_deleted(3), timeout=120)
+    wait_for("follow deleted step 3", lambda: not on("follow", 3), timeout=180)
+    wait_for("long deleted step 1", lambda: not on("long", 1), timeout=180)
+    assert all(MANIFEST in on("long", s) for s in (2, 3, 4)) and MANIFEST in on("follow", 4)
+    deletes = [(e["target"], e["path"]) for e in json.loads(a.cli("audit", str(a.path), "--json").stdout) if e["action"] == "replica-delete"]
+    assert sorted(deletes) == [("follow", "run/step_1"), ("follow", "run/step_2"), ("follow", "run/step_3"), ("long", "run/step_1")]
