@@ -29,6 +29,7 @@ S3_MIN_PART_SIZE = 5 * MiB
 S3_MAX_PART_SIZE = 5 * GiB
 S3_MAX_PARTS = 10_000
 S3_MAX_KEY_BYTES = 1024
+UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL): the control socket's
 AUTO_MIN_FREE_PERCENT = 5  # default cache_min_free: this share of the cache file system, at most 1 GiB
 
 
@@ -166,6 +167,10 @@ class Config:
             raise ConfigError("no mount point: give MOUNTPOINT, or mountpoint = \"/path\" in the config file")
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
+        sock = os.fsencode(os.path.abspath(self.control_socket))
+        if len(sock) > UNIX_PATH_MAX:
+            raise ConfigError(f"cache_dir {self.cache_dir} is too long: the control socket in it would be a path of {len(sock)} bytes, "
+                              f"and a Unix socket's is at most {UNIX_PATH_MAX}: give a shorter cache directory")
         check_prefix(self.prefix)
         for name in ("connect_timeout", "read_timeout"):
             if not getattr(self, name) > 0:
