@@ -97,6 +97,15 @@ def _rss(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
     return v / MiB if v else None
 
 
+def _replication(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    s5 = _get(run, "replication", "s5cmd") or {}
+    return _ratio(_faster(s5.get("pipe_s"), s5.get("via_disk_s")), _get(run, "replication", "replicate_s"))
+
+
+def _replication_mibps(*path: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: (lambda b, t: b / MiB / t if b and t else None)(_get(run, "replication", "bytes"), _get(run, "replication", *path))
+
+
 def _cpu_per_gib(run: dict[str, Any], meta: dict[str, Any], tool: str) -> float | None:
     a, b = _get(run, tool, "single", "cpu_s"), _get(run, tool, "sharded", "cpu_s")
     if a is None or b is None:
@@ -135,6 +144,10 @@ FIGURES: list[Figure] = [
            lambda run, meta: _get(run, "s3fs", "single", "copy_requests")),
     Figure("cold_read", "Cold read of the big file: fresh ckptfs mount / direct ranged download throughput", "x", ">=", 0.8, _cold, True),
     Figure("rss_peak", "ckptfs daemon peak RSS over the run (writes + drain of all data)", "MiB", "<=", 300.0, _rss),
+    Figure("replication", "Replication to a 2nd server, 4 files: faster s5cmd copy / ckptfs commit-to-replicated", "x", ">=", 0.9,
+           _replication, True, ("replication",)),
+    Figure("replication_rss", "ckptfs daemon peak RSS while replicating (VmRSS sampled from commit to replicated)", "MiB", "<=", 300.0,
+           lambda run, meta: (lambda v: v / MiB if v else None)(_get(run, "replication", "rss_peak_bytes")), False, ("replication",)),
     Figure("cpu_written", "ckptfs daemon CPU seconds per GiB written", "s/GiB", "", None,
            lambda run, meta: _get(run, "ckptfs", "daemon", "cpu_per_gib_written")),
     Figure("cpu_drained", "ckptfs daemon CPU seconds per GiB drained", "s/GiB", "", None,
@@ -156,6 +169,12 @@ FIGURES: list[Figure] = [
     Figure("mibps_boto3_sharded", "boto3 transfer manager upload, 8 files", "MiB/s", "", None, _mibps("sharded", "boto3", "sharded", "upload_s")),
     Figure("mibps_ckptfs_drain_sharded", "ckptfs drain, 8 files (last close to durable)", "MiB/s", "", None,
            _mibps("sharded", "ckptfs", "sharded", "durable_from_close_s")),
+    Figure("mibps_replication", "ckptfs replication, commit to replicated", "MiB/s", "", None, _replication_mibps("replicate_s"),
+           parts=("replication",)),
+    Figure("mibps_s5cmd_pipe", "s5cmd cat piped into s5cmd pipe between the servers", "MiB/s", "", None, _replication_mibps("s5cmd", "pipe_s"),
+           parts=("replication",)),
+    Figure("mibps_s5cmd_via_disk", "s5cmd cp to local disk, then to the other server", "MiB/s", "", None,
+           _replication_mibps("s5cmd", "via_disk_s"), parts=("replication",)),
     Figure("mibps_direct_download", "direct ranged download, 1 file", "MiB/s", "", None, _mibps("single", "cold_read", "direct_s")),
 ]
 

@@ -70,6 +70,20 @@ def _target(path: str) -> tuple[Path, str]:
     return root, _rel(root, path)
 
 
+def _on_replica(path: str) -> tuple[Path, str]:
+    """The mount and path of a checkpoint checked on a replica (`--target`): it may be gone from the primary (its
+    retention deleted it, the replica's own kept it), so the mount is found from the nearest directory above it."""
+    p = Path(os.path.abspath(path))
+    above = p
+    try:
+        while not above.exists() and above.parent != above:
+            above = above.parent
+    except OSError:
+        return _target(path)  # a dead mount and kin: find_mount_root says which, in one line
+    root = find_mount_root(str(above))
+    return root, _rel(root, str(p))
+
+
 def _one(root: Path, req: dict[str, Any], timeout: float | None = 300.0) -> dict[str, Any]:
     for msg in request(root, req, timeout=timeout):
         return msg
@@ -158,7 +172,7 @@ def verify(
     target: Optional[str] = typer.Option(None, "--target", help="Check the copy on replica target NAME ([replica.NAME]) instead of the primary's."),
 ) -> None:
     """Check a committed checkpoint against its manifest; exit 0 only when it is whole."""
-    root, rel = _target(path)
+    root, rel = _on_replica(path) if target else _target(path)
     progress = None
     if deep and sys.stdout.isatty() and not as_json:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn

@@ -29,6 +29,7 @@ S3_MIN_PART_SIZE = 5 * MiB
 S3_MAX_PART_SIZE = 5 * GiB
 S3_MAX_PARTS = 10_000
 S3_MAX_KEY_BYTES = 1024
+UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL): the control socket's
 AUTO_MIN_FREE_PERCENT = 5  # default cache_min_free: this share of the cache file system, at most 1 GiB
 
 
@@ -170,6 +171,10 @@ class Config:
             raise ConfigError("no mount point: give MOUNTPOINT, or mountpoint = \"/path\" in the config file")
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
+        sock = os.fsencode(os.path.abspath(self.control_socket))
+        if len(sock) > UNIX_PATH_MAX:
+            raise ConfigError(f"cache_dir {self.cache_dir} is too long: the control socket in it would be a path of {len(sock)} bytes, "
+                              f"and a Unix socket's is at most {UNIX_PATH_MAX}: give a shorter cache directory")
         check_prefix(self.prefix)
         for name in ("connect_timeout", "read_timeout"):
             if not getattr(self, name) > 0:
@@ -267,6 +272,27 @@ class Config:
                     r.key_prefix.startswith(self.key_prefix) or self.key_prefix.startswith(r.key_prefix)):
                 raise ConfigError(f"replica.{r.name}: s3://{r.bucket}/{r.prefix} overlaps the mount's own s3://{self.bucket}/{self.prefix}: "
                                   "give another bucket or a prefix outside the mount's")
+            self._check_replica_policy(r)
+
+    def _check_replica_policy(self, r: "Replica") -> None:
+        """A replica's own retention may only keep more than the primary's: one line naming the rule otherwise."""
+        if not r.own_policy:
+            return
+        if not (self.retention_keep_last or self.retention_keep_every_steps or self.retention_keep_every_seconds):
+            raise ConfigError(f"[replica.{r.name}] {r.own_policy}: the primary's retention keeps every checkpoint (no retention_keep_* "
+                              f"rule), and so does the replica: remove the replica's keep_* keys, or give the primary a retention policy")
+        mine, primary = r.keep_last, self.retention_keep_last
+        if mine and primary and mine < primary:
+            raise ConfigError(f"[replica.{r.name}] keep_last = {mine} keeps fewer than the primary's retention_keep_last = {primary}: "
+                              f"a replica keeps at least what the primary keeps: give keep_last >= {primary}, or leave it out")
+        mine, primary = r.keep_every_steps, self.retention_keep_every_steps
+        if mine and primary and primary % mine:
+            raise ConfigError(f"[replica.{r.name}] keep_every_steps = {mine} would not keep every checkpoint the primary's "
+                              f"retention_keep_every_steps = {primary} keeps: give a divisor of {primary}, or leave it out")
+        mine_s, primary_s = r.keep_every_seconds, self.retention_keep_every_seconds
+        if mine_s and primary_s and mine_s > primary_s:
+            raise ConfigError(f"[replica.{r.name}] keep_every_seconds = {mine_s:g} keeps fewer than the primary's "
+                              f"retention_keep_every_seconds = {primary_s:g}: give at most {primary_s:g}, or leave it out")
 
 
 # -------------------------------------------------------------------- replicas
@@ -276,7 +302,11 @@ REPLICA_FIELDS = {
     "region": "Region for request signing (default `us-east-1`).",
     "profile": "AWS profile with the target's credentials; empty for the standard chain (environment, ~/.aws, instance role). Credentials are never logged.",
     "select": "Which committed checkpoints go there: `all`, `protected` (golden only) or `every:K` (steps that are multiples of K). Protected checkpoints go to every target whatever this says.",
+    "keep_last": "The replica's own, longer retention (optional; by default a replica keeps what the primary keeps): also keep the newest N committed checkpoints of each directory of checkpoints on the replica after the primary's retention deleted them. At least the primary's `retention_keep_last`.",
+    "keep_every_steps": "Own retention: also keep every checkpoint whose step is a multiple of K. Must divide the primary's `retention_keep_every_steps` (so it keeps every milestone the primary keeps).",
+    "keep_every_seconds": "Own retention: also keep one checkpoint per this many seconds of commit time. At most the primary's `retention_keep_every_seconds`.",
 }
+REPLICA_POLICY = ("keep_last", "keep_every_steps", "keep_every_seconds")  # mirror retention_keep_*
 _REPLICA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _SELECT = re.compile(r"all|protected|every:([1-9][0-9]*)")
 
@@ -292,6 +322,15 @@ class Replica:
     region: str = "us-east-1"
     profile: str = ""
     select: str = "all"
+    keep_last: int = 0  # the replica's own retention (0: off); see REPLICA_FIELDS
+    keep_every_steps: int = 0
+    keep_every_seconds: float = 0.0
+
+    @property
+    def own_policy(self) -> str | None:
+        """The replica's own retention rules in words, or None if it only follows the primary."""
+        rules = [f"{k} = {getattr(self, k):g}" for k in REPLICA_POLICY if getattr(self, k)]
+        return ", ".join(rules) or None
 
     @property
     def key_prefix(self) -> str:
@@ -329,8 +368,16 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
         unknown = sorted(set(table) - set(REPLICA_FIELDS))
         if unknown:
             raise ConfigError(f"[replica.{name}] in {origin}: unknown key {unknown[0]!r}: the keys are {', '.join(REPLICA_FIELDS)}")
+        policy: dict[str, Any] = {}
         for key, value in table.items():
-            if not isinstance(value, str):
+            if key in REPLICA_POLICY:
+                kind = float if key == "keep_every_seconds" else int
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value \
+                        or (kind is int and not float(value).is_integer()):
+                    raise ConfigError(f"[replica.{name}] {key} = {value!r} in {origin}: give a whole number >= 0"
+                                      if kind is int else f"[replica.{name}] {key} = {value!r} in {origin}: give a number of seconds >= 0")
+                policy[key] = kind(value)
+            elif not isinstance(value, str):
                 raise ConfigError(f"[replica.{name}] {key} = {value!r} in {origin}: give a string")
         if "source" not in table:
             raise ConfigError(f"[replica.{name}] in {origin} has no source: add source = \"s3://BUCKET/PREFIX\"")
@@ -347,7 +394,7 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
         if not _SELECT.fullmatch(select):
             raise ConfigError(f"[replica.{name}] select = {select!r}: use all, protected or every:K (K a positive step count)")
         out[name] = Replica(name, bucket, prefix, endpoint, table.get("region", "us-east-1") or "us-east-1",
-                            table.get("profile", ""), select)
+                            table.get("profile", ""), select, **policy)
     return out
 
 
@@ -553,7 +600,12 @@ def markdown_reference() -> str:
         'endpoint_url = "https://s3.other-region.example"',
         'profile = "dr"',
         'select = "every:1000"',
+        "keep_last = 20          # optional: keep more than the primary does (its own retention)",
         "```",
+        "",
+        "By default a replica keeps what the primary keeps, deleting a copy only once the primary's retention",
+        "deleted the checkpoint (after `retention_grace`). The `keep_*` keys give it its own, longer retention",
+        "on top of that; one that would delete what the primary keeps is refused when the config is loaded.",
         "",
         "| key | meaning |",
         "| --- | --- |",

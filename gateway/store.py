@@ -95,6 +95,43 @@ class RangeReader(io.RawIOBase):
         return len(data)
 
 
+class ViewReader(io.RawIOBase):
+    """A seekable, read-only file over a memoryview (a part buffer of a streamed copy): no copy of the whole."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self.view, self.pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.view)}[whence]
+        self.pos = max(0, min(len(self.view), base + pos))
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
+        data = self.view[self.pos:end].tobytes()
+        self.pos = end
+        return data
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), len(self.view) - self.pos)
+        b[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+READ_CHUNK = 256 << 10  # a ranged GET into a buffer is read this much at a time (the transient copy per read)
+
+
 @dataclass
 class RemotePart:
     etag: str
@@ -530,6 +567,41 @@ class Store:
     def upload_part_bytes(self, key: str, upload_id: str, number: int, body: bytes, crc32: str) -> str:
         r = self._call("UploadPart", self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
                        Body=body, ContentLength=len(body), ChecksumCRC32=crc32)
+        return r["ETag"].strip('"')
+
+    def get_range_into(self, key: str, etag: str, start: int, view: memoryview) -> None:
+        """Bytes [start, start+len(view)) of the object whose ETag is `etag` (CHANGED if it is not), read into `view`
+        a READ_CHUNK at a time: no allocation of the whole range."""
+        length = len(view)
+        if length <= 0:
+            return
+        r = self._call("GetObject", self.client.get_object, Key=key, Range=f"bytes={start}-{start + length - 1}",
+                       IfMatch=f'"{etag}"', **self.enc.customer())
+        body = r["Body"]
+        got = 0
+        try:
+            while got < length:
+                n = body.readinto(view[got:min(length, got + READ_CHUNK)])
+                if not n:
+                    break
+                got += n
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        finally:
+            body.close()
+        if got != length:
+            raise StoreError(NETWORK, f"short read of {key}: {got} of {length} bytes")
+
+    def put_object_from(self, key: str, view: memoryview, crc32: str, metadata: dict[str, str]) -> str:
+        """PutObject of a part buffer (a streamed copy's small object), with user metadata."""
+        r = self._call("PutObject", self.client.put_object, Key=key, Body=ViewReader(view), ContentLength=len(view),
+                       ChecksumCRC32=crc32, Metadata=metadata)
+        return r["ETag"].strip('"')
+
+    def upload_part_from(self, key: str, upload_id: str, number: int, view: memoryview, crc32: str) -> str:
+        """UploadPart of a part buffer (a streamed copy's part)."""
+        r = self._call("UploadPart", self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
+                       Body=ViewReader(view), ContentLength=len(view), ChecksumCRC32=crc32)
         return r["ETag"].strip('"')
 
     def copy_from(self, src_bucket: str, src_key: str, src_etag: str, dst: str, size: int, metadata: dict[str, str],

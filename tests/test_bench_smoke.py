@@ -57,10 +57,17 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert "read_s" in mount, mount
     assert run["cold_read"]["direct_s"] > 0
 
+    # the daemon's copy to a second server, and s5cmd's of the same objects, both ways
+    repl = run["replication"]
+    assert "error" not in repl, repl
+    assert repl["copied_bytes"] == repl["bytes"] == 4 * MiB and repl["server_side_objects"] == 0
+    assert repl["replicate_s"] > 0 and repl["rss_peak_bytes"] > 0 and repl["rss_samples"] > 0
+    assert {"pipe_s", "via_disk_s"} <= set(repl["s5cmd"]) or "skipped" in repl["s5cmd"], repl["s5cmd"]
+
     figures = {f["id"]: f for f in result["figures"]}
     assert set(figures) == {f.id for f in report.FIGURES}
     for fid in ("ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
-                "rss_peak", "cpu_written", "cpu_drained"):
+                "rss_peak", "cpu_written", "cpu_drained", "replication_rss"):
         f = figures[fid]
         assert f["median"] is not None and f["min"] <= f["median"] <= f["max"], f
         assert len(f["values"]) == 1

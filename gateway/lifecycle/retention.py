@@ -105,6 +105,28 @@ def _mark(e: dict[str, Any]) -> dict[str, Any]:
     return e.get("retention") or {}
 
 
+def keep_rules(committed: list[dict[str, Any]], keep_last: int, every_steps: int, every_seconds: float) -> dict[str, list[str]]:
+    """The keep rules that keep each committed checkpoint of one series (sorted by step): path -> rules, [] for none.
+
+    The primary's retention (`retention_keep_*`) and a replica's own (`[replica.NAME] keep_*`) both use it."""
+    rules: dict[str, list[str]] = {e["path"]: [] for e in committed}
+    if keep_last:
+        for e in committed[-keep_last:]:
+            rules[e["path"]].append(f"last {keep_last}")
+    if every_steps:
+        for e in committed:
+            if e["step"] % every_steps == 0:
+                rules[e["path"]].append(f"every {every_steps} steps")
+    if every_seconds:
+        last_kept: float | None = None
+        for e in sorted(committed, key=lambda e: (e.get("first_committed_at") or e.get("committed_at") or 0, e["step"])):
+            t = float(e.get("first_committed_at") or e.get("committed_at") or 0)
+            if last_kept is None or t - last_kept >= every_seconds:
+                rules[e["path"]].append(f"one per {every_seconds:g} s")
+                last_kept = t
+    return rules
+
+
 def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -> list[Decision]:
     """What the policy keeps and lets go, from the catalogue's entries; changes nothing."""
     now = time.time() if now is None else now
@@ -115,20 +137,9 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
     for _, group in sorted(series.items()):
         committed = sorted((e for e in group if e.get("committed")), key=lambda e: (e["step"], e["path"]))
         rules: dict[str, list[str]] = {e["path"]: [] for e in group}
-        if cfg.retention_keep_last:
-            for e in committed[-cfg.retention_keep_last:]:
-                rules[e["path"]].append(f"last {cfg.retention_keep_last}")
-        if cfg.retention_keep_every_steps:
-            for e in committed:
-                if e["step"] % cfg.retention_keep_every_steps == 0:
-                    rules[e["path"]].append(f"every {cfg.retention_keep_every_steps} steps")
-        if cfg.retention_keep_every_seconds:
-            last_kept: float | None = None
-            for e in sorted(committed, key=lambda e: (e.get("first_committed_at") or e.get("committed_at") or 0, e["step"])):
-                t = float(e.get("first_committed_at") or e.get("committed_at") or 0)
-                if last_kept is None or t - last_kept >= cfg.retention_keep_every_seconds:
-                    rules[e["path"]].append(f"one per {cfg.retention_keep_every_seconds:g} s")
-                    last_kept = t
+        for p, kept in keep_rules(committed, cfg.retention_keep_last, cfg.retention_keep_every_steps,
+                                  cfg.retention_keep_every_seconds).items():
+            rules[p] += kept
         for e in group:
             if e.get("protected"):
                 rules[e["path"]].append("protected")
