@@ -59,6 +59,9 @@ class Lifecycle:
         self.drills_pending: dict[str, tuple[float, dict[str, Any], bool]] = {}  # id -> (started, restore result, keep dir)
         self.drills_total = {"ok": 0, "failed": 0}
         self.mover = coldmove.Mover(self)  # tier_move_target: moves old checkpoints to a cold target (coldmove.py)
+        # told the path of each manifest written: the replicator (a layer above) starts a pass at once instead of
+        # up to replication_interval later
+        self.on_commit: list[Callable[[str], None]] = []
         if cfg.retention_interval > 0:
             self.retention_lease = Lease.for_mount(store, self.keys.of, retention.LEASE_NAME, retention.lease_ttl(cfg))
             if not retention.policy_enabled(cfg):

@@ -211,6 +211,8 @@ class Tracker:
             log.info("checkpoint %s committed: manifest generation %d, %d files, %d bytes%s",
                      ck.path, manifest.generation, len(manifest.files), manifest.bytes, change)
             await tiers.tag(lc, ck, manifest, "committed", False)
+            for hook in lc.on_commit:
+                hook(ck.path)
         return manifest, wrote
 
     async def _moved_away(self, path: str, listing: Any) -> bool:

@@ -60,6 +60,7 @@ LEASE_NAME = "replication"
 STATUS_DIR = ".ckptfs/replication/"
 TARGET_WIDE = (NETWORK, AUTH, NO_BUCKET, SERVER)  # failures that stop the whole target's pass, not one checkpoint
 FIRST_SURVEY_WAIT = 10.0
+COMMIT_SURVEY_WAIT = 2.0  # a survey runs at once after a commit, unless a long copy holds the pass
 RETENTION_EVERY_PASSES = 5  # a target is walked for checkpoints the primary's retention deleted every this many passes  # seconds `replicate status` waits for a daemon's first survey before answering anyway
 
 
@@ -177,6 +178,13 @@ class Replicator:
         self.drills: dict[str, tuple[str, dict[str, Any], bool]] = {}  # drill id -> (target, restore result, keep dir)
         self._bodies: dict[str, tuple[str, bytes]] = {}  # object key -> (etag, body) of manifests and protection objects
         self._kick = trio.Event()
+        # a manifest written on this node: copy it now, not at the next interval; `status` waits a little for a
+        # survey that saw it, and otherwise says how many commits it has not seen (`unsurveyed_commits`), so that it
+        # never reports a target caught up with a commit without saying so
+        self.commits_seen = 0
+        self.commits_surveyed = 0
+        self._survey_done = trio.Event()
+        lc.on_commit.append(self._committed)
         self.surveyed = trio.Event()
         self.passes_total = 0
 
@@ -208,10 +216,16 @@ class Replicator:
     def kick(self) -> None:
         self._kick.set()
 
+    def _committed(self, path: str) -> None:
+        self.commits_seen += 1
+        self.kick()
+
     async def pass_once(self) -> None:
+        seen = self.commits_seen
         try:
             await self._survey_primary()
             self.primary_error = None
+            self.commits_surveyed = seen
         except (StoreError, LifecycleError) as e:
             self.primary_error = str(e)
             log.warning("replication: cannot survey the primary, will retry: %s", e)
@@ -220,6 +234,8 @@ class Replicator:
             for t in self.targets.values():
                 nursery.start_soon(self._survey_target, t, held)
         self.surveyed.set()
+        self._survey_done.set()
+        self._survey_done = trio.Event()
         self.passes_total += 1
         if not any(t.pending() for t in self.targets.values()) and self.passes_total % RETENTION_EVERY_PASSES != 1:
             return  # nothing to copy; the targets' retention is looked at every few passes
@@ -483,11 +499,13 @@ class Replicator:
         return t
 
     async def status(self) -> list[dict[str, Any]]:
-        if self.enabled and not self.surveyed.is_set():
-            with trio.move_on_after(FIRST_SURVEY_WAIT):
-                await self.surveyed.wait()
+        if self.enabled and (not self.surveyed.is_set() or self.commits_surveyed < self.commits_seen):
+            wait = FIRST_SURVEY_WAIT if not self.surveyed.is_set() else COMMIT_SURVEY_WAIT
+            with trio.move_on_after(wait):  # the first survey, or one that saw this node's last commit
+                while not self.surveyed.is_set() or self.commits_surveyed < self.commits_seen:
+                    await self._survey_done.wait()
         now = time.time()
-        return [t.entry(now) for t in self.targets.values()]
+        return [{**t.entry(now), "unsurveyed_commits": self.commits_seen - self.commits_surveyed} for t in self.targets.values()]
 
     async def verify(self, name: str, ck: Checkpoint, deep: bool, progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
         t = self.target(name)

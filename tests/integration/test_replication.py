@@ -79,7 +79,7 @@ def status(m: Mount) -> dict[str, dict[str, Any]]:
 
 def caught_up(m: Mount, name: str, replicated: int) -> bool:
     t = status(m)[name]
-    return t["replicated"] == replicated and t["pending"] == 0 and t["error"] is None
+    return t["replicated"] == replicated and t["pending"] == 0 and t["error"] is None and t["unsurveyed_commits"] == 0
 
 
 def objects(server: SeaweedServer, bucket: str, prefix: str = "") -> dict[str, dict[str, Any]]:
