@@ -241,18 +241,13 @@ class Fetcher:
     async def _hash(self, dl: Download, fd: int) -> str:
         """xxh3-128 of the file, following the workers range by range."""
         h = xxhash.xxh3_128()
-        # one buffer for the whole file: a fresh 4 MiB object per chunk costs an mmap, page faults
-        # and an munmap that stops every other thread of the daemon (TLB shootdown)
-        buf = memoryview(bytearray(HASH_CHUNK))
 
         def update(offset: int, length: int) -> None:
             end = offset + length
             while offset < end:
-                n = os.preadv(fd, [buf[:min(HASH_CHUNK, end - offset)]], offset)
-                if n == 0:
-                    raise OSError(errno.EIO, "cache file shorter than the object")
-                h.update(buf[:n])
-                offset += n
+                data = os.pread(fd, min(HASH_CHUNK, end - offset), offset)
+                h.update(data)
+                offset += len(data)
 
         for i in range(dl.count):
             while not dl.done[i]:

@@ -61,8 +61,8 @@ RENAME_EXCHANGE = 2
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-def _fuse(fn: F, name: str | None = None) -> F:
-    op = name or fn.__name__
+def _fuse(fn: F) -> F:
+    op = fn.__name__
     requests = FUSE_COUNTERS.requests  # counted per request: a plain dict increment
     requests.setdefault(op, 0)
 
@@ -390,15 +390,6 @@ class CkptFS(Operations):
         if h.download is not None:
             await h.download.wait(off, size)
         return os.pread(h.fd, size, off)
-
-    async def _read_source(self, fh: int, off: int, size: int) -> tuple[int, int]:
-        """The cache file and the bytes of [off, off+size) it holds, once they are there (counted as a read)."""
-        h = self.handles[fh]
-        if h.download is not None:
-            await h.download.wait(off, size)
-        return h.fd, max(0, min(size, os.fstat(h.fd).st_size - off))
-
-    read_source = _fuse(_read_source, "read")
 
     @_fuse
     async def write(self, fh: int, off: int, buf: memoryview) -> int:

@@ -44,19 +44,7 @@ from .ops import Attr, OpenReply, Operations, RequestContext, SetattrFields
 log = logging.getLogger(__name__)
 
 Parts = list[Any]  # buffers for writev
-
-
-class SplicedReply:
-    """A READ reply whose bytes are spliced from a file (`fd` at `offset`, `size` bytes)."""
-
-    __slots__ = ("unique", "fd", "offset", "size")
-
-    def __init__(self, unique: int, fd: int, offset: int, size: int) -> None:
-        self.unique, self.fd, self.offset, self.size = unique, fd, offset, size
 Undo = Callable[[], Awaitable[None]] | None
-
-
-PAGE = 4096
 
 
 class Unmounted(Exception):
@@ -128,16 +116,6 @@ class KernelSession:
         self._inflight: dict[int, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(self.readers)
-        # READ replies in copy mode: header and file pages spliced into a pipe, then the whole
-        # reply spliced to /dev/fuse; the bytes never pass through Python (one kernel copy, into
-        # the reader's pages). A pipe holds at most pipe-max-size (1 MiB unless raised; above it
-        # needs CAP_SYS_RESOURCE), one page per slot, and a reply must fit whole with its header:
-        # so READs are capped (mount option max_read) at the pipe's slots less two (the header's,
-        # and one for an unaligned offset). _pipe: None until first used, False: no splicing.
-        self._pipe: tuple[int, int] | None | bool = None
-        self._pipe_size = 0
-        self.max_read: int | None = None
-        self.spliced_reads = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -151,17 +129,15 @@ class KernelSession:
 
     # ------------------------------------------------------------- mount/unmount
     def mount(self) -> None:
-        self._size_pipe()
         self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         os.set_blocking(self.fd, self.reader == "threads")
         try:
             flags = _mount.MS_NOSUID | _mount.MS_NODEV | (_mount.MS_RDONLY if self.read_only else 0)
             _mount.mount(self.source, self.mountpoint, self.fstype,
-                         _mount.options(self.fd, allow_other=self.allow_other, max_read=self.max_read), flags)
+                         _mount.options(self.fd, allow_other=self.allow_other), flags)
         except BaseException:
             os.close(self.fd)
             self.fd = -1
-            self._drop_pipe()
             raise
 
     async def unmount(self, lazy: bool = False) -> None:
@@ -175,7 +151,6 @@ class KernelSession:
             if self.reader == "poll":
                 trio.lowlevel.notify_closing(fd)
             self.modes.drop_all()
-            self._drop_pipe()
             os.close(fd)
 
     # ---------------------------------------------------------------- backing ids
@@ -214,10 +189,8 @@ class KernelSession:
                     raise Unmounted() from None
                 raise
 
-    def _send(self, parts: Parts | SplicedReply) -> bool:
+    def _send(self, parts: Parts) -> bool:
         """Write one reply; False if the kernel no longer wants it."""
-        if isinstance(parts, SplicedReply):
-            return self._send_spliced(parts)
         try:
             os.writev(self.fd, parts)
             return True
@@ -225,92 +198,6 @@ class KernelSession:
             if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
                 log.error("reply to /dev/fuse failed: %s", e)
             return False
-
-    def _size_pipe(self) -> None:
-        """The largest pipe we may have (up to what max_pages needs), and max_read to fit it."""
-        want = (self.max_pages + 2) * PAGE
-        try:
-            with open("/proc/sys/fs/pipe-max-size") as f:
-                want = min(want, int(f.read()))
-            pipe = self._new_pipe(want)
-        except (OSError, ValueError) as e:
-            log.info("READ replies copied through the daemon: no pipe to splice them (%s)", e)
-            self._pipe = False
-            return
-        self._pipe = pipe
-        self._pipe_size = fcntl.fcntl(pipe[1], fcntl.F_GETPIPE_SZ)
-        slots = self._pipe_size // PAGE - 2
-        if slots < 16:
-            self._drop_pipe()
-            self._pipe = False
-            return
-        if slots < self.max_pages:
-            self.max_read = slots * PAGE
-
-    @staticmethod
-    def _new_pipe(size: int) -> tuple[int, int]:
-        r, w = os.pipe2(os.O_CLOEXEC)
-        try:
-            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, size)
-        except OSError:
-            os.close(r)
-            os.close(w)
-            raise
-        return r, w
-
-    def _reply_pipe(self) -> tuple[int, int] | None:
-        if self._pipe is None:
-            try:
-                self._pipe = self._new_pipe(self._pipe_size)
-            except OSError as e:
-                log.warning("READ replies copied through the daemon from now on: %s", e.strerror)
-                self._pipe = False
-        return self._pipe or None
-
-    def _drop_pipe(self) -> None:
-        """Something went wrong mid-reply: what is left in the pipe is garbage; start afresh."""
-        if isinstance(self._pipe, tuple):
-            for fd in self._pipe:
-                os.close(fd)
-            self._pipe = None
-
-    def _send_spliced(self, r: SplicedReply) -> bool:
-        """header -> pipe, file pages -> pipe (references, no copy), pipe -> /dev/fuse in one splice
-        (the kernel wants a reply whole). Runs without a checkpoint, so replies never interleave."""
-        pipe = self._reply_pipe() if 0 < r.size <= (self.max_read or self.max_pages * PAGE) else None
-        if pipe is None:
-            return self._send_read_copy(r)
-        try:
-            os.write(pipe[1], P.out_header(r.unique, r.size))
-            moved = 0
-            while moved < r.size:
-                n = os.splice(r.fd, pipe[1], r.size - moved, offset_src=r.offset + moved)
-                if n == 0:
-                    raise EOFError  # the file shrank since its size was taken
-                moved += n
-        except (OSError, EOFError) as e:
-            self._drop_pipe()
-            if isinstance(e, OSError) and e.errno == errno.EINVAL:
-                log.info("READ replies copied through the daemon: the cache files cannot be spliced")
-                self._pipe = False
-            return self._send_read_copy(r)
-        try:
-            if os.splice(pipe[0], self.fd, P.OUT_HEADER.size + r.size) != P.OUT_HEADER.size + r.size:
-                raise OSError(errno.EIO, "short splice to /dev/fuse")
-        except OSError as e:
-            self._drop_pipe()
-            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
-                log.error("reply to /dev/fuse failed: %s", e)
-            return False
-        self.spliced_reads += 1
-        return True
-
-    def _send_read_copy(self, r: SplicedReply) -> bool:
-        try:
-            data = os.pread(r.fd, r.size, r.offset)
-        except OSError as e:
-            return self._send(P.reply_error(r.unique, e.errno or errno.EIO))
-        return self._send(P.reply(r.unique, data))
 
     # ---------------------------------------------------------------- the loop
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -509,12 +396,8 @@ class KernelSession:
                 await self.ops.forget([(attr.ino, 1)])
         return P.reply(req.unique, P.encode_entry(attr), body), undo
 
-    async def _read_op(self, req: P.Request, ctx: RequestContext) -> tuple[Parts | SplicedReply, Undo]:
+    async def _read_op(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
         a = req.args
-        if self._pipe is not False:
-            source = await self.ops.read_source(a.fh, a.offset, a.size)
-            if source is not None:
-                return SplicedReply(req.unique, source[0], a.offset, min(source[1], a.size)), None
         data = await self.ops.read(a.fh, a.offset, a.size)
         if len(data) > a.size:
             data = memoryview(data)[:a.size]

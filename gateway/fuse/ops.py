@@ -181,12 +181,6 @@ class Operations:
     async def read(self, fh: int, offset: int, size: int) -> bytes | bytearray | memoryview:
         raise _nosys()
 
-    async def read_source(self, fh: int, offset: int, size: int) -> tuple[int, int] | None:
-        """Where a READ's bytes are: (a file descriptor, how many bytes from `offset`), once they
-        are there; the kernel transport then splices them from that file's page cache to the
-        kernel without copying them through Python. None: the transport calls `read`."""
-        return None
-
     async def write(self, fh: int, offset: int, data: memoryview) -> int:
         """`data` is only valid until this returns: copy it if it must outlive the call."""
         raise _nosys()

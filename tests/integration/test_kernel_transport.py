@@ -390,57 +390,6 @@ def test_copy_mode_when_passthrough_refused(tmp_path: Any) -> None:
     assert not any(fs.passthrough.values())
 
 
-class SplicingFS(BackingFS):
-    """Offers its backing files as read sources (as ckptfs does); `stale_size` makes it report more
-    bytes than the file holds, as when a file shrinks between the size and the reply."""
-
-    stale_size = 0
-
-    async def read_source(self, fh: int, offset: int, size: int) -> tuple[int, int]:
-        self.calls["read_source"] += 1
-        fd = self.handles[fh][1]
-        have = max(0, min(size, os.fstat(fd).st_size - offset))
-        return fd, min(size, have + self.stale_size)
-
-
-def test_copy_mode_reads_are_spliced_from_the_file(tmp_path: Any) -> None:
-    """READ replies in copy mode go from the backing file to /dev/fuse by splice: the reader gets
-    the same bytes at any offset and length, to the end of the file and past it."""
-    data = os.urandom(3 * MiB + 4097)
-
-    def body(mnt: str, fs: BackingFS, s: kernel.KernelSession) -> None:
-        p = os.path.join(mnt, "spliced.bin")
-        with open(p, "wb") as f:
-            f.write(data)
-        with open(p, "rb") as f:
-            assert f.read() == data
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            for off, n in ((0, 1), (4095, 8193), (MiB - 3, 2 * MiB), (len(data) - 10, 100), (len(data), 10), (len(data) + 5, 10)):
-                assert os.pread(fd, n, off) == data[off:off + n], (off, n)
-        finally:
-            os.close(fd)
-        assert s.spliced_reads > 0
-        fs.stale_size = 4096  # the file "shrank": the reply falls back to a copy of what is there
-        with open(p, "rb") as f:
-            assert f.read() == data
-
-    fs = SplicingFS(str(tmp_path / "backing"), direct_io=True)  # direct_io: every read reaches us, as asked
-    (tmp_path / "backing").mkdir()
-    (tmp_path / "mnt").mkdir()
-    out: dict[str, Any] = {}
-
-    async def main() -> None:
-        async with kernel.mounted(fs, str(tmp_path / "mnt"), probe_dir=str(tmp_path / "backing"), passthrough=False) as s:
-            out["s"] = s
-            with trio.fail_after(HANG_GUARD * 5):
-                await trio.to_thread.run_sync(body, str(tmp_path / "mnt"), fs, s)
-
-    trio.run(main)
-    assert fs.calls["read_source"] > 0 and fs.calls["read"] == 0
-    assert out["s"].counts[Op.READ] > 0
-
-
 def test_copy_mode_direct_io_threads_reader(tmp_path: Any) -> None:
     data = os.urandom(MiB + 1)
 
