@@ -475,7 +475,7 @@ class Daemon:
         from .fuse.kernel import KernelSession
 
         cfg = self.cfg
-        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs",
+        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
                                 allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
         try:
             session.mount()
