@@ -7,10 +7,14 @@ is of designs, not of defaults; everything else is their default.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from bench.env import ROOT, BenchServer, venv_bin
@@ -88,6 +92,7 @@ class CkptfsMount(Mounted):
         self.cache_dir = state_dir / "cache"
         self.code_root = code_root  # another checkout of ckptfs, to compare two versions in one run
         self.options = options
+        self.metrics_port = _free_port()  # the daemon's FUSE request counters say whether WRITEs reached it
 
     def _cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, **self.server.env()}
@@ -112,7 +117,7 @@ class CkptfsMount(Mounted):
         self.path.mkdir(parents=True, exist_ok=True)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         args = ["mount", f"s3://{self.bucket}", str(self.path), "--cache-dir", str(self.cache_dir),
-                "--endpoint-url", self.server.endpoint_url, "--daemon"]
+                "--endpoint-url", self.server.endpoint_url, "--daemon", "--metrics-addr", f"127.0.0.1:{self.metrics_port}"]
         for k, v in self.options.items():
             args += ["-o", f"{k}={v}"]
         r = self._cli(*args, timeout=120)
@@ -131,6 +136,38 @@ class CkptfsMount(Mounted):
         if os.path.ismount(self.path):
             self._cli("unmount", str(self.path))
         _unmount(self.path)
+
+    def status(self) -> dict[str, object]:
+        """`ckptfs status --json` (empty if it fails)."""
+        r = self._cli("status", str(self.path), "--json", timeout=60)
+        try:
+            return dict(json.loads(r.stdout)) if r.returncode == 0 else {}
+        except ValueError:
+            return {}
+
+    def transport(self) -> dict[str, object]:
+        """How this mount talks to the kernel: `fuse_transport` and whether passthrough was granted at INIT."""
+        st = self.status()
+        return {"fuse_transport": st.get("fuse_transport") or "libfuse", "passthrough": bool(st.get("passthrough"))}
+
+    def fuse_requests(self) -> dict[str, float]:
+        """The daemon's `ckptfs_fuse_requests_total` by operation: under passthrough no `write` or
+        `read` reaches it (the kernel does them on the cache file), in copy mode every one does."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out: dict[str, float] = {}
+        for m in re.finditer(r'^ckptfs_fuse_requests_total\{op="([a-z_]+)"\} (\S+)$', text, re.M):
+            out[m.group(1)] = float(m.group(2))
+        return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class RcloneMount(Mounted):

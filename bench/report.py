@@ -44,6 +44,8 @@ class Figure:
     compute: Callable[[dict[str, Any], dict[str, Any]], float | None]
     chart: bool = False  # drawn in the PNG (ratios where higher is better)
     parts: tuple[str, ...] = ()  # the parts of a run it reads, to say why it is missing
+    # why a run's numbers are not what the label says (say, no passthrough was granted); None if they are
+    check: Callable[[dict[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.parts:
@@ -92,9 +94,82 @@ def _cold(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
     return _ratio(_get(run, "cold_read", "direct_s"), _get(run, "cold_read", "mount", "read_s"))
 
 
+# ------------------------------------------------------- ckptfs per FUSE transport
+# "ckptfs" is the mount as a user gets it by default (as root on Linux >= 6.9: the kernel transport
+# with passthrough); "ckptfs_copy" the kernel transport with fuse_passthrough = false; "ckptfs_libfuse"
+# pyfuse3. Each run records the transport the daemon reported and the FUSE requests that reached it.
+TRANSPORT_PARTS = {"passthrough": "ckptfs", "copy": "ckptfs_copy", "libfuse": "ckptfs_libfuse"}
+# the pyfuse3 transport's figures before the kernel transport (median of the recorded run of ckptfs ecdab6f)
+LIBFUSE_BEFORE = {"single": 0.56, "sharded": 0.57}
+
+
+def _transport_problem(run: dict[str, Any], mode: str, reads: str | None = None) -> str | None:
+    """Why run[part] did not measure `mode` (passthrough, copy, libfuse); None if it did.
+
+    Passthrough: kernel transport, granted at INIT, and no WRITE reached the daemon while
+    acknowledging (nor a READ during the cached read, with `reads`)."""
+    part = TRANSPORT_PARTS[mode]
+    t = _get(run, part, "transport")
+    if not isinstance(t, dict):
+        return None  # the part is missing: _why_missing says why
+    name, granted = t.get("fuse_transport"), t.get("passthrough")
+    writes = sum(v.get("write", 0) for v in (t.get("ack_requests") or {}).values())
+    if mode == "passthrough":
+        if name != "kernel" or not granted:
+            return f"{part} ran fuse_transport={name} without passthrough (not root, or Linux < 6.9?)"
+        if writes:
+            return f"{part}: {writes:.0f} WRITE requests reached the daemon: not (only) passthrough"
+        if reads and (_get(run, part, "cached_read", reads, "daemon_reads") or 0):
+            return f"{part}: READ requests reached the daemon during the cached read: not passthrough"
+    elif mode == "copy":
+        if name != "kernel" or granted:
+            return f"{part} ran fuse_transport={name}, passthrough={granted}: not the kernel transport's copy mode"
+    elif name != "libfuse":
+        return f"{part} ran fuse_transport={name}, not libfuse"
+    return None
+
+
+def _t_ack(mode: str, workload: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    part = TRANSPORT_PARTS[mode]
+    return lambda run, meta: _ratio(_get(run, "raw", workload, "ack_s"), _get(run, part, workload, "ack_s"))
+
+
+def _t_cpu_ack(mode: str, workload: str = "single") -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """Daemon CPU seconds per GiB acknowledged, in the phase of `workload` (the 1-file phase: nothing else runs)."""
+    part = TRANSPORT_PARTS[mode]
+    size = "single" if workload == "single" else "sharded"
+    return lambda run, meta: (lambda c: c / (meta["sizes"][size] / (1 << 30)) if c is not None else None)(
+        _get(run, part, "daemon", f"cpu_ack_{workload}_s"))
+
+
+def _t_cached(mode: str, state: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    part = TRANSPORT_PARTS[mode]
+    return lambda run, meta: _ratio(_get(run, part, "cached_read", state, "raw_s"), _get(run, part, "cached_read", state, "mount_s"))
+
+
+def _cold_libfuse(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    return _ratio(_get(run, "cold_read", "direct_s"), _get(run, "cold_read", "mount_libfuse", "read_s"))
+
+
+def _cold_problem(run: dict[str, Any]) -> str | None:
+    t = _get(run, "cold_read", "mount", "transport")
+    if isinstance(t, dict) and t.get("fuse_transport") != "kernel":
+        return f"the fresh mount ran fuse_transport={t.get('fuse_transport')}, not kernel"
+    return None
+
+
 def _rss(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
     v = _get(run, "ckptfs", "daemon", "peak_rss_bytes")
     return v / MiB if v else None
+
+
+def _replication(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    s5 = _get(run, "replication", "s5cmd") or {}
+    return _ratio(_faster(s5.get("pipe_s"), s5.get("via_disk_s")), _get(run, "replication", "replicate_s"))
+
+
+def _replication_mibps(*path: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: (lambda b, t: b / MiB / t if b and t else None)(_get(run, "replication", "bytes"), _get(run, "replication", *path))
 
 
 def _cpu_per_gib(run: dict[str, Any], meta: dict[str, Any], tool: str) -> float | None:
@@ -133,8 +208,46 @@ FIGURES: list[Figure] = [
     Figure("s3fs_rename_ms", "Rename of the big file (s3fs; it uploaded on close)", "ms", "", None, _rename_ms("s3fs")),
     Figure("s3fs_rename_copies", "Server-side copy requests for that rename (s3fs)", "count", "", None,
            lambda run, meta: _get(run, "s3fs", "single", "copy_requests")),
-    Figure("cold_read", "Cold read of the big file: fresh ckptfs mount / direct ranged download throughput", "x", ">=", 0.8, _cold, True),
+    Figure("cold_read", "Cold read of the big file: fresh ckptfs mount (kernel transport) / direct ranged download throughput", "x", ">=", 0.9,
+           _cold, True, check=_cold_problem),
+    Figure("cold_read_libfuse", "Cold read of the big file: fresh ckptfs mount (pyfuse3) / direct ranged download throughput", "x", "", None,
+           _cold_libfuse, parts=("ckptfs", "cold_read")),
+    # per FUSE transport, each against the raw disk of the same run
+    Figure("ack_passthrough_single", "Passthrough, 1 file: ckptfs (kernel transport, passthrough) / raw disk throughput", "x", ">=", 0.95,
+           _t_ack("passthrough", "single"), True, ("raw", "ckptfs"), lambda run: _transport_problem(run, "passthrough")),
+    Figure("ack_passthrough_sharded", "Passthrough, 8 writers: ckptfs (kernel transport, passthrough) / raw disk throughput", "x", ">=", 0.9,
+           _t_ack("passthrough", "sharded"), True, ("raw", "ckptfs"), lambda run: _transport_problem(run, "passthrough")),
+    Figure("cpu_passthrough_ack", "Passthrough: daemon CPU seconds per GiB acknowledged (1-file phase)", "s/GiB", "<=", 0.1,
+           _t_cpu_ack("passthrough"), False, ("ckptfs",), lambda run: _transport_problem(run, "passthrough")),
+    Figure("cpu_passthrough_ack_sharded", "Passthrough: daemon CPU seconds per GiB acknowledged (8-writer phase; the first shards' drain may overlap)",
+           "s/GiB", "", None, _t_cpu_ack("passthrough", "sharded"), False, ("ckptfs",), lambda run: _transport_problem(run, "passthrough")),
+    Figure("cached_read_passthrough", "Passthrough: cached file, fresh open / raw disk read throughput (both in page cache)", "x", ">=", 0.9,
+           _t_cached("passthrough", "warm"), True, ("raw", "ckptfs"), lambda run: _transport_problem(run, "passthrough", "warm")),
+    Figure("cached_read_cold_passthrough", "Passthrough: cached file, fresh open / raw disk read throughput (neither in page cache)", "x", "", None,
+           _t_cached("passthrough", "cold"), False, ("raw", "ckptfs"), lambda run: _transport_problem(run, "passthrough", "cold")),
+    Figure("ack_copy_single", "Copy mode, 1 file: ckptfs (kernel transport, fuse_passthrough=false) / raw disk throughput", "x", ">=", 0.85,
+           _t_ack("copy", "single"), True, ("raw", "ckptfs_copy"), lambda run: _transport_problem(run, "copy")),
+    Figure("ack_copy_sharded", "Copy mode, 8 writers: ckptfs (kernel transport, fuse_passthrough=false) / raw disk throughput", "x", "", None,
+           _t_ack("copy", "sharded"), True, ("raw", "ckptfs_copy"), lambda run: _transport_problem(run, "copy")),
+    Figure("cpu_copy_ack", "Copy mode: daemon CPU seconds per GiB acknowledged (1-file phase)", "s/GiB", "", None,
+           _t_cpu_ack("copy"), False, ("ckptfs_copy",), lambda run: _transport_problem(run, "copy")),
+    Figure("cached_read_copy", "Copy mode: cached file, fresh open / raw disk read throughput (both in page cache)", "x", "", None,
+           _t_cached("copy", "warm"), False, ("raw", "ckptfs_copy"), lambda run: _transport_problem(run, "copy")),
+    Figure("ack_libfuse_single", f"pyfuse3, 1 file: ckptfs (fuse_transport=libfuse) / raw disk throughput (before: {LIBFUSE_BEFORE['single']})",
+           "x", ">=", LIBFUSE_BEFORE["single"], _t_ack("libfuse", "single"), True, ("raw", "ckptfs_libfuse"),
+           lambda run: _transport_problem(run, "libfuse")),
+    Figure("ack_libfuse_sharded", f"pyfuse3, 8 writers: ckptfs (fuse_transport=libfuse) / raw disk throughput (before: {LIBFUSE_BEFORE['sharded']})",
+           "x", ">=", LIBFUSE_BEFORE["sharded"], _t_ack("libfuse", "sharded"), True, ("raw", "ckptfs_libfuse"),
+           lambda run: _transport_problem(run, "libfuse")),
+    Figure("cpu_libfuse_ack", "pyfuse3: daemon CPU seconds per GiB acknowledged (1-file phase)", "s/GiB", "", None,
+           _t_cpu_ack("libfuse"), False, ("ckptfs_libfuse",), lambda run: _transport_problem(run, "libfuse")),
+    Figure("cached_read_libfuse", "pyfuse3: cached file, fresh open / raw disk read throughput (both in page cache)", "x", "", None,
+           _t_cached("libfuse", "warm"), False, ("raw", "ckptfs_libfuse"), lambda run: _transport_problem(run, "libfuse")),
     Figure("rss_peak", "ckptfs daemon peak RSS over the run (writes + drain of all data)", "MiB", "<=", 300.0, _rss),
+    Figure("replication", "Replication to a 2nd server, 4 files: faster s5cmd copy / ckptfs commit-to-replicated", "x", ">=", 0.9,
+           _replication, True, ("replication",)),
+    Figure("replication_rss", "ckptfs daemon peak RSS while replicating (VmRSS sampled from commit to replicated)", "MiB", "<=", 300.0,
+           lambda run, meta: (lambda v: v / MiB if v else None)(_get(run, "replication", "rss_peak_bytes")), False, ("replication",)),
     Figure("cpu_written", "ckptfs daemon CPU seconds per GiB written", "s/GiB", "", None,
            lambda run, meta: _get(run, "ckptfs", "daemon", "cpu_per_gib_written")),
     Figure("cpu_drained", "ckptfs daemon CPU seconds per GiB drained", "s/GiB", "", None,
@@ -156,7 +269,25 @@ FIGURES: list[Figure] = [
     Figure("mibps_boto3_sharded", "boto3 transfer manager upload, 8 files", "MiB/s", "", None, _mibps("sharded", "boto3", "sharded", "upload_s")),
     Figure("mibps_ckptfs_drain_sharded", "ckptfs drain, 8 files (last close to durable)", "MiB/s", "", None,
            _mibps("sharded", "ckptfs", "sharded", "durable_from_close_s")),
+    Figure("mibps_replication", "ckptfs replication, commit to replicated", "MiB/s", "", None, _replication_mibps("replicate_s"),
+           parts=("replication",)),
+    Figure("mibps_s5cmd_pipe", "s5cmd cat piped into s5cmd pipe between the servers", "MiB/s", "", None, _replication_mibps("s5cmd", "pipe_s"),
+           parts=("replication",)),
+    Figure("mibps_s5cmd_via_disk", "s5cmd cp to local disk, then to the other server", "MiB/s", "", None,
+           _replication_mibps("s5cmd", "via_disk_s"), parts=("replication",)),
     Figure("mibps_direct_download", "direct ranged download, 1 file", "MiB/s", "", None, _mibps("single", "cold_read", "direct_s")),
+    Figure("mibps_cold_read", "ckptfs cold read through a fresh mount (kernel transport), 1 file", "MiB/s", "", None,
+           _mibps("single", "cold_read", "mount", "read_s")),
+    Figure("mibps_copy_single", "ckptfs kernel transport in copy mode, 1 file write+fsync+close", "MiB/s", "", None,
+           _mibps("single", "ckptfs_copy", "single", "ack_s")),
+    Figure("mibps_libfuse_single", "ckptfs through pyfuse3, 1 file write+fsync+close", "MiB/s", "", None,
+           _mibps("single", "ckptfs_libfuse", "single", "ack_s")),
+    Figure("mibps_raw_read_warm", "raw disk read, 1 file in page cache", "MiB/s", "", None, _mibps("single", "ckptfs", "cached_read", "warm", "raw_s")),
+    Figure("mibps_passthrough_read_warm", "ckptfs read of a cached file in page cache (passthrough)", "MiB/s", "", None,
+           _mibps("single", "ckptfs", "cached_read", "warm", "mount_s")),
+    Figure("mibps_raw_read_cold", "raw disk read, 1 file not in page cache", "MiB/s", "", None, _mibps("single", "ckptfs", "cached_read", "cold", "raw_s")),
+    Figure("mibps_passthrough_read_cold", "ckptfs read of a cached file not in page cache (passthrough)", "MiB/s", "", None,
+           _mibps("single", "ckptfs", "cached_read", "cold", "mount_s")),
 ]
 
 
@@ -167,7 +298,7 @@ def _why_missing(runs: list[dict[str, Any]], fig: Figure) -> str:
             node = run.get(part)
             if not isinstance(node, dict):
                 continue
-            for where in (node, node.get("mount")):
+            for where in (node, node.get("mount"), node.get("cached_read")):
                 if isinstance(where, dict):
                     for key in ("error", "skipped", "not_available"):
                         if key in where:
@@ -179,11 +310,15 @@ def summarise(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str
     out = []
     for fig in FIGURES:
         values = []
+        problems = []
         for run in runs:
+            problem = fig.check(run) if fig.check else None
             try:
-                v = fig.compute(run, meta)
+                v = None if problem else fig.compute(run, meta)
             except (TypeError, KeyError, ZeroDivisionError):
                 v = None
+            if problem:
+                problems.append(problem)
             values.append(None if v is None else float(v))
         known = [v for v in values if v is not None]
         entry: dict[str, Any] = {
@@ -198,7 +333,7 @@ def summarise(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str
             elif fig.op == "<=":
                 entry["holds"] = med <= fig.target  # type: ignore[operator]
         else:
-            entry["why_missing"] = _why_missing(runs, fig)
+            entry["why_missing"] = problems[0] if problems else _why_missing(runs, fig)
         out.append(entry)
     return out
 
@@ -227,6 +362,7 @@ def markdown(result: dict[str, Any], chart_name: str | None) -> str:
         f"Load average before/after: {meta['loadavg_before']} / {meta['loadavg_after']}. "
         f"Raw data: `{meta['results_file']}`.",
         "",
+        *transport_notes(result["runs"]),
         "| figure | target | median | min | max | holds |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -250,6 +386,25 @@ def markdown(result: dict[str, Any], chart_name: str | None) -> str:
     if chart_name:
         lines += ["", f"![ratios against their limits]({chart_name})"]
     return "\n".join(lines) + "\n"
+
+
+def transport_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per ckptfs mount: the FUSE transport it reported and the requests that reached the daemon."""
+    lines = []
+    for mode, part in TRANSPORT_PARTS.items():
+        seen = []
+        for run in runs:
+            t = _get(run, part, "transport")
+            if not isinstance(t, dict):
+                continue
+            acks = t.get("ack_requests") or {}
+            writes = sum(v.get("write", 0) for v in acks.values())
+            reads = _get(run, part, "cached_read", "warm", "daemon_reads")
+            seen.append(f"{t.get('fuse_transport')}{', passthrough' if t.get('passthrough') else ''}: {writes:.0f} WRITE"
+                        + (f", {reads:.0f} READ (cached read)" if reads is not None else ""))
+        if seen:
+            lines.append(f"- `{part}` ({mode}): " + "; ".join(sorted(set(seen))) + " requests reached the daemon.")
+    return ["FUSE transports as the daemons reported them (per run):", "", *lines, ""] if lines else []
 
 
 def chart(result: dict[str, Any], path: Path) -> bool:

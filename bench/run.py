@@ -15,9 +15,10 @@ from typing import Any
 
 from bench import report
 from bench.env import GiB, MiB, ROOT, BenchServer, disk_free, loadavg, tool_version, venv_bin
-from bench.workloads import Plan, one_run
+from bench.replication import replication
+from bench.workloads import Plan, guarded, one_run
 
-ALL_TARGETS = ("raw", "direct", "ckptfs", "cold", "rclone", "s3fs")
+ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication")
 SINGLE_SIZE = 4 * GiB
 SHARD_SIZE = 512 * MiB
 SHARDS = 8
@@ -97,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (ROOT / "bench" / "results" / (f"{stamp}.json" if full else f"tmp/{stamp}.json"))
     doc = None if args.doc == "none" else Path(args.doc) if args.doc else (ROOT / "docs" / "benchmarks.md" if full else None)
 
-    # raw files + bucket copy + cache copy + a downloaded copy, with room to spare
-    need = int(2.5 * plan.written_per_target) + 2 * GiB
+    # raw files + bucket copy + cache copy + a downloaded copy, with room to spare; the raw disk's
+    # big file stays for the cached reads
+    need = int(2.5 * plan.written_per_target) + plan.single_size + 2 * GiB
     plan.work.mkdir(parents=True, exist_ok=True)
     if disk_free(plan.work) < need:
         shutil.rmtree(plan.work, ignore_errors=True)
@@ -133,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 break
             log(f"run {i + 1} of {args.runs}")
             runs.append(one_run(plan, server, i + 1, lambda m, i=i: log(f"run {i + 1}: {m}")))
+            if "replication" in plan.targets:  # bench/replication.py: a second server, the daemon's copy vs s5cmd's
+                runs[-1]["replication"] = guarded(lambda i=i: replication(plan, server, f"r{i + 1}-{os.getpid()}",
+                                                                          lambda m: log(f"run {i + 1}: {m}"), i + 1))
             # what is measured so far survives an interrupted or killed run
             report.write_json({"meta": {**meta, "partial": True}, "runs": runs}, out.with_suffix(".partial.json"))
     except KeyboardInterrupt:

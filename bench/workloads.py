@@ -143,18 +143,30 @@ class Profiler:
             self.proc = None
 
 
-def mount_flows(plan: Plan, mounted: Mounted, server: BenchServer, daemon: bool = False) -> dict[str, Any]:
+def mount_flows(plan: Plan, mounted: Mounted, server: BenchServer, daemon: bool = False, drain: bool = True) -> dict[str, Any]:
     """One 4 GiB file written as tmp, renamed, drained; then 8 writers of 512 MiB, drained.
 
     Times: ack (start of writing until the last close returned), rename (the
     rename call), durable (until the bucket listing holds every object, from
     the last close and from the start of writing). Bytes: what the store
-    received, from its own counters.
+    received, from its own counters. With `drain` False (the other FUSE
+    transports of ckptfs: the drain is the same code whatever the transport)
+    nothing waits for the bucket; the mount is started with a long upload
+    delay so no upload runs meanwhile.
+
+    For ckptfs (`daemon`): its transport, whether passthrough was granted, and
+    the FUSE requests that reached the daemon while acknowledging (no `write`
+    under passthrough), so that a figure is never labelled with a transport it
+    did not measure; its CPU per phase.
     """
     bucket, mnt = mounted.bucket, mounted.path
     pid = mounted.pid if daemon else None
     prof = plan.profile_dir if daemon else None
     out: dict[str, Any] = {}
+    ckptfs = mounted if daemon and isinstance(mounted, CkptfsMount) else None
+    if ckptfs is not None:
+        out["transport"] = ckptfs.transport()
+    req0 = ckptfs.fuse_requests() if ckptfs else {}
 
     # one big file: write tmp, close, rename, wait until durable
     before = server.bucket_counters(bucket)
@@ -164,27 +176,33 @@ def mount_flows(plan: Plan, mounted: Mounted, server: BenchServer, daemon: bool 
     w = run_writers([mnt / f"{SINGLE}.tmp"], plan.single_size, plan.chunk)
     p.stop()
     cpu1 = cpu_seconds(pid) if pid else 0.0
+    req1 = ckptfs.fuse_requests() if ckptfs else {}
     mid = server.bucket_counters(bucket)
     t = time.monotonic()
     os.rename(mnt / f"{SINGLE}.tmp", mnt / SINGLE)
     rename_s = time.monotonic() - t
     after_rename = server.bucket_counters(bucket)
-    p = Profiler(pid, prof / f"{mounted.name}-drain-single.txt" if prof else None)
-    durable = wait_for_objects(server, bucket, {SINGLE: plan.single_size}, absent={f"{SINGLE}.tmp"})
-    p.stop()
-    cpu2 = cpu_seconds(pid) if pid else 0.0
-    total = counters_delta(server.bucket_counters(bucket), before)
-    out["single"] = {
-        "ack_s": w.ack_seconds,
-        "rename_s": rename_s,
-        "rename_received_bytes": counters_delta(after_rename, mid).get("received_bytes", 0.0),
-        "rename_copy_requests": copy_requests(counters_delta(after_rename, mid)),
-        "received_bytes": total.get("received_bytes", 0.0),
-        "copy_requests": copy_requests(total),
-        "requests": {k: v for k, v in total.items() if k.startswith("requests_")},
-        "durable_from_close_s": durable - w.last_close,
-        "durable_from_start_s": durable - w.started,
-    }
+    if not drain:
+        out["single"] = {"ack_s": w.ack_seconds, "rename_s": rename_s}
+        cpu2 = cpu_seconds(pid) if pid else 0.0
+    else:
+        p = Profiler(pid, prof / f"{mounted.name}-drain-single.txt" if prof else None)
+        durable = wait_for_objects(server, bucket, {SINGLE: plan.single_size}, absent={f"{SINGLE}.tmp"})
+        p.stop()
+        cpu2 = cpu_seconds(pid) if pid else 0.0
+        total = counters_delta(server.bucket_counters(bucket), before)
+        out["single"] = {
+            "ack_s": w.ack_seconds,
+            "rename_s": rename_s,
+            "rename_received_bytes": counters_delta(after_rename, mid).get("received_bytes", 0.0),
+            "rename_copy_requests": copy_requests(counters_delta(after_rename, mid)),
+            "received_bytes": total.get("received_bytes", 0.0),
+            "copy_requests": copy_requests(total),
+            "requests": {k: v for k, v in total.items() if k.startswith("requests_")},
+            "durable_from_close_s": durable - w.last_close,
+            "durable_from_start_s": durable - w.started,
+        }
+    req2 = ckptfs.fuse_requests() if ckptfs else {}
 
     # a sharded checkpoint: 8 writers at once, wait until every shard is durable
     os.sync()
@@ -193,47 +211,164 @@ def mount_flows(plan: Plan, mounted: Mounted, server: BenchServer, daemon: bool 
     w = run_writers([mnt / n for n in names], plan.shard_size, plan.chunk)
     p.stop()
     cpu3 = cpu_seconds(pid) if pid else 0.0
-    p = Profiler(pid, prof / f"{mounted.name}-drain-sharded.txt" if prof else None)
-    durable = wait_for_objects(server, bucket, {n: plan.shard_size for n in names})
-    p.stop()
+    req3 = ckptfs.fuse_requests() if ckptfs else {}
+    out["sharded"] = {"ack_s": w.ack_seconds}
+    if drain:
+        p = Profiler(pid, prof / f"{mounted.name}-drain-sharded.txt" if prof else None)
+        durable = wait_for_objects(server, bucket, {n: plan.shard_size for n in names})
+        p.stop()
+        out["sharded"].update(durable_from_close_s=durable - w.last_close, durable_from_start_s=durable - w.started)
     cpu4 = cpu_seconds(pid) if pid else 0.0
-    out["sharded"] = {
-        "ack_s": w.ack_seconds,
-        "durable_from_close_s": durable - w.last_close,
-        "durable_from_start_s": durable - w.started,
-    }
+    if ckptfs is not None:
+        ops = ("write", "read", "fsync")
+        out["transport"]["ack_requests"] = {  # FUSE requests the daemon handled while acknowledging
+            "single": {op: req1.get(op, 0.0) - req0.get(op, 0.0) for op in ops},
+            "sharded": {op: req3.get(op, 0.0) - req2.get(op, 0.0) for op in ops},
+        }
     if pid:
         gib = plan.written_per_target / (1 << 30)
         out["daemon"] = {
             "pid": pid,
             "cpu_write_s": (cpu1 - cpu0) + (cpu3 - cpu2),
-            "cpu_drain_s": (cpu2 - cpu1) + (cpu4 - cpu3),
+            # per phase: in the 8-writer phase the drain of the first shards closed may overlap
+            "cpu_ack_single_s": cpu1 - cpu0,
+            "cpu_ack_sharded_s": cpu3 - cpu2,
             "cpu_per_gib_written": ((cpu1 - cpu0) + (cpu3 - cpu2)) / gib,
-            "cpu_per_gib_drained": ((cpu2 - cpu1) + (cpu4 - cpu3)) / gib,
             "peak_rss_bytes": peak_rss_bytes(pid),
             "bytes_written_and_drained": plan.written_per_target,
         }
+        if drain:
+            out["daemon"].update(cpu_drain_s=(cpu2 - cpu1) + (cpu4 - cpu3), cpu_per_gib_drained=((cpu2 - cpu1) + (cpu4 - cpu3)) / gib)
     return out
 
 
-def mount_target(plan: Plan, server: BenchServer, kind: str, bucket: str, state: Path) -> dict[str, Any]:
+# ckptfs under each FUSE transport: as mounted by default (as root on Linux >= 6.9: the kernel
+# transport with passthrough), the kernel transport told not to ask for passthrough (copy mode),
+# and pyfuse3/libfuse. The other two skip the drain (the same code whatever the transport).
+TRANSPORTS: dict[str, dict[str, object]] = {
+    "ckptfs": {},
+    "ckptfs_copy": {"fuse_transport": "kernel", "fuse_passthrough": "false"},
+    "ckptfs_libfuse": {"fuse_transport": "libfuse"},
+}
+NO_DRAIN = {"upload_delay": 3600}  # nothing uploads while the other transports acknowledge
+
+
+def mount_target(plan: Plan, server: BenchServer, kind: str, bucket: str, state: Path,
+                 raw_single: Path | None = None) -> dict[str, Any]:
+    """Mount `kind`, run the write flows, then (ckptfs, with the raw disk's copy of the big file
+    at hand) the cached read; unmount."""
     server.make_bucket(bucket)
     _fresh(state)
     mounted: Mounted
+    drain = kind not in TRANSPORTS or kind == "ckptfs"
     if kind == "ckptfs_base":
         assert plan.compare_root is not None
         mounted = CkptfsMount(server, bucket, state / "mnt", state, code_root=plan.compare_root)
+    elif kind in TRANSPORTS:
+        mounted = CkptfsMount(server, bucket, state / "mnt", state, **TRANSPORTS[kind], **({} if drain else NO_DRAIN))
+        mounted.name = kind
     else:
-        cls = {"ckptfs": CkptfsMount, "rclone": RcloneMount, "s3fs": S3fsMount}[kind]
+        cls = {"rclone": RcloneMount, "s3fs": S3fsMount}[kind]
         mounted = cls(server, bucket, state / "mnt", state)
     try:
         mounted.start()
     except Exception as e:  # noqa: BLE001
         return {"error": f"mount failed: {e}"[:500]}
     try:
-        return mount_flows(plan, mounted, server, daemon=kind.startswith("ckptfs"))
+        out = mount_flows(plan, mounted, server, daemon=kind.startswith("ckptfs"), drain=drain)
+        if isinstance(mounted, CkptfsMount) and raw_single is not None and raw_single.exists():
+            # the other transports: warm only, one read each (their rows are for information; time)
+            out["cached_read"] = guarded(lambda: cached_read(plan, mounted, raw_single, rounds=2 if drain else 1, cold=drain))
+        return out
     finally:
+        if not drain:  # never uploaded: gone before the unmount, which then has nothing to drain
+            for name in (SINGLE, *(plan.shard_names())):
+                try:
+                    os.unlink(mounted.path / name)
+                except OSError:
+                    pass
         mounted.stop()
+
+
+# --------------------------------------------------------------- cached read
+READ_BUF = 8 << 20
+
+
+def _read_through(path: Path, buf: bytearray) -> tuple[float, int]:
+    """Read a file from a fresh open to its end into one reused buffer: (seconds, bytes)."""
+    t = time.monotonic()
+    fd = os.open(path, os.O_RDONLY)
+    got = 0
+    try:
+        while n := os.readv(fd, [buf]):
+            got += n
+    finally:
+        os.close(fd)
+    return time.monotonic() - t, got
+
+
+def _drop_pages(path: Path) -> None:
+    """Evict this one file's clean pages from the page cache (not the whole machine's: others share it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _resident(path: Path) -> float | None:
+    """Share of the file's bytes in the page cache (util-linux `fincore`), None without it."""
+    try:
+        r = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE", str(path)],
+                           capture_output=True, text=True, timeout=60)
+        res, size = (int(x) for x in r.stdout.split()[:2])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return res / size if size else 1.0
+
+
+def cached_read(plan: Plan, mounted: CkptfsMount, raw_single: Path, rounds: int = 2, cold: bool = True) -> dict[str, Any]:
+    """Read the big file, whole in ckptfs's cache, through a fresh open of the mount, against reading
+    the raw disk's copy of the same bytes, with the page cache in the same state for both.
+
+    warm: the raw file and the cache file were just read in full (both wholly in the page cache,
+    checked with fincore) and the mount's own pages of the file are dropped before each read, so a
+    copy-mode mount serves the reads through the daemon; best of `rounds` reads each, alternating.
+    cold: the raw file, the cache file and the mount's pages are dropped (posix_fadvise DONTNEED on
+    those files only), then each is read once. The daemon's FUSE `read` requests during the reads
+    show whether the kernel read the cache file itself (passthrough: none).
+    """
+    path = mounted.path / SINGLE
+    cache_file = mounted.cache_dir / "data" / str(os.stat(path).st_ino)
+    if not cache_file.exists() or cache_file.stat().st_size != plan.single_size:
+        return {"not_available": f"the cache does not hold {SINGLE} whole"}
+    buf = bytearray(READ_BUF)
+    out: dict[str, Any] = {}
+    _drop_pages(path)
+    _read_through(cache_file, buf)
+    _read_through(raw_single, buf)
+    out["warm_resident"] = {"raw": _resident(raw_single), "cache_file": _resident(cache_file)}
+    req0 = mounted.fuse_requests()
+    raw_s, mount_s = [], []
+    for _ in range(rounds):
+        raw_s.append(_read_through(raw_single, buf)[0])
+        _drop_pages(path)
+        t, got = _read_through(path, buf)
+        if got != plan.single_size:
+            return {"not_available": f"read {got} of {plan.single_size} bytes through the mount"}
+        mount_s.append(t)
+    req1 = mounted.fuse_requests()
+    out["warm"] = {"raw_s": min(raw_s), "mount_s": min(mount_s), "daemon_reads": req1.get("read", 0.0) - req0.get("read", 0.0)}
+    if not cold:
+        return out
+    for f in (raw_single, cache_file, path):
+        _drop_pages(f)
+    out["cold_resident"] = {"raw": _resident(raw_single), "cache_file": _resident(cache_file)}
+    raw_cold = _read_through(raw_single, buf)[0]
+    mount_cold = _read_through(path, buf)[0]
+    req2 = mounted.fuse_requests()
+    out["cold"] = {"raw_s": raw_cold, "mount_s": mount_cold, "daemon_reads": req2.get("read", 0.0) - req1.get("read", 0.0)}
+    return out
 
 
 # ----------------------------------------------------------------- cold read
@@ -261,12 +396,13 @@ def direct_ranged_download(server: BenchServer, bucket: str, key: str, dest: Pat
     return time.monotonic() - t
 
 
-def read_through_fresh_mount(plan: Plan, server: BenchServer, bucket: str, state: Path) -> dict[str, Any]:
+def read_through_fresh_mount(plan: Plan, server: BenchServer, bucket: str, state: Path, **options: object) -> dict[str, Any]:
     """Read the object sequentially through a ckptfs mount that has never seen it (new cache dir)."""
     _fresh(state)
-    mounted = CkptfsMount(server, bucket, state / "mnt", state)
+    mounted = CkptfsMount(server, bucket, state / "mnt", state, **options)
     mounted.start()
     try:
+        transport = mounted.transport()
         path = mounted.path / SINGLE
         t = time.monotonic()
         try:
@@ -287,7 +423,7 @@ def read_through_fresh_mount(plan: Plan, server: BenchServer, bucket: str, state
         elapsed = time.monotonic() - t
         if got != plan.single_size:
             return {"not_available": f"a fresh mount read {got} of {plan.single_size} bytes"}
-        return {"read_s": elapsed}
+        return {"read_s": elapsed, "transport": transport}
     finally:
         mounted.stop()
         shutil.rmtree(state, ignore_errors=True)
@@ -302,10 +438,29 @@ def cold_read(plan: Plan, server: BenchServer, bucket: str, state: Path) -> dict
         dest.unlink(missing_ok=True)
     out: dict[str, Any] = {"direct_s": direct_s}
     out["mount"] = guarded(lambda: read_through_fresh_mount(plan, server, bucket, state / "fresh"))
+    if "libfuse" in plan.targets:
+        out["mount_libfuse"] = guarded(lambda: read_through_fresh_mount(plan, server, bucket, state / "fresh",
+                                                                        **TRANSPORTS["ckptfs_libfuse"]))
     return out
 
 
 # ---------------------------------------------------------------------- run
+def transports(plan: Plan, server: BenchServer, run: dict[str, Any], tag: str, raw_single: Path | None,
+               log: Callable[[str], None]) -> None:
+    """ckptfs under its other FUSE transports: the kernel transport in copy mode, pyfuse3 (acknowledge and cached read)."""
+    for target, kind in (("copy", "ckptfs_copy"), ("libfuse", "ckptfs_libfuse")):
+        if target not in plan.targets:
+            continue
+        log(kind)
+        bucket = f"bench-{tag}-{target}"
+        try:
+            # short names: the control socket's path (in the cache dir) must fit in 107 bytes
+            run[kind] = guarded(lambda: mount_target(plan, server, kind, bucket, plan.work / target, raw_single))
+        finally:
+            shutil.rmtree(plan.work / target, ignore_errors=True)
+            server.drop_bucket(bucket)
+
+
 def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Every workload once, in a fixed order, cleaning up disk and buckets as it goes."""
     run: dict[str, Any] = {"index": index}
@@ -326,7 +481,8 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
                 run[name] = guarded(lambda: fn(server, bucket, raw_dir))
             finally:
                 server.drop_bucket(bucket)
-        shutil.rmtree(raw_dir, ignore_errors=True)
+        shutil.rmtree(raw_dir / "shards", ignore_errors=True)
+        raw_single = raw_dir / SINGLE if raw_ok and (raw_dir / SINGLE).exists() else None  # for the cached reads
 
         def base() -> None:
             if plan.compare_root is None:
@@ -345,7 +501,7 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
             log("ckptfs")
             bucket = f"bench-{tag}-ckptfs"
             try:
-                run["ckptfs"] = guarded(lambda: mount_target(plan, server, "ckptfs", bucket, plan.work / "ckptfs"))
+                run["ckptfs"] = guarded(lambda: mount_target(plan, server, "ckptfs", bucket, plan.work / "ckptfs", raw_single))
                 shutil.rmtree(plan.work / "ckptfs", ignore_errors=True)
                 if "cold" in want and "error" not in run["ckptfs"]:
                     log("cold read")
@@ -356,6 +512,8 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
                 server.drop_bucket(bucket)
         if not index % 2:
             base()
+        transports(plan, server, run, tag, raw_single, log)
+        shutil.rmtree(raw_dir, ignore_errors=True)
 
         for peer in ("rclone", "s3fs"):
             if peer not in want:

@@ -154,12 +154,21 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
         (g("stale_directories"), "stale directory", "stale directories"),
         (g("checkpoint_commit_errors_total"), "checkpoint commit error", None),
         (g("deletes_not_permitted_total"), "deletion not permitted", "deletions not permitted"),
+        ((st.get("tier_move") or {}).get("errors_total", 0), "move to the cold target failed", "moves to the cold target failed"),
     ]
     shown = [Text(plural(n, one, many), style="bold red") for n, one, many in counts if n]
     lines.append(_line("errors", *shown) if shown else _line("errors", Text("none", style="green")))
     age = st.get("last_error_age_seconds")
     if st.get("last_error") and age is not None and age < LAST_ERROR_SHOWN_FOR:
         lines.append(_line("last", Text(f"{fmt_duration(age)} ago: {st['last_error']}", style="red")))
+    move = st.get("tier_move") or {}
+    if move.get("target"):  # tier_move_target: the daemon moves old checkpoints to a cold target
+        at = move.get("last_error_at")
+        lines.append(_line("cold tier", f"to {move['target']}: {plural(move.get('moved_total', 0), 'checkpoint')} moved "
+                           f"({fmt_bytes(move.get('moved_bytes_total', 0))}) by this node",
+                           f"moving {move['moving']}" if move.get("moving") else None,
+                           Text(f"last error {fmt_duration(max(0.0, time.time() - at))} ago: {move['last_error']}", style="red")
+                           if move.get("last_error") and at else None))
     return lines
 
 

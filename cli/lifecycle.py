@@ -18,6 +18,7 @@ import typer
 
 from ckptfs.cli.main import EXIT_USAGE, CliError, _one_line_errors, _rel, app, find_mount_root, request
 from ckptfs.config import fmt_bytes
+from ckptfs.storageclass import ARCHIVE_CLASSES
 
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Act on one checkpoint (commit).")
 app.add_typer(checkpoint_app, name="checkpoint")
@@ -67,6 +68,20 @@ def _who() -> dict[str, Any]:
 def _target(path: str) -> tuple[Path, str]:
     root = find_mount_root(path)
     return root, _rel(root, path)
+
+
+def _on_replica(path: str) -> tuple[Path, str]:
+    """The mount and path of a checkpoint checked on a replica (`--target`): it may be gone from the primary (its
+    retention deleted it, the replica's own kept it), so the mount is found from the nearest directory above it."""
+    p = Path(os.path.abspath(path))
+    above = p
+    try:
+        while not above.exists() and above.parent != above:
+            above = above.parent
+    except OSError:
+        return _target(path)  # a dead mount and kin: find_mount_root says which, in one line
+    root = find_mount_root(str(above))
+    return root, _rel(root, str(p))
 
 
 def _one(root: Path, req: dict[str, Any], timeout: float | None = 300.0) -> dict[str, Any]:
@@ -130,6 +145,14 @@ def checkpoints(
             notes.append(f"expiring: deleted after {mark.get('delete_after_iso', '?')} (ckptfs retention restore)")
         elif mark.get("state") == "restored":
             notes.append("restored from expiring")
+        moved = e.get("moved") or {}
+        if moved.get("state") in ("moving", "moved", "restoring"):  # tier_move_target (docs/lifecycle.md)
+            notes.append(f"{moved['state']} to cold target {moved.get('target')} ({moved.get('target_url')}) since {moved.get('at_iso')}"
+                         + (f": `ckptfs restore {e['path']}` brings it back" if moved["state"] != "moving" else ""))
+        archived = sorted(c for c in (e.get("storage_classes") or {}) if c in ARCHIVE_CLASSES)
+        if archived:
+            notes.append(f"in {'/'.join(archived)}: reading it needs a restore first (ckptfs restore {os.path.join(root, e['path'])} "
+                         "requests it, or reports it done)")
         table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
                       verified)
         if notes:
@@ -149,7 +172,7 @@ def verify(
     target: Optional[str] = typer.Option(None, "--target", help="Check the copy on replica target NAME ([replica.NAME]) instead of the primary's."),
 ) -> None:
     """Check a committed checkpoint against its manifest; exit 0 only when it is whole."""
-    root, rel = _target(path)
+    root, rel = _on_replica(path) if target else _target(path)
     progress = None
     if deep and sys.stdout.isatty() and not as_json:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn

@@ -16,14 +16,17 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import typer
 
 from ckptfs.config import ConfigError, fmt_bytes, load_config, parse_source
 from ckptfs.version import VERSION
+
+T = TypeVar("T")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="ckptfs: a write-back checkpoint gateway to S3.")
@@ -88,8 +91,87 @@ def positive_timeout(timeout: Optional[float]) -> None:
         raise CliError(f"--timeout {timeout:g}: give a number of seconds greater than 0", EXIT_USAGE)
 
 
+MOUNT_ANSWER_SECONDS = 10.0  # how long a stat/getxattr of the mount may take before the daemon counts as not answering
+
+
+def _answering(path: Path, fn: Callable[[], T]) -> T:
+    """Run `fn` (a system call on the mount) unless the daemon behind `path` does not answer.
+
+    A FUSE call waits for the daemon without a limit: with the daemon stopped (SIGSTOP, a debugger)
+    or hung, `ckptfs status` would hang with it. The call runs in a daemon thread that is left
+    behind if it does not return in time (the process exits normally; the kernel ends the call).
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="ckptfs-mount-probe", daemon=True)
+    t.start()
+    t.join(MOUNT_ANSWER_SECONDS)
+    if t.is_alive():
+        mount = _fuse_mount_of(path)
+        raise CliError(not_answering(mount[0] if mount else str(path)))
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def daemon_pids(mountpoint: str) -> list[int]:
+    """Processes that look like the ckptfs daemon of `mountpoint` (a ckptfs command line naming it)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        if any("ckptfs" in a for a in argv) and any(os.path.abspath(a) == mountpoint.rstrip("/") for a in argv if a.startswith("/")):
+            pids.append(int(entry))
+    return pids
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def stopped_daemon(mountpoint: str) -> str | None:
+    """The message for a daemon that is stopped (it answers nothing until resumed), or None."""
+    stopped = [p for p in daemon_pids(mountpoint) if _proc_state(p) in ("T", "t")]
+    if not stopped:
+        return None
+    return (f"the ckptfs daemon of {mountpoint} (pid {stopped[0]}) is stopped (SIGSTOP or a debugger) and answers nothing: "
+            f"resume it with `kill -CONT {stopped[0]}`")
+
+
+def not_answering(mountpoint: str) -> str:
+    """The one message about a mount whose daemon exists but does not answer."""
+    stopped = stopped_daemon(mountpoint)
+    if stopped:
+        return stopped
+    pids = daemon_pids(mountpoint)
+    who = f" (pid {pids[0]})" if pids else ""
+    return (f"the ckptfs daemon of {mountpoint}{who} did not answer within {MOUNT_ANSWER_SECONDS:g} s: it is hung or overloaded; "
+            "see its log and docs/troubleshooting.md")
+
+
 def find_mount_root(path: str) -> Path:
     p = Path(os.path.abspath(path))
+    if _fuse_mount_of(p) is not None:
+        return _answering(p, lambda: _find_mount_root(path, p))
+    return _find_mount_root(path, p)
+
+
+def _find_mount_root(path: str, p: Path) -> Path:
     try:
         if not p.exists():
             raise CliError(f"{path}: no such file or directory")
@@ -165,7 +247,7 @@ def _not_allowed_on_mount(path: str | Path, uid: int | None) -> NotAllowed:
 
 def control_socket(mount_root: Path) -> str:
     try:
-        return os.getxattr(mount_root, CONTROL_XATTR).decode()
+        return _answering(mount_root, lambda: os.getxattr(mount_root, CONTROL_XATTR).decode())
     except OSError as e:
         mount = _fuse_mount_of(mount_root)
         if e.errno in (errno.EACCES, errno.EPERM) and mount:
@@ -198,7 +280,7 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
             try:
                 chunk = s.recv(65536)
             except socket.timeout:
-                raise CliError(f"the ckptfs daemon of {mount_root} did not answer in time") from None
+                raise CliError(stopped_daemon(str(mount_root)) or f"the ckptfs daemon of {mount_root} did not answer in time") from None
             if not chunk:
                 return
             buf += chunk

@@ -38,7 +38,8 @@ def status(
             table.add_column(col, justify="right" if col in ("replicated", "pending", "failed", "behind") else "left")
         for t in targets:
             state = f"error: {t['error']}" if t["error"] else (f"copying {t['copying']}" if t["copying"] else
-                                                               ("up to date" if not t["pending"] else "pending"))
+                                                               ("pending" if t["pending"] else
+                                                                "a new commit not surveyed yet" if t.get("unsurveyed_commits") else "up to date"))
             table.add_row(t["name"], t["target"] + (f" at {t['endpoint_url']}" if t["endpoint_url"] else ""), t["select"],
                           str(t["replicated"]), str(t["pending"]), str(t["failed"]), fmt_bytes(t["bytes_behind"]),
                           fmt_age(t["lag_seconds"]) if t["pending"] else "-", state)

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from ckptfs.cli.lifecycle import _one, _say, _target, _who
+from ckptfs.cli.lifecycle import _on_replica, _one, _say, _target, _who
 from ckptfs.cli.main import _one_line_errors, app
 
 retention_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -103,7 +103,7 @@ def drill(
     from ckptfs.cli.main import CliError, request
     from ckptfs.config import fmt_bytes
 
-    root, rel = _target(path)
+    root, rel = _on_replica(path) if target else _target(path)
     req = {"cmd": "drill", "path": rel, "exec": bool(exec_), "dir": os.path.abspath(into) if into else "", "keep": keep}
     if target:
         req["target"] = target

@@ -116,6 +116,20 @@ def restore(
     rel = _rel(root, path)
     for msg in request(root, {"cmd": "restore", "path": rel, "wait": wait}, timeout=None):
         msg.pop("ok", None)
+        if msg.get("moved"):  # a checkpoint moved to a cold target (tier_move_target): copied back from there
+            from ckptfs.config import fmt_bytes
+
+            if msg.get("done"):
+                if as_json:
+                    typer.echo(json.dumps(msg, indent=2, sort_keys=True))
+                else:
+                    typer.echo(f"ckptfs: {path}: " + (msg.get("message") or f"brought back from cold target {msg['target']}: "
+                               f"{msg['files']} files ({fmt_bytes(msg['bytes'])}) copied back and verified; it is hot again"))
+                return
+            if not as_json:
+                typer.echo(f"ckptfs: {path}: copying back from cold target {msg['target']}: {msg['done_files']} of {msg['files']} files, "
+                           f"{fmt_bytes(msg['done_bytes'])} of {fmt_bytes(msg['bytes'])}", err=True)
+            continue
         if msg.get("done"):
             if as_json:
                 typer.echo(json.dumps(msg, indent=2, sort_keys=True))
@@ -155,6 +169,11 @@ def usage(
     console = Console()
     console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {u['monthly_cost_estimate']:.2f} per month "
                   f"({u['prices_note']})")
+    nc = u.get("noncurrent")
+    if nc is not None:
+        console.print(f"versioned bucket: {fmt_bytes(nc['bytes'])} in {nc['objects']} noncurrent versions"
+                      f" (and {nc['delete_markers']} delete markers), about {nc['monthly_cost']:.2f} per month of the above"
+                      + ("" if not nc["objects"] else "; `tier_noncurrent_delete_days` expires them"))
     for title, rows in (("by storage class", u["by_class"]), ("by state", {k: v for k, v in u["by_state"].items() if v["objects"]}),
                         ("by run", u["by_run"])):
         if not rows:

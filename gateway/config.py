@@ -29,6 +29,7 @@ S3_MIN_PART_SIZE = 5 * MiB
 S3_MAX_PART_SIZE = 5 * GiB
 S3_MAX_PARTS = 10_000
 S3_MAX_KEY_BYTES = 1024
+UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL): the control socket's
 AUTO_MIN_FREE_PERCENT = 5  # default cache_min_free: this share of the cache file system, at most 1 GiB
 
 
@@ -104,6 +105,10 @@ class Config:
     checkpoint_tags: bool = _opt(True, "Tag the objects of each committed checkpoint with `ckptfs-state` (committed, protected), `ckptfs-protected` (true, false) and `ckptfs-step`, when its manifest is written and on protect/unprotect: the bucket lifecycle rules of `ckptfs lifecycle plan` select checkpoints by these tags. Other tags on the objects are kept.")
     tier_transitions: list[str] = _opt([], "Storage-class transitions for committed, not protected checkpoints, as `DAYS:CLASS` (days after an object was written), e.g. `30:STANDARD_IA, 90:GLACIER_IR`. Empty: no transitions. `ckptfs lifecycle plan` shows the bucket rules, `ckptfs lifecycle apply` sets them.")
     tier_expiring_delete_days: int = _opt(0, "Add a bucket lifecycle rule that deletes objects of checkpoints tagged `ckptfs-state=expiring` this many days after they were written (S3 counts from the object's creation); 0: no such rule.", "days")
+    tier_move_target: str = _opt("", "For stores without lifecycle transitions (SeaweedFS answers them with 501): the name of a `[replica.NAME]` table that the daemon itself moves old checkpoints to (docs/lifecycle.md, \"Moving to a cold target\"). Committed, not protected, not expiring checkpoints committed more than `tier_move_after` ago are copied there (server-side on the same endpoint, else streamed), verified (size and xxh3-128, read back), and only then deleted from this bucket; the manifest stays here with a record of the move, and `ckptfs restore PATH` brings one back. That table is then a cold target only: the replicator does not copy checkpoints to it. Empty: no moves.")
+    tier_move_after: float = _opt(90 * 86400.0, "With `tier_move_target`: move a checkpoint once this many seconds have passed since it was committed (or since it was restored). Never less than any job needs to read it: a file open on another node is not seen from the moving node.", "seconds")
+    tier_move_interval: float = _opt(3600.0, "With `tier_move_target`: seconds between passes of the mover (the node holding the `tier-move` lease looks for checkpoints to move each time).", "seconds")
+    tier_noncurrent_delete_days: int = _opt(0, "On a versioned bucket (Object Lock turns versioning on), deleting an object (retention's deletes, overwrites) keeps its old version, still stored and billed. This many days after a version became noncurrent, a bucket lifecycle rule deletes it, and the delete markers left without versions; 0: no such rule (`ckptfs lifecycle plan` warns when the bucket is versioned). Versions under legal hold or Object Lock retention are kept by the store whatever the rule says.", "days")
     restore_days: int = _opt(7, "`ckptfs restore` asks for archived objects to be readable for this many days.", "days")
     restore_tier: str = _opt("Standard", "`ckptfs restore` retrieval tier: Expedited, Standard or Bulk (price and speed differ per store and class).")
     storage_prices: list[str] = _opt(
@@ -138,6 +143,7 @@ class Config:
     allow_other: bool = _opt(False, "Let users other than the mounting one access the mount (FUSE allow_other; needed for NFS re-export).")
     passthrough_min_room: int = _opt(1 * GiB, "With FUSE passthrough the kernel writes cache files itself, so the daemon cannot slow a single write down when the cache fills: a new write handle gets passthrough only while the cache has at least this much room (capacity minus what it holds, and the disk's free space above `cache_min_free`); otherwise it gets copy mode, where writers wait for the drain and then get ENOSPC. A passthrough writer that fills the disk gets ENOSPC from the kernel; nothing acknowledged before is lost.", "bytes")
     fuse_transport: str = _opt("auto", "How the daemon talks to the kernel. `kernel`: it speaks the FUSE protocol on /dev/fuse itself, and with FUSE passthrough (root, Linux 6.9 or later) the kernel reads and writes cache files directly, without the daemon copying the bytes. `libfuse`: through pyfuse3/libfuse, for any user (mounts via fusermount3); the daemon copies every byte. `auto`: kernel when running as root on a kernel that has passthrough, else libfuse.")
+    fuse_passthrough: bool = _opt(True, "With `fuse_transport` kernel, ask the kernel for FUSE passthrough (granted to root on Linux 6.9 or later). Set false to serve every read and write in copy mode through the daemon, as where passthrough is refused: to rule passthrough out when chasing a problem, or to compare the two (`python -m bench` does). Has no effect on `fuse_transport` libfuse, which never has passthrough.")
     log_level: str = _opt("info", "Log level: debug, info, warning or error.")
     replica: dict = _opt({}, "Replica targets, from `[replica.NAME]` tables in the TOML file (see the replica table below); not settable from the environment or `-o`.", "table")
 
@@ -166,6 +172,10 @@ class Config:
             raise ConfigError("no mount point: give MOUNTPOINT, or mountpoint = \"/path\" in the config file")
         if not self.cache_dir:
             raise ConfigError("no cache directory: pass --cache-dir DIR or set cache_dir in the config file")
+        sock = os.fsencode(os.path.abspath(self.control_socket))
+        if len(sock) > UNIX_PATH_MAX:
+            raise ConfigError(f"cache_dir {self.cache_dir} is too long: the control socket in it would be a path of {len(sock)} bytes, "
+                              f"and a Unix socket's is at most {UNIX_PATH_MAX}: give a shorter cache directory")
         check_prefix(self.prefix)
         for name in ("connect_timeout", "read_timeout"):
             if not getattr(self, name) > 0:
@@ -238,8 +248,8 @@ class Config:
             parse_prices(self.storage_prices)
         except TierError as e:
             raise ConfigError(str(e)) from None
-        if self.tier_expiring_delete_days < 0 or self.restore_days < 1:
-            raise ConfigError("tier_expiring_delete_days must be >= 0 and restore_days >= 1: give a number of days")
+        if self.tier_expiring_delete_days < 0 or self.tier_noncurrent_delete_days < 0 or self.restore_days < 1:
+            raise ConfigError("tier_expiring_delete_days and tier_noncurrent_delete_days must be >= 0 and restore_days >= 1: give a number of days")
         if self.restore_tier not in ("Expedited", "Standard", "Bulk"):
             raise ConfigError(f"restore_tier = {self.restore_tier!r}: use Expedited, Standard or Bulk")
         if self.endpoint_url and not re.match(r"https?://[^/]+", self.endpoint_url):
@@ -251,11 +261,39 @@ class Config:
             raise ConfigError(f"replication_part_size = {fmt_bytes(self.replication_part_size)}: give 5 MiB to 5 GiB")
         if self.replication_parts_in_flight < 1:
             raise ConfigError(f"replication_parts_in_flight = {self.replication_parts_in_flight}: give at least 1")
+        if self.tier_move_target and self.tier_move_target not in self.replica:
+            known = ", ".join(self.replica) or "none"
+            raise ConfigError(f"tier_move_target = {self.tier_move_target!r} names no [replica.{self.tier_move_target}] table "
+                              f"(tables: {known}): add one with source = \"s3://BUCKET/PREFIX\" (docs/lifecycle.md)")
+        for name in ("tier_move_after", "tier_move_interval"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds > 0")
         for r in self.replica.values():
             if (r.endpoint_url or "") == (self.endpoint_url or "") and r.bucket == self.bucket and (
                     r.key_prefix.startswith(self.key_prefix) or self.key_prefix.startswith(r.key_prefix)):
                 raise ConfigError(f"replica.{r.name}: s3://{r.bucket}/{r.prefix} overlaps the mount's own s3://{self.bucket}/{self.prefix}: "
                                   "give another bucket or a prefix outside the mount's")
+            self._check_replica_policy(r)
+
+    def _check_replica_policy(self, r: "Replica") -> None:
+        """A replica's own retention may only keep more than the primary's: one line naming the rule otherwise."""
+        if not r.own_policy:
+            return
+        if not (self.retention_keep_last or self.retention_keep_every_steps or self.retention_keep_every_seconds):
+            raise ConfigError(f"[replica.{r.name}] {r.own_policy}: the primary's retention keeps every checkpoint (no retention_keep_* "
+                              f"rule), and so does the replica: remove the replica's keep_* keys, or give the primary a retention policy")
+        mine, primary = r.keep_last, self.retention_keep_last
+        if mine and primary and mine < primary:
+            raise ConfigError(f"[replica.{r.name}] keep_last = {mine} keeps fewer than the primary's retention_keep_last = {primary}: "
+                              f"a replica keeps at least what the primary keeps: give keep_last >= {primary}, or leave it out")
+        mine, primary = r.keep_every_steps, self.retention_keep_every_steps
+        if mine and primary and primary % mine:
+            raise ConfigError(f"[replica.{r.name}] keep_every_steps = {mine} would not keep every checkpoint the primary's "
+                              f"retention_keep_every_steps = {primary} keeps: give a divisor of {primary}, or leave it out")
+        mine_s, primary_s = r.keep_every_seconds, self.retention_keep_every_seconds
+        if mine_s and primary_s and mine_s > primary_s:
+            raise ConfigError(f"[replica.{r.name}] keep_every_seconds = {mine_s:g} keeps fewer than the primary's "
+                              f"retention_keep_every_seconds = {primary_s:g}: give at most {primary_s:g}, or leave it out")
 
 
 # -------------------------------------------------------------------- replicas
@@ -265,7 +303,11 @@ REPLICA_FIELDS = {
     "region": "Region for request signing (default `us-east-1`).",
     "profile": "AWS profile with the target's credentials; empty for the standard chain (environment, ~/.aws, instance role). Credentials are never logged.",
     "select": "Which committed checkpoints go there: `all`, `protected` (golden only) or `every:K` (steps that are multiples of K). Protected checkpoints go to every target whatever this says.",
+    "keep_last": "The replica's own, longer retention (optional; by default a replica keeps what the primary keeps): also keep the newest N committed checkpoints of each directory of checkpoints on the replica after the primary's retention deleted them. At least the primary's `retention_keep_last`.",
+    "keep_every_steps": "Own retention: also keep every checkpoint whose step is a multiple of K. Must divide the primary's `retention_keep_every_steps` (so it keeps every milestone the primary keeps).",
+    "keep_every_seconds": "Own retention: also keep one checkpoint per this many seconds of commit time. At most the primary's `retention_keep_every_seconds`.",
 }
+REPLICA_POLICY = ("keep_last", "keep_every_steps", "keep_every_seconds")  # mirror retention_keep_*
 _REPLICA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _SELECT = re.compile(r"all|protected|every:([1-9][0-9]*)")
 
@@ -281,6 +323,15 @@ class Replica:
     region: str = "us-east-1"
     profile: str = ""
     select: str = "all"
+    keep_last: int = 0  # the replica's own retention (0: off); see REPLICA_FIELDS
+    keep_every_steps: int = 0
+    keep_every_seconds: float = 0.0
+
+    @property
+    def own_policy(self) -> str | None:
+        """The replica's own retention rules in words, or None if it only follows the primary."""
+        rules = [f"{k} = {getattr(self, k):g}" for k in REPLICA_POLICY if getattr(self, k)]
+        return ", ".join(rules) or None
 
     @property
     def key_prefix(self) -> str:
@@ -318,8 +369,16 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
         unknown = sorted(set(table) - set(REPLICA_FIELDS))
         if unknown:
             raise ConfigError(f"[replica.{name}] in {origin}: unknown key {unknown[0]!r}: the keys are {', '.join(REPLICA_FIELDS)}")
+        policy: dict[str, Any] = {}
         for key, value in table.items():
-            if not isinstance(value, str):
+            if key in REPLICA_POLICY:
+                kind = float if key == "keep_every_seconds" else int
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value \
+                        or (kind is int and not float(value).is_integer()):
+                    raise ConfigError(f"[replica.{name}] {key} = {value!r} in {origin}: give a whole number >= 0"
+                                      if kind is int else f"[replica.{name}] {key} = {value!r} in {origin}: give a number of seconds >= 0")
+                policy[key] = kind(value)
+            elif not isinstance(value, str):
                 raise ConfigError(f"[replica.{name}] {key} = {value!r} in {origin}: give a string")
         if "source" not in table:
             raise ConfigError(f"[replica.{name}] in {origin} has no source: add source = \"s3://BUCKET/PREFIX\"")
@@ -336,7 +395,7 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
         if not _SELECT.fullmatch(select):
             raise ConfigError(f"[replica.{name}] select = {select!r}: use all, protected or every:K (K a positive step count)")
         out[name] = Replica(name, bucket, prefix, endpoint, table.get("region", "us-east-1") or "us-east-1",
-                            table.get("profile", ""), select)
+                            table.get("profile", ""), select, **policy)
     return out
 
 
@@ -542,7 +601,12 @@ def markdown_reference() -> str:
         'endpoint_url = "https://s3.other-region.example"',
         'profile = "dr"',
         'select = "every:1000"',
+        "keep_last = 20          # optional: keep more than the primary does (its own retention)",
         "```",
+        "",
+        "By default a replica keeps what the primary keeps, deleting a copy only once the primary's retention",
+        "deleted the checkpoint (after `retention_grace`). The `keep_*` keys give it its own, longer retention",
+        "on top of that; one that would delete what the primary keeps is refused when the config is loaded.",
         "",
         "| key | meaning |",
         "| --- | --- |",

@@ -133,7 +133,8 @@ class ControlServer:
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
                 return
             await send({"ok": True, **self.daemon.evict(path)})
-        elif (cmd == "replicate_status" or (cmd in ("verify", "drill") and request.get("target"))
+        elif (cmd == "replicate_status" or (cmd in ("verify", "drill") and request.get("target")
+                                             and not (cmd == "verify" and request.get("target") == self.daemon.cfg.tier_move_target))
               or (cmd == "drill_done" and self.daemon.replicator.owns_drill(request.get("id")))):
             await self.daemon.replicator.handle(request, send)
         elif cmd in LIFECYCLE_COMMANDS and self.daemon.cfg.read_only and cmd in ("checkpoint_commit", "protect", "unprotect"):

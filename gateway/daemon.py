@@ -202,6 +202,9 @@ class Daemon:
         from .lifecycle.usage import UsageCollector
 
         self.metrics.registry.register(UsageCollector(self.lifecycle))
+        from .lifecycle.coldmove import MoveCollector
+
+        self.metrics.registry.register(MoveCollector(self.lifecycle.mover))
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:
             self.metrics.registry.register(self.replicator.collector())
@@ -226,7 +229,9 @@ class Daemon:
         rate = self.drainer.throughput.rate()
         in_bucket = min(s["dirty_bytes"], self.bytes_in_bucket(""))
         left = s["dirty_bytes"] - in_bucket
-        last_error_at = self.drainer.last_error_at
+        last_error, last_error_at = self.drainer.last_error, self.drainer.last_error_at
+        if self.fetcher.last_error_at is not None and (last_error_at is None or self.fetcher.last_error_at > last_error_at):
+            last_error, last_error_at = self.fetcher.last_error, self.fetcher.last_error_at  # a read refused: archived
         s.update(
             version=VERSION,
             pid=os.getpid(),
@@ -238,7 +243,7 @@ class Daemon:
             uploaded_bytes_total=int(self.metrics.uploaded_bytes._value.get()),
             uploaded_files_total=int(self.metrics.uploaded_files._value.get()),
             upload_errors_total=int(self.metrics.errors_total()),
-            last_error=self.drainer.last_error,
+            last_error=last_error,
             last_error_at=last_error_at,
             last_error_age_seconds=None if last_error_at is None else round(max(0.0, now - last_error_at), 1),
             parts_in_flight=int(self.metrics.parts_in_flight._value.get()),
@@ -249,6 +254,7 @@ class Daemon:
             fetched_bytes_total=self.fetcher.fetched_bytes_total,
             fetched_files_total=self.fetcher.fetched_files_total,
             read_errors_total=self.fetcher.read_errors_total,
+            archived_reads_refused_total=self.fetcher.archived_refusals_total,
             **self.remote.stats(),
             checksum_mismatches_total=self.fetcher.checksum_mismatches_total,
             fuse_transport=self.fuse_transport,
@@ -320,7 +326,7 @@ class Daemon:
             for ino, (path, size) in files.items():
                 nursery.start_soon(limited, ino, path, size)
             while True:
-                in_flight = sum(sum(dl.done) * dl.range_size for dl in self.fetcher.downloads.values() if dl.ino in files)
+                in_flight = sum(dl.bytes_done() for dl in self.fetcher.downloads.values() if dl.ino in files)
                 await progress({"files": len(files), "bytes": total, "done_bytes": min(total, done + in_flight)})
                 if not nursery.child_tasks:
                     break
@@ -469,7 +475,7 @@ class Daemon:
         from .fuse.kernel import KernelSession
 
         cfg = self.cfg
-        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs",
+        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
                                 allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
         try:
             session.mount()

@@ -22,6 +22,14 @@ whole file; it is compared with the digest stored with the object (metadata
 uploaded it. A read that reaches the end of the file waits for that check, so
 a reader that reads a file to its end gets EIO, never silently wrong bytes.
 Objects written by other tools carry no digest and are served as they are.
+
+Archived objects (GLACIER, DEEP_ARCHIVE, intelligent tiering's archive tiers) cannot be read
+until restored. A file whose listed class may need a restore is checked with one HeadObject
+when it is opened (`refuse_if_archived`, its answer kept for `metadata_ttl`): not restored, the
+open fails with ENOMEDIUM before any GET. A GET refused with InvalidObjectState anyway (the
+class changed after the listing) fails the read with ENOMEDIUM too, never EIO. Each refusal
+names the fix (`archived in GLACIER: run ckptfs restore /mnt/...`): the error's text, the
+status's last error, and a log line at most once per file per minute (docs/semantics.md).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import errno
 import logging
 import math
 import os
+import time
 
 import trio
 import xxhash
@@ -39,12 +48,14 @@ from . import threads
 from .cache import CacheFull
 from .config import Config
 from .namespace import Namespace
-from .store import CHANGED, NETWORK, SERVER, Store, StoreError
+from .storageclass import ONGOING, ArchiveState
+from .store import ARCHIVED, CHANGED, NETWORK, SERVER, Store, StoreError
 
 log = logging.getLogger(__name__)
 
 RANGE_ATTEMPTS = 6  # reads are not acknowledged data: after this many failures the reader gets EIO
 HASH_CHUNK = 4 << 20
+ARCHIVED_LOG_INTERVAL = 60.0  # seconds: one log line per archived file refused, at most this often
 
 
 class Download:
@@ -67,6 +78,10 @@ class Download:
         self.metadata: dict[str, str] | None = None
         self.error: OSError | None = None
         self.finished = trio.Event()  # every range fetched and checked, or failed
+
+    def bytes_done(self) -> int:
+        """Bytes of the ranges already in the cache file (progress of a warmup)."""
+        return sum(self.span(i)[1] for i in range(self.count) if self.done[i])
 
     def span(self, i: int) -> tuple[int, int]:
         """(offset, length) of range `i`."""
@@ -124,6 +139,11 @@ class Fetcher:
         self.fetched_files_total = 0
         self.checksum_mismatches_total = 0
         self.read_errors_total = 0
+        self.mountpoint = os.path.abspath(cfg.mountpoint) if cfg.mountpoint else ""
+        self.archived_refusals_total = 0  # opens and reads refused: the object needs a restore
+        self.last_error = ""  # the last archived refusal (status shows the newest of this and the drain's)
+        self.last_error_at: float | None = None
+        self._archived_logged: dict[str, float] = {}  # mount path -> monotonic time of its last log line
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns the downloads' tasks; also keeps the cache between its watermarks."""
@@ -161,6 +181,67 @@ class Fetcher:
         self._nursery.start_soon(self._download, dl, fd, row.xxh3 if row.etag else None)
         return dl
 
+    # ------------------------------------------------------------ archived objects
+    async def archive_state(self, ino: int) -> ArchiveState | None:
+        """The restore state of a file only in the bucket whose class may need a restore; None if it needs none or
+        the store does not say (HeadObject, bounded by `read_range_timeout`; the answer is kept for `metadata_ttl`)."""
+        row = self.ns.files.row(ino)
+        key = row.remote_key or row.copy_from
+        archive = self.ns.archive
+        if row.is_dir or ino in self.downloads or not archive.may_need_restore(key) or not self.ns.files.needs_fetch(ino):
+            return None
+        assert key is not None
+        known = archive.known(key, self.cfg.metadata_ttl)
+        if known is not None:
+            return known
+        with trio.move_on_after(self.cfg.read_range_timeout or math.inf):
+            try:
+                state = await threads.call(lambda: self.store.archive_state(key))
+            except StoreError as e:
+                log.debug("HeadObject %s for its restore state failed: %s", key, e)
+                return None
+            archive.observed(key, state)
+            return state
+        return None
+
+    async def refuse_if_archived(self, ino: int) -> None:
+        """Raise ENOMEDIUM (naming `ckptfs restore PATH`) if the file is archived and not restored."""
+        state = await self.archive_state(ino)
+        if state is not None and state.needs_restore:
+            raise self.archived(ino, state)
+
+    def archived(self, ino: int, state: ArchiveState) -> OSError:
+        """The error for a read of an archived file: counted, the status's last error, logged once a minute per file."""
+        rel = self.ns.journal.path_of(ino)
+        path = os.path.join(self.mountpoint, rel) if rel is not None else f"{self.mountpoint}/(inode {ino})"
+        if state.restore == ONGOING:
+            message = f"{path}: being restored from {state.where}, not readable yet: `ckptfs restore {path}` reports when it is"
+        else:
+            message = f"{path}: archived in {state.where}: run ckptfs restore {path}"
+        self.archived_refusals_total += 1
+        self.last_error, self.last_error_at = message, time.time()
+        now = time.monotonic()
+        if now - self._archived_logged.get(path, -math.inf) >= ARCHIVED_LOG_INTERVAL:
+            if len(self._archived_logged) > 1000:
+                self._archived_logged = {p: t for p, t in self._archived_logged.items() if now - t < ARCHIVED_LOG_INTERVAL}
+            self._archived_logged[path] = now
+            log.warning("read refused (ENOMEDIUM): %s", message)
+        return OSError(errno.ENOMEDIUM, message)
+
+    async def _refused_read(self, dl: Download) -> OSError:
+        """A GET answered InvalidObjectState: learn the object's state (HeadObject, bounded) and say what to do."""
+        state: ArchiveState | None = None
+        with trio.move_on_after(self.cfg.read_range_timeout or math.inf):
+            try:
+                state = await threads.call(lambda: self.store.archive_state(dl.key))
+            except StoreError:
+                pass
+        if state is None or not state.needs_restore:
+            state = ArchiveState(state.storage_class if state else self.ns.archive.storage_class(dl.key) or "STANDARD",
+                                 state.archive_status if state else "", refused=True)
+        self.ns.archive.observed(dl.key, state)
+        return self.archived(dl.ino, state)
+
     async def ensure_local(self, ino: int) -> None:
         """Wait until the whole file is local and checked (before writing to it, or truncating it)."""
         dl = self.start(ino)
@@ -191,7 +272,7 @@ class Fetcher:
             self.fetched_files_total += 1
             self.ns.files.fetched(dl.ino, dl.etag, digest)
         except OSError as e:
-            if not isinstance(e, CacheFull):
+            if not isinstance(e, CacheFull) and e.errno != errno.ENOMEDIUM:  # archived: counted as refused, not failed
                 self.read_errors_total += 1
             dl.fail(e if e.errno else OSError(errno.EIO, str(e)))
             self.ns.cache.remove(dl.ino, dl.size)
@@ -228,6 +309,8 @@ class Fetcher:
             try:
                 return await threads.call_with_fd(fd, lambda own: self.store.read_range(dl.key, dl.etag, start, length, own))
             except StoreError as e:
+                if e.kind == ARCHIVED:
+                    raise await self._refused_read(dl) from None
                 if e.kind == CHANGED:
                     log.warning("%s changed in the bucket while being read: the reader gets EIO; "
                                 "the mount shows the new object after the next listing", dl.key)

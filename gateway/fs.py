@@ -362,9 +362,11 @@ class CkptFS(Operations):
                 self.ns.files.emptied(inode)  # about to be emptied: nothing to read from the bucket
             elif write:
                 FUSE_COUNTERS.cache_misses += 1
+                await self.fetcher.refuse_if_archived(inode)  # ENOMEDIUM naming `ckptfs restore PATH`, before any GET
                 await self.fetcher.ensure_local(inode)  # writes go to a complete copy
             else:
                 FUSE_COUNTERS.cache_misses += 1
+                await self.fetcher.refuse_if_archived(inode)
                 download = self.fetcher.start(inode)
         else:
             FUSE_COUNTERS.cache_hits += 1
@@ -459,6 +461,10 @@ class CkptFS(Operations):
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
         if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
+        if name == XATTR_STATE and row.state == DURABLE:
+            archived = await self.fetcher.archive_state(inode)  # None unless listed in a class that may need a restore
+            if archived is not None and archived.label:
+                value = archived.label  # archived | restoring: not readable until restored
         if not value:
             raise OSError(errno.ENODATA, "no such attribute")
         return value.encode()

@@ -59,6 +59,7 @@ STATE_COUNTERS = {
     "fetched_bytes": "Bytes read from the bucket into the cache (files not written here, or evicted).",
     "fetched_files": "Files read whole from the bucket into the cache and checked.",
     "read_errors": "Reads from the bucket that failed (the reader got EIO).",
+    "archived_reads_refused": "Opens and reads refused with ENOMEDIUM because the object is archived (GLACIER, DEEP_ARCHIVE) and not restored: `ckptfs restore PATH`.",
     "listings": "Directory listings of the bucket.",
     "listing_errors": "Directory listings of the bucket that failed (the mount kept showing what it knew).",
     "listing_timeouts": "Requests answered from what the node knew because a listing did not answer within listing_timeout.",

@@ -23,7 +23,7 @@ AUDIT = ".ckptfs/audit/"
 
 READ_OBJECT = ["s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectTagging", "s3:GetObjectLegalHold", "s3:GetObjectRetention"]
 READ_BUCKET = ["s3:ListBucket", "s3:ListBucketVersions", "s3:GetBucketLocation", "s3:GetBucketObjectLockConfiguration",
-               "s3:GetLifecycleConfiguration", "s3:ListBucketMultipartUploads"]
+               "s3:GetLifecycleConfiguration", "s3:GetBucketVersioning", "s3:ListBucketMultipartUploads"]
 WRITE_OBJECT = ["s3:PutObject", "s3:PutObjectTagging", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts",
                 "s3:PutObjectLegalHold", "s3:RestoreObject"]
 DELETE = ["s3:DeleteObject", "s3:DeleteObjectVersion"]

@@ -243,7 +243,7 @@ class Remote:
                 per_dir.setdefault("/".join(parts[: depth + 1]), Listing([], [], False))
             parent, name = "/".join(parts[:-1]), parts[-1]
             if name:
-                per_dir[parent].objects.append(RemoteObject(name, obj.size, obj.etag, obj.mtime))
+                per_dir[parent].objects.append(RemoteObject(name, obj.size, obj.etag, obj.mtime, obj.storage_class))
             else:
                 per_dir[parent].marker = True
         base = self.ns.journal.path_of(ino)

@@ -13,7 +13,7 @@ import base64
 import io
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import boto3
@@ -22,6 +22,7 @@ from botocore.config import Config as BotoConfig
 
 from .config import Config
 from .encryption import Encryption, EncryptionError
+from .storageclass import ArchiveState, from_head
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,43 @@ class RangeReader(io.RawIOBase):
         return len(data)
 
 
+class ViewReader(io.RawIOBase):
+    """A seekable, read-only file over a memoryview (a part buffer of a streamed copy): no copy of the whole."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self.view, self.pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.view)}[whence]
+        self.pos = max(0, min(len(self.view), base + pos))
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
+        data = self.view[self.pos:end].tobytes()
+        self.pos = end
+        return data
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), len(self.view) - self.pos)
+        b[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+READ_CHUNK = 256 << 10  # a ranged GET into a buffer is read this much at a time (the transient copy per read)
+
+
 @dataclass
 class RemotePart:
     etag: str
@@ -126,6 +164,16 @@ class Listing:
     dirs: list[str]  # common prefixes, without the trailing '/'
     objects: list[RemoteObject]
     marker: bool  # the `prefix` object itself (an empty directory's marker) exists
+
+
+@dataclass
+class NoncurrentVersions:
+    """Noncurrent versions and delete markers under a prefix of a versioned bucket."""
+
+    objects: int = 0
+    bytes: int = 0
+    delete_markers: int = 0
+    by_class: dict[str, int] = field(default_factory=dict)
 
 
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
@@ -521,6 +569,41 @@ class Store:
                        Body=body, ContentLength=len(body), ChecksumCRC32=crc32)
         return r["ETag"].strip('"')
 
+    def get_range_into(self, key: str, etag: str, start: int, view: memoryview) -> None:
+        """Bytes [start, start+len(view)) of the object whose ETag is `etag` (CHANGED if it is not), read into `view`
+        a READ_CHUNK at a time: no allocation of the whole range."""
+        length = len(view)
+        if length <= 0:
+            return
+        r = self._call("GetObject", self.client.get_object, Key=key, Range=f"bytes={start}-{start + length - 1}",
+                       IfMatch=f'"{etag}"', **self.enc.customer())
+        body = r["Body"]
+        got = 0
+        try:
+            while got < length:
+                n = body.readinto(view[got:min(length, got + READ_CHUNK)])
+                if not n:
+                    break
+                got += n
+        except Exception as e:  # noqa: BLE001
+            raise _classify(e, self.bucket, "GetObject") from None
+        finally:
+            body.close()
+        if got != length:
+            raise StoreError(NETWORK, f"short read of {key}: {got} of {length} bytes")
+
+    def put_object_from(self, key: str, view: memoryview, crc32: str, metadata: dict[str, str]) -> str:
+        """PutObject of a part buffer (a streamed copy's small object), with user metadata."""
+        r = self._call("PutObject", self.client.put_object, Key=key, Body=ViewReader(view), ContentLength=len(view),
+                       ChecksumCRC32=crc32, Metadata=metadata)
+        return r["ETag"].strip('"')
+
+    def upload_part_from(self, key: str, upload_id: str, number: int, view: memoryview, crc32: str) -> str:
+        """UploadPart of a part buffer (a streamed copy's part)."""
+        r = self._call("UploadPart", self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
+                       Body=ViewReader(view), ContentLength=len(view), ChecksumCRC32=crc32)
+        return r["ETag"].strip('"')
+
     def copy_from(self, src_bucket: str, src_key: str, src_etag: str, dst: str, size: int, metadata: dict[str, str],
                   part_size: int, multipart_threshold: int) -> str:
         """Server-side copy from another bucket of the same store, with new user metadata; ETag of the copy.
@@ -578,6 +661,29 @@ class Store:
         else:
             self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
 
+    def versioning(self) -> str:
+        """The bucket's versioning status: "Enabled", "Suspended", or "" (never enabled)."""
+        return str(self._call("GetBucketVersioning", self.client.get_bucket_versioning).get("Status") or "")
+
+    def noncurrent(self, prefix: str) -> NoncurrentVersions:
+        """What a versioned bucket keeps under `prefix` besides the current objects: noncurrent versions
+        (deleted or overwritten objects, still stored and billed) and delete markers."""
+        out = NoncurrentVersions()
+        kw: dict[str, Any] = {"Prefix": prefix}
+        while True:
+            r = self._call("ListObjectVersions", self.client.list_object_versions, **kw)
+            for v in r.get("Versions", []):
+                if not v.get("IsLatest"):
+                    cls = v.get("StorageClass") or "STANDARD"
+                    out.objects += 1
+                    out.bytes += int(v.get("Size") or 0)
+                    out.by_class[cls] = out.by_class.get(cls, 0) + int(v.get("Size") or 0)
+            out.delete_markers += len(r.get("DeleteMarkers", []))
+            if not r.get("IsTruncated"):
+                return out
+            kw["KeyMarker"] = r.get("NextKeyMarker")
+            kw["VersionIdMarker"] = r.get("NextVersionIdMarker")
+
     def restore(self, key: str, days: int, tier: str) -> bool:
         """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
         try:
@@ -591,10 +697,12 @@ class Store:
 
     def storage_state(self, key: str) -> tuple[str, str]:
         """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
-        r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
-        restore = str(r.get("Restore") or "")
-        state = "" if not restore else ("ongoing" if 'ongoing-request="true"' in restore else "restored")
-        return r.get("StorageClass") or "STANDARD", state
+        st = self.archive_state(key)
+        return st.storage_class, st.restore
+
+    def archive_state(self, key: str) -> ArchiveState:
+        """Storage class, intelligent tiering's archive tier and restore state of an object (HeadObject; storageclass.py)."""
+        return from_head(self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer()))
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:

@@ -52,15 +52,49 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert "upload_s" in run["s5cmd"]["single"] or "skipped" in run["s5cmd"], run["s5cmd"]
     for peer in ("rclone", "s3fs"):
         assert "error" not in run[peer], run[peer]
-    # a fresh mount read the whole object back from the bucket
+    # a fresh mount read the whole object back from the bucket, under each transport
     mount = run["cold_read"]["mount"]
     assert "read_s" in mount, mount
+    assert "read_s" in run["cold_read"]["mount_libfuse"], run["cold_read"]
     assert run["cold_read"]["direct_s"] > 0
+    # ckptfs under each FUSE transport: what the daemon reported, and what reached it
+    for part in ("ckptfs", "ckptfs_copy", "ckptfs_libfuse"):
+        assert "error" not in run[part], run[part]
+        assert run[part]["single"]["ack_s"] > 0 and run[part]["sharded"]["ack_s"] > 0
+        assert run[part]["daemon"]["cpu_ack_single_s"] >= 0
+        cached = run[part]["cached_read"]
+        assert cached["warm_resident"] == {"raw": 1.0, "cache_file": 1.0}, cached  # same page cache state for both
+        assert cached["warm"]["mount_s"] > 0 and cached["warm"]["raw_s"] > 0
+    cached = ckptfs["cached_read"]  # the default mount's also cold: neither file's pages resident
+    assert cached["cold_resident"] == {"raw": 0.0, "cache_file": 0.0}, cached
+    assert cached["cold"]["mount_s"] > 0 and cached["cold"]["raw_s"] > 0
+    copy, libfuse = run["ckptfs_copy"]["transport"], run["ckptfs_libfuse"]["transport"]
+    assert (copy["fuse_transport"], copy["passthrough"], libfuse["fuse_transport"]) == ("kernel", False, "libfuse")
+    for t, part in ((copy, "ckptfs_copy"), (libfuse, "ckptfs_libfuse")):  # copy mode: the daemon saw every write and read
+        assert t["ack_requests"]["single"]["write"] >= 1 and run[part]["cached_read"]["warm"]["daemon_reads"] >= 1
+    pt = ckptfs["transport"]
+    if pt["passthrough"]:  # root on Linux >= 6.9: the kernel wrote and read the cache files itself
+        assert pt["ack_requests"]["single"]["write"] == pt["ack_requests"]["sharded"]["write"] == 0, pt
+        assert ckptfs["cached_read"]["warm"]["daemon_reads"] == 0
+
+    # the daemon's copy to a second server, and s5cmd's of the same objects, both ways
+    repl = run["replication"]
+    assert "error" not in repl, repl
+    assert repl["copied_bytes"] == repl["bytes"] == 4 * MiB and repl["server_side_objects"] == 0
+    assert repl["replicate_s"] > 0 and repl["rss_peak_bytes"] > 0 and repl["rss_samples"] > 0
+    assert {"pipe_s", "via_disk_s"} <= set(repl["s5cmd"]) or "skipped" in repl["s5cmd"], repl["s5cmd"]
 
     figures = {f["id"]: f for f in result["figures"]}
     assert set(figures) == {f.id for f in report.FIGURES}
-    for fid in ("ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
-                "rss_peak", "cpu_written", "cpu_drained"):
+    fids = ["ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
+            "rss_peak", "cpu_written", "cpu_drained", "ack_copy_single", "ack_libfuse_single", "ack_libfuse_sharded",
+            "cached_read_copy", "cached_read_libfuse", "cold_read", "cold_read_libfuse", "replication_rss"]
+    if pt["passthrough"]:
+        fids += ["ack_passthrough_single", "ack_passthrough_sharded", "cpu_passthrough_ack", "cached_read_passthrough"]
+    else:  # never labelled passthrough when it was not
+        assert figures["ack_passthrough_single"]["median"] is None
+        assert "without passthrough" in figures["ack_passthrough_single"]["why_missing"]
+    for fid in fids:
         f = figures[fid]
         assert f["median"] is not None and f["min"] <= f["median"] <= f["max"], f
         assert len(f["values"]) == 1
@@ -71,6 +105,27 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert "Hand-written analysis stays." in text
     assert report.BEGIN in text and report.END in text
     assert "| Acknowledge, 1 file: ckptfs / raw disk throughput |" in text
+    assert "- `ckptfs_libfuse` (libfuse): libfuse:" in text
+
+
+def test_a_figure_is_never_labelled_with_a_transport_it_did_not_measure() -> None:
+    meta = {"sizes": {"single": 4 * MiB, "sharded": 8 * MiB}}
+    raw = {"single": {"ack_s": 1.0}, "sharded": {"ack_s": 1.0}}
+    granted = {"fuse_transport": "kernel", "passthrough": True, "ack_requests": {"single": {"write": 0}, "sharded": {"write": 0}}}
+    run = {"raw": raw, "ckptfs": {"single": {"ack_s": 1.0}, "sharded": {"ack_s": 2.0}, "transport": granted},
+           "ckptfs_libfuse": {"single": {"ack_s": 2.0}, "sharded": {"ack_s": 2.0}, "transport": {**granted, "passthrough": False}}}
+    figures = {f["id"]: f for f in report.summarise([run], meta)}
+    assert figures["ack_passthrough_single"]["median"] == 1.0
+    assert figures["ack_passthrough_sharded"]["median"] == 0.5
+    # the libfuse part reported the kernel transport: its rows stay empty, saying why
+    assert figures["ack_libfuse_single"]["median"] is None
+    assert "not libfuse" in figures["ack_libfuse_single"]["why_missing"]
+    # WRITE requests reached the daemon: not passthrough, whatever INIT said
+    run["ckptfs"]["transport"] = {**granted, "ack_requests": {"single": {"write": 3}, "sharded": {"write": 0}}}
+    figures = {f["id"]: f for f in report.summarise([run], meta)}
+    assert figures["ack_passthrough_single"]["median"] is None
+    assert "3 WRITE requests" in figures["ack_passthrough_single"]["why_missing"]
+    assert figures["ack_single"]["median"] == 1.0  # the default mount's row stays, whatever its transport
 
 
 def test_update_doc_replaces_only_the_generated_block(tmp_path: Path) -> None:

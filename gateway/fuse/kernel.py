@@ -232,7 +232,7 @@ class KernelSession:
         if not self.passthrough_offered:
             self.passthrough_error = "the kernel does not offer FUSE_PASSTHROUGH"
         elif not self.want_passthrough:
-            self.passthrough_error = "not asked for"
+            self.passthrough_error = "not asked for (fuse_passthrough = false)"
         self.modes.enabled = bool(out.flags & P.PASSTHROUGH) and self._probe_backing()
         await self.ops.init()
 

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..namespace.keys import is_reserved
 from ..store import Listing, NO_OBJECT, StoreError
-from .manifest import MANIFEST, PROTECTED, RETENTION, VERIFY, Manifest, files_of, read_manifest
+from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, read_manifest
 from .patterns import Checkpoint
+from .coldmove import label as moved_label
 from .tiers import class_label
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class Catalogue:
         lc = self.lc
         base = lc.keys.of(ck.path + "/")
         top = await lc.io(lambda: lc.store.list(base, recursive=True))  # recursive: storage classes of every object
-        own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY, RETENTION)}
+        own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY, RETENTION, MOVED)}
         classes: dict[str, int] = {}
         for o in top.objects:
             classes[o.storage_class] = classes.get(o.storage_class, 0) + o.size
@@ -139,6 +140,7 @@ class Catalogue:
         protection = await self._json(base + PROTECTED) if PROTECTED in own else None
         verified = await self._json(base + VERIFY) if VERIFY in own else None
         retention = await self._json(base + RETENTION) if RETENTION in own else None
+        moved = await self._json(base + MOVED) if MOVED in own else None  # coldmove.py's record
         self.set_protected(ck.path, protection)
         now = time.time()
         if manifest is not None:
@@ -156,6 +158,10 @@ class Catalogue:
             state = "protected" if protection is not None else "committed"
         else:
             state = "writing"  # not committed: still being written, not quiet yet, or written without ckptfs
+        hot_files = len(files_of(top, base))
+        where = moved_label(moved)
+        if where is not None and moved and moved.get("state") != "moving":
+            classes[where] = int(moved.get("bytes") or 0)  # its files are on the cold target, not here
         if verified is not None and manifest is not None and verified.get("generation") != manifest.generation:
             verified = {**verified, "stale": True}  # verified an earlier generation of the manifest
         return {
@@ -175,9 +181,12 @@ class Catalogue:
             "metadata": manifest.metadata if manifest else {},
             "age_seconds": round(now - since, 1) if since else None,
             "last_verify": verified,
-            "storage_class": class_label(classes),
+            "storage_class": where or class_label(classes),
             "storage_classes": classes,  # bytes per class, ckptfs's own objects included
             "retention": retention,
+            "moved": moved,  # the move record (state moving | moved | restoring | restored, target, ...) or None
+            "location": (moved or {}).get("target") if where else None,
+            "hot_files": hot_files,  # files of it in this bucket
         }
 
 

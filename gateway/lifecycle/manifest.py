@@ -5,7 +5,8 @@ ckptfs's own: the mount hides it and refuses to create it, so it cannot
 collide with a file of the job. Other objects of the same family sit next to
 it: `.ckptfs-verify.json` (the last verify's result),
 `.ckptfs-protected.json` (present while the checkpoint is protected) and
-`.ckptfs-retention.json` (retention's mark: expiring, or restored).
+`.ckptfs-retention.json` (retention's mark: expiring, or restored) and
+`.ckptfs-moved.json` (the mover's record: where a checkpoint moved to, lifecycle/coldmove.py).
 
 The first manifest is written with `If-None-Match: *`: of two nodes committing
 the same checkpoint, one write wins and the other reads the winner's. A
@@ -30,7 +31,8 @@ MANIFEST = ".ckptfs-manifest.json"
 VERIFY = ".ckptfs-verify.json"
 PROTECTED = ".ckptfs-protected.json"
 RETENTION = ".ckptfs-retention.json"  # retention's mark: expiring (deleted after the grace period) or restored
-OWN_OBJECTS = (MANIFEST, VERIFY, PROTECTED, RETENTION)
+MOVED = ".ckptfs-moved.json"  # the mover's record: moving, moved (to a cold target), restoring, restored (coldmove.py)
+OWN_OBJECTS = (MANIFEST, VERIFY, PROTECTED, RETENTION, MOVED)
 COMMIT_ATTEMPTS = 5
 
 

@@ -50,7 +50,7 @@ from ..config import Config
 from ..store import NO_OBJECT, PRECONDITION, StoreError
 from . import audit
 from .lease import Lease, keep
-from .manifest import PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso
+from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso
 from .patterns import Checkpoint
 from .verify import verify
 
@@ -105,6 +105,28 @@ def _mark(e: dict[str, Any]) -> dict[str, Any]:
     return e.get("retention") or {}
 
 
+def keep_rules(committed: list[dict[str, Any]], keep_last: int, every_steps: int, every_seconds: float) -> dict[str, list[str]]:
+    """The keep rules that keep each committed checkpoint of one series (sorted by step): path -> rules, [] for none.
+
+    The primary's retention (`retention_keep_*`) and a replica's own (`[replica.NAME] keep_*`) both use it."""
+    rules: dict[str, list[str]] = {e["path"]: [] for e in committed}
+    if keep_last:
+        for e in committed[-keep_last:]:
+            rules[e["path"]].append(f"last {keep_last}")
+    if every_steps:
+        for e in committed:
+            if e["step"] % every_steps == 0:
+                rules[e["path"]].append(f"every {every_steps} steps")
+    if every_seconds:
+        last_kept: float | None = None
+        for e in sorted(committed, key=lambda e: (e.get("first_committed_at") or e.get("committed_at") or 0, e["step"])):
+            t = float(e.get("first_committed_at") or e.get("committed_at") or 0)
+            if last_kept is None or t - last_kept >= every_seconds:
+                rules[e["path"]].append(f"one per {every_seconds:g} s")
+                last_kept = t
+    return rules
+
+
 def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -> list[Decision]:
     """What the policy keeps and lets go, from the catalogue's entries; changes nothing."""
     now = time.time() if now is None else now
@@ -115,20 +137,9 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
     for _, group in sorted(series.items()):
         committed = sorted((e for e in group if e.get("committed")), key=lambda e: (e["step"], e["path"]))
         rules: dict[str, list[str]] = {e["path"]: [] for e in group}
-        if cfg.retention_keep_last:
-            for e in committed[-cfg.retention_keep_last:]:
-                rules[e["path"]].append(f"last {cfg.retention_keep_last}")
-        if cfg.retention_keep_every_steps:
-            for e in committed:
-                if e["step"] % cfg.retention_keep_every_steps == 0:
-                    rules[e["path"]].append(f"every {cfg.retention_keep_every_steps} steps")
-        if cfg.retention_keep_every_seconds:
-            last_kept: float | None = None
-            for e in sorted(committed, key=lambda e: (e.get("first_committed_at") or e.get("committed_at") or 0, e["step"])):
-                t = float(e.get("first_committed_at") or e.get("committed_at") or 0)
-                if last_kept is None or t - last_kept >= cfg.retention_keep_every_seconds:
-                    rules[e["path"]].append(f"one per {cfg.retention_keep_every_seconds:g} s")
-                    last_kept = t
+        for p, kept in keep_rules(committed, cfg.retention_keep_last, cfg.retention_keep_every_steps,
+                                  cfg.retention_keep_every_seconds).items():
+            rules[p] += kept
         for e in group:
             if e.get("protected"):
                 rules[e["path"]].append("protected")
@@ -190,7 +201,11 @@ async def apply(lc: "Lifecycle", path: str, who: dict[str, Any], lease: Lease | 
         manifest = await lc.catalogue.manifest(ck)
         if manifest is None:
             continue
-        result = await verify(lc, ck, manifest, False, _no_progress)
+        moved = e.get("moved") or {}
+        if moved.get("state") == "moved":  # its files are on the cold target (coldmove.py): verified there
+            result = await lc.mover.verify(ck, False, _no_progress, str(moved.get("target") or ""))
+        else:
+            result = await verify(lc, ck, manifest, False, _no_progress)
         e["last_verify"] = result
         if result["outcome"] != "whole":
             log.warning("retention: %s is not whole (shallow verify): nothing older in its directory is deleted", target)
@@ -284,6 +299,12 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     if not isinstance(mark, dict) or mark.get("state") != "expiring":
         d.action, d.reason, d.done = "keep", "no longer expiring (restored meanwhile)", "skipped"
         return
+    moved = None
+    if MOVED in names:  # moved to a cold target (coldmove.py): the cold copy goes first
+        moved, _ = await lc.mover.record(d.path)
+        if moved and moved.get("state") in ("moving", "restoring"):
+            d.action, d.reason, d.done = "keep", f"being {moved['state'].replace('ing', 'ed')} (cold target {moved.get('target')}); deleted on a later run", "postponed"
+            return
     since = float(mark.get("since", 0))
     written = [o.name for o in listing.objects if not is_own(o.name) and not o.name.endswith("/") and o.mtime > since]
     if written:
@@ -299,6 +320,14 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     files = [base + o.name for o in listing.objects if not is_own(o.name) and not o.name.endswith("/")]
     own = [base + o.name for o in listing.objects if is_own(o.name) and o.name != RETENTION]
     size = sum(o.size for o in listing.objects if not is_own(o.name))
+    cold = 0
+    if moved and moved.get("state") == "moved":
+        try:
+            cold = await lc.mover.delete_cold(d.path, moved)
+        except LifecycleError as err:
+            d.action, d.reason, d.done = "keep", str(err), f"failed: {err}"
+            return
+        size += int(moved.get("bytes") or 0)
     for batch in (files, own):
         await _delete_all(lc, batch)
     # directory keys last, deepest first, even when no marker object was listed: stores that keep
@@ -312,8 +341,8 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     lc.retention_stats["deleted"] += 1
     lc.retention_stats["deleted_bytes"] += size
     await audit.record(lc, "delete", d.path, who, "retention: not kept by any rule, grace period over", step=d.step,
-                       files=len(files), bytes=size,
-                       expiring_since=mark.get("since_iso"))
+                       files=len(files), bytes=size, expiring_since=mark.get("since_iso"),
+                       **({"cold_target": moved.get("target"), "cold_objects": cold} if cold else {}))
     d.done = "deleted"
     log.info("retention: deleted %s (%d objects, %d bytes)", d.path, len(files) + len(own) + 1, size)
 

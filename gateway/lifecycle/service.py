@@ -13,7 +13,7 @@ import trio
 from .. import threads
 from ..config import Config
 from ..store import Store, StoreError
-from . import audit, drill, retention, tiers
+from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease
 from .manifest import OWN_OBJECTS, LifecycleError, first_store_error
@@ -58,6 +58,10 @@ class Lifecycle:
         self.drill_record: dict[str, Any] = {}  # the bucket's drill record: last and last_success (drill.py)
         self.drills_pending: dict[str, tuple[float, dict[str, Any], bool]] = {}  # id -> (started, restore result, keep dir)
         self.drills_total = {"ok": 0, "failed": 0}
+        self.mover = coldmove.Mover(self)  # tier_move_target: moves old checkpoints to a cold target (coldmove.py)
+        # told the path of each manifest written: the replicator (a layer above) starts a pass at once instead of
+        # up to replication_interval later
+        self.on_commit: list[Callable[[str], None]] = []
         if cfg.retention_interval > 0:
             self.retention_lease = Lease.for_mount(store, self.keys.of, retention.LEASE_NAME, retention.lease_ttl(cfg))
             if not retention.policy_enabled(cfg):
@@ -83,6 +87,7 @@ class Lifecycle:
                 nursery.start_soon(self._scan_loop)
                 if self.retention_lease is not None:
                     nursery.start_soon(retention.schedule, self, self.retention_lease)
+                nursery.start_soon(self.mover.run)
             task_status.started()
 
     async def _scan_loop(self) -> None:
@@ -136,8 +141,22 @@ class Lifecycle:
                 await send({"ok": True, "done": True, "written": wrote, "path": ck.path, "step": ck.step,
                             "generation": manifest.generation, "changed": manifest.changed,
                             "files": len(manifest.files), "bytes": manifest.bytes})
+            elif cmd == "verify" and request.get("target"):  # the cold target (control.py sends replicas to the replicator)
+                ck = await self._checkpoint(path)
+
+                async def progress(p: dict[str, Any]) -> None:
+                    await send({"ok": True, **p})
+
+                result = await self.mover.verify(ck, bool(request.get("deep")), progress, str(request["target"]))
+                await send({"ok": True, "done": True, "result": result})
             elif cmd == "verify":
                 ck = await self._checkpoint(path)
+                record, _ = await self.mover.record(ck.path)
+                if coldmove.label(record) and record["state"] != coldmove.MOVING:  # type: ignore[index]
+                    assert record is not None
+                    raise LifecycleError(f"{ck.path} is {record['state']} to cold target {record.get('target')} ({record.get('target_url')}) "
+                                         f"since {record.get('at_iso')}: its files are not in this bucket; verify it there with "
+                                         f"`ckptfs verify {ck.path} --target {record.get('target')}`, or bring it back with `ckptfs restore {ck.path}`")
                 manifest = await self.catalogue.manifest(ck)
                 if manifest is None:
                     raise LifecycleError(f"{ck.path} is not committed (no manifest): nothing to verify against; "
@@ -264,4 +283,5 @@ class Lifecycle:
             "protection_refusals_total": self.guard.refused_total,
             "checkpoints_active": len(self.tracker.active),
             "retention": dict(self.retention_stats),
+            "tier_move": self.mover.stats(),
         }

@@ -12,18 +12,21 @@
 * Restores. `restore` asks the store to restore every archived object at or under a path
   (RestoreObject) and reports, on each poll, how many are restored.
 
-Stores that refuse a rule (SeaweedFS answers transitions with 501) get one line naming it.
-Moving checkpoints to another bucket or endpoint by the daemon itself needs replication: not built.
+Stores that refuse a rule (SeaweedFS answers transitions with 501) get one line naming it; with
+`tier_move_target` the daemon moves old checkpoints to that cold target itself (coldmove.py), and
+`restore` of a moved checkpoint copies it back from there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
+from ..storageclass import ARCHIVE_CLASSES, ONGOING, may_need_restore  # noqa: F401 (ARCHIVE_CLASSES: for callers of tiers)
 from ..store import StoreError
 from .manifest import MANIFEST, LifecycleError, Manifest
 from .patterns import Checkpoint
@@ -35,7 +38,6 @@ log = logging.getLogger(__name__)
 
 STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
                    "GLACIER", "DEEP_ARCHIVE", "EXPRESS_ONEZONE")
-ARCHIVE_CLASSES = ("GLACIER", "DEEP_ARCHIVE")  # need a restore before a GET (GLACIER_IR does not)
 # AWS's minimum object age for a transition into these classes (other stores may accept less)
 AWS_MIN_DAYS = {"STANDARD_IA": 30, "ONEZONE_IA": 30}
 TAG_STATE, TAG_PROTECTED, TAG_STEP = "ckptfs-state", "ckptfs-protected", "ckptfs-step"
@@ -70,7 +72,7 @@ def parse_prices(entries: list[str]) -> dict[str, float]:
     """`["STANDARD:0.023", ...]` -> {"STANDARD": 0.023, ...} (per GiB-month)."""
     out: dict[str, float] = {}
     for e in entries:
-        cls, sep, price = e.partition(":")
+        cls, sep, price = e.rpartition(":")  # the class may hold ':' itself (moved:NAME, coldmove.py)
         try:
             value = float(price)
         except ValueError:
@@ -144,7 +146,27 @@ def desired_rules(cfg: Any) -> list[dict[str, Any]]:
             "Filter": {"And": {"Prefix": prefix, "Tags": [{"Key": TAG_STATE, "Value": "expiring"}]}},
             "Expiration": {"Days": cfg.tier_expiring_delete_days},
         })
+    if cfg.tier_noncurrent_delete_days:
+        # prefix only: S3 refuses ExpiredObjectDeleteMarker in a rule filtered by tags
+        rules.append({
+            "ID": f"{rid}noncurrent",
+            "Status": "Enabled",
+            "Filter": {"Prefix": prefix},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": cfg.tier_noncurrent_delete_days},
+            "Expiration": {"ExpiredObjectDeleteMarker": True},
+        })
     return rules
+
+
+def _expires_noncurrent(rule: dict[str, Any], prefix: str) -> bool:
+    """Whether an enabled rule deletes noncurrent versions of every key under `prefix`."""
+    if rule.get("Status") != "Enabled" or not rule.get("NoncurrentVersionExpiration"):
+        return False
+    f = rule.get("Filter") or {}
+    if "And" in f or "Tag" in f:
+        return False
+    rule_prefix_ = f.get("Prefix", rule.get("Prefix", "")) or ""
+    return prefix.startswith(rule_prefix_)
 
 
 def _norm(rule: dict[str, Any]) -> dict[str, Any]:
@@ -156,8 +178,11 @@ def _norm(rule: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def plan(cfg: Any, current: list[dict[str, Any]]) -> dict[str, Any]:
-    """What `apply` would set: the whole configuration, and its difference from `current`."""
+def plan(cfg: Any, current: list[dict[str, Any]], versioning: str = "") -> dict[str, Any]:
+    """What `apply` would set: the whole configuration, and its difference from `current`.
+
+    `versioning` is the bucket's versioning status: on a versioned bucket without a rule expiring
+    noncurrent versions, what retention deletes stays stored (and billed), which the plan says."""
     mine = rule_prefix(cfg.prefix)
     want = {r["ID"]: r for r in desired_rules(cfg)}
     have = {r.get("ID", ""): r for r in current}
@@ -174,13 +199,16 @@ def plan(cfg: Any, current: list[dict[str, Any]]) -> dict[str, Any]:
             if low and t["Days"] < low:
                 warnings.append(f"AWS S3 refuses transitions to {t['StorageClass']} before {low} days "
                                 f"(tier_transitions has {t['Days']}); other stores may accept it")
-    return {"prefix": cfg.key_prefix, "rules": rules, "add": add, "change": change, "unchanged": same, "remove": remove,
+    if versioning in ("Enabled", "Suspended") and not any(_expires_noncurrent(r, cfg.key_prefix) for r in rules):
+        warnings.append(f"the bucket is versioned ({versioning}): deleted and overwritten objects stay stored as noncurrent "
+                        "versions and are billed; set tier_noncurrent_delete_days to expire them")
+    return {"prefix": cfg.key_prefix, "versioning": versioning, "rules": rules, "add": add, "change": change, "unchanged": same, "remove": remove,
             "keep": keep, "changes": bool(add or change or remove), "warnings": warnings}
 
 
 async def apply(lc: "Lifecycle") -> dict[str, Any]:
     current = await lc.io(lc.store.lifecycle_rules)
-    p = plan(lc.cfg, current)
+    p = plan(lc.cfg, current, await versioning_status(lc))
     if not p["changes"]:
         return {**p, "applied": False}
     try:
@@ -188,8 +216,14 @@ async def apply(lc: "Lifecycle") -> dict[str, Any]:
     except StoreError as e:
         if "501" in str(e) or "does not implement" in str(e):
             parts = sorted({"transitions (storage classes)" if "Transitions" in r else "expiration" for r in p["rules"]})
+            if lc.cfg.tier_move_target and lc.cfg.tier_transitions:
+                raise LifecycleError(f"bucket {lc.store.bucket!r} does not support lifecycle {' and '.join(parts)} (501 Not Implemented): "
+                                     f"nothing was changed; the daemon moves checkpoints committed more than {lc.cfg.tier_move_after:g} s ago "
+                                     f"to cold target {lc.cfg.tier_move_target} itself (tier_move_target): drop tier_transitions for this store "
+                                     "(docs/lifecycle.md, Moving to a cold target)") from None
             raise LifecycleError(f"bucket {lc.store.bucket!r} does not support lifecycle {' and '.join(parts)} (501 Not Implemented): "
-                                 "nothing was changed; drop tier_transitions for this store (see docs/lifecycle.md, Tiers)") from None
+                                 "nothing was changed; drop tier_transitions for this store, or set tier_move_target to have the daemon "
+                                 "move old checkpoints to a cold target itself (see docs/lifecycle.md, Tiers)") from None
         raise
     log.info("bucket lifecycle rules set: added %s, changed %s, removed %s, kept %d others",
              p["add"] or "-", p["change"] or "-", p["remove"] or "-", len(p["keep"]))
@@ -199,6 +233,12 @@ async def apply(lc: "Lifecycle") -> dict[str, Any]:
 # -------------------------------------------------------------------- restores
 async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any]:
     """Restore every archived object at or under mount-relative `rel`; progress lines until done (or once unless `wait`)."""
+    mover = getattr(lc, "mover", None)
+    ck = lc.patterns.checkpoint_of(rel) if rel and mover is not None else None
+    if ck is not None:  # a checkpoint moved to a cold target (coldmove.py) is copied back from there
+        moved = await mover.restore(ck, send)
+        if moved is not None:
+            return moved
     listing_prefix = lc.keys.of(rel)
     single = await _is_object(lc, listing_prefix) if rel else False
     if single:
@@ -212,15 +252,18 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
     states: dict[str, str] = {}
     requested = 0
     for key, cls in objects:
-        if cls is not None and cls not in ARCHIVE_CLASSES:
+        if cls is not None and not may_need_restore(cls):
             continue
-        klass, state = await lc.io(lc.store.storage_state, key)
-        if klass not in ARCHIVE_CLASSES:
+        st = await lc.io(lc.store.archive_state, key)
+        lc.ns.archive.observed(key, st)  # what opens and user.ckptfs.state say (archived | restoring)
+        if not st.archived:
             continue
+        state = st.restore
         if state == "":
             if await lc.io(lc.store.restore, key, lc.cfg.restore_days, lc.cfg.restore_tier):
                 requested += 1
-            state = "ongoing"
+            state = ONGOING
+            lc.ns.archive.observed(key, dataclasses.replace(st, restore=ONGOING))
         states[key] = state
     while True:
         done = sum(1 for s in states.values() if s == "restored")
@@ -232,7 +275,18 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
         await trio.sleep(RESTORE_POLL)
         for key, state in list(states.items()):
             if state != "restored":
-                states[key] = (await lc.io(lc.store.storage_state, key))[1] or "ongoing"
+                st = await lc.io(lc.store.archive_state, key)
+                lc.ns.archive.observed(key, st)
+                states[key] = st.restore or ONGOING
+
+
+async def versioning_status(lc: "Lifecycle") -> str:
+    """The bucket's versioning status, or "" when the store will not say (a warning is all it feeds)."""
+    try:
+        return await lc.io(lc.store.versioning)
+    except StoreError as e:
+        log.debug("GetBucketVersioning: %s", e)
+        return ""
 
 
 async def _is_object(lc: "Lifecycle", key: str) -> bool:
@@ -254,7 +308,7 @@ async def handle(lc: "Lifecycle", cmd: str, path: str, request: dict[str, Any], 
     """The control-socket commands of this module (called by Lifecycle.handle, which turns errors into one line)."""
     if cmd == "lifecycle_plan":
         current = await lc.io(lc.store.lifecycle_rules)
-        await send({"ok": True, "bucket": lc.store.bucket, "current": current, **plan(lc.cfg, current)})
+        await send({"ok": True, "bucket": lc.store.bucket, "current": current, **plan(lc.cfg, current, await versioning_status(lc))})
     elif cmd == "lifecycle_apply":
         await send({"ok": True, "bucket": lc.store.bucket, **await apply(lc)})
     elif cmd == "usage":

@@ -25,7 +25,7 @@ import trio
 
 from ..journal import ROOT_INODE
 from ..store import StoreError
-from .manifest import MANIFEST, FileEntry, LifecycleError, Manifest, files_of, next_manifest, write_manifest
+from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, next_manifest, write_manifest
 from . import tiers
 from .patterns import Checkpoint
 
@@ -173,6 +173,10 @@ class Tracker:
             a.last_work = now  # another node is still uploading into it
             return False
         listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+        if await self._moved_away(path, listing):
+            log.warning("checkpoint %s was moved to its cold target: files written into it are not committed; bring it back "
+                        "first with `ckptfs restore %s`", path, path)
+            return True
         files = files_of(listing, base)
         if not files:
             return True  # nothing in it (yet): committed when files arrive
@@ -189,6 +193,9 @@ class Tracker:
         base = lc.keys.of(ck.path + "/")
         if files is None:
             listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+            if await self._moved_away(ck.path, listing):
+                raise LifecycleError(f"{ck.path} was moved to its cold target (`ckptfs checkpoints` shows where): "
+                                     f"bring it back with `ckptfs restore {ck.path}` before committing it again")
             files = files_of(listing, base)
         if not files:
             raise LifecycleError(f"{ck.path} holds no files in the bucket: nothing to commit (is it written and flushed?)")
@@ -204,7 +211,18 @@ class Tracker:
             log.info("checkpoint %s committed: manifest generation %d, %d files, %d bytes%s",
                      ck.path, manifest.generation, len(manifest.files), manifest.bytes, change)
             await tiers.tag(lc, ck, manifest, "committed", False)
+            for hook in lc.on_commit:
+                hook(ck.path)
         return manifest, wrote
+
+    async def _moved_away(self, path: str, listing: Any) -> bool:
+        """Whether the checkpoint's files are (going) on its cold target (lifecycle/coldmove.py): never committed from here then."""
+        if not any(o.name == MOVED for o in listing.objects):
+            return False
+        from .coldmove import label
+
+        record, _ = await self.lc.mover.record(path)
+        return label(record) is not None
 
     async def _checksums(self, path: str, files: list[FileEntry]) -> None:
         """Each file's xxh3-128: from the journal when this node uploaded those bytes, else from the object's metadata."""

@@ -3,10 +3,13 @@
 `usage` lists every object under a path once (recursive listing: sizes and storage classes)
 and the catalogue (checkpoints and their states), and sums bytes and objects per checkpoint,
 per run (the directory holding the checkpoints), per state and per storage class. Objects
-outside checkpoints (other files, ckptfs's audit log) count under the state `none`. The
+outside checkpoints (other files, ckptfs's audit log) count under the state `none`. A checkpoint moved to
+a cold target (coldmove.py) counts its manifest's files and bytes under the class `moved:NAME`. The
 monthly cost estimate multiplies the bytes of each class by `storage_prices` (per GiB-month,
 examples by default, not quotes); it leaves out requests, retrievals, minimum storage durations
-and minimum object sizes.
+and minimum object sizes. On a versioned bucket the noncurrent versions under the path (what deletes
+and overwrites left behind, billed all the same) are counted apart (`noncurrent`) and their cost is
+in the estimate.
 
 The metrics (`UsageCollector`) come from the catalogue walk the lifecycle already makes every
 `SCAN_SECONDS` (checkpoint objects only; the scrape makes no request). Every metric is in docs/metrics.md.
@@ -20,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .catalogue import STATES
-from .tiers import class_label, parse_prices
+from .tiers import class_label, parse_prices, versioning_status
 
 if TYPE_CHECKING:
     from .service import Lifecycle
@@ -71,6 +74,22 @@ def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[
         c["bytes"] += size
         c["objects"] += 1
         c["by_class"][cls] = c["by_class"].get(cls, 0) + size
+    for entry in checkpoints:  # moved to a cold target (coldmove.py): its files count there, under the class moved:NAME
+        rec = entry.get("moved") or {}
+        if rec.get("state") != "moved":
+            continue
+        cls, size, n = f"moved:{rec.get('target')}", int(rec.get("bytes") or 0), int(rec.get("files") or 0)
+        total += size
+        count += n
+        _add(by_class, cls, size, n)
+        _add(by_state, entry["state"], size, n)
+        run = entry["path"].rsplit("/", 1)[0] if "/" in entry["path"] else "/"
+        _add(by_run, run, size, n).setdefault("checkpoints", set()).add(entry["path"])
+        c = per_ck.setdefault(entry["path"], {"path": entry["path"], "step": entry["step"], "state": entry["state"], "bytes": 0,
+                                              "objects": 0, "by_class": {}})
+        c["bytes"] += size
+        c["objects"] += n
+        c["by_class"][cls] = c["by_class"].get(cls, 0) + size
     for c in per_ck.values():
         c["storage_class"] = class_label(c["by_class"])
         c["monthly_cost"] = round(cost(prices, c["by_class"]), 4)
@@ -94,13 +113,28 @@ def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[
     }
 
 
+def add_noncurrent(summary: dict[str, Any], versioning: str, nc: Any, prices: dict[str, float]) -> dict[str, Any]:
+    """Count what a versioned bucket still stores besides the current objects: it is billed like them."""
+    monthly = round(cost(prices, nc.by_class), 4)
+    summary["versioning"] = versioning
+    summary["noncurrent"] = {"objects": nc.objects, "bytes": nc.bytes, "delete_markers": nc.delete_markers,
+                             "by_class": dict(sorted(nc.by_class.items())), "monthly_cost": monthly}
+    summary["monthly_cost_estimate"] = round(summary["monthly_cost_estimate"] + monthly, 4)
+    return summary
+
+
 async def usage(lc: "Lifecycle", path: str) -> dict[str, Any]:
     base = lc.keys.of(path + "/" if path else "")
     listing = await lc.io(lambda: lc.store.list(base, recursive=True))
     rel0 = f"{path}/" if path else ""
     objects = [(rel0 + o.name, o.size, o.storage_class) for o in listing.objects]
     checkpoints = await lc.scan(path)
-    return summarize(path, objects, checkpoints, lc.patterns, parse_prices(lc.cfg.storage_prices))
+    prices = parse_prices(lc.cfg.storage_prices)
+    summary = summarize(path, objects, checkpoints, lc.patterns, prices)
+    versioning = await versioning_status(lc)
+    if versioning:
+        summary = add_noncurrent(summary, versioning, await lc.io(lc.store.noncurrent, base), prices)
+    return summary
 
 
 class UsageCollector(Collector):

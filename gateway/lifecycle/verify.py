@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 import xxhash
 
-from ..store import StoreError
+from ..storageclass import may_need_restore
+from ..store import ARCHIVED, StoreError
 from . import ranges
 from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
 from .patterns import Checkpoint
@@ -55,6 +57,8 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
     checked_bytes = 0
     if deep:
         todo = [f for p, f in sorted(expected.items()) if p in present and p not in changed]
+        await _refuse_archived(lc, ck, listing, base, todo)
+        archived: list[str] = []
         total = sum(int(f["size"]) for f in todo)
         done = {"bytes": 0}
         limit = trio.CapacityLimiter(FILES_AT_ONCE)
@@ -66,6 +70,9 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
                 try:
                     digest = await _xxh3(lc, f["key"], f["etag"], int(f["size"]), done)
                 except StoreError as e:
+                    if e.kind == ARCHIVED:
+                        archived.append(f["path"])  # archived after the listing (or in a tier only a GET tells)
+                        return
                     ranges.sort_read_error(e, f["path"], missing, changed)
                     return
                 if f.get("xxh3") and digest != f["xxh3"]:
@@ -81,6 +88,8 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
                     break
                 with trio.move_on_after(0.2):
                     await trio.sleep_forever()
+        if archived:
+            raise LifecycleError(restore_message(lc, ck, len(archived), "an archive storage class"))
         checked_bytes = done["bytes"]
     outcome = "whole" if not (missing or changed or unexpected) else "broken"
     result = {
@@ -97,6 +106,26 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
         raise LifecycleError(f"verify of {ck.path} finished ({outcome}) but its result could not be recorded in the bucket: {e}") from None
     lc.last_verify = result
     return result
+
+
+def restore_message(lc: "Lifecycle", ck: Checkpoint, count: int, where: str) -> str:
+    path = os.path.join(os.path.abspath(lc.cfg.mountpoint), ck.path)
+    return (f"{ck.path}: {count} of its files {'is' if count == 1 else 'are'} archived in {where} and not restored, so a deep verify "
+            f"cannot read {'it' if count == 1 else 'them'}: run ckptfs restore {path}, and verify again once it reports them restored "
+            "(a shallow verify needs no restore)")
+
+
+async def _refuse_archived(lc: "Lifecycle", ck: Checkpoint, listing: Any, base: str, todo: list[dict[str, Any]]) -> None:
+    """Before reading anything: files the listing shows in an archive class and HeadObject says are not restored."""
+    classes = {base + o.name: o.storage_class for o in listing.objects}
+    keys = [f["key"] for f in todo if may_need_restore(classes.get(f["key"]))]
+    where: list[str] = []
+    for key in keys:
+        st = await lc.io(lc.store.archive_state, key)
+        if st.needs_restore:
+            where.append(st.where)
+    if where:
+        raise LifecycleError(restore_message(lc, ck, len(where), "/".join(sorted(set(where)))))
 
 
 async def _xxh3(lc: "Lifecycle", key: str, etag: str, size: int, done: dict[str, int]) -> str:

@@ -8,6 +8,7 @@ use only the ones before it):
 * `uploads` UploadQueue  what is uploaded, copied, deleted or marked when; flush
 * `tree`    Tree         names and inodes: create, mkdir, unlink, rmdir, rename
 * `merge`   ListingMerge a bucket listing overlaid on the tree
+* `archive` Archive      objects in a storage class that may need a restore (from listings, HEAD)
 
 `Namespace` only builds and holds them, recovers the journal at start-up and
 gathers their statistics; callers use the rooms directly (`ns.tree.rename`).
@@ -21,6 +22,7 @@ from typing import Callable
 from ..cache import Cache
 from ..config import Config
 from ..journal import DIRTY, Journal
+from .archive import Archive
 from .files import Live, OpenFiles
 from .keys import Keys
 from .merge import ListingMerge
@@ -40,7 +42,8 @@ class Namespace:
         self.space = Space(cfg, journal, cache, self.files, self._changed)
         self.uploads = UploadQueue(cfg, journal, self.keys, self.files, self.space, self._changed)
         self.tree = Tree(journal, cache, self.files, self.space, self.uploads, self._changed)
-        self.merge = ListingMerge(journal, self.keys, cache, self.files, self.space, self.tree, self.uploads)
+        self.archive = Archive()
+        self.merge = ListingMerge(journal, self.keys, cache, self.files, self.space, self.tree, self.uploads, self.archive)
 
     def _changed(self) -> None:
         self.on_change()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..cache import Cache
 from ..journal import DURABLE, ROOT_INODE, Journal, Row
+from .archive import Archive
 from .files import OpenFiles
 from .keys import Keys, is_reserved
 from .space import Space
@@ -35,8 +36,9 @@ log = logging.getLogger(__name__)
 
 class ListingMerge:
     def __init__(self, journal: Journal, keys: Keys, cache: Cache, files: OpenFiles, space: Space, tree: Tree,
-                 uploads: UploadQueue) -> None:
+                 uploads: UploadQueue, archive: Archive | None = None) -> None:
         self.journal, self.keys, self.cache = journal, keys, cache
+        self.archive = archive or Archive()  # storage classes that may need a restore, learnt from listings
         self.files, self.space, self.tree, self.uploads = files, space, tree, uploads
         self.remote_removed_total = 0  # entries gone from the bucket (deleted by another node)
         self.remote_changed_total = 0  # objects replaced in the bucket by another node
@@ -86,6 +88,7 @@ class ListingMerge:
                 if skip(key):
                     continue
                 seen.add(obj.name)
+                self.archive.listed(key, obj.storage_class)
                 row = children.get(obj.name)
                 mtime_ns = int(obj.mtime * 1e9)
                 if row is None:

@@ -13,10 +13,13 @@ Order, so that a checkpoint on a target is either complete or visibly incomplete
    - same endpoint (and credentials): CopyObject / UploadPartCopy inside the
      store, pinned to the manifest's ETag (CopySourceIfMatch);
    - otherwise streamed: ranged GETs of `replication_part_size` pinned to the
-     ETag (If-Match), hashed in order (xxh3-128) while the parts go up as a
-     multipart upload in parallel; the upload completes only if the hash is
-     the manifest's. At most `replication_parts_in_flight` parts are held in
-     memory per target;
+     ETag (If-Match), read into part buffers, hashed in order (xxh3-128) while
+     the parts go up as a multipart upload in parallel; the upload completes
+     only if the hash is the manifest's. A part holds one of the target's
+     `replication_parts_in_flight` slots and one part buffer (PartBuffers:
+     anonymous mmaps, reused, unmapped after each pass) from its GET until it
+     is uploaded and hashed, so a target's copy holds at most
+     `replication_parts_in_flight` x `replication_part_size` bytes of data;
 4. objects under the checkpoint on the target that the manifest does not name
    (an earlier generation's) are deleted, and the protection object is copied
    (with legal holds where the target has Object Lock) or removed;
@@ -31,6 +34,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import mmap
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -62,6 +66,56 @@ class Counters:
     server_side: int = 0
 
 
+class PartBuffers:
+    """The part buffers of a streamed copy: at most `limit` of `size` bytes, taken and given back, reused.
+
+    Each is an anonymous mmap, so its pages go back to the system when it is
+    dropped (`release`), and reuse leaves nothing for the allocator to
+    fragment. A part takes one only while it holds a slot of the target
+    (`Job.slots`, `replication_parts_in_flight`), so `limit` (the same
+    number) is never reached by a correct caller; `take` beyond it is a bug
+    and raises. A buffer whose request was abandoned (cancelled while its
+    worker thread still runs) is forgotten (`lose`), never reused: it is
+    unmapped when that thread lets go of it.
+    """
+
+    def __init__(self, size: int, limit: int | None = None) -> None:
+        self.size, self.limit = size, limit
+        self.free: list[mmap.mmap] = []
+        self.in_use = 0
+        self.peak = 0  # most buffers held at once (taken or free) since made
+
+    @property
+    def held(self) -> int:
+        return self.in_use + len(self.free)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak * self.size
+
+    def take(self) -> mmap.mmap:
+        if self.free:
+            buf = self.free.pop()
+        elif self.limit is not None and self.held >= self.limit:
+            raise RuntimeError(f"{self.held} part buffers in use, the limit is {self.limit}: a part took one without a slot")
+        else:
+            buf = mmap.mmap(-1, self.size)
+        self.in_use += 1
+        self.peak = max(self.peak, self.held)
+        return buf
+
+    def give(self, buf: mmap.mmap) -> None:
+        self.in_use -= 1
+        self.free.append(buf)
+
+    def lose(self, buf: mmap.mmap) -> None:
+        self.in_use -= 1
+
+    def release(self) -> None:
+        """Unmap the free buffers (between passes: an idle replicator holds none)."""
+        self.free.clear()
+
+
 @dataclass
 class Job:
     """What copy_checkpoint needs: the two stores, the keys on each side, and the limits."""
@@ -77,6 +131,11 @@ class Job:
     io: Callable[..., Awaitable[Any]]  # runs a blocking store call in a worker thread
     counters: Counters = field(default_factory=Counters)
     check: Callable[[], None] = lambda: None  # raises if the copy must stop (lease lost)
+    buffers: PartBuffers | None = None  # streamed copies' part buffers (the target's); None: made for this copy
+
+    def __post_init__(self) -> None:
+        if self.buffers is None:
+            self.buffers = PartBuffers(self.part_size)
 
 
 def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
@@ -183,9 +242,27 @@ async def _copy_file(job: Job, f: dict[str, Any]) -> str:
     return etag
 
 
+async def _held(bufs: PartBuffers, fn: Callable[[mmap.mmap], Awaitable[Any]]) -> Any:
+    """Run `fn` with a part buffer, given back after (lost if cancelled: its thread may still use it)."""
+    buf = bufs.take()
+    try:
+        result = await fn(buf)
+    except trio.Cancelled:
+        bufs.lose(buf)
+        raise
+    except BaseException:
+        bufs.give(buf)
+        raise
+    bufs.give(buf)
+    return result
+
+
 async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: str) -> str:
-    """GET (ranged, pinned to the manifest's ETag) -> PUT, hashing in order; the upload completes only if the hash matches."""
+    """GET (ranged, pinned to the manifest's ETag, into part buffers) -> PUT, hashing in order; the upload completes
+    only if the hash matches."""
     src, dst = job.src, job.dst
+    bufs = job.buffers
+    assert bufs is not None
     h = xxhash.xxh3_128()
 
     def check_digest() -> str:
@@ -196,35 +273,44 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
         return digest
 
     if size < job.part_size:
-        async with job.slots:
-            data = await job.io(src.get_range, f["key"], f["etag"], 0, size)
-            h.update(data)
+        async def small(buf: mmap.mmap) -> str:
+            view = memoryview(buf)[:size]
+            await job.io(src.get_range_into, f["key"], f["etag"], 0, view)
+            h.update(view)
             digest = check_digest()
-            return await job.io(dst.put_object_bytes, key, data, _crc32(data),
-                                {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]})
+            return await job.io(dst.put_object_from, key, view, _crc32(view), {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]})
+
+        async with job.slots:
+            return await _held(bufs, small)
     n = -(-size // job.part_size)
     # the digest is only known at the end: the metadata is set at CreateMultipartUpload, so it is the manifest's;
     # a file without one in the manifest gets it after the fact by a copy-in-place (rare: written without ckptfs)
     upload_id = await job.io(dst.create_multipart, key, {XXH3_META: want_xxh3 or "", SOURCE_ETAG_META: f["etag"]})
     fetched = [trio.Event() for _ in range(n)]
     hashed = [trio.Event() for _ in range(n)]
-    held: dict[int, bytes] = {}
+    held: dict[int, memoryview] = {}
     parts: dict[int, tuple[str, str]] = {}
     try:
         async with trio.open_nursery() as nursery:
 
-            async def part(i: int) -> None:
+            async def one_part(i: int, buf: mmap.mmap) -> None:
                 try:
                     start = i * job.part_size
-                    data = await job.io(src.get_range, f["key"], f["etag"], start, min(job.part_size, size - start))
-                    held[i] = data
+                    view = memoryview(buf)[:min(job.part_size, size - start)]
+                    await job.io(src.get_range_into, f["key"], f["etag"], start, view)
+                    held[i] = view
                     fetched[i].set()
-                    crc = _crc32(data)
-                    etag = await job.io(dst.upload_part_bytes, key, upload_id, i + 1, data, crc)
+                    crc = _crc32(view)
+                    etag = await job.io(dst.upload_part_from, key, upload_id, i + 1, view, crc)
                     parts[i] = (etag, crc)
-                    await hashed[i].wait()
+                    await hashed[i].wait()  # the buffer is reused only once the in-order hash has read it
                 finally:
                     held.pop(i, None)
+
+            async def part(i: int) -> None:
+                try:
+                    await _held(bufs, lambda buf: one_part(i, buf))
+                finally:
                     job.slots.release()
 
             async def producer() -> None:

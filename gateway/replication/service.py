@@ -41,13 +41,15 @@ from prometheus_client.registry import Collector
 from ..config import Config, Replica
 from ..lifecycle import audit, drill
 from ..lifecycle.catalogue import MAX_DEPTH
+from ..lifecycle.coldmove import moved_away
 from ..lifecycle.lease import Lease, keep
-from ..lifecycle.manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
+from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
 from ..lifecycle.patterns import Checkpoint
+from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
 from ..namespace.keys import Keys, is_reserved
 from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
-from .copy import CopyError, Counters, Job, copy_checkpoint, one_error
+from .copy import CopyError, Counters, Job, PartBuffers, copy_checkpoint, one_error
 
 if TYPE_CHECKING:
     from ..lifecycle.service import Lifecycle
@@ -58,6 +60,7 @@ LEASE_NAME = "replication"
 STATUS_DIR = ".ckptfs/replication/"
 TARGET_WIDE = (NETWORK, AUTH, NO_BUCKET, SERVER)  # failures that stop the whole target's pass, not one checkpoint
 FIRST_SURVEY_WAIT = 10.0
+COMMIT_SURVEY_WAIT = 2.0  # a survey runs at once after a commit, unless a long copy holds the pass
 RETENTION_EVERY_PASSES = 5  # a target is walked for checkpoints the primary's retention deleted every this many passes  # seconds `replicate status` waits for a daemon's first survey before answering anyway
 
 
@@ -93,8 +96,10 @@ class Target:
         self.counters = Counters()
         self.errors_total = 0
         self.deleted_total = 0  # checkpoints deleted on the target after retention deleted them on the primary
+        self.kept_by_policy: dict[str, list[str]] = {}  # deleted on the primary, kept by the replica's own retention: rules
         self.object_lock: bool | None = None
         self.slots = trio.Semaphore(cfg.replication_parts_in_flight)
+        self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
 
     def open(self) -> Store:
         """The target's store client (made once; a bad profile is a target error, not a crash)."""
@@ -145,6 +150,9 @@ class Target:
             "server_side_objects_total": self.counters.server_side,
             "errors_total": self.errors_total,
             "deleted_total": self.deleted_total,
+            "buffer_bytes_peak": self.buffers.peak_bytes,
+            "own_policy": self.replica.own_policy,
+            "kept_by_own_policy": len(self.kept_by_policy),
         }
 
 
@@ -160,7 +168,8 @@ class _TargetView:
 class Replicator:
     def __init__(self, cfg: Config, lc: "Lifecycle") -> None:
         self.cfg, self.lc = cfg, lc
-        self.targets = {name: Target(r, cfg) for name, r in cfg.replica.items()}
+        # the cold target of tier_move_target is the mover's (lifecycle/coldmove.py), not a replica
+        self.targets = {name: Target(r, cfg) for name, r in cfg.replica.items() if name != cfg.tier_move_target}
         self.limiter = trio.CapacityLimiter(cfg.replication_parts_in_flight * max(1, len(self.targets)) + 8)
         self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl) if self.targets else None
         self.primary: dict[str, Primary] = {}
@@ -169,6 +178,13 @@ class Replicator:
         self.drills: dict[str, tuple[str, dict[str, Any], bool]] = {}  # drill id -> (target, restore result, keep dir)
         self._bodies: dict[str, tuple[str, bytes]] = {}  # object key -> (etag, body) of manifests and protection objects
         self._kick = trio.Event()
+        # a manifest written on this node: copy it now, not at the next interval; `status` waits a little for a
+        # survey that saw it, and otherwise says how many commits it has not seen (`unsurveyed_commits`), so that it
+        # never reports a target caught up with a commit without saying so
+        self.commits_seen = 0
+        self.commits_surveyed = 0
+        self._survey_done = trio.Event()
+        lc.on_commit.append(self._committed)
         self.surveyed = trio.Event()
         self.passes_total = 0
 
@@ -200,10 +216,16 @@ class Replicator:
     def kick(self) -> None:
         self._kick.set()
 
+    def _committed(self, path: str) -> None:
+        self.commits_seen += 1
+        self.kick()
+
     async def pass_once(self) -> None:
+        seen = self.commits_seen
         try:
             await self._survey_primary()
             self.primary_error = None
+            self.commits_surveyed = seen
         except (StoreError, LifecycleError) as e:
             self.primary_error = str(e)
             log.warning("replication: cannot survey the primary, will retry: %s", e)
@@ -212,6 +234,8 @@ class Replicator:
             for t in self.targets.values():
                 nursery.start_soon(self._survey_target, t, held)
         self.surveyed.set()
+        self._survey_done.set()
+        self._survey_done = trio.Event()
         self.passes_total += 1
         if not any(t.pending() for t in self.targets.values()) and self.passes_total % RETENTION_EVERY_PASSES != 1:
             return  # nothing to copy; the targets' retention is looked at every few passes
@@ -253,6 +277,8 @@ class Replicator:
             own = {o.name: o for o in top.objects}
             if MANIFEST not in own:
                 continue  # not committed
+            if MOVED in own and moved_away(await self._body(lc.store, base + MOVED, own[MOVED].etag)):
+                continue  # its files are (going) on the cold target: lifecycle/coldmove.py
             try:
                 body = await self._body(lc.store, base + MANIFEST, own[MANIFEST].etag)
                 protection = await self._body(lc.store, base + PROTECTED, own[PROTECTED].etag) if PROTECTED in own else None
@@ -346,7 +372,8 @@ class Replicator:
                 if t.object_lock is None:  # legal holds placed with protection, lifted with it
                     t.object_lock = await self.io(store.object_lock_enabled)
                 job = Job(self.lc.store, store, self.cfg.bucket, t.replica.key_prefix + path + "/", t.same_endpoint,
-                          self.cfg.replication_part_size, self.cfg.copy_multipart_threshold, t.slots, self.io, t.counters, check)
+                          self.cfg.replication_part_size, self.cfg.copy_multipart_threshold, t.slots, self.io, t.counters, check,
+                          t.buffers)
                 t.copying = path
                 before = (t.counters.copied_objects, t.counters.skipped_objects)
                 await copy_checkpoint(job, v.manifest, v.body, v.protection, bool(t.object_lock))
@@ -364,6 +391,7 @@ class Replicator:
                     break
             finally:
                 t.copying = None
+        t.buffers.release()  # unmapped: an idle replicator holds no part buffers (a cancelled pass: the next one's)
         await self._write_failures(t)
 
     # --------------------------------------------------------------- retention
@@ -379,12 +407,34 @@ class Replicator:
             elif depth + 1 < MAX_DEPTH:
                 await self._walk(store, prefix, child, depth + 1, found)
 
+    async def _own_policy_keeps(self, store: Store, t: Target, on_target: set[str], series: set[str]) -> dict[str, list[str]]:
+        """The replica's own retention (`[replica.NAME] keep_*`) over the committed checkpoints on it, in `series`:
+        path -> the rules that keep it."""
+        r = t.replica
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for path in sorted(on_target):
+            parent, _, name = path.rpartition("/")
+            step = self.lc.patterns.step(name)
+            if parent not in series or step is None:
+                continue
+            manifest = await self.io(read_manifest, store, r.key_prefix + path + "/" + MANIFEST)
+            if manifest is None:
+                continue  # not committed on the replica: no rule counts it
+            groups.setdefault(parent, []).append({"path": path, "step": step, "committed_at": manifest.committed_at,
+                                                  "first_committed_at": manifest.first_committed_at})
+        out: dict[str, list[str]] = {}
+        for group in groups.values():
+            group.sort(key=lambda e: (e["step"], e["path"]))
+            out.update(keep_rules(group, r.keep_last, r.keep_every_steps, r.keep_every_seconds))
+        return out
+
     async def _follow_retention(self, t: Target) -> None:
         """Delete a target's copy of a checkpoint once retention on the primary deleted it (after its grace period).
 
         Only a deletion the primary's audit log records as retention's counts: a checkpoint that is
         merely missing from the primary (removed by hand, or the primary bucket lost) is kept on the
-        replica. A copy protected on the target is kept whatever happened on the primary.
+        replica. A copy protected on the target is kept whatever happened on the primary, and so is
+        one the replica's own retention (`keep_*`, only ever longer than the primary's) keeps.
         """
         if self.primary_paths is None or self.primary_error:
             return
@@ -394,8 +444,13 @@ class Replicator:
             await self._walk(store, t.replica.key_prefix, "", 0, on_target)
             gone = sorted(on_target - self.primary_paths)
             if not gone:
+                t.kept_by_policy = {}
                 return
             deleted = {e["path"]: e for e in await audit.read(self.lc, "") if e.get("action") == "delete"}  # type: ignore[arg-type]
+            keeps: dict[str, list[str]] = {}
+            if t.replica.own_policy:
+                keeps = await self._own_policy_keeps(store, t, on_target, {p.rpartition("/")[0] for p in gone if p in deleted})
+            kept: dict[str, list[str]] = {}
             for path in gone:
                 event = deleted.get(path)
                 if event is None:
@@ -407,6 +462,12 @@ class Replicator:
                 if any(o.name == PROTECTED for o in listing.objects):
                     log.warning("replica %s: %s was deleted on the primary by retention but is protected on the replica: kept",
                                 t.replica.name, path)
+                    continue
+                if keeps.get(path):
+                    kept[path] = keeps[path]
+                    if path not in t.kept_by_policy:
+                        log.info("replica %s: %s was deleted on the primary by retention; the replica's own retention keeps it (%s)",
+                                 t.replica.name, path, ", ".join(keeps[path]))
                     continue
                 if not self.lease or not self.lease.valid():
                     return
@@ -420,9 +481,11 @@ class Replicator:
                 t.known.pop(path, None)
                 t.deleted_total += 1
                 await audit.record(self.lc, "replica-delete", path, {"user": "ckptfs", "uid": -1},  # type: ignore[arg-type]
-                                   f"retention deleted it on the primary ({event.get('at_iso')}): replica {t.replica.name} follows",
+                                   f"retention deleted it on the primary ({event.get('at_iso')}): replica {t.replica.name} follows"
+                                   + (f" (its own retention, {t.replica.own_policy}, does not keep it)" if t.replica.own_policy else ""),
                                    target=t.replica.name, target_url=t.replica.url)
                 log.info("replica %s: %s deleted (retention deleted it on the primary at %s)", t.replica.name, path, event.get("at_iso"))
+            t.kept_by_policy = kept
         except StoreError as e:
             t.fail(e)
             log.warning("replica %s: retention on the replica failed, will retry: %s", t.replica.name, e)
@@ -436,11 +499,13 @@ class Replicator:
         return t
 
     async def status(self) -> list[dict[str, Any]]:
-        if self.enabled and not self.surveyed.is_set():
-            with trio.move_on_after(FIRST_SURVEY_WAIT):
-                await self.surveyed.wait()
+        if self.enabled and (not self.surveyed.is_set() or self.commits_surveyed < self.commits_seen):
+            wait = FIRST_SURVEY_WAIT if not self.surveyed.is_set() else COMMIT_SURVEY_WAIT
+            with trio.move_on_after(wait):  # the first survey, or one that saw this node's last commit
+                while not self.surveyed.is_set() or self.commits_surveyed < self.commits_seen:
+                    await self._survey_done.wait()
         now = time.time()
-        return [t.entry(now) for t in self.targets.values()]
+        return [{**t.entry(now), "unsurveyed_commits": self.commits_seen - self.commits_surveyed} for t in self.targets.values()]
 
     async def verify(self, name: str, ck: Checkpoint, deep: bool, progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
         t = self.target(name)

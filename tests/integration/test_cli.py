@@ -185,6 +185,23 @@ def test_errors_dead_mount(mount: Mount) -> None:
     assert (mount.path / "kept.bin").stat().st_size == 1 * MiB
 
 
+def test_errors_stopped_daemon_does_not_hang_the_cli(mount: Mount) -> None:
+    """A stopped daemon answers nothing and the kernel waits for it without a limit: the CLI gives up (after
+    MOUNT_ANSWER_SECONDS, 10 s, where it used to hang for good) with one line naming the pid and the fix."""
+    write_random(mount.path / "kept.bin", 1 * MiB, seed=5)
+    mount.flush()
+    pid = mount.status()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # nothing in this process touches the mount while the daemon is stopped: only the CLI's children do
+        one_line_error(mount.cli("status", str(mount.path)), f"(pid {pid}) is stopped", f"kill -CONT {pid}")
+        one_line_error(mount.cli("flush", str(mount.path / "kept.bin")), f"kill -CONT {pid}")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert mount.status()["dirty_files"] == 0
+    assert (mount.path / "kept.bin").stat().st_size == 1 * MiB
+
+
 def as_nobody(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run the command as user nobody (from /, which nobody may enter, whatever the checkout's permissions)."""
     return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *CKPTFS, *args],

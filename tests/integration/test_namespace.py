@@ -145,6 +145,20 @@ def test_warmup_prestages_a_tree(two: tuple[Mount, Mount]) -> None:
     assert "nope: no such file or directory" in proc.stderr
 
 
+def test_warmup_of_a_file_that_takes_a_while_reports_progress(make_mount) -> None:  # type: ignore[no-untyped-def]
+    # many small ranges: the download outlasts warmup's first progress tick (it used to fail there on a missing attribute)
+    a = make_mount("a")
+    b = make_mount("b", metadata_ttl=0, read_range_size=64 * 1024, read_range_max_size=128 * 1024)
+    digest = write_random(a.path / "big.bin", 48 * MiB + 3, seed=40)
+    a.flush()
+    proc = b.cli("warmup", str(b.path / "big.bin"))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "1 file" in proc.stdout
+    assert os.getxattr(b.path / "big.bin", "user.ckptfs.state") == b"durable"
+    assert b.status()["fetched_files_total"] == 1
+    assert sha256_file(b.path / "big.bin") == digest
+
+
 def test_warmup_fails_for_a_corrupted_object(two: tuple[Mount, Mount]) -> None:
     a, b = two
     write_random(a.path / "ok.bin", 2 * MiB, seed=40)

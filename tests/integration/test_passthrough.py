@@ -279,3 +279,32 @@ def test_unmount_with_a_passthrough_writer_open_loses_nothing(make_mount: Any, p
     m.flush()
     assert m.object_sha256("open.bin") == sha256(data)
     assert (m.path / "open.bin").read_bytes() == data
+
+
+@pytest.mark.integration
+def test_passthrough_switched_off_by_option(make_mount: Any) -> None:
+    """`fuse_passthrough = false`: the kernel transport in copy mode; every WRITE reaches the daemon."""
+    import urllib.request
+
+    from tests.support.seaweed import free_port
+
+    m = make_mount(start=False, fuse_transport="kernel", fuse_passthrough="false", upload_delay=3600)
+    m.metrics_port = free_port()
+    m.start()
+    s = m.status()
+    assert (s["fuse_transport"], s["passthrough"]) == ("kernel", False)
+    data = os.urandom(4 * MiB + 5)
+    p = m.path / "copy.bin"
+    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+        assert m.status()["passthrough_handles"] == 0
+    finally:
+        os.close(fd)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{m.metrics_port}/metrics", timeout=10).read().decode()
+    writes = [line for line in text.splitlines() if line.startswith('ckptfs_fuse_requests_total{op="write"}')]
+    assert writes and float(writes[0].split()[-1]) >= 1, writes  # the daemon copied the bytes itself
+    assert p.read_bytes() == data
+    m.flush()  # urgent: past the upload delay
+    assert m.object_sha256("copy.bin") == sha256(data)

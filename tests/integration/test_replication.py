@@ -5,18 +5,27 @@ read-only mount of the replica, and the metrics against docs/metrics.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import os
 import signal
 import sys
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import trio
 import xxhash
+
+from ckptfs.config import Config
+from ckptfs.lifecycle.manifest import read_manifest
+from ckptfs.replication.copy import Job, PartBuffers, copy_checkpoint
+from ckptfs.store import Store
 
 from tests.conftest import Mount, delete_bucket, mount_is_dead, run_cli, wait_for, write_random
 from tests.integration.test_lifecycle import dcp_save
@@ -73,7 +82,7 @@ def status(m: Mount) -> dict[str, dict[str, Any]]:
 
 def caught_up(m: Mount, name: str, replicated: int) -> bool:
     t = status(m)[name]
-    return t["replicated"] == replicated and t["pending"] == 0 and t["error"] is None
+    return t["replicated"] == replicated and t["pending"] == 0 and t["error"] is None and t["unsurveyed_commits"] == 0
 
 
 def objects(server: SeaweedServer, bucket: str, prefix: str = "") -> dict[str, dict[str, Any]]:
@@ -142,6 +151,8 @@ def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make
         copied = sa["dr"]["copied_objects_total"] + sb["dr"]["copied_objects_total"]
         assert copied == len(want) + len(files200)
         assert 0 in (sa["dr"]["copied_objects_total"], sb["dr"]["copied_objects_total"])
+        # the streamed copy's memory: part buffers of replication_part_size, at most replication_parts_in_flight
+        assert 0 < max(sa["dr"]["buffer_bytes_peak"], sb["dr"]["buffer_bytes_peak"]) <= 8 * 16 * MiB
         # the copies: same bytes, the manifest's xxh3 in their metadata, the manifest last and pointing at them
         dr = objects(region2, dr_bucket)
         for name, data in want.items():
@@ -437,3 +448,96 @@ def test_an_object_not_matching_its_manifest_is_not_copied(make_mount, region2, 
     keys = objects(region2, dr_bucket)
     assert "step_4/bad.distcp" not in keys and f"step_4/{MANIFEST}" not in keys  # visibly incomplete, never whole
     assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
+
+
+def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, region2, dr_bucket, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The memory of a streamed copy is bounded by construction: a part holds one of `parts in flight` slots and one
+    reused part buffer (an anonymous mmap) from its GET until it is uploaded and hashed; nothing part-sized is
+    allocated on the heap besides (tracemalloc sees every bytes object, in every thread; not the mmaps)."""
+    a = make_mount("a")
+    step = a.path / "step_5"
+    step.mkdir()
+    want = {f"__{r}_0.distcp": shard(step / f"__{r}_0.distcp", 20 * MiB + r, r) for r in range(3)}
+    want["small"] = shard(step / "small", MiB, 9)
+    commit(a, "step_5")
+    for k, v in a.s3.env().items():
+        monkeypatch.setenv(k, v)
+    cfg = Config(bucket=a.bucket, prefix=a.prefix, endpoint_url=a.s3.endpoint_url)
+    src = Store(cfg)
+    dst = Store(dataclasses.replace(cfg, bucket=dr_bucket, prefix="", endpoint_url=region2.endpoint_url))
+    key = a.key(f"step_5/{MANIFEST}")
+    manifest = read_manifest(src, key)
+    assert manifest is not None
+    manifest_body = src.get_bytes(key)[0]
+    dst.list("")  # both clients made their first requests before memory is traced
+    part, in_flight = 8 * MiB, 2
+    buffers = PartBuffers(part, in_flight)  # take() beyond 2 raises: a part without a slot
+    traced: dict[str, int] = {}
+
+    async def main() -> None:
+        limiter = trio.CapacityLimiter(8)
+
+        async def io(fn, *args):  # type: ignore[no-untyped-def]
+            return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
+
+        job = Job(src, dst, a.bucket, "step_5/", False, part, 5 << 30, trio.Semaphore(in_flight), io, buffers=buffers)
+        tracemalloc.start()
+        try:
+            await copy_checkpoint(job, manifest, manifest_body, None, False)
+            traced["peak"] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    trio.run(main)
+    for name, data in want.items():
+        assert body(region2, dr_bucket, f"step_5/{name}") == data
+    assert MANIFEST in {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, "step_5/")}
+    assert (buffers.peak, buffers.in_use, buffers.peak_bytes) == (in_flight, 0, in_flight * part)
+    # a copy that held each part as a bytes object (2 in flight) peaks at 2 x 8 MiB or more
+    assert traced["peak"] < part, f"{traced['peak'] / MiB:.1f} MiB on the heap while copying"
+
+
+def test_a_replica_with_its_own_longer_retention_keeps_what_the_primary_deleted(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "replicas.toml", {
+        "long": {"source": f"s3://{dr_bucket}/long", "endpoint_url": region2.endpoint_url, "keep_last": 3},
+        "follow": {"source": f"s3://{dr_bucket}/follow", "endpoint_url": region2.endpoint_url},
+    })
+    a = make_mount("a", start=False, retention_keep_last=1, retention_min_age=0, retention_grace=2, **replica_options())
+    start(a, config)
+    for step in (1, 2, 3):
+        dcp_save(a.path / "run" / f"step_{step}", ranks=2, size=MiB + step)
+        commit(a, f"run/step_{step}")
+    wait_for("three checkpoints on both targets", lambda: caught_up(a, "long", 3) and caught_up(a, "follow", 3), timeout=180)
+
+    def on(target: str, step: int) -> set[str]:
+        return {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, f"{target}/run/step_{step}/")}
+
+    def retention_deleted(*steps: int) -> bool:
+        a.cli("retention", "apply", str(a.path), "--json")
+        return not any(objects(a.s3, a.bucket, a.key(f"run/step_{s}/")) for s in steps)
+
+    # the primary keeps the newest only: steps 1 and 2 expire, then are deleted after the grace period
+    wait_for("steps 1 and 2 deleted on the primary", lambda: retention_deleted(1, 2), timeout=120)
+    # the replica without a policy of its own follows; the one with keep_last = 3 keeps both, whole
+    wait_for("follow deleted steps 1 and 2", lambda: not on("follow", 1) and not on("follow", 2), timeout=180)
+    long = wait_for("long kept them by its own retention", lambda: (lambda t: t if t["kept_by_own_policy"] == 2 else None)(status(a)["long"]),
+                    timeout=180)
+    assert long["own_policy"] == "keep_last = 3" and status(a)["follow"]["own_policy"] is None
+    assert MANIFEST in on("long", 1) and MANIFEST in on("long", 2)
+    for step in (1, 2):
+        proc = a.cli("verify", str(a.path / f"run/step_{step}"), "--target", "long", "--deep")
+        assert proc.returncode == 0, proc.stderr
+        assert "is whole (deep, on replica long)" in proc.stdout
+    proc = a.cli("drill", str(a.path / "run/step_2"), "--target", "long", "--json")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (lambda r: (r["path"], r["target"], r["verify"], r["outcome"]))(json.loads(proc.stdout)) == ("run/step_2", "long", "whole", "ok")
+    # a newer checkpoint: the primary lets step 3 go; the long replica's newest 3 are now 2, 3, 4: step 1 goes there
+    dcp_save(a.path / "run" / "step_4", ranks=2, size=MiB + 4)
+    commit(a, "run/step_4")
+    wait_for("step 4 on both targets", lambda: caught_up(a, "long", 2) and caught_up(a, "follow", 2), timeout=180)
+    wait_for("step 3 deleted on the primary", lambda: retention_deleted(3), timeout=120)
+    wait_for("follow deleted step 3", lambda: not on("follow", 3), timeout=180)
+    wait_for("long deleted step 1", lambda: not on("long", 1), timeout=180)
+    assert all(MANIFEST in on("long", s) for s in (2, 3, 4)) and MANIFEST in on("follow", 4)
+    deletes = [(e["target"], e["path"]) for e in json.loads(a.cli("audit", str(a.path), "--json").stdout) if e["action"] == "replica-delete"]
+    assert sorted(deletes) == [("follow", "run/step_1"), ("follow", "run/step_2"), ("follow", "run/step_3"), ("long", "run/step_1")]

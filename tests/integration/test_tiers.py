@@ -134,3 +134,39 @@ def test_usage_and_storage_metrics(make_mount: Any) -> None:
     assert got[("ckptfs_storage_bytes", (("state", "writing"), ("storage_class", "STANDARD")))] == 500_000
     assert abs(got[("ckptfs_storage_monthly_cost_estimate", (("storage_class", "STANDARD"),))] - 800_000 * 2.0 / (1 << 30) - manifest * 2.0 / (1 << 30)) < 1e-6
     assert got[("ckptfs_checkpoint_tag_errors_total", ())] == 0
+
+
+def test_versioned_bucket_noncurrent_versions_counted_warned_and_expired(make_mount: Any) -> None:
+    m = make_mount(checkpoint_quiet_seconds=3600, storage_prices="STANDARD:2.0")
+    client = m.s3.client()
+    client.put_bucket_versioning(Bucket=m.bucket, VersioningConfiguration={"Status": "Enabled"})
+    d = m.path / "run" / "step_1"
+    d.mkdir(parents=True)
+    (d / "model.bin").write_bytes(b"1" * 100_000)
+    (d / "gone.bin").write_bytes(b"2" * 30_000)
+    m.flush()
+    (d / "model.bin").write_bytes(b"3" * 50_000)  # overwrite: the 100 kB version becomes noncurrent
+    (d / "gone.bin").unlink()  # delete: a delete marker, the 30 kB version noncurrent
+    m.flush()
+    u = json.loads(ok(m.cli("usage", str(m.path), "--json")))
+    assert u["bytes"] == 50_000 and u["objects"] == 1
+    assert u["versioning"] == "Enabled"
+    assert u["noncurrent"]["bytes"] == 130_000 and u["noncurrent"]["objects"] == 2 and u["noncurrent"]["delete_markers"] >= 1
+    assert abs(u["monthly_cost_estimate"] - 180_000 / (1 << 30) * 2.0) < 1e-3
+    assert "in 2 noncurrent versions" in " ".join(ok(m.cli("usage", str(m.path))).split())
+    # the plan warns (one line on stderr), and changes nothing: no rule is configured
+    proc = m.cli("lifecycle", "plan", str(m.path))
+    assert proc.returncode == 0
+    warning = [line for line in proc.stderr.splitlines() if "noncurrent" in line]
+    assert len(warning) == 1 and "tier_noncurrent_delete_days" in warning[0], proc.stderr
+    m.stop()
+
+    t = make_mount("t", tier_noncurrent_delete_days=3)
+    plan = json.loads(ok(t.cli("lifecycle", "plan", str(t.path), "--json")))
+    assert plan["versioning"] == "Enabled" and not any("noncurrent" in w for w in plan["warnings"])
+    assert plan["add"] == ["ckptfs:ckpt:noncurrent"]
+    ok(t.cli("lifecycle", "apply", str(t.path)))
+    rules = {r["ID"]: r for r in client.get_bucket_lifecycle_configuration(Bucket=t.bucket)["Rules"]}
+    assert rules["ckptfs:ckpt:noncurrent"]["NoncurrentVersionExpiration"]["NoncurrentDays"] == 3
+    assert rules["ckptfs:ckpt:noncurrent"]["Expiration"] == {"ExpiredObjectDeleteMarker": True}
+    assert not json.loads(ok(t.cli("lifecycle", "plan", str(t.path), "--json")))["changes"]

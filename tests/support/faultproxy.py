@@ -9,6 +9,13 @@ bodies; boto3 neither pipelines nor chunks our requests) to act per request:
 * ``fail(status, code, count, methods)``  answer the next ``count`` matching requests
   with an S3 error (503 SlowDown, 500 InternalError, 403 AccessDenied ...)
 
+and, whatever the mode, archived objects (``archive(bucket, key)``) as an archive storage class
+behaves on AWS (SeaweedFS keeps a StorageClass given at PUT and reports it, but never archives):
+a GET answers 403 InvalidObjectState until the object is restored; RestoreObject (POST ?restore)
+answers 202 and makes it ``ongoing`` (409 RestoreAlreadyInProgress while it is), HEAD then carries
+``x-amz-restore: ongoing-request="true"``; ``restored(bucket, key)`` finishes the restore (HEAD:
+``ongoing-request="false", expiry-date=...``; GET passes).
+
 Switching modes drops the open connections, so the new mode applies to the
 next request. ``bytes_up`` counts request bytes forwarded to the server.
 Test support code: plain threads, not part of the product.
@@ -20,6 +27,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 
 from tests.support.seaweed import free_port
@@ -28,7 +36,10 @@ _ERROR_BODY = (
     '<?xml version="1.0" encoding="UTF-8"?>\n'
     "<Error><Code>{code}</Code><Message>injected by faultproxy</Message><RequestId>fault</RequestId></Error>"
 )
-_REASONS = {403: "Forbidden", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 202: "Accepted", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 500: "Internal Server Error",
+            503: "Service Unavailable"}
+_RESTORE_HEADER = {"ongoing": b'ongoing-request="true"',
+                   "restored": b'ongoing-request="false", expiry-date="Fri, 23 Dec 2039 00:00:00 GMT"'}
 
 
 @dataclass
@@ -49,6 +60,8 @@ class FaultProxy:
     bytes_up: int = 0
     requests: int = 0
     injected: int = 0
+    archived: dict[str, str] = field(default_factory=dict)  # "/bucket/key" -> archived | ongoing | restored
+    restore_requests: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -79,6 +92,18 @@ class FaultProxy:
             self.mode = "pass"
             self._failure = _Failure(status, code, count, frozenset(methods) if methods else None)
         self.drop_connections()
+
+    def archive(self, bucket: str, key: str) -> None:
+        with self._lock:
+            self.archived[f"/{bucket}/{key}"] = "archived"
+
+    def restored(self, bucket: str, key: str) -> None:
+        with self._lock:
+            self.archived[f"/{bucket}/{key}"] = "restored"
+
+    def archive_state(self, bucket: str, key: str) -> str | None:
+        with self._lock:
+            return self.archived.get(f"/{bucket}/{key}")
 
     def failures_left(self) -> int:
         with self._lock:
@@ -125,16 +150,25 @@ class FaultProxy:
                     while client.recv(65536):
                         pass
                     return
-                method = head.split(b" ", 1)[0].decode()
+                method, target = head.split(b" ", 2)[:2]
+                method = method.decode()
                 failure = self._take_failure(method)
-                if failure is not None:
+                archived = self._archived_answer(method, target.decode()) if failure is None else None
+                if failure is not None or archived is not None:
                     while len(buf) < length:
                         chunk = client.recv(65536)
                         if not chunk:
                             return
                         buf += chunk
-                    buf = buf[length:]
-                    body = _ERROR_BODY.format(code=failure.code).encode()
+                    body_up, buf = buf[:length], buf[length:]
+                if failure is None and isinstance(archived, bytes):
+                    # HEAD of an object being (or done being) restored: the server's answer plus x-amz-restore
+                    client.sendall(self._head_with(head + b"\r\n\r\n" + body_up, archived))
+                    continue
+                if failure is None and archived is not None:
+                    failure = archived
+                if failure is not None:
+                    body = _ERROR_BODY.format(code=failure.code).encode() if failure.code else b""
                     client.sendall(
                         b"HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
                         % (failure.status, _REASONS.get(failure.status, "Error").encode(), len(body)) + body
@@ -163,6 +197,45 @@ class FaultProxy:
             _reset(client)
             if server is not None:
                 _reset(server)
+
+    def _archived_answer(self, method: str, target: str) -> _Failure | bytes | None:
+        """What an archived object's request gets: an answer of our own, an x-amz-restore value for HEAD, or None (pass)."""
+        path, _, query = target.partition("?")
+        key = urllib.parse.unquote(path)
+        with self._lock:
+            state = self.archived.get(key)
+            if state is None:
+                return None
+            if method == "GET" and state != "restored":
+                self.injected += 1
+                return _Failure(403, "InvalidObjectState", 1, None)
+            if method == "POST" and "restore" in urllib.parse.parse_qs(query, keep_blank_values=True):
+                self.restore_requests += 1
+                if state == "archived":
+                    self.archived[key] = "ongoing"
+                    return _Failure(202, "", 1, None)
+                if state == "ongoing":
+                    return _Failure(409, "RestoreAlreadyInProgress", 1, None)
+                return _Failure(200, "", 1, None)
+            if method == "HEAD" and state in _RESTORE_HEADER:
+                return _RESTORE_HEADER[state]
+            return None
+
+    def _head_with(self, request: bytes, restore: bytes) -> bytes:
+        """Send a HEAD request to the server on a connection of its own; its answer with x-amz-restore added."""
+        up = socket.create_connection((self.host, self.upstream_port))
+        try:
+            up.sendall(request)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = up.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        finally:
+            _reset(up)
+        status_and_headers, _, rest = answer.partition(b"\r\n\r\n")
+        return status_and_headers + b"\r\nx-amz-restore: " + restore + b"\r\n\r\n" + rest
 
     def _take_failure(self, method: str) -> _Failure | None:
         with self._lock:

@@ -126,3 +126,16 @@ def test_source_prefix_components() -> None:
     for bad in ("s3://b/a//b", "s3://b/..", "s3://b/x/./y"):
         with pytest.raises(ConfigError, match="component"):
             parse_source(bad)
+
+
+def test_a_cache_dir_too_long_for_the_control_socket_is_one_clear_line(tmp_path: Path) -> None:
+    """Found by the bench smoke test: a daemon whose control socket path did not fit a Unix socket died at start-up
+    with a traceback (OSError: AF_UNIX path too long) in its log."""
+    f = tmp_path / "c.toml"
+    f.write_text('source = "s3://bucket"\n')
+    ok = "/" + "c" * (107 - len("/control.sock") - 1)
+    assert load_config(str(f), environ={}, overrides=dict(mountpoint="/m", cache_dir=ok)).cache_dir == ok
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f), environ={}, overrides=dict(mountpoint="/m", cache_dir=ok + "c"))
+    assert "is too long: the control socket in it would be a path of 108 bytes, and a Unix socket's is at most 107" in str(e.value)
+    assert "\n" not in str(e.value)

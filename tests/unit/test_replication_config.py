@@ -76,3 +76,35 @@ def test_replication_options_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="replication_parts_in_flight"):
         load(tmp_path, "replication_parts_in_flight = 0\n")
     assert load(tmp_path, "read_only = true\n").read_only is True
+
+
+def test_own_retention_parsed_and_only_ever_longer_than_the_primary(tmp_path: Path) -> None:
+    primary = "retention_keep_last = 5\nretention_keep_every_steps = 1000\nretention_keep_every_seconds = 3600\n"
+    cfg = load(tmp_path, primary + '[replica.dr]\nsource = "s3://dr"\nkeep_last = 20\nkeep_every_steps = 500\nkeep_every_seconds = 600\n'
+                                   '[replica.plain]\nsource = "s3://plain"\n')
+    dr = cfg.replica["dr"]
+    assert (dr.keep_last, dr.keep_every_steps, dr.keep_every_seconds) == (20, 500, 600.0)
+    assert dr.own_policy == "keep_last = 20, keep_every_steps = 500, keep_every_seconds = 600"
+    assert cfg.replica["plain"].own_policy is None
+    # equal to the primary's is keeping as much: fine
+    assert load(tmp_path, primary + '[replica.dr]\nsource = "s3://dr"\nkeep_last = 5\nkeep_every_steps = 1000\n').replica["dr"].keep_last == 5
+
+
+@pytest.mark.parametrize("primary, keys, message", [
+    ("retention_keep_last = 5\n", "keep_last = 2\n",
+     "[replica.dr] keep_last = 2 keeps fewer than the primary's retention_keep_last = 5: a replica keeps at least what the primary keeps: "
+     "give keep_last >= 5, or leave it out"),
+    ("retention_keep_every_steps = 1000\n", "keep_every_steps = 300\n",
+     "keep_every_steps = 300 would not keep every checkpoint the primary's retention_keep_every_steps = 1000 keeps: give a divisor of 1000"),
+    ("retention_keep_every_seconds = 3600\n", "keep_every_seconds = 7200\n",
+     "keep_every_seconds = 7200 keeps fewer than the primary's retention_keep_every_seconds = 3600: give at most 3600"),
+    ("", "keep_last = 10\n", "the primary's retention keeps every checkpoint (no retention_keep_* rule), and so does the replica"),
+    ("retention_keep_last = 5\n", "keep_last = -1\n", "[replica.dr] keep_last = -1 in"),
+    ("retention_keep_last = 5\n", 'keep_last = "10"\n', "give a whole number >= 0"),
+    ("retention_keep_last = 5\n", "keep_last = 7.5\n", "give a whole number >= 0"),
+    ("retention_keep_every_seconds = 60\n", 'keep_every_seconds = "1h"\n', "give a number of seconds >= 0"),
+])
+def test_own_retention_that_would_delete_what_the_primary_keeps_is_refused(tmp_path: Path, primary: str, keys: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, primary + '[replica.dr]\nsource = "s3://dr"\n' + keys)
+    assert message in str(e.value) and "\n" not in str(e.value)

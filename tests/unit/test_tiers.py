@@ -16,6 +16,7 @@ from botocore.stub import Stubber
 
 from ckptfs.config import ConfigError, load_config
 from ckptfs.lifecycle.tiers import TierError, class_label, parse_prices, parse_transitions, plan, restore
+from ckptfs.namespace.archive import Archive
 from ckptfs.namespace.keys import Keys
 from ckptfs.store import ARCHIVED, Store, StoreError
 
@@ -66,6 +67,30 @@ def test_plan_adds_changes_removes_its_own_rules_and_keeps_the_rest() -> None:
     assert not plan(cfg(), [foreign])["changes"]  # nothing configured: nothing to set, the foreign rule untouched
 
 
+def test_a_versioned_bucket_without_noncurrent_expiry_is_warned_about() -> None:
+    def warned(p: dict[str, Any]) -> bool:
+        return any("noncurrent versions" in w for w in p["warnings"])
+
+    assert not warned(plan(cfg(), [], ""))
+    p = plan(cfg(), [], "Enabled")
+    assert warned(p) and p["versioning"] == "Enabled" and not p["changes"]
+    assert warned(plan(cfg(), [], "Suspended"))  # versions written before suspension stay too
+    # the option adds one prefix-scoped rule (S3 refuses ExpiredObjectDeleteMarker with tag filters) and the warning goes
+    p = plan(cfg(tier_noncurrent_delete_days=3), [], "Enabled")
+    assert not warned(p) and p["add"] == ["ckptfs:runs:noncurrent"]
+    assert p["rules"][0] == {"ID": "ckptfs:runs:noncurrent", "Status": "Enabled", "Filter": {"Prefix": "runs/"},
+                             "NoncurrentVersionExpiration": {"NoncurrentDays": 3}, "Expiration": {"ExpiredObjectDeleteMarker": True}}
+    # someone else's rule already expiring noncurrent versions of the whole bucket counts; one on another prefix, a
+    # disabled one or one filtered by tags (it misses untagged objects) does not
+    whole = {"ID": "all", "Status": "Enabled", "Filter": {"Prefix": ""}, "NoncurrentVersionExpiration": {"NoncurrentDays": 30}}
+    assert not warned(plan(cfg(), [whole], "Enabled"))
+    for rule in ({**whole, "Filter": {"Prefix": "logs/"}}, {**whole, "Status": "Disabled"},
+                 {**whole, "Filter": {"And": {"Prefix": "", "Tags": [{"Key": "k", "Value": "v"}]}}}):
+        assert warned(plan(cfg(), [rule], "Enabled")), rule
+    with pytest.raises(ConfigError, match="tier_noncurrent_delete_days must be >= 0"):
+        cfg(tier_noncurrent_delete_days=-1)
+
+
 def test_class_label() -> None:
     assert class_label({}) == "-"
     assert class_label({"STANDARD": 5}) == "STANDARD"
@@ -108,7 +133,8 @@ def test_restore_requests_archived_objects_and_reports_progress() -> None:
     stub.add_client_error("restore_object", "RestoreAlreadyInProgress", "Object restore is already in progress", http_status_code=409)
     stub.add_response("head_object", {"StorageClass": "GLACIER", "Restore": 'ongoing-request="false", expiry-date="Fri, 23 Dec 2026 00:00:00 GMT"'},
                       {"Bucket": "ckpt", "Key": "runs/step_1/d.bin"})
-    lc = SimpleNamespace(store=s, cfg=cfg(restore_days=3, restore_tier="Bulk"), keys=Keys("runs/"))
+    archive = Archive()
+    lc = SimpleNamespace(store=s, cfg=cfg(restore_days=3, restore_tier="Bulk"), keys=Keys("runs/"), ns=SimpleNamespace(archive=archive))
 
     async def io(fn: Any, *args: Any) -> Any:
         return functools.partial(fn, *args)()
@@ -120,5 +146,8 @@ def test_restore_requests_archived_objects_and_reports_progress() -> None:
 
     result = trio.run(restore, lc, "step_1", False, send)
     assert result == {"objects": 4, "archived": 3, "requested": 1, "restored": 1, "ongoing": 2}
+    # what opens and user.ckptfs.state of those files say from now on
+    assert {k: (st.label or "readable") for k, (st, _) in archive.states.items()} == {
+        "runs/step_1/a.bin": "restoring", "runs/step_1/b.bin": "restoring", "runs/step_1/d.bin": "readable"}
     stub.assert_no_pending_responses()
 

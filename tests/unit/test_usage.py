@@ -40,3 +40,16 @@ def test_sums_and_cost() -> None:
     assert ck["run1/step_100"]["storage_class"] == "GLACIER_IR+STANDARD"
     assert ck["run1/step_200"]["monthly_cost"] == round(2 * 0.02, 4)
     assert [c["path"] for c in u["by_checkpoint"]] == ["run1/step_100", "run1/step_200", "run2/step_5"]
+
+
+def test_noncurrent_versions_are_counted_and_priced() -> None:
+    from ckptfs.lifecycle.usage import add_noncurrent
+    from ckptfs.store import NoncurrentVersions
+
+    u = summarize("", [("run1/step_1/a", GiB, "STANDARD")], [], Patterns(["step_{step}"]), PRICES)
+    nc = NoncurrentVersions(objects=3, bytes=3 * GiB, delete_markers=2, by_class={"STANDARD": GiB, "GLACIER_IR": 2 * GiB})
+    u = add_noncurrent(u, "Enabled", nc, PRICES)
+    assert u["bytes"] == GiB and u["objects"] == 1  # the current objects, as before
+    assert u["noncurrent"] == {"objects": 3, "bytes": 3 * GiB, "delete_markers": 2, "monthly_cost": round(0.02 + 2 * 0.004, 4),
+                               "by_class": {"GLACIER_IR": 2 * GiB, "STANDARD": GiB}}
+    assert u["monthly_cost_estimate"] == round(0.02 + 0.02 + 2 * 0.004, 4)  # they are billed: in the estimate

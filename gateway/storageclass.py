@@ -1,0 +1,83 @@
+"""Storage classes that need a restore before a read: what S3 tells and how ckptfs reads it. Pure functions.
+
+* GLACIER (Flexible Retrieval) and DEEP_ARCHIVE: a GET answers 403 InvalidObjectState until the
+  object is restored (RestoreObject); a listing shows the class (ListObjectsV2 `StorageClass`).
+* INTELLIGENT_TIERING: only its opt-in archive tiers need a restore, and only HeadObject tells
+  (`x-amz-archive-status: ARCHIVE_ACCESS | DEEP_ARCHIVE_ACCESS`): the listing says "maybe".
+* GLACIER_IR and the other classes read at once.
+* HeadObject's `x-amz-restore` says how a restore goes: `ongoing-request="true"` (in progress) or
+  `ongoing-request="false", expiry-date="..."` (restored: readable until the expiry date; an
+  intelligent-tiering object restored to its frequent tier has no expiry).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ARCHIVE_CLASSES = ("GLACIER", "DEEP_ARCHIVE")  # need a restore before a GET (GLACIER_IR does not)
+MAYBE_ARCHIVED_CLASSES = ("INTELLIGENT_TIERING",)  # its archive tiers need one: only HeadObject tells
+ARCHIVE_TIERS = ("ARCHIVE_ACCESS", "DEEP_ARCHIVE_ACCESS")  # x-amz-archive-status of intelligent tiering
+
+# restore states ("" = never asked for, or the object needs none)
+ONGOING = "ongoing"
+RESTORED = "restored"
+
+
+def may_need_restore(storage_class: str | None) -> bool:
+    """True if an object a listing shows in this class may need a restore before it can be read."""
+    return (storage_class or "STANDARD") in ARCHIVE_CLASSES + MAYBE_ARCHIVED_CLASSES
+
+
+def parse_restore(header: str | None) -> tuple[str, str]:
+    """(restore state, expiry date) from an `x-amz-restore` value: ("", "") without one."""
+    if not header:
+        return "", ""
+    ongoing = re.search(r'ongoing-request\s*=\s*"?(true|false)"?', header, re.IGNORECASE)
+    expiry = re.search(r'expiry-date\s*=\s*"([^"]*)"', header, re.IGNORECASE)
+    if ongoing is None:
+        return "", ""
+    return (ONGOING if ongoing.group(1).lower() == "true" else RESTORED), (expiry.group(1) if expiry else "")
+
+
+@dataclass(frozen=True)
+class ArchiveState:
+    """An object's class and restore state, as HeadObject shows them."""
+
+    storage_class: str = "STANDARD"
+    archive_status: str = ""  # intelligent tiering's archive tier, if any
+    restore: str = ""  # "" | ONGOING | RESTORED
+    expiry: str = ""
+    refused: bool = False  # a GET was refused with InvalidObjectState (whatever the class said)
+
+    @property
+    def archived(self) -> bool:
+        """In a class or tier whose objects need a restore (restored or not)."""
+        return self.storage_class in ARCHIVE_CLASSES or self.archive_status in ARCHIVE_TIERS or self.refused
+
+    @property
+    def needs_restore(self) -> bool:
+        """A GET would fail now (InvalidObjectState): archived and not (yet) restored."""
+        return self.archived and self.restore != RESTORED
+
+    @property
+    def where(self) -> str:
+        """What to name in a message: GLACIER, DEEP_ARCHIVE, or intelligent tiering's archive tier."""
+        if self.archive_status in ARCHIVE_TIERS:
+            return f"INTELLIGENT_TIERING {self.archive_status}"
+        if self.storage_class not in ARCHIVE_CLASSES and self.refused:
+            return f"an archive tier (the store refuses reads with InvalidObjectState; its class says {self.storage_class})"
+        return self.storage_class
+
+    @property
+    def label(self) -> str:
+        """`user.ckptfs.state` of a file in the bucket only: archived, restoring, or "" (readable)."""
+        if not self.needs_restore:
+            return ""
+        return "restoring" if self.restore == ONGOING else "archived"
+
+
+def from_head(response: dict[str, object]) -> ArchiveState:
+    """The ArchiveState of a boto3 head_object answer."""
+    restore, expiry = parse_restore(str(response.get("Restore") or ""))
+    return ArchiveState(str(response.get("StorageClass") or "STANDARD"), str(response.get("ArchiveStatus") or ""), restore, expiry)
