@@ -91,7 +91,9 @@ def positive_timeout(timeout: Optional[float]) -> None:
         raise CliError(f"--timeout {timeout:g}: give a number of seconds greater than 0", EXIT_USAGE)
 
 
-MOUNT_ANSWER_SECONDS = 10.0  # how long a stat/getxattr of the mount may take before the daemon counts as not answering
+# how long a stat/getxattr of the mount may take before the daemon counts as not answering: generous, since a busy
+# daemon on a saturated disk can take seconds; a stopped daemon is recognised within a second, whatever this is
+MOUNT_ANSWER_SECONDS = 60.0
 
 
 def _answering(path: Path, fn: Callable[[], T]) -> T:
@@ -111,10 +113,18 @@ def _answering(path: Path, fn: Callable[[], T]) -> T:
 
     t = threading.Thread(target=run, name="ckptfs-mount-probe", daemon=True)
     t.start()
-    t.join(MOUNT_ANSWER_SECONDS)
-    if t.is_alive():
+    deadline = time.monotonic() + MOUNT_ANSWER_SECONDS
+    while True:
+        t.join(1.0)
+        if not t.is_alive():
+            break
         mount = _fuse_mount_of(path)
-        raise CliError(not_answering(mount[0] if mount else str(path)))
+        mountpoint = mount[0] if mount else str(path)
+        stopped = stopped_daemon(mountpoint)
+        if stopped:
+            raise CliError(stopped)
+        if time.monotonic() >= deadline:
+            raise CliError(not_answering(mountpoint))
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
