@@ -50,6 +50,26 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def second_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """A second S3 server on other ports: another region (replication) or a cold store (tier moves)."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed-second"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def second_bucket(second_s3: SeaweedServer) -> Iterator[str]:
+    name = f"r-{uuid.uuid4().hex[:12]}"
+    second_s3.make_bucket(name)
+    yield name
+    if not second_s3.paused:
+        delete_bucket(second_s3.client(), name)
+
+
 @pytest.fixture
 def bucket(s3: SeaweedServer) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:12]}"

@@ -9,16 +9,13 @@ import hashlib
 import json
 import os
 import signal
-import uuid
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from tests.conftest import Mount, delete_bucket, mount_is_dead, wait_for
+from tests.conftest import Mount, mount_is_dead, wait_for
 from tests.integration.test_replication import body, commit, objects, shard, start, write_config
 from tests.support.faultproxy import FaultProxy
-from tests.support.seaweed import SeaweedServer
 
 # Moving checkpoints to a cold target: store-side logic behind the control socket: the FUSE transport
 # changes nothing here, so these tests run under the default one only
@@ -27,25 +24,6 @@ pytestmark = pytest.mark.one_transport
 MiB = 1 << 20
 MANIFEST = ".ckptfs-manifest.json"
 MOVED = ".ckptfs-moved.json"
-
-
-@pytest.fixture(scope="module")
-def coldstore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweed-cold"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def cold_bucket(coldstore: SeaweedServer) -> Iterator[str]:
-    name = f"cold-{uuid.uuid4().hex[:12]}"
-    coldstore.make_bucket(name)
-    yield name
-    if not coldstore.paused:
-        delete_bucket(coldstore.client(), name)
 
 
 def move_options(**extra: Any) -> dict[str, Any]:
@@ -68,8 +46,8 @@ def hot_keys(m: Mount, rel: str) -> list[str]:
     return sorted(k for k in m.keys() if k.startswith(m.key(rel + "/")))
 
 
-def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brings_it_back(make_mount, coldstore, cold_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    config = write_config(tmp_path / "cold.toml", {"cold": {"source": f"s3://{cold_bucket}/c", "endpoint_url": coldstore.endpoint_url}})
+def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brings_it_back(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "cold.toml", {"cold": {"source": f"s3://{second_bucket}/c", "endpoint_url": second_s3.endpoint_url}})
     a = make_mount("a", start=False, **move_options(tier_move_after=3600, tier_transitions="30:STANDARD_IA"))
     start(a, config)
     want: dict[str, dict[str, bytes]] = {}
@@ -96,7 +74,7 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
     first = a.status()["tier_move"]["last_run"]
     wait_for("another mover pass", lambda: a.status()["tier_move"]["last_run"] > first, timeout=120)
     assert all(e["storage_class"] == "STANDARD" and not e["moved"] for e in entries(a).values())
-    assert not objects(coldstore, cold_bucket)
+    assert not objects(second_s3, second_bucket)
     a.stop()
 
     # now they are old: step_1 and step_3 move; step_2 is protected and stays
@@ -111,19 +89,19 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
         assert e["files"] == 2 and e["bytes"] == sum(len(v) for v in want[p].values())
         # on the cold target, byte for byte; on the primary, only the manifest and the record
         for name, data in want[p].items():
-            assert sha(body(coldstore, cold_bucket, f"c/{p}/{name}")) == sha(data), name
-        assert f"c/{p}/{MANIFEST}" in objects(coldstore, cold_bucket)
+            assert sha(body(second_s3, second_bucket, f"c/{p}/{name}")) == sha(data), name
+        assert f"c/{p}/{MANIFEST}" in objects(second_s3, second_bucket)
         assert {a.key(f"{p}/{MANIFEST}"), a.key(f"{p}/{MOVED}")} <= set(hot_keys(a, p))
         assert not [k for k in hot_keys(a, p) if not k.rsplit("/", 1)[-1].startswith(".ckptfs") and not k.endswith("/")], hot_keys(a, p)
     assert listed["run/step_2"]["storage_class"] == "STANDARD" and not listed["run/step_2"]["moved"]
     assert listed["run/step_4"]["storage_class"] == "STANDARD" and not listed["run/step_4"]["moved"]
-    assert not objects(coldstore, cold_bucket, "c/run/step_2/")
+    assert not objects(second_s3, second_bucket, "c/run/step_2/")
     # what a user sees in the mount: the directory is there, its files are not
     assert sorted(os.listdir(a.path / "run" / "step_1")) == []
     assert sorted(os.listdir(a.path / "run" / "step_2")) == ["model.bin", "optim"]
     # the checkpoints table, usage, verify, status
     table = a.cli("checkpoints", str(a.path)).stdout
-    assert f"run/step_1: moved to cold target cold (s3://{cold_bucket}/c) since" in table and "ckptfs restore run/step_1" in table, table
+    assert f"run/step_1: moved to cold target cold (s3://{second_bucket}/c) since" in table and "ckptfs restore run/step_1" in table, table
     u = json.loads(a.cli("usage", str(a.path), "--json").stdout)
     moved_bytes = sum(len(v) for p in ("run/step_1", "run/step_3") for v in want[p].values())
     assert u["by_class"]["moved:cold"]["bytes"] == moved_bytes and u["by_class"]["moved:cold"]["objects"] == 4
@@ -150,7 +128,7 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
     assert e["storage_class"] == "STANDARD" and e["moved"]["state"] == "restored" and e["hot_files"] == 2
     for name, data in want["run/step_1"].items():
         assert sha((a.path / "run" / "step_1" / name).read_bytes()) == sha(data), name
-    assert not objects(coldstore, cold_bucket, "c/run/step_1/")  # the cold copy is gone
+    assert not objects(second_s3, second_bucket, "c/run/step_1/")  # the cold copy is gone
     proc = a.cli("verify", str(a.path / "run/step_1"), "--deep")
     assert proc.returncode == 0, proc.stderr
     assert a.status()["tier_move"]["restored_total"] == 1
@@ -159,11 +137,11 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
     assert actions.count("move") == 2 and "restore-from-cold" in actions
 
 
-def test_killed_mid_move_loses_nothing_resumes_and_retention_deletes_on_the_cold_target(make_mount, coldstore, cold_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    proxy = FaultProxy(coldstore.s3_port)
+def test_killed_mid_move_loses_nothing_resumes_and_retention_deletes_on_the_cold_target(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proxy = FaultProxy(second_s3.s3_port)
     proxy.set_mode("pass", rate=3 * MiB)  # slow enough to catch the move half-way
     try:
-        config = write_config(tmp_path / "cold.toml", {"cold": {"source": f"s3://{cold_bucket}", "endpoint_url": proxy.url}})
+        config = write_config(tmp_path / "cold.toml", {"cold": {"source": f"s3://{second_bucket}", "endpoint_url": proxy.url}})
         a = make_mount("a", start=False, **move_options(tier_move_after=3600, replication_part_size="5MiB",
                                                          replication_parts_in_flight=2, replication_read_timeout=60))
         start(a, config)
@@ -175,7 +153,7 @@ def test_killed_mid_move_loses_nothing_resumes_and_retention_deletes_on_the_cold
         a.stop()
         a.options["tier_move_after"] = 1
         start(a, config)
-        files_on_cold = lambda: {k for k in objects(coldstore, cold_bucket) if not k.rsplit("/", 1)[-1].startswith(".ckptfs")}  # noqa: E731
+        files_on_cold = lambda: {k for k in objects(second_s3, second_bucket) if not k.rsplit("/", 1)[-1].startswith(".ckptfs")}  # noqa: E731
         wait_for("some files on the cold target", lambda: len(files_on_cold()) >= 2, timeout=240)
         os.kill(a.status()["pid"], signal.SIGKILL)
         wait_for("daemon gone", lambda: mount_is_dead(a.path), timeout=60)
@@ -186,15 +164,15 @@ def test_killed_mid_move_loses_nothing_resumes_and_retention_deletes_on_the_cold
             assert sha(client.get_object(Bucket=a.bucket, Key=a.key(f"step_5/{name}"))["Body"].read()) == sha(data), name
         rec = json.loads(client.get_object(Bucket=a.bucket, Key=a.key(f"step_5/{MOVED}"))["Body"].read())
         assert rec["state"] == "moving" and rec["target"] == "cold"
-        assert f"step_5/{MANIFEST}" not in objects(coldstore, cold_bucket)  # the cold copy is visibly incomplete
+        assert f"step_5/{MANIFEST}" not in objects(second_s3, second_bucket)  # the cold copy is visibly incomplete
 
         proxy.set_mode("pass", rate=0)
         start(a, config)  # same node back: takes the lease once its dead self's expires, and finishes the move
         wait_for("step_5 moved", lambda: entries(a)["step_5"]["storage_class"] == "moved:cold", timeout=300)
         for name, data in want.items():
-            assert sha(body(coldstore, cold_bucket, f"step_5/{name}")) == sha(data), name
+            assert sha(body(second_s3, second_bucket, f"step_5/{name}")) == sha(data), name
         assert not [k for k in hot_keys(a, "step_5") if not k.rsplit("/", 1)[-1].startswith(".ckptfs") and not k.endswith("/")]
-        assert not coldstore.client().list_multipart_uploads(Bucket=cold_bucket).get("Uploads")
+        assert not second_s3.client().list_multipart_uploads(Bucket=second_bucket).get("Uploads")
 
         # retention lets it go: marked expiring, then deleted, on the cold target too
         d = a.path / "step_6"
@@ -208,7 +186,7 @@ def test_killed_mid_move_loses_nothing_resumes_and_retention_deletes_on_the_cold
             proc = a.cli("retention", "apply", str(a.path), "--json")
             assert proc.returncode == 0, proc.stderr
         assert "step_5" not in entries(a)
-        assert not objects(coldstore, cold_bucket, "step_5/")
+        assert not objects(second_s3, second_bucket, "step_5/")
         assert not [k for k in a.keys() if k.startswith(a.key("step_5/"))]
         deleted = [ev for ev in json.loads(a.cli("audit", str(a.path), "--json").stdout) if ev["action"] == "delete"]
         assert deleted and deleted[-1]["path"] == "step_5" and deleted[-1].get("cold_target") == "cold"

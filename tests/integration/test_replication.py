@@ -16,7 +16,7 @@ import sys
 import tracemalloc
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import trio
@@ -41,26 +41,6 @@ PROTECTED = ".ckptfs-protected.json"
 
 
 # ------------------------------------------------------------------ helpers
-@pytest.fixture(scope="module")
-def region2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    """A second S3 server on other ports: the other region."""
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweed-region2"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def dr_bucket(region2: SeaweedServer) -> Iterator[str]:
-    name = f"dr-{uuid.uuid4().hex[:12]}"
-    region2.make_bucket(name)
-    yield name
-    if not region2.paused:
-        delete_bucket(region2.client(), name)
-
-
 def write_config(path: Path, targets: dict[str, dict[str, str]]) -> str:
     lines = []
     for name, table in targets.items():
@@ -116,13 +96,13 @@ def shard(path: Path, size: int, seed: int) -> bytes:
 
 
 # ------------------------------------------------------------------ tests
-def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make_mount, region2, dr_bucket, s3, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make_mount, second_s3, second_bucket, s3, tmp_path) -> None:  # type: ignore[no-untyped-def]
     local_bucket = s3.make_bucket(f"loc-{uuid.uuid4().hex[:12]}")
     try:
         config = write_config(tmp_path / "replicas.toml", {
-            "dr": {"source": f"s3://{dr_bucket}/copy", "endpoint_url": region2.endpoint_url},
+            "dr": {"source": f"s3://{second_bucket}/copy", "endpoint_url": second_s3.endpoint_url},
             "near": {"source": f"s3://{local_bucket}", "endpoint_url": s3.endpoint_url, "select": "every:200"},
-            "gone": {"source": f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}", "endpoint_url": region2.endpoint_url},
+            "gone": {"source": f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}", "endpoint_url": second_s3.endpoint_url},
             "down": {"source": "s3://whatever", "endpoint_url": f"http://127.0.0.1:{free_port()}"},
         })
         a = make_mount("a", start=False, metadata_ttl=0, **replica_options())
@@ -154,13 +134,13 @@ def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make
         # the streamed copy's memory: part buffers of replication_part_size, at most replication_parts_in_flight
         assert 0 < max(sa["dr"]["buffer_bytes_peak"], sb["dr"]["buffer_bytes_peak"]) <= 8 * 16 * MiB
         # the copies: same bytes, the manifest's xxh3 in their metadata, the manifest last and pointing at them
-        dr = objects(region2, dr_bucket)
+        dr = objects(second_s3, second_bucket)
         for name, data in want.items():
             key = f"copy/run/step_100/{name}"
-            assert body(region2, dr_bucket, key) == data
-            head = region2.client().head_object(Bucket=dr_bucket, Key=key)
+            assert body(second_s3, second_bucket, key) == data
+            head = second_s3.client().head_object(Bucket=second_bucket, Key=key)
             assert head["Metadata"]["xxh3"] == xxhash.xxh3_128(data).hexdigest()
-        doc = json.loads(body(region2, dr_bucket, f"copy/run/step_100/{MANIFEST}"))
+        doc = json.loads(body(second_s3, second_bucket, f"copy/run/step_100/{MANIFEST}"))
         primary = json.loads(body(s3, a.bucket, a.key(f"run/step_100/{MANIFEST}")))
         assert doc["replicated_from"]["etag"] == a.s3.client().head_object(Bucket=a.bucket, Key=a.key(f"run/step_100/{MANIFEST}"))["ETag"].strip('"')
         assert (doc["step"], doc["generation"], doc["node"]) == (primary["step"], primary["generation"], primary["node"])
@@ -186,7 +166,7 @@ def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make
         assert "is whole (deep, on replica dr)" in proc.stdout
         bad = bytearray(want["__2_0.distcp"])
         bad[1000] ^= 0xFF
-        region2.client().put_object(Bucket=dr_bucket, Key="copy/run/step_100/__2_0.distcp", Body=bytes(bad))
+        second_s3.client().put_object(Bucket=second_bucket, Key="copy/run/step_100/__2_0.distcp", Body=bytes(bad))
         proc = a.cli("verify", str(a.path / "run/step_100"), "--target", "dr")
         assert proc.returncode == 1 and "changed: __2_0.distcp" in proc.stderr
         proc = a.cli("verify", str(a.path / "run/step_100"), "--target", "nowhere")
@@ -198,26 +178,26 @@ def test_dcp_checkpoints_from_two_nodes_replicated_streamed_and_server_side(make
         wait_for("step_100 protected on near", lambda: caught_up(a, "near", 2), timeout=180)
         wait_for("step_100 protected on dr", lambda: caught_up(a, "dr", 2), timeout=180)
         assert f"run/step_100/{PROTECTED}" in objects(s3, local_bucket)
-        assert json.loads(body(region2, dr_bucket, f"copy/run/step_100/{PROTECTED}"))["reason"] == "golden: eval 0.91"
+        assert json.loads(body(second_s3, second_bucket, f"copy/run/step_100/{PROTECTED}"))["reason"] == "golden: eval 0.91"
         # the primary's copy is kept (EPERM on delete), and the replica's copy is whole again
         with pytest.raises(OSError) as e:
             os.unlink(a.path / "run/step_100/__0_0.distcp")
         assert e.value.errno == errno.EPERM
         # the corrupted object is not what the manifest says: the next copy (manifest changed: protected) fixed it
-        assert body(region2, dr_bucket, "copy/run/step_100/__2_0.distcp") == want["__2_0.distcp"]
+        assert body(second_s3, second_bucket, "copy/run/step_100/__2_0.distcp") == want["__2_0.distcp"]
     finally:
         delete_bucket(s3.client(), local_bucket)
 
 
-def test_mount_of_the_replica_is_read_only_and_serves_its_checkpoints(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}/copy", "endpoint_url": region2.endpoint_url}})
+def test_mount_of_the_replica_is_read_only_and_serves_its_checkpoints(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{second_bucket}/copy", "endpoint_url": second_s3.endpoint_url}})
     a = make_mount("a", start=False, **replica_options())
     start(a, config)
     files = dcp_save(a.path / "step_7", ranks=2, size=2 * MiB)
     commit(a, "step_7")
     wait_for("step_7 on dr", lambda: caught_up(a, "dr", 1), timeout=180)
     # a mount of the replica's bucket, read-only
-    r = Mount(region2, dr_bucket, "copy", tmp_path / "replica-mnt", tmp_path / "replica-cache", {"read_only": "true"})
+    r = Mount(second_s3, second_bucket, "copy", tmp_path / "replica-mnt", tmp_path / "replica-cache", {"read_only": "true"})
     r.path.mkdir()
     r.cache_dir.mkdir()
     r.start()
@@ -243,11 +223,11 @@ def test_mount_of_the_replica_is_read_only_and_serves_its_checkpoints(make_mount
         r.stop()
 
 
-def test_crash_mid_copy_resumes_without_copying_finished_objects_again(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    proxy = FaultProxy(region2.s3_port)
+def test_crash_mid_copy_resumes_without_copying_finished_objects_again(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proxy = FaultProxy(second_s3.s3_port)
     proxy.set_mode("pass", rate=3 * MiB)  # slow enough to catch the copy half-way
     try:
-        config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": proxy.url}})
+        config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{second_bucket}", "endpoint_url": proxy.url}})
         # (a 5 MiB part through the throttled proxy takes seconds: a read timeout long enough for it)
         a = make_mount("a", start=False, **replica_options(replication_part_size="5MiB", replication_parts_in_flight=2,
                                                              replication_read_timeout=60))
@@ -261,7 +241,7 @@ def test_crash_mid_copy_resumes_without_copying_finished_objects_again(make_moun
         commit(a, "step_5")
 
         def finished() -> dict[str, Any]:
-            objs = objects(region2, dr_bucket)
+            objs = objects(second_s3, second_bucket)
             return {k: o for k, o in objs.items() if not k.endswith(MANIFEST)} if MANIFEST not in "".join(objs) else {}
 
         done_before = wait_for("some objects copied, not all", lambda: (lambda f: f if len(f) >= 3 else None)(finished()), timeout=180)
@@ -269,13 +249,13 @@ def test_crash_mid_copy_resumes_without_copying_finished_objects_again(make_moun
         os.kill(pid, signal.SIGKILL)
         wait_for("daemon gone", lambda: mount_is_dead(a.path), timeout=60)
         done_before = finished() or done_before  # what was there when it died
-        assert f"step_5/{MANIFEST}" not in objects(region2, dr_bucket)  # visibly incomplete
+        assert f"step_5/{MANIFEST}" not in objects(second_s3, second_bucket)  # visibly incomplete
         assert len(done_before) < len(want)
         a.stop()
         proxy.set_mode("pass", rate=0)
         start(a, config)  # same cache dir: the node comes back; it takes its dead self's lease once expired
         wait_for("step_5 on dr", lambda: caught_up(a, "dr", 1), timeout=240)
-        after = objects(region2, dr_bucket)
+        after = objects(second_s3, second_bucket)
         for key, o in done_before.items():
             assert after[key]["LastModified"] == o["LastModified"] and after[key]["ETag"] == o["ETag"], key
         t = status(a)["dr"]
@@ -284,8 +264,8 @@ def test_crash_mid_copy_resumes_without_copying_finished_objects_again(make_moun
         assert t["copied_objects_total"] + t["skipped_objects_total"] == len(want)
         assert t["copied_objects_total"] >= 1
         for name, data in want.items():
-            assert hashlib.sha256(body(region2, dr_bucket, f"step_5/{name}")).digest() == hashlib.sha256(data).digest()
-        assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
+            assert hashlib.sha256(body(second_s3, second_bucket, f"step_5/{name}")).digest() == hashlib.sha256(data).digest()
+        assert not second_s3.client().list_multipart_uploads(Bucket=second_bucket).get("Uploads")
         proc = a.cli("verify", str(a.path / "step_5"), "--target", "dr", "--deep")
         assert proc.returncode == 0, proc.stderr
     finally:
@@ -296,8 +276,8 @@ def test_target_stopped_lag_grows_then_catches_up_and_the_mount_carries_on(make_
     other = SeaweedServer(tmp_path / "region3")
     other.start()
     try:
-        dr_bucket = other.make_bucket(f"dr-{uuid.uuid4().hex[:12]}")
-        config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": other.endpoint_url}})
+        second_bucket = other.make_bucket(f"dr-{uuid.uuid4().hex[:12]}")
+        config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{second_bucket}", "endpoint_url": other.endpoint_url}})
         a = make_mount("a", start=False, metrics_addr=f"127.0.0.1:{free_port()}", **replica_options())
         start(a, config)
         dcp_save(a.path / "step_1", ranks=2, size=MiB)
@@ -328,19 +308,19 @@ def test_target_stopped_lag_grows_then_catches_up_and_the_mount_carries_on(make_
         wait_for("dr caught up", lambda: caught_up(a, "dr", 2), timeout=240)
         t = status(a)["dr"]
         assert (t["lag_seconds"], t["bytes_behind"], t["reachable"]) == (0, 0, True)
-        keys = objects(other, dr_bucket)
+        keys = objects(other, second_bucket)
         assert "step_2/late.bin" in keys and f"step_2/{MANIFEST}" in keys
     finally:
         other.stop()
 
 
-def test_replication_metrics_are_documented_both_ways(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_replication_metrics_are_documented_both_ways(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from prometheus_client.parser import text_string_to_metric_families
 
     from tests.integration.test_metrics import scrape
     from tests.support.promql import documented_metrics
 
-    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": region2.endpoint_url}})
+    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{second_bucket}", "endpoint_url": second_s3.endpoint_url}})
     a = make_mount("a", start=False, **replica_options())
     a.metrics_port = free_port()
     start(a, config)
@@ -356,8 +336,8 @@ def test_replication_metrics_are_documented_both_ways(make_mount, region2, dr_bu
         assert {k for s in family.samples for k in s.labels} == {x.strip(" `") for x in labels.split(",") if x.strip()}, name
 
 
-def test_replica_follows_retention_after_grace_keeps_protected_and_restores_in_a_drill(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}/copy", "endpoint_url": region2.endpoint_url}})
+def test_replica_follows_retention_after_grace_keeps_protected_and_restores_in_a_drill(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{second_bucket}/copy", "endpoint_url": second_s3.endpoint_url}})
     a = make_mount("a", start=False, retention_keep_last=1, retention_min_age=0, retention_grace=2, **replica_options())
     start(a, config)
     saved = {}
@@ -368,7 +348,7 @@ def test_replica_follows_retention_after_grace_keeps_protected_and_restores_in_a
     wait_for("three checkpoints on dr", lambda: caught_up(a, "dr", 3), timeout=180)
 
     def on_dr(step: int) -> set[str]:
-        return {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, f"copy/run/step_{step}/")}
+        return {k.rsplit("/", 1)[1] for k in objects(second_s3, second_bucket, f"copy/run/step_{step}/")}
 
     # retention on the primary: step_2 becomes expiring (step_1 protected, step_3 the newest); the replica keeps it
     plan = {d["path"]: d for d in json.loads(a.cli("retention", "apply", str(a.path), "--json").stdout)}
@@ -381,7 +361,7 @@ def test_replica_follows_retention_after_grace_keeps_protected_and_restores_in_a
     result = json.loads(proc.stdout)
     assert (result["path"], result["target"], result["verify"], result["outcome"]) == ("run/step_3", "dr", "whole", "ok")
     assert result["bytes"] == sum(map(len, saved[3].values())) and not os.path.exists(result["dir"])
-    assert json.loads(body(region2, dr_bucket, "copy/.ckptfs/drills/last.json"))["last"]["target"] == "dr"
+    assert json.loads(body(second_s3, second_bucket, "copy/.ckptfs/drills/last.json"))["last"]["target"] == "dr"
     # after the grace period retention deletes step_2 on the primary; the replica follows
     wait_for("grace over, step_2 deleted on the primary", lambda: (
         json.loads(a.cli("retention", "apply", str(a.path), "--json").stdout) and not objects(a.s3, a.bucket, a.key("run/step_2/"))), timeout=60)
@@ -400,10 +380,10 @@ def test_replica_follows_retention_after_grace_keeps_protected_and_restores_in_a
     assert [e["path"] for e in json.loads(a.cli("audit", str(a.path), "--json").stdout) if e["action"] == "replica-delete"] == ["run/step_2"]
 
 
-def test_copies_failing_on_the_target_are_reported_and_never_take_the_mount_down(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    proxy = FaultProxy(region2.s3_port)
+def test_copies_failing_on_the_target_are_reported_and_never_take_the_mount_down(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proxy = FaultProxy(second_s3.s3_port)
     try:
-        config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": proxy.url}})
+        config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{second_bucket}", "endpoint_url": proxy.url}})
         a = make_mount("a", start=False, **replica_options(replication_part_size="5MiB"))
         start(a, config)
         proxy.fail(500, "InternalError", count=10**6, methods={"PUT"})  # every upload (PutObject, UploadPart) refused
@@ -424,14 +404,14 @@ def test_copies_failing_on_the_target_are_reported_and_never_take_the_mount_down
         wait_for("dr caught up", lambda: caught_up(a, "dr", 1), timeout=180)
         assert status(a)["dr"]["failed"] == 0
         for name, data in want.items():
-            assert body(region2, dr_bucket, f"step_9/{name}") == data
-        assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
+            assert body(second_s3, second_bucket, f"step_9/{name}") == data
+        assert not second_s3.client().list_multipart_uploads(Bucket=second_bucket).get("Uploads")
     finally:
         proxy.close()
 
 
-def test_an_object_not_matching_its_manifest_is_not_copied(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{dr_bucket}", "endpoint_url": region2.endpoint_url}})
+def test_an_object_not_matching_its_manifest_is_not_copied(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path / "replicas.toml", {"dr": {"source": f"s3://{second_bucket}", "endpoint_url": second_s3.endpoint_url}})
     a = make_mount("a", start=False, **replica_options())
     start(a, config)
     step = a.path / "step_4"
@@ -445,12 +425,12 @@ def test_an_object_not_matching_its_manifest_is_not_copied(make_mount, region2, 
     t = wait_for("the copy reported failed", lambda: (lambda t: t if t["failed"] == 1 else None)(status(a)["dr"]), timeout=180)
     why = t["failures"]["step_4"]
     assert "bad.distcp" in why and "the manifest says " + "0" * 32 in why, why
-    keys = objects(region2, dr_bucket)
+    keys = objects(second_s3, second_bucket)
     assert "step_4/bad.distcp" not in keys and f"step_4/{MANIFEST}" not in keys  # visibly incomplete, never whole
-    assert not region2.client().list_multipart_uploads(Bucket=dr_bucket).get("Uploads")
+    assert not second_s3.client().list_multipart_uploads(Bucket=second_bucket).get("Uploads")
 
 
-def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, region2, dr_bucket, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, second_s3, second_bucket, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The memory of a streamed copy is bounded by construction: a part holds one of `parts in flight` slots and one
     reused part buffer (an anonymous mmap) from its GET until it is uploaded and hashed; nothing part-sized is
     allocated on the heap besides (tracemalloc sees every bytes object, in every thread; not the mmaps)."""
@@ -464,7 +444,7 @@ def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, reg
         monkeypatch.setenv(k, v)
     cfg = Config(bucket=a.bucket, prefix=a.prefix, endpoint_url=a.s3.endpoint_url)
     src = Store(cfg)
-    dst = Store(dataclasses.replace(cfg, bucket=dr_bucket, prefix="", endpoint_url=region2.endpoint_url))
+    dst = Store(dataclasses.replace(cfg, bucket=second_bucket, prefix="", endpoint_url=second_s3.endpoint_url))
     key = a.key(f"step_5/{MANIFEST}")
     manifest = read_manifest(src, key)
     assert manifest is not None
@@ -490,17 +470,17 @@ def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, reg
 
     trio.run(main)
     for name, data in want.items():
-        assert body(region2, dr_bucket, f"step_5/{name}") == data
-    assert MANIFEST in {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, "step_5/")}
+        assert body(second_s3, second_bucket, f"step_5/{name}") == data
+    assert MANIFEST in {k.rsplit("/", 1)[1] for k in objects(second_s3, second_bucket, "step_5/")}
     assert (buffers.peak, buffers.in_use, buffers.peak_bytes) == (in_flight, 0, in_flight * part)
     # a copy that held each part as a bytes object (2 in flight) peaks at 2 x 8 MiB or more
     assert traced["peak"] < part, f"{traced['peak'] / MiB:.1f} MiB on the heap while copying"
 
 
-def test_a_replica_with_its_own_longer_retention_keeps_what_the_primary_deleted(make_mount, region2, dr_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_replica_with_its_own_longer_retention_keeps_what_the_primary_deleted(make_mount, second_s3, second_bucket, tmp_path) -> None:  # type: ignore[no-untyped-def]
     config = write_config(tmp_path / "replicas.toml", {
-        "long": {"source": f"s3://{dr_bucket}/long", "endpoint_url": region2.endpoint_url, "keep_last": 3},
-        "follow": {"source": f"s3://{dr_bucket}/follow", "endpoint_url": region2.endpoint_url},
+        "long": {"source": f"s3://{second_bucket}/long", "endpoint_url": second_s3.endpoint_url, "keep_last": 3},
+        "follow": {"source": f"s3://{second_bucket}/follow", "endpoint_url": second_s3.endpoint_url},
     })
     a = make_mount("a", start=False, retention_keep_last=1, retention_min_age=0, retention_grace=2, **replica_options())
     start(a, config)
@@ -510,7 +490,7 @@ def test_a_replica_with_its_own_longer_retention_keeps_what_the_primary_deleted(
     wait_for("three checkpoints on both targets", lambda: caught_up(a, "long", 3) and caught_up(a, "follow", 3), timeout=180)
 
     def on(target: str, step: int) -> set[str]:
-        return {k.rsplit("/", 1)[1] for k in objects(region2, dr_bucket, f"{target}/run/step_{step}/")}
+        return {k.rsplit("/", 1)[1] for k in objects(second_s3, second_bucket, f"{target}/run/step_{step}/")}
 
     def retention_deleted(*steps: int) -> bool:
         a.cli("retention", "apply", str(a.path), "--json")
