@@ -56,12 +56,11 @@ def crc32_b64(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(4, "big")).decode()
 
 
-class RangeReader(io.RawIOBase):
-    """A seekable, read-only view of `length` bytes of `fd` at `offset` (pread, no shared file position)."""
+class _SeekableBody(io.RawIOBase):
+    """A seekable, read-only request body of `length` bytes (botocore seeks back to retry or to checksum)."""
 
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        super().__init__()
-        self.fd, self.offset, self.length, self.pos = fd, offset, length, 0
+    length: int
+    pos: int
 
     def readable(self) -> bool:
         return True
@@ -76,6 +75,14 @@ class RangeReader(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
         self.pos = max(0, min(self.length, base + pos))
         return self.pos
+
+
+class RangeReader(_SeekableBody):
+    """`length` bytes of `fd` at `offset` (pread, no shared file position)."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        super().__init__()
+        self.fd, self.offset, self.length, self.pos = fd, offset, length, 0
 
     def read(self, n: int = -1) -> bytes:
         left = self.length - self.pos
@@ -95,26 +102,12 @@ class RangeReader(io.RawIOBase):
         return len(data)
 
 
-class ViewReader(io.RawIOBase):
-    """A seekable, read-only file over a memoryview (a part buffer of a streamed copy): no copy of the whole."""
+class ViewReader(_SeekableBody):
+    """A memoryview (a part buffer of a streamed copy) as a body: no copy of the whole."""
 
     def __init__(self, view: memoryview) -> None:
         super().__init__()
-        self.view, self.pos = view, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.view)}[whence]
-        self.pos = max(0, min(len(self.view), base + pos))
-        return self.pos
+        self.view, self.length, self.pos = view, len(view), 0
 
     def read(self, n: int = -1) -> bytes:
         end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
