@@ -154,9 +154,9 @@ def _proc_state(pid: int) -> str:
         return ""
 
 
-def stopped_daemon(mountpoint: str) -> str | None:
+def stopped_daemon(mountpoint: str, pids: list[int] | None = None) -> str | None:
     """The message for a daemon that is stopped (it answers nothing until resumed), or None."""
-    stopped = [p for p in daemon_pids(mountpoint) if _proc_state(p) in ("T", "t")]
+    stopped = [p for p in (daemon_pids(mountpoint) if pids is None else pids) if _proc_state(p) in ("T", "t")]
     if not stopped:
         return None
     return (f"the ckptfs daemon of {mountpoint} (pid {stopped[0]}) is stopped (SIGSTOP or a debugger) and answers nothing: "
@@ -165,10 +165,10 @@ def stopped_daemon(mountpoint: str) -> str | None:
 
 def not_answering(mountpoint: str) -> str:
     """The one message about a mount whose daemon exists but does not answer."""
-    stopped = stopped_daemon(mountpoint)
+    pids = daemon_pids(mountpoint)
+    stopped = stopped_daemon(mountpoint, pids)
     if stopped:
         return stopped
-    pids = daemon_pids(mountpoint)
     who = f" (pid {pids[0]})" if pids else ""
     return (f"the ckptfs daemon of {mountpoint}{who} did not answer within {MOUNT_ANSWER_SECONDS:g} s: it is hung or overloaded; "
             "see its log and docs/troubleshooting.md")
