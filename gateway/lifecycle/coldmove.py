@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 
 from ..store import NO_OBJECT, PRECONDITION, StoreError
 from . import audit, tiers
-from .lease import Lease, keep
+from .lease import Lease, kept
 from .manifest import MANIFEST, MOVED, LifecycleError, Manifest, files_of, node_name, now_iso, read_manifest
 from .patterns import Checkpoint
 from .verify import verify
@@ -184,10 +184,8 @@ class Mover:
             return
         if not held:
             return  # another node moves
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(keep, self.lease, self.io, nursery.cancel_scope)
+        async with kept(self.lease, self.io):
             await self._work()
-            nursery.cancel_scope.cancel()
         self.last_run = time.time()
 
     def busy(self) -> dict[str, str]:

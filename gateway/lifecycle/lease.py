@@ -33,8 +33,9 @@ import logging
 import os
 import time
 import uuid
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -191,3 +192,13 @@ async def keep(lease: Lease, io: Callable[..., Awaitable[Any]], cancel: trio.Can
             log.warning("lease %s: no longer held: stopping the work it guards", lease.name)
             cancel.cancel()
             return
+
+
+@asynccontextmanager
+async def kept(lease: Lease, io: Callable[..., Awaitable[Any]]) -> AsyncIterator[None]:
+    """Run the body while `lease` (already acquired) is renewed beside it (`keep`); a lost lease cancels the body,
+    and the block then ends without an error, as if the work were done."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keep, lease, io, nursery.cancel_scope)
+        yield
+        nursery.cancel_scope.cancel()

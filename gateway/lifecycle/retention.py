@@ -49,7 +49,7 @@ import trio
 from ..config import Config
 from ..store import NO_OBJECT, PRECONDITION, StoreError
 from . import audit
-from .lease import Lease, keep
+from .lease import Lease, kept
 from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso
 from .patterns import Checkpoint
 from .verify import verify
@@ -412,10 +412,8 @@ async def apply_leased(lc: "Lifecycle", path: str, who: dict[str, Any], only: st
                                  "run it there, or try again once that node stops renewing it")
         decisions: list[Decision] | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(keep, lease, lc.io, nursery.cancel_scope)
+            async with kept(lease, lc.io):
                 decisions = await apply(lc, path, who, lease, only)
-                nursery.cancel_scope.cancel()
         finally:
             if temporary:
                 with trio.CancelScope(shield=True):

@@ -42,7 +42,7 @@ from ..config import Config, Replica
 from ..lifecycle import audit, drill
 from ..lifecycle.catalogue import MAX_DEPTH
 from ..lifecycle.coldmove import moved_away
-from ..lifecycle.lease import Lease, keep
+from ..lifecycle.lease import Lease, kept
 from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
 from ..lifecycle.patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
@@ -247,15 +247,12 @@ class Replicator:
             return
         if not held:
             return  # another node copies
-        async with trio.open_nursery() as outer:
-            outer.start_soon(keep, self.lease, self.io, outer.cancel_scope)
-            async with trio.open_nursery() as work:
-                for t in self.targets.values():
-                    if t.pending():
-                        work.start_soon(self._copy_target, t)
-                    elif t.error_kind not in TARGET_WIDE:
-                        work.start_soon(self._follow_retention, t)
-            outer.cancel_scope.cancel()
+        async with kept(self.lease, self.io), trio.open_nursery() as work:
+            for t in self.targets.values():
+                if t.pending():
+                    work.start_soon(self._copy_target, t)
+                elif t.error_kind not in TARGET_WIDE:
+                    work.start_soon(self._follow_retention, t)
 
     # ------------------------------------------------------------------ survey
     async def _body(self, store: Store, key: str, etag: str) -> bytes:
