@@ -38,7 +38,7 @@ ARCHIVED = "archived"  # the object is in an archive storage class: restore it f
 PRECONDITION = "precondition"  # a conditional write found the object not as required (exists already, or another ETag)
 OTHER = "other"
 
-READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call
+READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call (256 KiB costs ~20% more CPU per GiB)
 
 # characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
 PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
@@ -122,7 +122,7 @@ class ViewReader(_SeekableBody):
         return n
 
 
-READ_CHUNK = 256 << 10  # a ranged GET into a buffer is read this much at a time (the transient copy per read)
+PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much at a time (the transient copy per read)
 
 
 @dataclass
@@ -564,7 +564,7 @@ class Store:
 
     def get_range_into(self, key: str, etag: str, start: int, view: memoryview) -> None:
         """Bytes [start, start+len(view)) of the object whose ETag is `etag` (CHANGED if it is not), read into `view`
-        a READ_CHUNK at a time: no allocation of the whole range."""
+        a PART_READ_CHUNK at a time: no allocation of the whole range."""
         length = len(view)
         if length <= 0:
             return
@@ -574,7 +574,7 @@ class Store:
         got = 0
         try:
             while got < length:
-                n = body.readinto(view[got:min(length, got + READ_CHUNK)])
+                n = body.readinto(view[got:min(length, got + PART_READ_CHUNK)])
                 if not n:
                     break
                 got += n
