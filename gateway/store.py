@@ -235,21 +235,29 @@ class Store:
                                    "(or the files AWS_SHARED_CREDENTIALS_FILE/AWS_CONFIG_FILE name): fix -o profile=NAME") from None
         except bexc.BotoCoreError as e:
             raise StoreError(AUTH, f"the AWS configuration cannot be used: {e}") from None
-        self.client = session.client(
-            "s3",
-            endpoint_url=cfg.endpoint_url or None,
-            verify=cfg.ca_bundle or None,  # None: the system's CAs or AWS_CA_BUNDLE; never unverified
-            config=BotoConfig(
-                connect_timeout=cfg.connect_timeout,
-                read_timeout=cfg.read_timeout,
-                retries={"mode": "standard", "max_attempts": 3},
-                max_pool_connections=cfg.max_parts_in_flight + 8,
-                s3={"addressing_style": "path"} if cfg.endpoint_url else None,
-                # we send our own CRC32 per part; no second pass by botocore
-                request_checksum_calculation="when_required",
-                response_checksum_validation="when_required",
-            ),
-        )
+        def client(read_timeout: float, attempts: int, pool: int) -> Any:
+            return session.client(
+                "s3",
+                endpoint_url=cfg.endpoint_url or None,
+                verify=cfg.ca_bundle or None,  # None: the system's CAs or AWS_CA_BUNDLE; never unverified
+                config=BotoConfig(
+                    connect_timeout=cfg.connect_timeout,
+                    read_timeout=read_timeout,
+                    retries={"mode": "standard", "max_attempts": attempts},
+                    max_pool_connections=pool,
+                    s3={"addressing_style": "path"} if cfg.endpoint_url else None,
+                    # we send our own CRC32 per part; no second pass by botocore
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
+                ),
+            )
+
+        self.client = client(cfg.read_timeout, 3, cfg.max_parts_in_flight + 8)
+        # the mount's check has its own bound: with read_timeout x 3 attempts a store that accepts
+        # connections and never answers held `ckptfs mount` for minutes, past systemd's start timeout
+        self._check_client = client(cfg.mount_check_timeout / 3, 3, 1)
+        self._check_timeout = cfg.mount_check_timeout
+        self._endpoint = cfg.endpoint_url or "AWS S3"
 
     def _call(self, what: str, fn: Any, **kw: Any) -> Any:
         # the request's name and key only: its parameters may hold an SSE-C key
@@ -263,9 +271,18 @@ class Store:
             raise err from None
 
     def check(self) -> None:
-        """Mount-time check: endpoint reachable, credentials valid, bucket present and ours."""
+        """Mount-time check: endpoint reachable, credentials valid, bucket present and ours (3 attempts that
+        together wait at most `mount_check_timeout` for answers)."""
+        def head_bucket(Bucket: str) -> Any:  # noqa: N803 - boto3's parameter name
+            try:
+                return self._check_client.head_bucket(Bucket=Bucket)
+            except bexc.ReadTimeoutError:
+                raise StoreError(NETWORK, f"the object store at {self._endpoint} accepted the connection but did not answer "
+                                          f"within mount_check_timeout ({self._check_timeout:g} s): it is hung or overloaded; "
+                                          "check the server, or wait longer with -o mount_check_timeout=SECONDS") from None
+
         try:
-            self._call("HeadBucket", self.client.head_bucket)
+            self._call("HeadBucket", head_bucket)
         except StoreError as e:
             if e.kind != AUTH:
                 raise

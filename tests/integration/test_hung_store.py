@@ -156,3 +156,22 @@ def test_directory_rmdir_and_rename_with_a_hung_store(make_mount, hung: SeaweedS
     with pytest.raises(OSError) as e:
         os.rmdir(m.path / "elsewhere")  # the store answers again: the object is seen
     assert e.value.errno == errno.ENOTEMPTY
+
+
+@pytest.mark.one_transport
+def test_mount_with_a_hung_store_fails_within_its_check_bound_and_says_why(make_mount, hung: SeaweedServer) -> None:  # type: ignore[no-untyped-def]
+    """Before: HeadBucket waited read_timeout (60 s) x 3 attempts, ~3 min, and systemd's start timeout (120 s)
+    killed the service before the daemon could say why. Now mount_check_timeout bounds the check."""
+    from tests.integration.test_faults import one_line_error
+
+    m: Mount = make_mount(start=False)
+    hung.pause()
+    # timeout=60: tells "fails after its bound (6 s)" from "after the store's timeouts" (minutes)
+    proc = m.cli(*m.mount_args(), "-o", "mount_check_timeout=6", timeout=60)
+    one_line_error(proc, "did not answer within mount_check_timeout (6 s)", "hung or overloaded", "-o mount_check_timeout=")
+    assert not os.path.ismount(m.path)
+    hung.resume()
+    m.start()  # the same mount works once the store answers
+    digest = write_random(m.path / "after.bin", 1 * MiB, seed=5)
+    m.flush()
+    assert m.object_sha256("after.bin") == digest
