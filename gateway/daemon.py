@@ -426,7 +426,7 @@ class Daemon:
                 while self._stop_reporters:
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
-        self.journal.sync()
+        self.journal.sync()  # blocking is fine here: unmounted, and nothing else runs on this thread any more
         left = self.ns.stats()
         if left["dirty_files"] or left["pending_deletes"]:
             log.warning("stopped with %d files (%d bytes) and %d deletions not yet in the bucket; the next mount of %s uploads them",

@@ -18,7 +18,8 @@ mode) and setuid/setgid (a writer who must drop them gets copy mode).
 
 Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
 inline on the trio thread: they hit the page cache and a thread hop would
-cost more than the copy. `fsync` is the one blocking call sent to a thread.
+cost more than the copy. `fsync` is the one blocking call sent to a thread (the
+cache file's here, the journal's WAL in `Journal.durable`).
 A file that is only in the bucket is opened at once; its reads wait for the
 ranges they need (`fetch.Download`). Lookups and readdir first let `remote`
 refresh the directory's listing when it is older than `metadata_ttl`.
@@ -255,7 +256,7 @@ class CkptFS(Operations):
 
     @_fuse
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        self.ns.journal.sync()
+        await self.ns.journal.durable()
 
     @_fuse
     async def rmdir(self, parent_inode: int, name: bytes, ctx: RequestContext) -> None:
@@ -429,7 +430,7 @@ class CkptFS(Operations):
         h = self.handles[fh]
         await trio.to_thread.run_sync(os.fsync, h.fd, limiter=self._fsyncs)
         self._sync_passthrough(h.ino)
-        self.ns.files.fsync(h.ino)
+        await self.ns.files.fsync(h.ino)
 
     @_fuse
     async def release(self, fh: int) -> None:

@@ -4,10 +4,27 @@ Why SQLite: every metadata change (create, rename, state change) must be one
 atomic, crash-safe transaction, and rename of a whole tree must be a single
 commit. SQLite in WAL mode gives that with one file and no server.
 
-Durability: ordinary commits use `synchronous=NORMAL` (they survive a crash of
-the daemon, because the WAL is written before COMMIT returns). Commits that
-acknowledge data to an application (`fsync`, last `close`, `fsyncdir`) call
-`sync()`, which makes every earlier commit survive power loss too.
+Durability: every commit uses `synchronous=NORMAL`: COMMIT only write()s the WAL, so it
+survives a crash of the daemon but not yet a power loss, and costs no fsync on the trio
+thread. Requests that acknowledge durability to an application (`fsync`, `fsyncdir`)
+`await durable()`, which fsyncs the `-wal` file in a worker thread (a limiter of its own) and
+returns once an fsync that *started after the call* has finished, so every earlier commit
+then survives power loss too. The trio thread goes on serving everything else meanwhile;
+the SQLite connection itself is only ever used from the trio thread, only the fsync moves.
+Why fsyncing the WAL from outside SQLite is enough (SQLite's own rules for NORMAL in WAL
+mode): a checkpoint fsyncs the WAL before it copies frames into the database and fsyncs the
+database after copying them all, and the WAL is restarted (its frames overwritten, or cut to
+`journal_size_limit`) only after such a complete checkpoint. So at any moment a committed
+transaction is either in the current WAL (made durable by our fsync, which flushes every
+page written to that file before it started, on Linux whatever descriptor wrote them) or in
+the already fsynced database. The WAL file is removed only when the last connection closes;
+the first fsync of each WAL file (by inode) also fsyncs the database and the directory, so
+a newly created file's name is durable too. Group commit: callers that arrive while an fsync
+runs share the next one, so N writers fsyncing together cost about two fsyncs, not N.
+`sync()` is the same fsync done blocking, for paths where nothing else waits on the trio
+thread (opening the journal, recovery before the mount, the daemon's stop after unmount).
+What stays on the trio thread: SQLite's own automatic checkpoint (every ~1000 WAL pages:
+an fsync of the WAL and of the database) and the header sync when a new WAL cycle starts.
 
 Inode numbers come from an AUTOINCREMENT key and are never reused, not even
 after a restart: the kernel may still hold an old number in its caches.
@@ -18,7 +35,7 @@ A full disk: the journal shares the cache's file system, and a FUSE passthrough 
 gives the reserve up and is retried once (only where SQLite left nothing half done: a
 statement outside a transaction, or a COMMIT whose transaction is still open), so closes,
 fsyncs, uploads marked durable and unlinks that free space still commit. The reserve is
-taken back at the next `sync()` that finds the disk has room. With the reserve gone too,
+taken back at the next `durable()` or `sync()` that finds the disk has room. With the reserve gone too,
 the write fails with `DiskFull` (ENOSPC), never a half-applied change.
 """
 
@@ -30,9 +47,11 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+import trio
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +155,14 @@ class _Connection(sqlite3.Connection):
 
 
 @dataclass
+class _Round:
+    """One fsync of the WAL shared by every `durable()` caller that joined it before it started."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    error: OSError | None = None
+
+
+@dataclass
 class Row:
     ino: int
     parent: int | None
@@ -203,6 +230,10 @@ class Journal:
         except sqlite3.DatabaseError as e:
             raise JournalError(f"journal {path} cannot be opened ({e}): move it aside and remount") from None
         self._depth = 0
+        self._fsyncs = trio.CapacityLimiter(1)  # its own thread: workers stuck on a hung store never delay it
+        self._running_round: _Round | None = None  # the fsync running now
+        self._next_round: _Round | None = None  # the one that starts after it; callers arriving now share it
+        self._synced_wal_ino: int | None = None  # the WAL file whose directory entry is known durable
         self.reserve_path = path.with_name("journal.reserve")
         self.reserved = self._take_reserve()
         self.db.release_reserve = self._release_reserve  # type: ignore[attr-defined]
@@ -294,15 +325,69 @@ class Journal:
             raise
 
     def sync(self) -> None:
-        """Make every earlier commit survive power loss (fsync the WAL)."""
+        """Make every earlier commit survive power loss, blocking the calling thread.
+
+        Only where nothing else waits on the trio thread (open, recovery, stop after unmount);
+        requests await `durable()` instead."""
         if not self.reserved:
             self._retake_reserve()
-        self.db.execute("PRAGMA synchronous=FULL")
+        self._fsync_files()
+
+    async def durable(self) -> None:
+        """Make every commit made before this call survive power loss, off the trio thread.
+
+        Returns once an fsync of the WAL that started after the call has finished (callers
+        arriving while one runs share the next: group commit). Raises OSError if it failed."""
+        if not self.reserved:
+            self._retake_reserve()
+        rnd = self._next_round
+        if rnd is not None:  # not started yet, so it starts after our commits: share it
+            await rnd.done.wait()
+        else:
+            rnd = self._next_round = _Round()
+            # shielded: the callers sharing this round wait on it, and the fsync cannot be abandoned anyway
+            with trio.CancelScope(shield=True):
+                try:
+                    if self._running_round is not None:  # it may have started before our commits: one at a time
+                        await self._running_round.done.wait()
+                    self._next_round, self._running_round = None, rnd
+                    await trio.to_thread.run_sync(self._fsync_files, limiter=self._fsyncs)
+                except OSError as e:
+                    rnd.error = e
+                except BaseException:
+                    rnd.error = OSError(errno.EIO, "Input/output error")  # nobody sharing it may take it as done
+                    raise
+                finally:
+                    if self._running_round is rnd:
+                        self._running_round = None
+                    if self._next_round is rnd:
+                        self._next_round = None
+                    rnd.done.set()
+        if rnd.error is not None:
+            raise OSError(rnd.error.errno, f"fsync of the journal failed: {rnd.error.strerror}")
+
+    def _fsync_files(self) -> None:
+        """fsync the WAL (in a worker thread for `durable()`); the database and directory too for a new WAL file."""
+        wal = f"{self.path}-wal"
+        ino: int | None = None
         try:
-            with self.transaction():
-                self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('synced', ?)", (str(time.time()),))
-        finally:
-            self.db.execute("PRAGMA synchronous=NORMAL")
+            fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # no WAL (yet): everything is in the database file
+            pass
+        else:
+            try:
+                ino = os.fstat(fd).st_ino
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if ino is None or ino != self._synced_wal_ino:
+            for path, flags in ((self.path, os.O_RDONLY), (self.path.parent, os.O_RDONLY | os.O_DIRECTORY)):
+                fd = os.open(path, flags | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            self._synced_wal_ino = ino
 
     # ------------------------------------------------------------------ inodes
     def get(self, ino: int) -> Row | None:

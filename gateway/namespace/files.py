@@ -7,7 +7,8 @@ fsync and before an upload snapshots the file. The *version* is what makes an
 upload safe: bumped on every change, an upload is published only if the version
 it started from is still current.
 
-Synchronous, on the trio thread. Errors are `OSError(errno)` for the FS to map;
+Synchronous, on the trio thread (only `fsync` awaits: the journal's fsync runs in a
+worker thread). Errors are `OSError(errno)` for the FS to map;
 `CacheFull` (an OSError) when the cache has no room for a write.
 """
 
@@ -176,11 +177,13 @@ class OpenFiles:
         self.journal.update(ino, **fields)
         live.modified = False
 
-    def fsync(self, ino: int) -> None:
-        """Called after the cache file itself was fsynced: make the journal entry durable too."""
+    async def fsync(self, ino: int) -> None:
+        """Called after the cache file itself was fsynced: make the journal entry durable too.
+
+        The journal's fsync runs in a worker thread: the trio thread serves other requests meanwhile."""
         if ino in self.live:
             self.persist(ino, closed=False)
-        self.journal.sync()
+        await self.journal.durable()
 
     def persist_all(self) -> None:
         """At unmount: handles still open will never be released, so close them in the journal now."""

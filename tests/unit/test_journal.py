@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
+import trio
+import trio.testing
 
 from ckptfs.cache import Cache
 from ckptfs.config import load_config
@@ -165,7 +170,7 @@ def test_fsync_then_close_still_waits_for_upload_delay(tmp_path: Path) -> None:
     row = ns.tree.create(ROOT_INODE, "f.tmp", 0o644, 0, 0)
     fd = ns.files.open(row.ino, write=True)
     ns.files.write(row.ino, fd, 0, b"data")
-    ns.files.fsync(row.ino)
+    trio.run(ns.files.fsync, row.ino)
     os.close(fd)
     ns.files.release(row.ino, write=True)
     now = time.time()
@@ -277,9 +282,165 @@ def test_a_full_journal_gives_up_its_reserve_then_fails_with_enospc_and_changes_
         for i in range(200):
             j.insert(ROOT_INODE, f"g{i}-" + "x" * 200, "file", 0o644, 0, 0, DIRTY)
     assert os.stat(reserve).st_size == 0
-    # the journal goes on: a change that fits commits, and sync takes the reserve back
+    # the journal goes on: a change that fits commits, and the next fsync of the journal takes the reserve back
     j.update(a.ino, size=7)
-    j.sync()
+    trio.run(j.durable)
+    assert os.stat(reserve).st_size == JOURNAL_RESERVE
+    assert j._release_reserve() and os.stat(reserve).st_size == 0
+    j.sync()  # the blocking one (open, recovery, stop) too
     assert os.stat(reserve).st_size == JOURNAL_RESERVE
     got = j.get(a.ino)
     assert got is not None and got.size == 7  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------- the journal's fsync, off the trio thread
+def _wal_fsyncs(monkeypatch: pytest.MonkeyPatch, on_wal: Callable[[int], None]) -> None:
+    """Route every os.fsync of a `-wal` file through `on_wal(fd)`; other fsyncs stay real."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("-wal"):
+            on_wal(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_durable_fsyncs_the_wal_in_a_thread_while_the_trio_thread_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = Journal(tmp_path / "journal.sqlite3", "ckpt", "p")
+    events: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def stalled_disk(fd: int) -> None:
+        events.append("fsync started")
+        started.set()
+        assert release.wait(60)
+        events.append("fsync done")  # the real fsync follows at once
+
+    _wal_fsyncs(monkeypatch, stalled_disk)
+
+    async def main() -> None:
+        with j.transaction():
+            a = j.insert(ROOT_INODE, "a", "file", 0o644, 0, 0, DIRTY)
+
+        async def acknowledge() -> None:
+            await j.durable()
+            events.append("durable returned")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(acknowledge)
+            await trio.to_thread.run_sync(started.wait, 60)
+            # the fsync hangs in its thread; the trio thread keeps using the journal meanwhile
+            with j.transaction():
+                j.insert(ROOT_INODE, "b", "file", 0o644, 0, 0, DIRTY)
+            j.update(a.ino, size=5)
+            got = j.get(a.ino)
+            assert j.lookup(ROOT_INODE, "b") is not None and got is not None and got.size == 5
+            await trio.testing.wait_all_tasks_blocked()
+            assert events == ["fsync started"]  # not acknowledged while the fsync is still running
+            release.set()
+        assert events == ["fsync started", "fsync done", "durable returned"]
+
+    trio.run(main)
+    j.close()
+
+
+def test_concurrent_durable_calls_share_one_fsync_that_started_after_their_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = Journal(tmp_path / "journal.sqlite3", "ckpt", "p")
+    started: list[int] = []  # WAL fsyncs, numbered in the order they started
+    finished: list[int] = []
+    first_started, release = threading.Event(), threading.Event()
+
+    def counted(fd: int) -> None:
+        n = len(started)
+        started.append(n)
+        if n == 0:
+            first_started.set()
+            assert release.wait(60)
+        finished.append(n)
+
+    _wal_fsyncs(monkeypatch, counted)
+    seen: dict[int, tuple[int, list[int]]] = {}
+
+    async def writer(k: int) -> None:
+        with j.transaction():
+            j.insert(ROOT_INODE, f"w{k}", "file", 0o644, 0, 0, DIRTY)
+        begun_before_commit = len(started)  # an fsync that started before the commit may not cover it
+        await j.durable()
+        seen[k] = (begun_before_commit, list(finished))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(j.durable)  # fsync 0, held up by a busy disk
+            await trio.to_thread.run_sync(first_started.wait, 60)
+            for k in range(8):
+                nursery.start_soon(writer, k)
+            await trio.testing.wait_all_tasks_blocked()  # all 8 committed and wait
+            release.set()
+
+    trio.run(main)
+    assert len(started) == 2  # fsync 0, then one for all 8 writers: not 8 in a row
+    for k, (begun, done_at_return) in seen.items():
+        assert begun == 1 and any(n >= begun for n in done_at_return), (k, begun, done_at_return)
+    j.close()
+
+
+def test_a_failed_journal_fsync_fails_every_caller_sharing_it_and_the_next_one_retries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    j = Journal(tmp_path / "journal.sqlite3", "ckpt", "p")
+    calls: list[int] = []
+    first_started, release = threading.Event(), threading.Event()
+
+    def disk(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # a first fsync holds the disk while three callers line up behind it
+            first_started.set()
+            assert release.wait(60)
+        elif len(calls) == 2:  # the one they share fails
+            raise OSError(errno.EIO, "Input/output error")
+
+    _wal_fsyncs(monkeypatch, disk)
+    outcomes: list[str] = []
+
+    async def acknowledge() -> None:
+        try:
+            await j.durable()
+            outcomes.append("ok")
+        except OSError as e:
+            outcomes.append(errno.errorcode[e.errno or 0])
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(acknowledge)
+            await trio.to_thread.run_sync(first_started.wait, 60)
+            for _ in range(3):
+                nursery.start_soon(acknowledge)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        await acknowledge()  # a later fsync is tried again
+
+    trio.run(main)
+    assert outcomes == ["ok", "EIO", "EIO", "EIO", "ok"] and len(calls) == 3
+    j.close()
+
+
+def test_the_first_fsync_of_a_wal_file_also_makes_its_name_and_the_database_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = Journal(tmp_path / "journal.sqlite3", "ckpt", "p")
+    j._synced_wal_ino = None  # as if the WAL file were new (a journal reopened after a clean stop)
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    j.update(ROOT_INODE, mode=0o40700)
+    trio.run(j.durable)
+    assert synced == ["journal.sqlite3-wal", "journal.sqlite3", tmp_path.name]
+    synced.clear()
+    j.update(ROOT_INODE, mode=0o40755)
+    trio.run(j.durable)
+    assert synced == ["journal.sqlite3-wal"]  # from then on the WAL alone
+    j.close()
