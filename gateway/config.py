@@ -33,6 +33,17 @@ UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its N
 AUTO_MIN_FREE_PERCENT = 5  # default cache_min_free: this share of the cache file system, at most 1 GiB
 
 
+def part_size_for(size: int, configured: int) -> int:
+    """The configured part size, raised (in whole MiB) if a file of `size` bytes would need more than S3_MAX_PARTS parts.
+
+    Used by every multipart upload and copy (drain, replication, cold-tier moves). S3_MAX_PARTS is read when called,
+    so a test can lower it to drive a file past the limit without writing 10,000 parts' worth of bytes."""
+    need = -(-size // S3_MAX_PARTS)
+    if need <= configured:
+        return configured
+    return -(-need // MiB) * MiB
+
+
 class ConfigError(Exception):
     """A user-fixable configuration problem; the message is one line."""
 
@@ -119,8 +130,8 @@ class Config:
     # replication (docs/replication.md); the targets are `[replica.NAME]` tables, see below
     replication_interval: float = _opt(30.0, "Seconds between replication passes: every node surveys each `[replica.NAME]` target (for `ckptfs replicate status` and the metrics) and the node holding the `replication` lease copies what is missing.", "seconds")
     replication_lease_ttl: float = _opt(60.0, "Seconds the `replication` lease in the bucket lasts unless its holder renews it (every third of it): a node that dies mid-copy is taken over after at most this long.", "seconds")
-    replication_part_size: int = _opt(16 * MiB, "Part size of the streamed copy (GET from the primary, multipart PUT to a target on another endpoint). The copy holds at most `replication_part_size` x `replication_parts_in_flight` bytes in memory.", "bytes")
-    replication_parts_in_flight: int = _opt(8, "Parts (or small objects) copied at once to each target, across all files.")
+    replication_part_size: int = _opt(16 * MiB, "Part size of a replica copy (streamed: GET from the primary, multipart PUT to a target on another endpoint; inside the store: UploadPartCopy). Raised, in whole MiB, for a file that would need more than S3's 10,000 parts (as `part_size` is for uploads). A streamed copy holds at most `replication_part_size` x `replication_parts_in_flight` bytes in memory: a raised part holds as many slots as it is worth, so fewer are in flight; only a single part larger than that whole bound (a file above 10,000 x the bound) is held alone, above it.", "bytes")
+    replication_parts_in_flight: int = _opt(8, "Parts (or small objects) copied at once to each target, across all files; a part raised past `replication_part_size` (a file of more than 10,000 parts) counts as several.")
     replication_read_timeout: float = _opt(30.0, "Seconds to wait for a replica target's answer before retrying (3 attempts): a target that hangs shows as an error after about three times this, and never holds up the mount, the drain or the primary.", "seconds")
     read_only: bool = _opt(False, "Mount read-only (`-o read_only=true`): every change fails with EROFS, nothing is uploaded or committed. For a mount of a replica's bucket, or any bucket this node must not change.")
     retention_keep_last: int = _opt(0, "Retention (docs/lifecycle.md): keep the newest N committed checkpoints of each directory of checkpoints. 0 turns this rule off. With every keep rule off, retention keeps everything.")

@@ -33,7 +33,7 @@ import xxhash
 
 from . import threads
 from .cache import Cache
-from .config import MiB, S3_MAX_PARTS, Config
+from .config import MiB, Config, part_size_for
 from .journal import UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
@@ -101,14 +101,6 @@ class Throughput:
         sent = sum(n for _, n in self.completed)
         busy = sum(max(0.0, min(end, now) - max(start, cut)) for start, end in self.spells)
         return sent / busy if sent and busy > 0 else 0.0
-
-
-def part_size_for(size: int, configured: int) -> int:
-    """The configured part size, raised (in whole MiB) if the file would need more than 10,000 parts."""
-    need = math.ceil(size / S3_MAX_PARTS)
-    if need <= configured:
-        return configured
-    return math.ceil(need / MiB) * MiB
 
 
 def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tuple[str, list[str]]:

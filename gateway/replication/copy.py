@@ -20,6 +20,11 @@ Order, so that a checkpoint on a target is either complete or visibly incomplete
      anonymous mmaps, reused, unmapped after each pass) from its GET until it
      is uploaded and hashed, so a target's copy holds at most
      `replication_parts_in_flight` x `replication_part_size` bytes of data;
+   - either way, a file that would need more than S3's 10,000 parts gets larger
+     parts (config.part_size_for, as the drain); a streamed part of k times
+     `replication_part_size` holds k slots (all of them if k is more), so such
+     a file has fewer parts in flight and the bound above holds, except for a
+     part larger than the whole bound, which is copied alone;
 4. objects under the checkpoint on the target that the manifest does not name
    (an earlier generation's) are deleted, and the protection object is copied
    (with legal holds where the target has Object Lock) or removed;
@@ -43,6 +48,7 @@ from typing import Any, Awaitable, Callable
 import trio
 import xxhash
 
+from .. import config
 from ..store import NO_OBJECT, Store, StoreError
 from ..lifecycle.manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
 
@@ -66,50 +72,118 @@ class Counters:
     server_side: int = 0
 
 
+def part_slots(part_size: int, unit: int, slots: int) -> int:
+    """How many of a target's `slots` (each worth `unit` bytes of part buffer: replication_part_size) a streamed part of
+    `part_size` bytes holds: enough to cover its buffer, so that the parts in flight stay within `slots` x `unit` bytes;
+    all of them when one part alone is larger than that (it is then copied alone, the one case above the bound)."""
+    return max(1, min(slots, -(-part_size // unit)))
+
+
+def parts_in_flight(part_size: int, unit: int, slots: int) -> int:
+    """At most this many parts of `part_size` bytes of one file are in flight at once (at least 1)."""
+    return slots // part_slots(part_size, unit, slots)
+
+
+class Slots:
+    """A target's parts in flight (`replication_parts_in_flight`): a part holds `part_slots` of them, a server-side copy
+    one. Several are taken together under a lock, so two large parts never each hold some and wait for the rest."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._free = trio.Semaphore(total)
+        self._lock = trio.Lock()
+
+    @property
+    def free(self) -> int:
+        return self._free.value
+
+    async def acquire(self, n: int = 1) -> None:
+        """Take `n` slots (1 <= n <= total) once they are all free."""
+        assert 1 <= n <= self.total, n
+        async with self._lock:
+            got = 0
+            try:
+                while got < n:
+                    await self._free.acquire()
+                    got += 1
+            except BaseException:
+                self.release(got)
+                raise
+
+    def release(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._free.release()
+
+    async def __aenter__(self) -> None:
+        await self.acquire(1)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release(1)
+
+
 class PartBuffers:
-    """The part buffers of a streamed copy: at most `limit` of `size` bytes, taken and given back, reused.
+    """The part buffers of a streamed copy: at most `limit` x `size` bytes (`size` is replication_part_size, `limit`
+    replication_parts_in_flight), taken and given back, reused.
 
     Each is an anonymous mmap, so its pages go back to the system when it is
     dropped (`release`), and reuse leaves nothing for the allocator to
-    fragment. A part takes one only while it holds a slot of the target
-    (`Job.slots`, `replication_parts_in_flight`), so `limit` (the same
-    number) is never reached by a correct caller; `take` beyond it is a bug
-    and raises. A buffer whose request was abandoned (cancelled while its
-    worker thread still runs) is forgotten (`lose`), never reused: it is
-    unmapped when that thread lets go of it.
+    fragment. A buffer is reused for a part of its own size; a file with
+    larger parts (past S3's 10,000 parts) takes buffers of that size, and
+    free buffers of another size are dropped to make room for them. A part
+    takes one only while it holds its slots of the target (`Job.slots`,
+    `part_slots`), so the bound is never passed by a correct caller but by
+    a single part larger than the whole bound, taken while no other is in
+    use; `take` beyond it otherwise is a bug and raises. A buffer whose
+    request was abandoned (cancelled while its worker thread still runs) is
+    forgotten (`lose`), never reused: it is unmapped when that thread lets
+    go of it.
     """
 
     def __init__(self, size: int, limit: int | None = None) -> None:
         self.size, self.limit = size, limit
         self.free: list[mmap.mmap] = []
         self.in_use = 0
+        self.in_use_bytes = 0
         self.peak = 0  # most buffers held at once (taken or free) since made
+        self.peak_bytes = 0  # most bytes held at once (taken or free) since made
 
     @property
     def held(self) -> int:
         return self.in_use + len(self.free)
 
     @property
-    def peak_bytes(self) -> int:
-        return self.peak * self.size
+    def held_bytes(self) -> int:
+        return self.in_use_bytes + sum(len(b) for b in self.free)
 
-    def take(self) -> mmap.mmap:
-        if self.free:
-            buf = self.free.pop()
-        elif self.limit is not None and self.held >= self.limit:
-            raise RuntimeError(f"{self.held} part buffers in use, the limit is {self.limit}: a part took one without a slot")
+    def take(self, size: int | None = None) -> mmap.mmap:
+        """A buffer of `size` bytes (default: `self.size`)."""
+        size = self.size if size is None else size
+        buf = next((b for b in reversed(self.free) if len(b) == size), None)  # the last given back (as before)
+        if buf is not None:
+            self.free.remove(buf)
         else:
-            buf = mmap.mmap(-1, self.size)
+            if self.limit is not None:
+                bound = self.limit * self.size
+                while self.free and self.held_bytes + size > bound:
+                    self.free.pop(0)  # another size: dropped (unmapped) to make room
+                if self.in_use and self.in_use_bytes + size > bound:
+                    raise RuntimeError(f"{self.in_use_bytes + size} bytes of part buffers in use, the limit is {bound}: "
+                                       "a part took one without its slots")
+            buf = mmap.mmap(-1, size)
         self.in_use += 1
+        self.in_use_bytes += len(buf)
         self.peak = max(self.peak, self.held)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         return buf
 
     def give(self, buf: mmap.mmap) -> None:
         self.in_use -= 1
+        self.in_use_bytes -= len(buf)
         self.free.append(buf)
 
     def lose(self, buf: mmap.mmap) -> None:
         self.in_use -= 1
+        self.in_use_bytes -= len(buf)
 
     def release(self) -> None:
         """Unmap the free buffers (between passes: an idle replicator holds none)."""
@@ -127,7 +201,7 @@ class Job:
     same_endpoint: bool
     part_size: int
     copy_multipart_threshold: int
-    slots: trio.Semaphore  # parts in flight (memory bound) for this target
+    slots: Slots  # parts in flight (memory bound) for this target
     io: Callable[..., Awaitable[Any]]  # runs a blocking store call in a worker thread
     counters: Counters = field(default_factory=Counters)
     check: Callable[[], None] = lambda: None  # raises if the copy must stop (lease lost)
@@ -233,7 +307,7 @@ async def _copy_file(job: Job, f: dict[str, Any]) -> str:
         metadata = {XXH3_META: want_xxh3, SOURCE_ETAG_META: f["etag"]}
         async with job.slots:
             etag = await job.io(job.dst.copy_from, job.src_bucket, f["key"], f["etag"], key, size, metadata,
-                                job.part_size, job.copy_multipart_threshold)
+                                config.part_size_for(size, job.part_size), job.copy_multipart_threshold)
         job.counters.server_side += 1
     else:
         etag = await _stream(job, f, key, size, want_xxh3)
@@ -242,9 +316,9 @@ async def _copy_file(job: Job, f: dict[str, Any]) -> str:
     return etag
 
 
-async def _held(bufs: PartBuffers, fn: Callable[[mmap.mmap], Awaitable[Any]]) -> Any:
-    """Run `fn` with a part buffer, given back after (lost if cancelled: its thread may still use it)."""
-    buf = bufs.take()
+async def _held(bufs: PartBuffers, size: int, fn: Callable[[mmap.mmap], Awaitable[Any]]) -> Any:
+    """Run `fn` with a part buffer of `size` bytes, given back after (lost if cancelled: its thread may still use it)."""
+    buf = bufs.take(size)
     try:
         result = await fn(buf)
     except trio.Cancelled:
@@ -272,7 +346,9 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
                             "(the primary's object does not match its manifest: run ckptfs verify --deep on it)")
         return digest
 
-    if size < job.part_size:
+    part_size = config.part_size_for(size, job.part_size)  # past 10,000 parts: larger
+    weight = part_slots(part_size, job.part_size, job.slots.total)  # a larger part holds more slots: fewer in flight
+    if size < part_size:
         async def small(buf: mmap.mmap) -> str:
             view = memoryview(buf)[:size]
             await job.io(src.get_range_into, f["key"], f["etag"], 0, view)
@@ -280,9 +356,12 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
             digest = check_digest()
             return await job.io(dst.put_object_from, key, view, _crc32(view), {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]})
 
-        async with job.slots:
-            return await _held(bufs, small)
-    n = -(-size // job.part_size)
+        await job.slots.acquire(weight)
+        try:
+            return await _held(bufs, part_size, small)
+        finally:
+            job.slots.release(weight)
+    n = -(-size // part_size)
     # the digest is only known at the end: the metadata is set at CreateMultipartUpload, so it is the manifest's;
     # a file without one in the manifest gets it after the fact by a copy-in-place (rare: written without ckptfs)
     upload_id = await job.io(dst.create_multipart, key, {XXH3_META: want_xxh3 or "", SOURCE_ETAG_META: f["etag"]})
@@ -295,8 +374,8 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
 
             async def one_part(i: int, buf: mmap.mmap) -> None:
                 try:
-                    start = i * job.part_size
-                    view = memoryview(buf)[:min(job.part_size, size - start)]
+                    start = i * part_size
+                    view = memoryview(buf)[:min(part_size, size - start)]
                     await job.io(src.get_range_into, f["key"], f["etag"], start, view)
                     held[i] = view
                     fetched[i].set()
@@ -309,14 +388,14 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
 
             async def part(i: int) -> None:
                 try:
-                    await _held(bufs, lambda buf: one_part(i, buf))
+                    await _held(bufs, part_size, lambda buf: one_part(i, buf))
                 finally:
-                    job.slots.release()
+                    job.slots.release(weight)
 
             async def producer() -> None:
                 for i in range(n):
                     job.check()
-                    await job.slots.acquire()
+                    await job.slots.acquire(weight)
                     nursery.start_soon(part, i)
 
             nursery.start_soon(producer)
@@ -338,6 +417,6 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
         raise
     if not want_xxh3:
         await job.io(dst.copy_from, dst.bucket, key, etag, key, size, {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]},
-                     job.part_size, job.copy_multipart_threshold)
+                     part_size, job.copy_multipart_threshold)
         etag = (await job.io(dst.head_object, key)).etag
     return etag

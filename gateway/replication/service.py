@@ -49,7 +49,7 @@ from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
 from ..namespace.keys import Keys, is_reserved
 from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
-from .copy import CopyError, Counters, Job, PartBuffers, copy_checkpoint, one_error
+from .copy import CopyError, Counters, Job, PartBuffers, Slots, copy_checkpoint, one_error
 
 if TYPE_CHECKING:
     from ..lifecycle.service import Lifecycle
@@ -98,7 +98,7 @@ class Target:
         self.deleted_total = 0  # checkpoints deleted on the target after retention deleted them on the primary
         self.kept_by_policy: dict[str, list[str]] = {}  # deleted on the primary, kept by the replica's own retention: rules
         self.object_lock: bool | None = None
-        self.slots = trio.Semaphore(cfg.replication_parts_in_flight)
+        self.slots = Slots(cfg.replication_parts_in_flight)
         self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
 
     def open(self) -> Store:

@@ -24,7 +24,7 @@ import xxhash
 
 from ckptfs.config import Config
 from ckptfs.lifecycle.manifest import read_manifest
-from ckptfs.replication.copy import Job, PartBuffers, copy_checkpoint
+from ckptfs.replication.copy import Job, PartBuffers, Slots, copy_checkpoint
 from ckptfs.store import Store
 
 from tests.conftest import Mount, delete_bucket, mount_is_dead, run_cli, wait_for, write_random
@@ -460,7 +460,7 @@ def test_a_streamed_copy_holds_its_data_only_in_its_part_buffers(make_mount, sec
         async def io(fn, *args):  # type: ignore[no-untyped-def]
             return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
 
-        job = Job(src, dst, a.bucket, "step_5/", False, part, 5 << 30, trio.Semaphore(in_flight), io, buffers=buffers)
+        job = Job(src, dst, a.bucket, "step_5/", False, part, 5 << 30, Slots(in_flight), io, buffers=buffers)
         tracemalloc.start()
         try:
             await copy_checkpoint(job, manifest, manifest_body, None, False)
@@ -521,3 +521,56 @@ def test_a_replica_with_its_own_longer_retention_keeps_what_the_primary_deleted(
     assert all(MANIFEST in on("long", s) for s in (2, 3, 4)) and MANIFEST in on("follow", 4)
     deletes = [(e["target"], e["path"]) for e in json.loads(a.cli("audit", str(a.path), "--json").stdout) if e["action"] == "replica-delete"]
     assert sorted(deletes) == [("follow", "run/step_1"), ("follow", "run/step_2"), ("follow", "run/step_3"), ("long", "run/step_1")]
+
+
+def test_a_file_past_the_part_limit_is_copied_in_larger_parts_streamed_and_server_side(make_mount, s3, second_s3, second_bucket,
+                                                                                       monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """S3 takes at most 10,000 parts: a file above 10,000 x replication_part_size must be copied in larger parts, as the
+    drain uploads it. The limit is lowered to 3 (config.S3_MAX_PARTS, read when a copy starts) so a 16 MiB file stands
+    for a 160 GiB one: 5 MiB parts would need 4. Both copies, streamed (to the second server) and inside the store (to
+    another bucket of the first), must use at most 3 parts and give the same bytes; the streamed one, whose 6 MiB parts
+    hold 2 of its 2 slots of 5 MiB, one part at a time, within the same 10 MiB of part buffers."""
+    a = make_mount("a")
+    step = a.path / "step_7"
+    step.mkdir()
+    want = {"big.distcp": shard(step / "big.distcp", 16 * MiB + 5, 1), "small": shard(step / "small", MiB, 2)}
+    commit(a, "step_7")
+    for k, v in a.s3.env().items():
+        monkeypatch.setenv(k, v)
+    near = s3.make_bucket(f"near-{uuid.uuid4().hex[:12]}")
+    try:
+        cfg = Config(bucket=a.bucket, prefix=a.prefix, endpoint_url=a.s3.endpoint_url)
+        src = Store(cfg)
+        far = Store(dataclasses.replace(cfg, bucket=second_bucket, prefix="", endpoint_url=second_s3.endpoint_url))
+        local = Store(dataclasses.replace(cfg, bucket=near, prefix=""))
+        key = a.key(f"step_7/{MANIFEST}")
+        manifest = read_manifest(src, key)
+        assert manifest is not None
+        manifest_body = src.get_bytes(key)[0]
+        monkeypatch.setattr("ckptfs.config.S3_MAX_PARTS", 3)
+        part, in_flight = 5 * MiB, 2
+        buffers = PartBuffers(part, in_flight)  # take() beyond 10 MiB in use raises
+
+        async def main() -> None:
+            limiter = trio.CapacityLimiter(8)
+
+            async def io(fn, *args):  # type: ignore[no-untyped-def]
+                return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
+
+            streamed = Job(src, far, a.bucket, "step_7/", False, part, 5 * MiB, Slots(in_flight), io, buffers=buffers)
+            await copy_checkpoint(streamed, manifest, manifest_body, None, False)
+            inside = Job(src, local, a.bucket, "step_7/", True, part, 5 * MiB, Slots(in_flight), io)
+            await copy_checkpoint(inside, manifest, manifest_body, None, False)
+            assert (streamed.counters.server_side, inside.counters.server_side) == (0, 2)
+
+        trio.run(main)
+        for server, bucket in ((second_s3, second_bucket), (s3, near)):
+            client = server.client()
+            for name, data in want.items():
+                assert hashlib.sha256(body(server, bucket, f"step_7/{name}")).hexdigest() == hashlib.sha256(data).hexdigest(), (bucket, name)
+            big = client.head_object(Bucket=bucket, Key="step_7/big.distcp", PartNumber=1)
+            assert big["ContentLength"] == 6 * MiB and big["PartsCount"] == 3, (bucket, big)  # 6 MiB parts: 3, not 4 of 5 MiB
+            assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+        assert buffers.in_use == 0 and buffers.peak_bytes == 6 * MiB  # one 6 MiB part at a time (or the small file's 5 MiB)
+    finally:
+        delete_bucket(s3.client(), near)
