@@ -79,11 +79,6 @@ def part_slots(part_size: int, unit: int, slots: int) -> int:
     return max(1, min(slots, -(-part_size // unit)))
 
 
-def parts_in_flight(part_size: int, unit: int, slots: int) -> int:
-    """At most this many parts of `part_size` bytes of one file are in flight at once (at least 1)."""
-    return slots // part_slots(part_size, unit, slots)
-
-
 class Slots:
     """A target's parts in flight (`replication_parts_in_flight`): a part holds `part_slots` of them, a server-side copy
     one. Several are taken together under a lock, so two large parts never each hold some and wait for the rest."""
