@@ -39,9 +39,7 @@ def proxy(s3: SeaweedServer) -> Iterator[Any]:
         p.close()
 
 
-@pytest.fixture(scope="session")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    data = tmp_path_factory.mktemp("seaweed")
+def _server(data: Path) -> Iterator[SeaweedServer]:
     server = SeaweedServer(data)
     server.start()
     try:
@@ -50,35 +48,35 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
         server.stop()
 
 
+def _bucket(server: SeaweedServer, prefix: str) -> Iterator[str]:
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    server.make_bucket(name)
+    yield name
+    # SeaweedFS gives every bucket volumes of its own, and a server has a limited number:
+    # a suite that leaves its buckets behind runs out ("No writable volumes") after ~100 tests
+    if not server.paused:
+        delete_bucket(server.client(), name)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    yield from _server(tmp_path_factory.mktemp("seaweed"))
+
+
 @pytest.fixture(scope="session")
 def second_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
     """A second S3 server on other ports: another region (replication) or a cold store (tier moves)."""
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweed-second"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _server(tmp_path_factory.mktemp("seaweed-second"))
 
 
 @pytest.fixture
 def second_bucket(second_s3: SeaweedServer) -> Iterator[str]:
-    name = f"r-{uuid.uuid4().hex[:12]}"
-    second_s3.make_bucket(name)
-    yield name
-    if not second_s3.paused:
-        delete_bucket(second_s3.client(), name)
+    yield from _bucket(second_s3, "r")
 
 
 @pytest.fixture
 def bucket(s3: SeaweedServer) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    s3.make_bucket(name)
-    yield name
-    # SeaweedFS gives every bucket volumes of its own, and a server has a limited number:
-    # a suite that leaves its buckets behind runs out ("No writable volumes") after ~100 tests
-    if not s3.paused:
-        delete_bucket(s3.client(), name)
+    yield from _bucket(s3, "t")
 
 
 def delete_bucket(client: Any, name: str) -> None:
