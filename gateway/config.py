@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .encryption import Encryption, EncryptionError
+from .patterns import PatternError, compile_patterns
+from .storageclass import TierError, parse_prices, parse_transitions
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -239,22 +243,16 @@ class Config:
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:
             parse_hostport(self.metrics_addr)
-        from .lifecycle.patterns import PatternError, compile_patterns
-
         try:
             compile_patterns(self.checkpoint_patterns)
         except PatternError as e:
             raise ConfigError(f"checkpoint_patterns: {e}") from None
-        from .encryption import Encryption, EncryptionError
-
         try:
             Encryption.from_config(self)
         except EncryptionError as e:
             raise ConfigError(str(e)) from None
         if self.ca_bundle and not os.path.isfile(self.ca_bundle):
             raise ConfigError(f"ca_bundle = {self.ca_bundle!r} is not a file: give a PEM file of CA certificates")
-        from .lifecycle.tiers import TierError, parse_prices, parse_transitions
-
         try:
             parse_transitions(self.tier_transitions)
             parse_prices(self.storage_prices)

@@ -19,17 +19,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..namespace.keys import is_reserved
+from ..patterns import Checkpoint
+from ..storageclass import class_label
 from ..store import Listing, NO_OBJECT, StoreError
-from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, read_manifest
-from .patterns import Checkpoint
-from .coldmove import label as moved_label
-from .tiers import class_label
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_manifest
+from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +35,7 @@ STATES = ("writing", "draining", "committed", "protected", "expiring")
 
 
 class Catalogue:
-    def __init__(self, lc: "Lifecycle") -> None:
+    def __init__(self, lc: Context) -> None:
         self.lc = lc
         self.protected: dict[str, dict[str, Any]] = {}  # checkpoint path -> what its protection object says
         self._manifests: dict[str, Manifest] = {}  # manifest key -> last one read (by ETag)
@@ -159,7 +156,7 @@ class Catalogue:
         else:
             state = "writing"  # not committed: still being written, not quiet yet, or written without ckptfs
         hot_files = len(files_of(top, base))
-        where = moved_label(moved)
+        where = label(moved)
         if where is not None and moved and moved.get("state") != "moving":
             classes[where] = int(moved.get("bytes") or 0)  # its files are on the cold target, not here
         if verified is not None and manifest is not None and verified.get("generation") != manifest.generation:

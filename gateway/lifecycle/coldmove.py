@@ -11,7 +11,7 @@ endpoint) the node holding the `tier-move` lease moves them there itself, every 
   that keeps them safe (docs/lifecycle.md);
 * how (`Mover.move`), so that a move killed at any point leaves the checkpoint whole on the primary:
   1. the record `<checkpoint>/.ckptfs-moved.json` is written `moving` (conditionally);
-  2. every file is copied with the replication copy code (replication/copy.py: server-side on the
+  2. every file is copied with the copy code replication uses too (lifecycle/copier.py: server-side on the
      same endpoint, else streamed, skipped when the target already has it), the target's manifest last;
   3. the copy is verified on the target against the manifest: listing (size, ETag) and every byte
      read back (xxh3-128);
@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -40,20 +40,16 @@ from prometheus_client.registry import Collector
 from ..store import NO_OBJECT, PRECONDITION, StoreError
 from . import audit, tiers
 from .lease import Lease, kept
-from .manifest import MANIFEST, MOVED, LifecycleError, Manifest, files_of, node_name, now_iso, read_manifest
-from .patterns import Checkpoint
+from .manifest import FORMAT, MANIFEST, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, node_name, now_iso, read_manifest
+from ..patterns import Checkpoint
 from .verify import verify
-
-if TYPE_CHECKING:
-    from ..replication.service import Target
-    from .service import Lifecycle
+from .context import Context
+from .copier import CopyError, Destination, Job, TargetView, copy_checkpoint, copy_file, one_error
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "tier-move"
-FORMAT = "ckptfs-moved/1"
 WHO = {"user": "ckptfs tier move", "uid": None}
-MOVING, MOVED_STATE, RESTORING, RESTORED = "moving", "moved", "restoring", "restored"
 
 
 class MoveError(Exception):
@@ -103,29 +99,13 @@ def plan(entries: list[dict[str, Any]], cfg: Any, now: float, busy: dict[str, st
     return out
 
 
-def moved_away(body: bytes) -> bool:
-    """Whether a move record (the object's body) says the checkpoint's files are, or are going, elsewhere."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("state") in (MOVING, MOVED_STATE, RESTORING)
-
-
-def label(record: dict[str, Any] | None) -> str | None:
-    """The storage-class label of a checkpoint with a move record (None: as its objects say)."""
-    if not record or record.get("state") not in (MOVING, MOVED_STATE, RESTORING):
-        return None
-    return f"{record['state']}:{record.get('target', '?')}"
-
-
 # ----------------------------------------------------------------------- mover
 class Mover:
-    def __init__(self, lc: "Lifecycle") -> None:
+    def __init__(self, lc: Context) -> None:
         self.lc = lc
         cfg = lc.cfg
         self.name = cfg.tier_move_target
-        self.targets: dict[str, "Target"] = {}
+        self.targets: dict[str, Destination] = {}
         self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl) if self.name else None
         self.moved_total = self.moved_bytes_total = self.restored_total = self.errors_total = 0
         self.last_error: str | None = None
@@ -139,9 +119,8 @@ class Mover:
     def enabled(self) -> bool:
         return bool(self.name) and self.lc.patterns.enabled and not self.lc.cfg.read_only
 
-    def target(self, name: str | None = None) -> "Target":
+    def target(self, name: str | None = None) -> Destination:
         """The cold target `name` (default: tier_move_target) as a replication Target (its own store client)."""
-        from ..replication.service import Target
 
         name = name or self.name
         replica = self.lc.cfg.replica.get(name) if name else None
@@ -149,7 +128,7 @@ class Mover:
             raise LifecycleError(f"cold target {name!r} is not configured here: add its [replica.{name}] table and "
                                  f"tier_move_target = \"{name}\" to the config file (docs/lifecycle.md)")
         if name not in self.targets:
-            self.targets[name] = Target(replica, self.lc.cfg)
+            self.targets[name] = Destination(replica, self.lc.cfg)
         return self.targets[name]
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -201,8 +180,6 @@ class Mover:
         return out
 
     async def _work(self) -> None:
-        from ..replication.copy import CopyError, one_error
-
         entries = await self.lc.scan("")
         decisions = plan(entries, self.lc.cfg, time.time(), self.busy())
         self.last_plan = decisions
@@ -264,7 +241,7 @@ class Mover:
                 raise MoveError(f"its move record changed meanwhile (a restore, retention or another node): left as it is") from None
             raise
 
-    def _doc(self, state: str, t: "Target", manifest: Manifest, **extra: Any) -> dict[str, Any]:
+    def _doc(self, state: str, t: Destination, manifest: Manifest, **extra: Any) -> dict[str, Any]:
         now = time.time()
         return {"state": state, "target": t.replica.name, "target_url": t.replica.url,
                 "endpoint_url": t.replica.endpoint_url, "manifest_etag": manifest.etag, "generation": manifest.generation,
@@ -273,9 +250,6 @@ class Mover:
 
     # ------------------------------------------------------------------- move
     async def move(self, ck: Checkpoint, finish_only: bool = False) -> None:
-        from ..replication.copy import Job, copy_checkpoint
-        from ..replication.service import _TargetView
-
         lc, cfg = self.lc, self.lc.cfg
         base = lc.keys.of(ck.path + "/")
         rec, rec_etag = await self.record(ck.path)
@@ -312,13 +286,13 @@ class Mover:
         if not (rec and rec.get("state") == MOVING and rec.get("manifest_etag") == metag and rec.get("target") == t.replica.name):
             self._check()
             rec_etag = await self._write_record(ck.path, self._doc(MOVING, t, manifest), rec_etag)
-        # 2. every file, the target's manifest last (replication/copy.py)
+        # 2. every file, the target's manifest last (copier.py)
         job = Job(lc.store, store, cfg.bucket, t.replica.key_prefix + ck.path + "/", t.same_endpoint, cfg.replication_part_size,
                   cfg.copy_multipart_threshold, t.slots, self.io, t.counters, self._check)
         before = t.counters.copied_objects, t.counters.skipped_objects
         doc = await copy_checkpoint(job, manifest, body, None, False)
         # 3. verified on the target: listing (size, ETag), every byte read back (xxh3-128)
-        view = _TargetView(cfg, store, t.replica.key_prefix, self.io)
+        view = TargetView(cfg, store, t.replica.key_prefix, self.io)
         result = await verify(view, ck, Manifest.from_json(json.dumps(doc).encode()), True, _no_progress)  # type: ignore[arg-type]
         if result["outcome"] != "whole" or result["counts"]["unchecked"]:
             raise MoveError(f"its copy on {t.replica.name} did not verify ({result['counts']}): the hot copy is kept")
@@ -363,14 +337,12 @@ class Mover:
     async def verify(self, ck: Checkpoint, deep: bool, progress: Callable[[dict[str, Any]], Awaitable[None]],
                      name: str | None = None) -> dict[str, Any]:
         """`ckptfs verify PATH --target NAME` for the cold target."""
-        from ..replication.service import _TargetView
-
         t = self.target(name)
         store = t.open()
         manifest = await self.io(read_manifest, store, t.replica.key_prefix + ck.path + "/" + MANIFEST)
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on cold target {t.replica.name} ({t.replica.url}): it was not moved there")
-        view = _TargetView(self.lc.cfg, store, t.replica.key_prefix, self.io)
+        view = TargetView(self.lc.cfg, store, t.replica.key_prefix, self.io)
         result = await verify(view, ck, manifest, deep, progress)  # type: ignore[arg-type]
         return {**result, "target": t.replica.name}
 
@@ -395,8 +367,6 @@ class Mover:
     # ----------------------------------------------------------------- restore
     async def restore(self, ck: Checkpoint, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any] | None:
         """Bring a moved checkpoint back to the primary (None: it has no move record to act on)."""
-        from ..replication.copy import CopyError, Job, _copy_file, one_error
-
         lc, cfg = self.lc, self.lc.cfg
         rec, rec_etag = await self.record(ck.path)
         if not rec or rec.get("state") not in (MOVING, MOVED_STATE, RESTORING):
@@ -425,7 +395,7 @@ class Mover:
 
         async def one(f: dict[str, Any]) -> None:
             async with limit:
-                etags[f["path"]] = await _copy_file(job, f)
+                etags[f["path"]] = await copy_file(job, f)
                 done["files"] += 1
                 done["bytes"] += int(f["size"])
                 await send({"ok": True, **out, "state": RESTORING, "done_files": done["files"], "done_bytes": done["bytes"]})

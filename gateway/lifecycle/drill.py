@@ -31,7 +31,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 import xxhash
@@ -39,10 +39,8 @@ import xxhash
 from ..store import NETWORK, NO_OBJECT, PRECONDITION, StoreError
 from . import ranges
 from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..patterns import Checkpoint
+from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +50,11 @@ HASH_CHUNK = 1 << 20
 LIST_LIMIT = 100
 
 
-def drills_root(lc: "Lifecycle") -> Path:
+def drills_root(lc: Context) -> Path:
     return Path(lc.cfg.cache_dir) / "drills"
 
 
-def clean_leftovers(lc: "Lifecycle", keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+def clean_leftovers(lc: Context, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
     """Remove restored directories no running drill owns (a CLI that died before `drill_done`)."""
     root = drills_root(lc)
     if not root.is_dir():
@@ -66,7 +64,7 @@ def clean_leftovers(lc: "Lifecycle", keep: set[str] = frozenset()) -> None:  # t
             shutil.rmtree(child, ignore_errors=True)
 
 
-async def choose(lc: "Lifecycle", path: str) -> tuple[Checkpoint, Manifest]:
+async def choose(lc: Context, path: str) -> tuple[Checkpoint, Manifest]:
     """The checkpoint `path` is, or the newest committed one at or below it."""
     ck = lc.patterns.checkpoint_of(path)
     if ck is not None and ck.path != path:
@@ -83,7 +81,7 @@ async def choose(lc: "Lifecycle", path: str) -> tuple[Checkpoint, Manifest]:
     return ck, manifest
 
 
-async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: Path,
+async def restore(lc: Context, ck: Checkpoint, manifest: Manifest, target: Path,
                   progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
     """Download the manifest's files into `target` and check each one's xxh3-128; the result (not recorded yet)."""
     started = time.time()
@@ -138,7 +136,7 @@ async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: P
     }
 
 
-async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
+async def _download(lc: Context, key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
     """Ranged GETs of the object (pinned to `etag`) written into `fd`; its xxh3-128, hashed in order.
 
     Each range goes from the response straight into the file (store.read_range, one 1 MiB buffer per
@@ -176,7 +174,7 @@ def finish(result: dict[str, Any], exec_result: dict[str, Any] | None) -> dict[s
     return result
 
 
-async def record(lc: "Lifecycle", result: dict[str, Any]) -> None:
+async def record(lc: Context, result: dict[str, Any]) -> None:
     """Keep the drill (and, if it succeeded, as the last success) in the bucket, for every node's metrics."""
     key = lc.keys.of(RECORD)
     for _ in range(5):
@@ -199,7 +197,7 @@ async def record(lc: "Lifecycle", result: dict[str, Any]) -> None:
     raise LifecycleError("the drill finished but other nodes kept rewriting its record: its outcome is not recorded")
 
 
-async def read_record(lc: "Lifecycle", with_etag: bool = False) -> Any:
+async def read_record(lc: Context, with_etag: bool = False) -> Any:
     try:
         body, etag = await lc.io(lc.store.get_bytes, lc.keys.of(RECORD))
     except StoreError as e:
@@ -214,7 +212,7 @@ async def read_record(lc: "Lifecycle", with_etag: bool = False) -> Any:
     return (doc, etag) if with_etag else doc
 
 
-def new_target(lc: "Lifecycle", parent: str) -> Path:
+def new_target(lc: Context, parent: str) -> Path:
     root = Path(parent) if parent else drills_root(lc)
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"drill-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"

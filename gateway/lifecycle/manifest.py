@@ -196,3 +196,25 @@ def next_manifest(existing: Manifest | None, path: str, step: int, files: list[F
 def now_iso(t: float | None = None) -> str:
     t = time.time() if t is None else t
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
+
+
+# ------------------------------------------------ the move record (coldmove.py writes it; the catalogue, the
+# tracker and the replicator read it)
+FORMAT = "ckptfs-moved/1"
+MOVING, MOVED_STATE, RESTORING, RESTORED = "moving", "moved", "restoring", "restored"
+
+
+def moved_away(body: bytes) -> bool:
+    """Whether a move record (the object's body) says the checkpoint's files are, or are going, elsewhere."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("state") in (MOVING, MOVED_STATE, RESTORING)
+
+
+def label(record: dict[str, Any] | None) -> str | None:
+    """The storage-class label of a checkpoint with a move record (None: as its objects say)."""
+    if not record or record.get("state") not in (MOVING, MOVED_STATE, RESTORING):
+        return None
+    return f"{record['state']}:{record.get('target', '?')}"

@@ -28,10 +28,10 @@ from ..namespace.keys import is_reserved
 from ..store import NO_OBJECT, StoreError
 from . import audit, tiers
 from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso
-from .patterns import Checkpoint
+from ..patterns import Checkpoint
+from .context import Context
 
 if TYPE_CHECKING:
-    from .service import Lifecycle
     from .catalogue import Catalogue
 
 log = logging.getLogger(__name__)
@@ -80,12 +80,12 @@ class Guard:
             self._refuse(path, False)
 
 
-def _files_to_hold(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest) -> list[tuple[str, str]]:
+def _files_to_hold(lc: Context, ck: Checkpoint, manifest: Manifest) -> list[tuple[str, str]]:
     """(key, ETag) of every object that gets a legal hold: the manifest's files and the manifest itself."""
     return [(f["key"], f["etag"]) for f in manifest.files] + [(lc.keys.of(f"{ck.path}/{MANIFEST}"), manifest.etag)]
 
 
-async def protect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
+async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
     base = lc.keys.of(ck.path + "/")
     manifest = await lc.catalogue.manifest(ck)
     if manifest is None:
@@ -122,7 +122,7 @@ async def protect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str, A
     return {"path": ck.path, "changed": True, "protection": info, "message": message}
 
 
-async def unprotect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
+async def unprotect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
     base = lc.keys.of(ck.path + "/")
     existing = await _protection(lc, base)
     if existing is None:
@@ -144,7 +144,7 @@ async def unprotect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str,
     return {"path": ck.path, "changed": True, "message": f"{ck.path} is no longer protected{note}"}
 
 
-async def _protection(lc: "Lifecycle", base: str) -> dict[str, Any] | None:
+async def _protection(lc: Context, base: str) -> dict[str, Any] | None:
     try:
         body, _ = await lc.io(lc.store.get_bytes, base + PROTECTED)
     except StoreError as e:
@@ -158,7 +158,7 @@ async def _protection(lc: "Lifecycle", base: str) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else {}
 
 
-async def _holds(lc: "Lifecycle", objects: list[tuple[str, str]], on: bool) -> list[dict[str, str]]:
+async def _holds(lc: Context, objects: list[tuple[str, str]], on: bool) -> list[dict[str, str]]:
     """Put a legal hold on each (key, ETag), on the version with that ETag, and read it back."""
     held: list[dict[str, str]] = []
     problems: list[str] = []
@@ -186,7 +186,7 @@ async def _holds(lc: "Lifecycle", objects: list[tuple[str, str]], on: bool) -> l
     return sorted(held, key=lambda h: h["key"])
 
 
-async def _release(lc: "Lifecycle", held: list[tuple[str, str]]) -> None:
+async def _release(lc: Context, held: list[tuple[str, str]]) -> None:
     problems: list[str] = []
 
     async def one(key: str, version_id: str) -> None:

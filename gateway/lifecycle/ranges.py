@@ -8,20 +8,18 @@ alone, for the caller to classify.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 import trio
 
 from ..store import CHANGED, NO_OBJECT, StoreError
 from .manifest import first_store_error
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from .context import Context
 
 T = TypeVar("T")
 
 
-async def in_order(lc: "Lifecycle", key: str, etag: str, size: int,
+async def in_order(lc: Context, key: str, etag: str, size: int,
                    fetch: Callable[[int, int], Awaitable[T]], consume: Callable[[int, int, T], Awaitable[None]]) -> None:
     """fetch(start, length) every range of the object, consume(start, length, result) them in order."""
     if size == 0:

@@ -16,11 +16,12 @@ from ..store import Store, StoreError
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease
-from .manifest import OWN_OBJECTS, LifecycleError, first_store_error
-from .patterns import Checkpoint, Patterns
+from .manifest import MOVING, OWN_OBJECTS, LifecycleError, first_store_error, label
+from ..patterns import Checkpoint, Patterns
 from .protect import Guard, protect, unprotect
 from .tracker import Tracker
 from .stats import SCAN_SECONDS, LifecycleCollector, summarize
+from .usage import usage
 from .verify import verify
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ DRILL_EXEC_LIMIT = 6 * 3600.0  # a restored directory waiting for its CLI's comm
 STORE_THREADS = 16  # requests to the bucket in flight for lifecycle work (verify's ranges, HEADs)
 PROGRESS_INTERVAL = 0.2
 COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
-            "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done", *tiers.COMMANDS)
+            "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done", "usage", *tiers.COMMANDS)
 
 
 class Lifecycle:
@@ -152,7 +153,7 @@ class Lifecycle:
             elif cmd == "verify":
                 ck = await self._checkpoint(path)
                 record, _ = await self.mover.record(ck.path)
-                if coldmove.label(record) and record["state"] != coldmove.MOVING:  # type: ignore[index]
+                if label(record) and record["state"] != MOVING:  # type: ignore[index]
                     assert record is not None
                     raise LifecycleError(f"{ck.path} is {record['state']} to cold target {record.get('target')} ({record.get('target_url')}) "
                                          f"since {record.get('at_iso')}: its files are not in this bucket; verify it there with "
@@ -202,6 +203,9 @@ class Lifecycle:
             elif cmd == "retention_restore":
                 ck = await self._checkpoint(path)
                 await send({"ok": True, **await retention.restore(self, ck, dict(request.get("who") or {}), str(request.get("reason", "")))})
+            elif cmd == "usage":
+                await self._exists(path)
+                await send({"ok": True, **await usage(self, path)})
             elif cmd in tiers.COMMANDS:
                 await tiers.handle(self, cmd, path, request, send)
             else:

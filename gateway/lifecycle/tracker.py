@@ -19,18 +19,16 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ..journal import ROOT_INODE
 from ..store import StoreError
-from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, next_manifest, write_manifest
+from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, write_manifest
 from . import tiers
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..patterns import Checkpoint
+from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +44,7 @@ class Active:
 
 
 class Tracker:
-    def __init__(self, lc: "Lifecycle", cache_dir: str) -> None:
+    def __init__(self, lc: Context, cache_dir: str) -> None:
         self.lc = lc
         self.state_path = Path(cache_dir) / STATE_FILE
         self.active: dict[str, Active] = {}
@@ -219,8 +217,6 @@ class Tracker:
         """Whether the checkpoint's files are (going) on its cold target (lifecycle/coldmove.py): never committed from here then."""
         if not any(o.name == MOVED for o in listing.objects):
             return False
-        from .coldmove import label
-
         record, _ = await self.lc.mover.record(path)
         return label(record) is not None
 

@@ -17,16 +17,15 @@ The metrics (`UsageCollector`) come from the catalogue walk the lifecycle alread
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .catalogue import STATES
-from .tiers import class_label, parse_prices, versioning_status
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..storageclass import class_label, parse_prices
+from .tiers import versioning_status
+from .context import Context
 
 GiB = float(1 << 30)
 NONE = "none"  # objects outside any checkpoint
@@ -123,7 +122,7 @@ def add_noncurrent(summary: dict[str, Any], versioning: str, nc: Any, prices: di
     return summary
 
 
-async def usage(lc: "Lifecycle", path: str) -> dict[str, Any]:
+async def usage(lc: Context, path: str) -> dict[str, Any]:
     base = lc.keys.of(path + "/" if path else "")
     listing = await lc.io(lambda: lc.store.list(base, recursive=True))
     rel0 = f"{path}/" if path else ""
@@ -140,7 +139,7 @@ async def usage(lc: "Lifecycle", path: str) -> dict[str, Any]:
 class UsageCollector(Collector):
     """Storage and cost metrics from the last catalogue walk (checkpoint objects)."""
 
-    def __init__(self, lc: "Lifecycle") -> None:
+    def __init__(self, lc: Context) -> None:
         self.lc = lc
         self.prices = parse_prices(lc.cfg.storage_prices)
 

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 import xxhash
@@ -28,10 +28,8 @@ from ..storageclass import may_need_restore
 from ..store import ARCHIVED, StoreError
 from . import ranges
 from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..patterns import Checkpoint
+from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +37,7 @@ FILES_AT_ONCE = 2
 LIST_LIMIT = 100  # names listed per kind in the recorded result
 
 
-async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool,
+async def verify(lc: Context, ck: Checkpoint, manifest: Manifest, deep: bool,
                  progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
     base = lc.keys.of(ck.path + "/")
     started = time.time()
@@ -108,14 +106,14 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
     return result
 
 
-def restore_message(lc: "Lifecycle", ck: Checkpoint, count: int, where: str) -> str:
+def restore_message(lc: Context, ck: Checkpoint, count: int, where: str) -> str:
     path = os.path.join(os.path.abspath(lc.cfg.mountpoint), ck.path)
     return (f"{ck.path}: {count} of its files {'is' if count == 1 else 'are'} archived in {where} and not restored, so a deep verify "
             f"cannot read {'it' if count == 1 else 'them'}: run ckptfs restore {path}, and verify again once it reports them restored "
             "(a shallow verify needs no restore)")
 
 
-async def _refuse_archived(lc: "Lifecycle", ck: Checkpoint, listing: Any, base: str, todo: list[dict[str, Any]]) -> None:
+async def _refuse_archived(lc: Context, ck: Checkpoint, listing: Any, base: str, todo: list[dict[str, Any]]) -> None:
     """Before reading anything: files the listing shows in an archive class and HeadObject says are not restored."""
     classes = {base + o.name: o.storage_class for o in listing.objects}
     keys = [f["key"] for f in todo if may_need_restore(classes.get(f["key"]))]
@@ -128,7 +126,7 @@ async def _refuse_archived(lc: "Lifecycle", ck: Checkpoint, listing: Any, base: 
         raise LifecycleError(restore_message(lc, ck, len(where), "/".join(sorted(set(where)))))
 
 
-async def _xxh3(lc: "Lifecycle", key: str, etag: str, size: int, done: dict[str, int]) -> str:
+async def _xxh3(lc: Context, key: str, etag: str, size: int, done: dict[str, int]) -> str:
     """xxh3-128 of the object read back with parallel ranged GETs, at most `read_concurrency` ranges held at once."""
     h = xxhash.xxh3_128()
 

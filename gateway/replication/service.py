@@ -25,14 +25,13 @@ so it never holds up the mount, the drain or the lifecycle on the primary.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,18 +40,15 @@ from prometheus_client.registry import Collector
 from ..config import Config, Replica
 from ..lifecycle import audit, drill
 from ..lifecycle.catalogue import MAX_DEPTH
-from ..lifecycle.coldmove import moved_away
 from ..lifecycle.lease import Lease, kept
-from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
-from ..lifecycle.patterns import Checkpoint
+from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, moved_away, node_name, read_manifest
+from ..patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
-from ..namespace.keys import Keys, is_reserved
+from ..namespace.keys import is_reserved
 from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
-from .copy import CopyError, Counters, Job, PartBuffers, Slots, copy_checkpoint, one_error
-
-if TYPE_CHECKING:
-    from ..lifecycle.service import Lifecycle
+from ..lifecycle.copier import CopyError, Destination, Job, TargetView, copy_checkpoint, one_error
+from ..lifecycle.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +75,11 @@ class Primary:
         return self.manifest.etag + (":protected" if self.protection is not None else "")
 
 
-class Target:
+class Target(Destination):
+    """A replica target: where copies go (Destination) and what the surveys learnt of it."""
+
     def __init__(self, replica: Replica, cfg: Config) -> None:
-        self.replica = replica
-        self.cfg = cfg
-        self.store: Store | None = None
-        self.same_endpoint = (replica.endpoint_url or "") == (cfg.endpoint_url or "") and replica.profile == cfg.profile
+        super().__init__(replica, cfg)
         self.known: dict[str, str] = {}  # checkpoint path -> signature the target was seen (or made) to hold
         self.selected: dict[str, Primary] = {}
         self.failed: dict[str, str] = {}  # checkpoint path -> why its last copy failed
@@ -93,26 +88,9 @@ class Target:
         self.surveyed_at = 0.0
         self.reached_at = 0.0
         self.copying: str | None = None
-        self.counters = Counters()
         self.errors_total = 0
         self.deleted_total = 0  # checkpoints deleted on the target after retention deleted them on the primary
         self.kept_by_policy: dict[str, list[str]] = {}  # deleted on the primary, kept by the replica's own retention: rules
-        self.object_lock: bool | None = None
-        self.slots = Slots(cfg.replication_parts_in_flight)
-        self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
-
-    def open(self) -> Store:
-        """The target's store client (made once; a bad profile is a target error, not a crash)."""
-        if self.store is None:
-            r = self.replica
-            tcfg = dataclasses.replace(self.cfg, bucket=r.bucket, prefix=r.prefix, endpoint_url=r.endpoint_url, region=r.region,
-                                       profile=r.profile, read_timeout=self.cfg.replication_read_timeout,
-                                       max_parts_in_flight=self.cfg.replication_parts_in_flight, replica={})
-            try:
-                self.store = Store(tcfg)
-            except Exception as e:  # noqa: BLE001 - botocore's ProfileNotFound and kin: one line, no secrets in them
-                raise StoreError(AUTH, f"cannot set up a client for {r.url} ({type(e).__name__}: {e}): check profile and region") from None
-        return self.store
 
     def pending(self) -> dict[str, Primary]:
         return {p: v for p, v in self.selected.items() if self.known.get(p) != v.signature}
@@ -156,17 +134,8 @@ class Target:
         }
 
 
-class _TargetView:
-    """The lifecycle seen through a target: what verify.verify needs (keys, store, io, cfg)."""
-
-    def __init__(self, cfg: Config, store: Store, prefix: str, io: Callable[..., Awaitable[Any]]) -> None:
-        self.cfg, self.store, self.keys, self.io = cfg, store, Keys(prefix), io
-        self.last_verify: dict[str, Any] | None = None
-        self.drill_record: dict[str, Any] = {}
-
-
 class Replicator:
-    def __init__(self, cfg: Config, lc: "Lifecycle") -> None:
+    def __init__(self, cfg: Config, lc: Context) -> None:
         self.cfg, self.lc = cfg, lc
         # the cold target of tier_move_target is the mover's (lifecycle/coldmove.py), not a replica
         self.targets = {name: Target(r, cfg) for name, r in cfg.replica.items() if name != cfg.tier_move_target}
@@ -512,7 +481,7 @@ class Replicator:
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on replica {name} ({t.replica.url}): not replicated (yet); "
                                  f"see `ckptfs replicate status`")
-        view = _TargetView(self.cfg, store, prefix, self.io)
+        view = TargetView(self.cfg, store, prefix, self.io)
         result = await verify(view, ck, manifest, deep, progress)  # type: ignore[arg-type]
         return {**result, "target": name}
 
@@ -574,7 +543,7 @@ class Replicator:
             if not held:
                 raise LifecycleError(f"no checkpoint under {path or '/'} is on replica {name} yet: see `ckptfs replicate status`")
             ck = max(held, key=lambda v: (v.manifest.committed_at, v.ck.step)).ck
-        view = _TargetView(self.cfg, store, t.replica.key_prefix, self.io)
+        view = TargetView(self.cfg, store, t.replica.key_prefix, self.io)
         manifest = await self.io(read_manifest, store, view.keys.of(ck.path + "/" + MANIFEST))
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on replica {name} ({t.replica.url}): not replicated (yet); "
@@ -607,7 +576,7 @@ class Replicator:
         if not keep_dir:
             shutil.rmtree(result["dir"], ignore_errors=True)
         result["kept"] = keep_dir
-        view = _TargetView(self.cfg, t.open(), t.replica.key_prefix, self.io)
+        view = TargetView(self.cfg, t.open(), t.replica.key_prefix, self.io)
         try:
             await drill.record(view, result)  # type: ignore[arg-type]
         except (StoreError, LifecycleError) as e:

@@ -24,7 +24,7 @@ import xxhash
 
 from ckptfs.config import Config
 from ckptfs.lifecycle.manifest import read_manifest
-from ckptfs.replication.copy import Job, PartBuffers, Slots, copy_checkpoint
+from ckptfs.lifecycle.copier import Job, PartBuffers, Slots, copy_checkpoint
 from ckptfs.store import Store
 
 from tests.conftest import Mount, delete_bucket, mount_is_dead, run_cli, wait_for, write_random

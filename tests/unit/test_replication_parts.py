@@ -1,4 +1,4 @@
-"""Part size and parts in flight of a replica copy for files past S3's 10,000 parts (replication/copy.py):
+"""Part size and parts in flight of a replica copy for files past S3's 10,000 parts (lifecycle/copier.py):
 the part grows as the drain's does, a larger part holds more of the target's slots (fewer in flight, same
 memory bound), and the part buffers follow the sizes without passing the bound."""
 
@@ -9,7 +9,7 @@ import trio
 
 from ckptfs import config
 from ckptfs.config import GiB, MiB, TiB, part_size_for
-from ckptfs.replication.copy import PartBuffers, Slots, part_slots
+from ckptfs.lifecycle.copier import PartBuffers, Slots, part_slots
 
 UNIT, SLOTS = 16 * MiB, 8  # the defaults: replication_part_size, replication_parts_in_flight: 128 MiB of buffers
 

@@ -15,7 +15,8 @@ import trio
 from botocore.stub import Stubber
 
 from ckptfs.config import ConfigError, load_config
-from ckptfs.lifecycle.tiers import TierError, class_label, parse_prices, parse_transitions, plan, restore
+from ckptfs.lifecycle.tiers import plan, restore
+from ckptfs.storageclass import TierError, class_label, parse_prices, parse_transitions
 from ckptfs.namespace.archive import Archive
 from ckptfs.namespace.keys import Keys
 from ckptfs.store import ARCHIVED, Store, StoreError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptfs.lifecycle.patterns import Patterns
+from ckptfs.patterns import Patterns
 from ckptfs.lifecycle.usage import summarize
 
 GiB = 1 << 30

@@ -37,6 +37,7 @@ Order, so that a checkpoint on a target is either complete or visibly incomplete
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import mmap
@@ -49,8 +50,10 @@ import trio
 import xxhash
 
 from .. import config
-from ..store import NO_OBJECT, Store, StoreError
-from ..lifecycle.manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
+from ..config import Config, Replica
+from ..namespace.keys import Keys
+from ..store import AUTH, NO_OBJECT, Store, StoreError
+from .manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +210,45 @@ class Job:
             self.buffers = PartBuffers(self.part_size)
 
 
+class Destination:
+    """A bucket that checkpoints are copied to ([replica.NAME]): its store client, made once, and the copy's bounds.
+
+    The replicator's targets and the cold mover's target are both one (replication/service.Target adds
+    what its surveys learn)."""
+
+    def __init__(self, replica: Replica, cfg: Config) -> None:
+        self.replica = replica
+        self.cfg = cfg
+        self.store: Store | None = None
+        self.same_endpoint = (replica.endpoint_url or "") == (cfg.endpoint_url or "") and replica.profile == cfg.profile
+        self.counters = Counters()
+        self.object_lock: bool | None = None
+        self.slots = Slots(cfg.replication_parts_in_flight)
+        self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
+
+    def open(self) -> Store:
+        """The target's store client (made once; a bad profile is a target error, not a crash)."""
+        if self.store is None:
+            r = self.replica
+            tcfg = dataclasses.replace(self.cfg, bucket=r.bucket, prefix=r.prefix, endpoint_url=r.endpoint_url, region=r.region,
+                                       profile=r.profile, read_timeout=self.cfg.replication_read_timeout,
+                                       max_parts_in_flight=self.cfg.replication_parts_in_flight, replica={})
+            try:
+                self.store = Store(tcfg)
+            except Exception as e:  # noqa: BLE001 - botocore's ProfileNotFound and kin: one line, no secrets in them
+                raise StoreError(AUTH, f"cannot set up a client for {r.url} ({type(e).__name__}: {e}): check profile and region") from None
+        return self.store
+
+
+class TargetView:
+    """The lifecycle seen through a target: what verify.verify needs (keys, store, io, cfg)."""
+
+    def __init__(self, cfg: Config, store: Store, prefix: str, io: Callable[..., Awaitable[Any]]) -> None:
+        self.cfg, self.store, self.keys, self.io = cfg, store, Keys(prefix), io
+        self.last_verify: dict[str, Any] | None = None
+        self.drill_record: dict[str, Any] = {}
+
+
 def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
     """A nursery's group of copy failures as its first StoreError or CopyError (the caller reports one line);
     the group itself if anything else is in it (a bug, or a cancellation)."""
@@ -246,7 +288,7 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
     async def one(f: dict[str, Any]) -> None:
         async with limit:
             job.check()
-            etags[f["path"]] = await _copy_file(job, f)
+            etags[f["path"]] = await copy_file(job, f)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -284,7 +326,7 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
     return doc
 
 
-async def _copy_file(job: Job, f: dict[str, Any]) -> str:
+async def copy_file(job: Job, f: dict[str, Any]) -> str:
     """Copy one file of the manifest unless the target has it already; the target's ETag."""
     key = job.dst_base + f["path"]
     size = int(f["size"])
