@@ -33,16 +33,16 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
 from .fetch import Download, Fetcher
 from .fuse.ops import Attr, DirEntry, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 from .journal import DURABLE, ROOT_INODE, Row
-from .lifecycle.protect import Guard
 from .metrics import FUSE_COUNTERS
 from .namespace import NAME_MAX, Namespace
+from .namespace.keys import is_reserved
 from .remote import Remote
 
 log = logging.getLogger(__name__)
@@ -107,11 +107,36 @@ class Handle:
     passthrough: bool = False  # the kernel reads/writes the cache file itself
 
 
+class Guard(Protocol):
+    """What every changing operation asks first; raises OSError (EPERM) to refuse.
+
+    The filesystem owns this interface and the lifecycle supplies the implementation that knows
+    protected checkpoints (lifecycle/protect.Guard, wired by the daemon), so fs.py never imports
+    the lifecycle and, through it, the store."""
+
+    def check_entry(self, parent: int, name: str, subtree: bool = False) -> None:
+        """Before creating, removing or renaming `name` in directory `parent` (`subtree`: it may be a directory moving or going)."""
+
+    def check_inode(self, ino: int) -> None:
+        """Before changing the bytes or attributes of inode `ino`."""
+
+
+class ReservedNames:
+    """The guard of a mount without a lifecycle: only ckptfs's own names (.ckptfs*) are refused."""
+
+    def check_entry(self, parent: int, name: str, subtree: bool = False) -> None:
+        if is_reserved(name):
+            raise OSError(errno.EPERM, f"{name}: names beginning with .ckptfs are reserved for ckptfs")
+
+    def check_inode(self, ino: int) -> None:
+        pass
+
+
 class CkptFS(Operations):
     def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str, guard: Guard | None = None) -> None:
         super().__init__()
         self.ns = ns
-        self.guard = guard or Guard.none()  # refuses changes to protected checkpoints and ckptfs's own names
+        self.guard: Guard = guard or ReservedNames()  # refuses changes to protected checkpoints and ckptfs's own names
         self.fetcher = fetcher
         self.remote = remote
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache

@@ -16,16 +16,15 @@ without touching the network.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ..namespace.keys import is_reserved
-from ..patterns import Checkpoint
+from ..patterns import Checkpoint, Patterns
 from ..storageclass import class_label
-from ..store import Listing, NO_OBJECT, StoreError
-from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_manifest
+from ..store import Listing, Store
+from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_json, read_manifest
 from .context import Context
 
 log = logging.getLogger(__name__)
@@ -76,25 +75,11 @@ class Catalogue:
         if ck is not None:
             found[ck.path] = ck  # `path` is a checkpoint or inside one
         else:
-            await self._walk(path, 0, found)
+            found.update(await walk(lc.store, lc.keys.prefix, lc.patterns, lc.io, path))
         for local in lc.tracker.local_checkpoints():
             if (ck is not None and local.path == ck.path) or (ck is None and _under(path, local.path)):
                 found.setdefault(local.path, local)
         return sorted(found.values(), key=lambda c: (c.path.rsplit("/", 1)[0] if "/" in c.path else "", c.step, c.path))
-
-    async def _walk(self, path: str, depth: int, found: dict[str, Checkpoint]) -> None:
-        lc = self.lc
-        prefix = lc.keys.of(path + "/" if path else "")
-        listing = await lc.io(lc.store.list, prefix)
-        for name in listing.dirs:
-            if not name or is_reserved(name):
-                continue
-            child = f"{path}/{name}" if path else name
-            step = lc.patterns.step(name)
-            if step is not None:
-                found[child] = Checkpoint(child, step)
-            elif depth + 1 < MAX_DEPTH:
-                await self._walk(child, depth + 1, found)
 
     # --------------------------------------------------------------- describing
     async def manifest(self, ck: Checkpoint) -> Manifest | None:
@@ -103,17 +88,8 @@ class Catalogue:
         return await lc.io(read_manifest, lc.store, key)
 
     async def _json(self, key: str) -> dict[str, Any] | None:
-        try:
-            body, _ = await self.lc.io(self.lc.store.get_bytes, key)
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None
-            raise
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
+        doc, _ = await self.lc.io(read_json, self.lc.store, key)
+        return doc or None  # missing, or not a JSON object
 
     async def describe(self, ck: Checkpoint) -> dict[str, Any]:
         """One checkpoint as `ckptfs checkpoints --json` shows it."""
@@ -185,6 +161,27 @@ class Catalogue:
             "location": (moved or {}).get("target") if where else None,
             "hot_files": hot_files,  # files of it in this bucket
         }
+
+
+async def walk(store: Store, prefix: str, patterns: Patterns, io: Callable[..., Awaitable[Any]], path: str = "",
+               depth: int = 0) -> dict[str, Checkpoint]:
+    """The checkpoints in the bucket under key prefix `prefix` at or below directory `path`, by path.
+
+    One listing (with delimiter) per directory, down to MAX_DEPTH levels; a directory whose name
+    matches checkpoint_patterns is a checkpoint and is not entered. The primary's catalogue and the
+    replicator (on each target) walk with it."""
+    found: dict[str, Checkpoint] = {}
+    listing = await io(store.list, prefix + (path + "/" if path else ""))
+    for name in listing.dirs:
+        if not name or is_reserved(name):
+            continue
+        child = f"{path}/{name}" if path else name
+        step = patterns.step(name)
+        if step is not None:
+            found[child] = Checkpoint(child, step)
+        elif depth + 1 < MAX_DEPTH:
+            found.update(await walk(store, prefix, patterns, io, child, depth + 1))
+    return found
 
 
 def _under(path: str, other: str) -> bool:

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 from ..store import NO_OBJECT, PRECONDITION, StoreError
 from . import audit, tiers
 from .lease import Lease, kept
-from .manifest import FORMAT, MANIFEST, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, node_name, now_iso, read_manifest
+from .manifest import FORMAT, MANIFEST, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, node_name, now_iso, read_json, read_manifest
 from ..patterns import Checkpoint
 from .verify import verify
 from .context import Context
@@ -217,18 +217,7 @@ class Mover:
     # ----------------------------------------------------------------- record
     async def record(self, path: str) -> tuple[dict[str, Any] | None, str | None]:
         """The move record of checkpoint `path` and its ETag; (None, None) if it has none."""
-        key = self.lc.keys.of(f"{path}/{MOVED}")
-        try:
-            body, etag = await self.io(self.lc.store.get_bytes, key)
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None, None
-            raise
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            doc = {}
-        return (doc if isinstance(doc, dict) else {}), etag
+        return await self.io(read_json, self.lc.store, self.lc.keys.of(f"{path}/{MOVED}"))  # type: ignore[no-any-return]
 
     async def _write_record(self, path: str, doc: dict[str, Any], etag: str | None) -> str:
         """Write the record: If-Match `etag`, or If-None-Match when there was none. MoveError if it changed meanwhile."""
@@ -238,7 +227,7 @@ class Mover:
             return await self.io(lambda: self.lc.store.put_bytes(key, body, if_none_match=etag is None, if_match=etag))
         except StoreError as e:
             if e.kind in (PRECONDITION, NO_OBJECT):
-                raise MoveError(f"its move record changed meanwhile (a restore, retention or another node): left as it is") from None
+                raise MoveError("its move record changed meanwhile (a restore, retention or another node): left as it is") from None
             raise
 
     def _doc(self, state: str, t: Destination, manifest: Manifest, **extra: Any) -> dict[str, Any]:

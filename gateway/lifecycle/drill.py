@@ -36,9 +36,9 @@ from typing import Any, Awaitable, Callable
 import trio
 import xxhash
 
-from ..store import NETWORK, NO_OBJECT, PRECONDITION, StoreError
+from ..store import NETWORK, PRECONDITION, StoreError
 from . import ranges
-from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso
+from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso, read_json
 from ..patterns import Checkpoint
 from .context import Context
 
@@ -198,17 +198,8 @@ async def record(lc: Context, result: dict[str, Any]) -> None:
 
 
 async def read_record(lc: Context, with_etag: bool = False) -> Any:
-    try:
-        body, etag = await lc.io(lc.store.get_bytes, lc.keys.of(RECORD))
-    except StoreError as e:
-        if e.kind != NO_OBJECT:
-            raise
-        return ({}, None) if with_etag else {}
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = {}
-    doc = doc if isinstance(doc, dict) else {}
+    doc, etag = await lc.io(read_json, lc.store, lc.keys.of(RECORD))
+    doc = doc or {}
     return (doc, etag) if with_etag else doc
 
 

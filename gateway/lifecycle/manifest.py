@@ -140,6 +140,25 @@ class Manifest:
             raise LifecycleError(f"the manifest is not one ckptfs can read ({e}): remove it with an S3 tool and commit again") from None
 
 
+def read_json(store: Store, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON object stored at `key` and its ETag; (None, None) if there is no such object.
+
+    A body that is not a JSON object reads as {} with its ETag: the object is there (written by
+    another version, or damaged), and a conditional write over it needs that ETag. A blocking
+    store call: run it in a worker thread. Other store errors propagate."""
+    try:
+        body, etag = store.get_bytes(key)
+    except StoreError as e:
+        if e.kind == NO_OBJECT:
+            return None, None
+        raise
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = {}
+    return (doc if isinstance(doc, dict) else {}), etag
+
+
 def read_manifest(store: Store, key: str) -> Manifest | None:
     """The manifest at `key`, or None if there is none. Blocking (run in a thread)."""
     try:

@@ -19,7 +19,7 @@ import errno
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -27,34 +27,26 @@ from ..journal import Journal
 from ..namespace.keys import is_reserved
 from ..store import NO_OBJECT, StoreError
 from . import audit, tiers
-from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso
+from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso, read_json
 from ..patterns import Checkpoint
+from .catalogue import Catalogue
 from .context import Context
-
-if TYPE_CHECKING:
-    from .catalogue import Catalogue
 
 log = logging.getLogger(__name__)
 
 
 class Guard:
-    """The one check fs.py's changing operations call: EPERM for ckptfs's own names and protected checkpoints.
+    """The guard (fs.Guard) fs.py's changing operations call: EPERM for ckptfs's own names and protected checkpoints.
 
     Synchronous and local: it asks the catalogue's knowledge (kept fresh by the
     mount's own listings), never the network.
     """
 
-    def __init__(self, journal: Journal | None, catalogue: "Catalogue | None") -> None:
+    def __init__(self, journal: Journal, catalogue: Catalogue) -> None:
         self.journal, self.catalogue = journal, catalogue
         self.refused_total = 0
 
-    @classmethod
-    def none(cls) -> "Guard":
-        """A guard without a catalogue: only ckptfs's own names are refused."""
-        return cls(None, None)
-
     def _refuse(self, path: str, subtree: bool) -> None:
-        assert self.catalogue is not None
         ck = self.catalogue.protected_at(path, subtree)
         if ck is not None:
             self.refused_total += 1
@@ -65,7 +57,7 @@ class Guard:
         """Before creating, removing or renaming `name` in directory `parent` (`subtree`: it may be a directory moving or going)."""
         if is_reserved(name):
             raise OSError(errno.EPERM, f"{name}: names beginning with .ckptfs are reserved for ckptfs")
-        if self.journal is None or self.catalogue is None or not self.catalogue.protected:
+        if not self.catalogue.protected:
             return
         base = self.journal.path_of(parent)
         if base is not None:
@@ -73,7 +65,7 @@ class Guard:
 
     def check_inode(self, ino: int) -> None:
         """Before changing the bytes or attributes of inode `ino`."""
-        if self.journal is None or self.catalogue is None or not self.catalogue.protected:
+        if not self.catalogue.protected:
             return
         path = self.journal.path_of(ino)
         if path is not None:
@@ -145,17 +137,8 @@ async def unprotect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any
 
 
 async def _protection(lc: Context, base: str) -> dict[str, Any] | None:
-    try:
-        body, _ = await lc.io(lc.store.get_bytes, base + PROTECTED)
-    except StoreError as e:
-        if e.kind == NO_OBJECT:
-            return None
-        raise
-    try:
-        info = json.loads(body)
-    except ValueError:
-        info = {}
-    return info if isinstance(info, dict) else {}
+    info, _ = await lc.io(read_json, lc.store, base + PROTECTED)
+    return info  # type: ignore[no-any-return]
 
 
 async def _holds(lc: Context, objects: list[tuple[str, str]], on: bool) -> list[dict[str, str]]:

@@ -50,7 +50,7 @@ from ..config import Config
 from ..store import NO_OBJECT, PRECONDITION, StoreError
 from . import audit
 from .lease import Lease, kept
-from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso
+from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso, read_json
 from ..patterns import Checkpoint
 from .verify import verify
 from .context import Context
@@ -135,9 +135,9 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
     for _, group in sorted(series.items()):
         committed = sorted((e for e in group if e.get("committed")), key=lambda e: (e["step"], e["path"]))
         rules: dict[str, list[str]] = {e["path"]: [] for e in group}
-        for p, kept in keep_rules(committed, cfg.retention_keep_last, cfg.retention_keep_every_steps,
-                                  cfg.retention_keep_every_seconds).items():
-            rules[p] += kept
+        for p, by in keep_rules(committed, cfg.retention_keep_last, cfg.retention_keep_every_steps,
+                                cfg.retention_keep_every_seconds).items():
+            rules[p] += by
         for e in group:
             if e.get("protected"):
                 rules[e["path"]].append("protected")
@@ -291,10 +291,10 @@ async def _remove(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
         d.action, d.reason, d.done = "keep", "protected meanwhile", "skipped"
         return
     try:  # read the mark again: restored meanwhile (from another node) means kept
-        mark = json.loads((await lc.io(lc.store.get_bytes, base + RETENTION))[0])
-    except (StoreError, ValueError):
+        mark = (await lc.io(read_json, lc.store, base + RETENTION))[0] or {}
+    except StoreError:
         mark = {}
-    if not isinstance(mark, dict) or mark.get("state") != "expiring":
+    if mark.get("state") != "expiring":
         d.action, d.reason, d.done = "keep", "no longer expiring (restored meanwhile)", "skipped"
         return
     moved = None
@@ -364,15 +364,8 @@ async def _delete_all(lc: Context, keys: list[str]) -> None:
 async def restore(lc: Context, ck: Checkpoint, who: dict[str, Any], reason: str) -> dict[str, Any]:
     """Take an expiring checkpoint back: it is kept by retention from now on (reason `restored`)."""
     key = lc.keys.of(f"{ck.path}/{RETENTION}")
-    try:
-        body, etag = await lc.io(lc.store.get_bytes, key)
-        mark = json.loads(body)
-    except StoreError as e:
-        if e.kind != NO_OBJECT:
-            raise
-        mark, etag = {}, None
-    except ValueError:
-        mark = {}
+    found, etag = await lc.io(read_json, lc.store, key)
+    mark = found or {}
     if mark.get("state") != "expiring":
         return {"path": ck.path, "changed": False, "message": f"{ck.path} is not expiring; nothing changed"}
     now = time.time()

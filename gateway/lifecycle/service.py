@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..namespace import Namespace
     from ..remote import Remote
 
-__all__ = ["Lifecycle", "LifecycleError", "Guard", "STATES"]
+__all__ = ["Lifecycle", "LifecycleError", "STATES"]
 
 log = logging.getLogger(__name__)
 

@@ -39,13 +39,12 @@ from prometheus_client.registry import Collector
 
 from ..config import Config, Replica
 from ..lifecycle import audit, drill
-from ..lifecycle.catalogue import MAX_DEPTH
+from ..lifecycle.catalogue import walk
 from ..lifecycle.lease import Lease, kept
-from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, moved_away, node_name, read_manifest
+from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, moved_away, node_name, read_json, read_manifest
 from ..patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
-from ..namespace.keys import is_reserved
 from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
 from ..lifecycle.copier import CopyError, Destination, Job, TargetView, copy_checkpoint, one_error
 from ..lifecycle.context import Context
@@ -277,14 +276,8 @@ class Replicator:
                 own = {o.name for o in top.objects}
                 if MANIFEST not in own:
                     continue
-                try:
-                    body, _ = await self.io(store.get_bytes, base + MANIFEST)
-                    doc = json.loads(body)
-                except StoreError as e:
-                    if e.kind != NO_OBJECT:
-                        raise
-                    continue
-                except ValueError:
+                doc, _ = await self.io(read_json, store, base + MANIFEST)
+                if not doc:
                     continue
                 if doc.get("replicated_from", {}).get("etag") == v.manifest.etag and (PROTECTED in own) == (v.protection is not None):
                     t.known[path] = v.signature
@@ -306,9 +299,9 @@ class Replicator:
     async def _read_failures(self, t: Target) -> None:
         """Failures the lease holder recorded in the primary bucket (this node does not copy)."""
         try:
-            body, _ = await self.io(self.lc.store.get_bytes, self._status_key(t))
-            doc = json.loads(body)
-            t.failed = {str(k): str(v) for k, v in dict(doc.get("failures") or {}).items()}
+            doc, _ = await self.io(read_json, self.lc.store, self._status_key(t))
+            if doc:
+                t.failed = {str(k): str(v) for k, v in dict(doc.get("failures") or {}).items()}
         except (StoreError, ValueError, TypeError, AttributeError):
             pass
 
@@ -361,18 +354,6 @@ class Replicator:
         await self._write_failures(t)
 
     # --------------------------------------------------------------- retention
-    async def _walk(self, store: Store, prefix: str, path: str, depth: int, found: set[str]) -> None:
-        """Checkpoints on a target (as catalogue.find walks the primary)."""
-        listing = await self.io(store.list, prefix + (path + "/" if path else ""))
-        for name in listing.dirs:
-            if not name or is_reserved(name):
-                continue
-            child = f"{path}/{name}" if path else name
-            if self.lc.patterns.step(name) is not None:
-                found.add(child)
-            elif depth + 1 < MAX_DEPTH:
-                await self._walk(store, prefix, child, depth + 1, found)
-
     async def _own_policy_keeps(self, store: Store, t: Target, on_target: set[str], series: set[str]) -> dict[str, list[str]]:
         """The replica's own retention (`[replica.NAME] keep_*`) over the committed checkpoints on it, in `series`:
         path -> the rules that keep it."""
@@ -406,8 +387,7 @@ class Replicator:
             return
         try:
             store = t.open()
-            on_target: set[str] = set()
-            await self._walk(store, t.replica.key_prefix, "", 0, on_target)
+            on_target = set(await walk(store, t.replica.key_prefix, self.lc.patterns, self.io))
             gone = sorted(on_target - self.primary_paths)
             if not gone:
                 t.kept_by_policy = {}
