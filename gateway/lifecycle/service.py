@@ -6,12 +6,14 @@ import functools
 import logging
 import shutil
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
 from .. import threads
 from ..config import Config
+from ..namespace import Namespace
+from ..remote import Remote
 from ..store import Store, StoreError
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
@@ -23,10 +25,6 @@ from .tracker import Tracker
 from .stats import SCAN_SECONDS, LifecycleCollector, summarize
 from .usage import usage
 from .verify import verify
-
-if TYPE_CHECKING:
-    from ..namespace import Namespace
-    from ..remote import Remote
 
 __all__ = ["Lifecycle", "LifecycleError", "STATES"]
 
@@ -40,7 +38,7 @@ COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect"
 
 
 class Lifecycle:
-    def __init__(self, cfg: Config, ns: "Namespace", store: Store, remote: "Remote") -> None:
+    def __init__(self, cfg: Config, ns: Namespace, store: Store, remote: Remote) -> None:
         self.cfg, self.ns, self.store, self.remote = cfg, ns, store, remote
         self.keys = ns.keys
         self.patterns = Patterns(cfg.checkpoint_patterns)
