@@ -205,3 +205,21 @@ def test_architecture_page_shows_the_layers() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text()
     block = "\n".join(LAYERS)
     assert f"```\n{block}\n```" in text, f"docs/architecture.md must show the layers exactly as LAYERS declares them:\n{block}"
+
+
+MODULE_LINES_MAX = 700
+CLASS_LINES_MAX = 450
+
+
+def test_modules_and_classes_stay_small() -> None:
+    """A module past 700 lines or a class past 450 holds more than one concern: split it by concern."""
+    big = []
+    for mod, path in sorted(MODULES.items()):
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > MODULE_LINES_MAX:
+            big.append(f"{path.relative_to(ROOT)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > CLASS_LINES_MAX:
+                big.append(f"{path.relative_to(ROOT)}: class {node.name} {node.end_lineno - node.lineno + 1} lines")
+    assert not big, "\n".join(big)
