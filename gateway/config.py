@@ -12,13 +12,14 @@ reported as one `ConfigError` line that names the option and the fix.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from .encryption import Encryption, EncryptionError
 from .patterns import PatternError, compile_patterns
@@ -309,8 +310,8 @@ class Config:
 # -------------------------------------------------------------------- replicas
 REPLICA_FIELDS = {
     "source": "`s3://BUCKET[/PREFIX]` on the target: where the copies go (required). The mount's tree is copied below PREFIX as it is below the mount's prefix.",
-    "endpoint_url": "The target's S3 endpoint; empty for AWS S3. When it is the mount's own endpoint, objects are copied inside the store (CopyObject, UploadPartCopy above 5 GiB); otherwise streamed (GET, multipart PUT).",
-    "region": "Region for request signing (default `us-east-1`).",
+    "endpoint_url": "The target's S3 endpoint; empty: the mount's own (whether it came from the file, the environment or `--endpoint-url`). When it is the mount's own endpoint, objects are copied inside the store (CopyObject, UploadPartCopy above 5 GiB); otherwise streamed (GET, multipart PUT).",
+    "region": "Region for request signing (default: the mount's `region`).",
     "profile": "AWS profile with the target's credentials; empty for the standard chain (environment, ~/.aws, instance role). Credentials are never logged.",
     "select": "Which committed checkpoints go there: `all`, `protected` (golden only) or `every:K` (steps that are multiples of K). Protected checkpoints go to every target whatever this says.",
     "keep_last": "The replica's own, longer retention (optional; by default a replica keeps what the primary keeps): also keep the newest N committed checkpoints of each directory of checkpoints on the replica after the primary's retention deleted them. At least the primary's `retention_keep_last`.",
@@ -366,6 +367,12 @@ class Replica:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """' (did you mean NAME?)' for the closest known name to a mistyped one, or ''."""
+    close = difflib.get_close_matches(name.replace("-", "_").lower(), list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
     """`[replica.NAME]` tables -> {NAME: Replica}; one ConfigError line per problem."""
     if not isinstance(data, dict):
@@ -378,7 +385,8 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
             raise ConfigError(f"replica.{name} in {origin} must be a table [replica.{name}] with source = \"s3://BUCKET/PREFIX\"")
         unknown = sorted(set(table) - set(REPLICA_FIELDS))
         if unknown:
-            raise ConfigError(f"[replica.{name}] in {origin}: unknown key {unknown[0]!r}: the keys are {', '.join(REPLICA_FIELDS)}")
+            raise ConfigError(f"[replica.{name}] in {origin}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], REPLICA_FIELDS)}: "
+                              f"the keys are {', '.join(REPLICA_FIELDS)}")
         policy: dict[str, Any] = {}
         for key, value in table.items():
             if key in REPLICA_POLICY:
@@ -404,7 +412,7 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
         select = table.get("select", "all").strip()
         if not _SELECT.fullmatch(select):
             raise ConfigError(f"[replica.{name}] select = {select!r}: use all, protected or every:K (K a positive step count)")
-        out[name] = Replica(name, bucket, prefix, endpoint, table.get("region", "us-east-1") or "us-east-1",
+        out[name] = Replica(name, bucket, prefix, endpoint, table.get("region", ""),  # "": the mount's (load_config)
                             table.get("profile", ""), select, **policy)
     return out
 
@@ -549,7 +557,7 @@ def load_config(
             values["replica"] = parse_replicas(data.pop("replica"), config_file)
         for key, value in data.items():
             if key not in FIELDS:
-                raise ConfigError(f"unknown option {key!r} in {config_file}: see docs/configuration.md for the valid names")
+                raise ConfigError(f"unknown option {key!r} in {config_file}{did_you_mean(key, FIELDS)}: see docs/configuration.md for the valid names")
             values[key] = _coerce(FIELDS[key], value, config_file)
     env = os.environ if environ is None else environ
     for name, f in FIELDS.items():
@@ -560,9 +568,13 @@ def load_config(
         if value is None:
             continue
         if key not in FIELDS:
-            raise ConfigError(f"unknown option {key!r}")
+            raise ConfigError(f"unknown option {key!r}{did_you_mean(key, FIELDS)}: see docs/configuration.md for the valid names")
         values[key] = _coerce(FIELDS[key], value, "the command line")
     cfg = Config(**values)
+    # a target without endpoint_url (or region) is on the mount's own endpoint (region), however that was given
+    # (TOML, environment or --endpoint-url): left empty, boto3 would send its requests to AWS
+    cfg.replica = {name: dataclasses.replace(r, endpoint_url=r.endpoint_url or cfg.endpoint_url, region=r.region or cfg.region)
+                   for name, r in cfg.replica.items()}
     cfg.validate()
     return cfg
 

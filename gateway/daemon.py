@@ -91,6 +91,9 @@ def check_cache_dir(path: str, mountpoint: str = "") -> None:
         raise UserError(f"cache directory {path} does not exist: create it (mkdir -p {path}) on the local NVMe")
     if not p.is_dir():
         raise UserError(f"cache directory {path} is not a directory")
+    if os.statvfs(p).f_flag & os.ST_RDONLY:  # access() says EROFS to root as to anyone: name the real cause
+        raise UserError(f"cache directory {path} is on a read-only file system: give a directory on a writable local disk "
+                        "(or remount it read-write)")
     if not os.access(p, os.W_OK | os.X_OK):
         raise UserError(f"cache directory {path} is not writable by this user: fix its permissions or run as its owner")
 

@@ -26,6 +26,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     [
         ("part_size = [", "is not valid TOML"),
         ("bogus = 1", "unknown option 'bogus'"),
+        ("chache_capacity = 1", "c.toml (did you mean cache_capacity?)"),
         ('part_size = "4MiB"', "below the S3 minimum of 5 MiB"),
         ("cache_capacity = -5", "is negative"),
         ("upload_delay = -1", "is negative"),
