@@ -2,171 +2,39 @@
 
 Every call is blocking and meant to run in a worker thread
 (`trio.to_thread.run_sync`). Part bodies are streamed from the cache file
-through `RangeReader`, so a part is never held whole in memory. Every
-failure becomes a `StoreError` whose message is one line a user can act on,
-and whose `kind` tells the caller whether retrying can help.
+through `RangeReader` (bodies.py), so a part is never held whole in memory.
+Every failure becomes a `StoreError` (objects.py) whose message is one line a
+user can act on, and whose `kind` tells the caller whether retrying can help.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import boto3
 import botocore.exceptions as bexc
 from botocore.config import Config as BotoConfig
 
+from .bodies import RangeReader, ViewReader
 from .config import Config
 from .encryption import Encryption, EncryptionError
+# lifecycle/ and replication/ still import StoreError, its kinds and Listing from here
+from .objects import (
+    ARCHIVED, AUTH, CHANGED, NETWORK, NO_BUCKET, NO_OBJECT, NO_UPLOAD, OTHER, PRECONDITION, SERVER,
+    Listing, NoncurrentVersions, ObjectInfo, RemoteObject, RemotePart, StoreError,
+)
 from .storageclass import ArchiveState, from_head
 
 log = logging.getLogger(__name__)
 
-# kinds of failure
-NETWORK = "network"  # unreachable, timed out, connection reset: retry
-SERVER = "server"  # 5xx, SlowDown: retry
-AUTH = "auth"  # bad credentials or no permission: retry slowly, report loudly
-NO_BUCKET = "no-bucket"  # retry slowly, report loudly
-NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
-NO_OBJECT = "no-object"  # the key does not exist (deleted by someone else)
-CHANGED = "changed"  # the object's ETag is not the one the read started from
-ARCHIVED = "archived"  # the object is in an archive storage class: restore it first (ckptfs restore PATH)
-PRECONDITION = "precondition"  # a conditional write found the object not as required (exists already, or another ETag)
-OTHER = "other"
-
 READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call (256 KiB costs ~20% more CPU per GiB)
+PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much at a time (the transient copy per read)
 
 # characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
 PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
 
-
-class StoreError(Exception):
-    def __init__(self, kind: str, message: str, denied: bool = False) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.denied = denied  # AUTH because the credentials are valid but lack the permission (AccessDenied)
-
-
-def crc32_b64(crc: int) -> str:
-    """S3's ChecksumCRC32 encoding: base64 of the big-endian 4-byte value."""
-    return base64.b64encode(crc.to_bytes(4, "big")).decode()
-
-
-class _SeekableBody(io.RawIOBase):
-    """A seekable, read-only request body of `length` bytes (botocore seeks back to retry or to checksum)."""
-
-    length: int
-    pos: int
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
-        self.pos = max(0, min(self.length, base + pos))
-        return self.pos
-
-
-class RangeReader(_SeekableBody):
-    """`length` bytes of `fd` at `offset` (pread, no shared file position)."""
-
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        super().__init__()
-        self.fd, self.offset, self.length, self.pos = fd, offset, length, 0
-
-    def read(self, n: int = -1) -> bytes:
-        left = self.length - self.pos
-        if n is None or n < 0 or n > left:
-            n = left
-        if n <= 0:
-            return b""
-        data = os.pread(self.fd, n, self.offset + self.pos)
-        if len(data) < n:
-            raise OSError(f"cache file shrank while uploading (wanted {n} bytes, got {len(data)})")
-        self.pos += len(data)
-        return data
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-
-class ViewReader(_SeekableBody):
-    """A memoryview (a part buffer of a streamed copy) as a body: no copy of the whole."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self.view, self.length, self.pos = view, len(view), 0
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
-        data = self.view[self.pos:end].tobytes()
-        self.pos = end
-        return data
-
-    def readinto(self, b: Any) -> int:
-        n = min(len(b), len(self.view) - self.pos)
-        b[:n] = self.view[self.pos:self.pos + n]
-        self.pos += n
-        return n
-
-
-PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much at a time (the transient copy per read)
-
-
-@dataclass
-class RemotePart:
-    etag: str
-    size: int
-
-
-@dataclass
-class RemoteObject:
-    """An object as a listing shows it; `name` is relative to the listed prefix."""
-
-    name: str
-    size: int
-    etag: str
-    mtime: float
-    storage_class: str = "STANDARD"
-
-
-@dataclass
-class ObjectInfo:
-    """An object as HeadObject shows it."""
-
-    size: int
-    etag: str
-    version_id: str | None
-    metadata: dict[str, str]
-
-
-@dataclass
-class Listing:
-    dirs: list[str]  # common prefixes, without the trailing '/'
-    objects: list[RemoteObject]
-    marker: bool  # the `prefix` object itself (an empty directory's marker) exists
-
-
-@dataclass
-class NoncurrentVersions:
-    """Noncurrent versions and delete markers under a prefix of a versioned bucket."""
-
-    objects: int = 0
-    bytes: int = 0
-    delete_markers: int = 0
-    by_class: dict[str, int] = field(default_factory=dict)
 
 
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
