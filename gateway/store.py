@@ -5,6 +5,12 @@ Every call is blocking and meant to run in a worker thread
 through `RangeReader` (bodies.py), so a part is never held whole in memory.
 Every failure becomes a `StoreError` (objects.py) whose message is one line a
 user can act on, and whose `kind` tells the caller whether retrying can help.
+
+`Store` is built in three layers that share one client: `BucketConnection`
+(the clients, the mount's check, and `_call`, where failures are classified),
+`BucketGovernance` (object lock and legal holds, tags, the bucket's lifecycle
+rules and versioning, restores: what lifecycle/ asks of the bucket besides
+bytes) and `Store` itself (moving bytes: uploads, listings, reads, copies).
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much
 
 # characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
 PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
-
 
 
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
@@ -89,7 +94,10 @@ NO_CREDENTIALS = (
 )
 
 
-class Store:
+class BucketConnection:
+    """One bucket through boto3: the clients, the mount's check, and `_call`, through which every request
+    goes so that every failure becomes a StoreError (and no request's parameters reach the log)."""
+
     def __init__(self, cfg: Config) -> None:
         self.bucket = cfg.bucket
         try:
@@ -158,6 +166,114 @@ class Store:
             # whether the credentials are wrong or only the permission is missing
             self._call("ListObjectsV2", self.client.list_objects_v2, MaxKeys=1)
             raise
+
+
+class BucketGovernance(BucketConnection):
+    """What lifecycle/ asks of the bucket besides bytes: object lock and legal holds, tags, the bucket's
+    lifecycle rules and versioning, noncurrent versions, restores and archive state."""
+
+    def object_lock_enabled(self) -> bool:
+        """True if the bucket was created with S3 Object Lock (legal holds are enforced)."""
+        try:
+            r = self._call("GetObjectLockConfiguration", self.client.get_object_lock_configuration)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT) and ("ObjectLockConfigurationNotFound" in str(e) or e.kind == NO_OBJECT):
+                return False
+            raise
+        return r.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
+
+    def set_legal_hold(self, key: str, on: bool, version_id: str | None = None) -> None:
+        kw: dict[str, Any] = {"Key": key, "LegalHold": {"Status": "ON" if on else "OFF"}}
+        if version_id:
+            kw["VersionId"] = version_id
+        self._call("PutObjectLegalHold", self.client.put_object_legal_hold, **kw)
+
+    def legal_hold(self, key: str, version_id: str | None = None) -> bool:
+        """Whether the object (that version of it) is under a legal hold, as the store reports it."""
+        kw: dict[str, Any] = {"Key": key}
+        if version_id:
+            kw["VersionId"] = version_id
+        try:
+            r = self._call("GetObjectLegalHold", self.client.get_object_legal_hold, **kw)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT):
+                return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
+            raise
+        return r.get("LegalHold", {}).get("Status") == "ON"
+
+    # ------------------------------------------------------ tiers (lifecycle/tiers.py)
+    def get_tags(self, key: str) -> dict[str, str]:
+        r = self._call("GetObjectTagging", self.client.get_object_tagging, Key=key)
+        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
+
+    def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        self._call("PutObjectTagging", self.client.put_object_tagging, Key=key,
+                   Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]})
+
+    def lifecycle_rules(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules; [] when it has none."""
+        try:
+            r = self._call("GetBucketLifecycleConfiguration", self.client.get_bucket_lifecycle_configuration)
+        except StoreError as e:
+            if "NoSuchLifecycleConfiguration" in str(e) or e.kind == NO_OBJECT:
+                return []
+            raise
+        return list(r.get("Rules", []))
+
+    def set_lifecycle_rules(self, rules: list[dict[str, Any]]) -> None:
+        if rules:
+            self._call("PutBucketLifecycleConfiguration", self.client.put_bucket_lifecycle_configuration,
+                       LifecycleConfiguration={"Rules": rules})
+        else:
+            self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
+
+    def versioning(self) -> str:
+        """The bucket's versioning status: "Enabled", "Suspended", or "" (never enabled)."""
+        return str(self._call("GetBucketVersioning", self.client.get_bucket_versioning).get("Status") or "")
+
+    def noncurrent(self, prefix: str) -> NoncurrentVersions:
+        """What a versioned bucket keeps under `prefix` besides the current objects: noncurrent versions
+        (deleted or overwritten objects, still stored and billed) and delete markers."""
+        out = NoncurrentVersions()
+        kw: dict[str, Any] = {"Prefix": prefix}
+        while True:
+            r = self._call("ListObjectVersions", self.client.list_object_versions, **kw)
+            for v in r.get("Versions", []):
+                if not v.get("IsLatest"):
+                    cls = v.get("StorageClass") or "STANDARD"
+                    out.objects += 1
+                    out.bytes += int(v.get("Size") or 0)
+                    out.by_class[cls] = out.by_class.get(cls, 0) + int(v.get("Size") or 0)
+            out.delete_markers += len(r.get("DeleteMarkers", []))
+            if not r.get("IsTruncated"):
+                return out
+            kw["KeyMarker"] = r.get("NextKeyMarker")
+            kw["VersionIdMarker"] = r.get("NextVersionIdMarker")
+
+    def restore(self, key: str, days: int, tier: str) -> bool:
+        """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
+        try:
+            self._call("RestoreObject", self.client.restore_object, Key=key,
+                       RestoreRequest={"Days": days, "GlacierJobParameters": {"Tier": tier}})
+        except StoreError as e:
+            if "RestoreAlreadyInProgress" in str(e):
+                return False
+            raise
+        return True
+
+    def storage_state(self, key: str) -> tuple[str, str]:
+        """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
+        st = self.archive_state(key)
+        return st.storage_class, st.restore
+
+    def archive_state(self, key: str) -> ArchiveState:
+        """Storage class, intelligent tiering's archive tier and restore state of an object (HeadObject; storageclass.py)."""
+        return from_head(self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer()))
+
+
+class Store(BucketGovernance):
+    """Moving bytes: uploads (single and multipart, streamed from the cache file), listings, ranged reads,
+    server-side copies, small objects, and the streamed copies of replication."""
 
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(
@@ -406,35 +522,6 @@ class Store:
         return ObjectInfo(r["ContentLength"], r["ETag"].strip('"'), r.get("VersionId"),
                           {k.lower(): v for k, v in r.get("Metadata", {}).items()})
 
-    def object_lock_enabled(self) -> bool:
-        """True if the bucket was created with S3 Object Lock (legal holds are enforced)."""
-        try:
-            r = self._call("GetObjectLockConfiguration", self.client.get_object_lock_configuration)
-        except StoreError as e:
-            if e.kind in (OTHER, NO_OBJECT) and ("ObjectLockConfigurationNotFound" in str(e) or e.kind == NO_OBJECT):
-                return False
-            raise
-        return r.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
-
-    def set_legal_hold(self, key: str, on: bool, version_id: str | None = None) -> None:
-        kw: dict[str, Any] = {"Key": key, "LegalHold": {"Status": "ON" if on else "OFF"}}
-        if version_id:
-            kw["VersionId"] = version_id
-        self._call("PutObjectLegalHold", self.client.put_object_legal_hold, **kw)
-
-    def legal_hold(self, key: str, version_id: str | None = None) -> bool:
-        """Whether the object (that version of it) is under a legal hold, as the store reports it."""
-        kw: dict[str, Any] = {"Key": key}
-        if version_id:
-            kw["VersionId"] = version_id
-        try:
-            r = self._call("GetObjectLegalHold", self.client.get_object_legal_hold, **kw)
-        except StoreError as e:
-            if e.kind in (OTHER, NO_OBJECT):
-                return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
-            raise
-        return r.get("LegalHold", {}).get("Status") == "ON"
-
     # ----------------------------------------------- replication (copies to a second store)
     def put_object_bytes(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
         """PutObject of bytes held in memory (a streamed copy's small object), with user metadata."""
@@ -511,76 +598,6 @@ class Store:
             except StoreError:
                 pass  # aborted when the next copy of this checkpoint starts
             raise
-
-
-    # ------------------------------------------------------ tiers (lifecycle/tiers.py)
-    def get_tags(self, key: str) -> dict[str, str]:
-        r = self._call("GetObjectTagging", self.client.get_object_tagging, Key=key)
-        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
-
-    def put_tags(self, key: str, tags: dict[str, str]) -> None:
-        self._call("PutObjectTagging", self.client.put_object_tagging, Key=key,
-                   Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]})
-
-    def lifecycle_rules(self) -> list[dict[str, Any]]:
-        """The bucket's lifecycle rules; [] when it has none."""
-        try:
-            r = self._call("GetBucketLifecycleConfiguration", self.client.get_bucket_lifecycle_configuration)
-        except StoreError as e:
-            if "NoSuchLifecycleConfiguration" in str(e) or e.kind == NO_OBJECT:
-                return []
-            raise
-        return list(r.get("Rules", []))
-
-    def set_lifecycle_rules(self, rules: list[dict[str, Any]]) -> None:
-        if rules:
-            self._call("PutBucketLifecycleConfiguration", self.client.put_bucket_lifecycle_configuration,
-                       LifecycleConfiguration={"Rules": rules})
-        else:
-            self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
-
-    def versioning(self) -> str:
-        """The bucket's versioning status: "Enabled", "Suspended", or "" (never enabled)."""
-        return str(self._call("GetBucketVersioning", self.client.get_bucket_versioning).get("Status") or "")
-
-    def noncurrent(self, prefix: str) -> NoncurrentVersions:
-        """What a versioned bucket keeps under `prefix` besides the current objects: noncurrent versions
-        (deleted or overwritten objects, still stored and billed) and delete markers."""
-        out = NoncurrentVersions()
-        kw: dict[str, Any] = {"Prefix": prefix}
-        while True:
-            r = self._call("ListObjectVersions", self.client.list_object_versions, **kw)
-            for v in r.get("Versions", []):
-                if not v.get("IsLatest"):
-                    cls = v.get("StorageClass") or "STANDARD"
-                    out.objects += 1
-                    out.bytes += int(v.get("Size") or 0)
-                    out.by_class[cls] = out.by_class.get(cls, 0) + int(v.get("Size") or 0)
-            out.delete_markers += len(r.get("DeleteMarkers", []))
-            if not r.get("IsTruncated"):
-                return out
-            kw["KeyMarker"] = r.get("NextKeyMarker")
-            kw["VersionIdMarker"] = r.get("NextVersionIdMarker")
-
-    def restore(self, key: str, days: int, tier: str) -> bool:
-        """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
-        try:
-            self._call("RestoreObject", self.client.restore_object, Key=key,
-                       RestoreRequest={"Days": days, "GlacierJobParameters": {"Tier": tier}})
-        except StoreError as e:
-            if "RestoreAlreadyInProgress" in str(e):
-                return False
-            raise
-        return True
-
-    def storage_state(self, key: str) -> tuple[str, str]:
-        """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
-        st = self.archive_state(key)
-        return st.storage_class, st.restore
-
-    def archive_state(self, key: str) -> ArchiveState:
-        """Storage class, intelligent tiering's archive tier and restore state of an object (HeadObject; storageclass.py)."""
-        return from_head(self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer()))
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:
