@@ -34,9 +34,10 @@ from .lifecycle.service import Lifecycle
 from .metrics import Metrics
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
+from .objects import StoreError
 from .remote import Remote
 from .replication.service import Replicator
-from .store import Store, StoreError
+from .store import Store
 from .version import VERSION
 
 log = logging.getLogger("ckptfs")

@@ -35,7 +35,7 @@ LAYERS = [
     "namespace",
     "journal | cache | store",
     "config | threads | metrics | policy | fuse.protocol | fuse.iomode | fuse.mount",
-    "encryption | patterns | storageclass | version | fuse.ops",
+    "encryption | patterns | storageclass | version | fuse.ops | objects | bodies",
 ]
 # the package markers themselves (ckptfs/__init__.py, ckptfs/fuse/__init__.py, ...) hold no code that imports
 MARKERS = {"", "fuse", "lifecycle", "replication", "namespace", "cli"}

@@ -8,8 +8,8 @@ from ckptfs.cli.lifecycle import parse_meta
 from ckptfs.cli.main import CliError
 from ckptfs.config import ConfigError, load_config
 from ckptfs.lifecycle.manifest import FileEntry, Manifest, next_manifest, write_manifest
+from ckptfs.objects import NO_OBJECT, PRECONDITION, StoreError
 from ckptfs.patterns import Checkpoint, Patterns
-from ckptfs.store import NO_OBJECT, PRECONDITION, StoreError
 
 DEFAULTS = ["step_{step}", "step-{step}", "checkpoint-{step}", "global_step{step}", "iter_{step}", "{step}"]
 

@@ -19,7 +19,8 @@ from ckptfs.lifecycle.tiers import plan, restore
 from ckptfs.storageclass import TierError, class_label, parse_prices, parse_transitions
 from ckptfs.namespace.archive import Archive
 from ckptfs.namespace.keys import Keys
-from ckptfs.store import ARCHIVED, Store, StoreError
+from ckptfs.objects import ARCHIVED, StoreError
+from ckptfs.store import Store
 
 BASE = dict(bucket="ckpt", mountpoint="/mnt/ckpt", cache_dir="/var/cache/ckptfs", endpoint_url="http://127.0.0.1:1", prefix="runs")
 

@@ -44,7 +44,7 @@ def test_sums_and_cost() -> None:
 
 def test_noncurrent_versions_are_counted_and_priced() -> None:
     from ckptfs.lifecycle.usage import add_noncurrent
-    from ckptfs.store import NoncurrentVersions
+    from ckptfs.objects import NoncurrentVersions
 
     u = summarize("", [("run1/step_1/a", GiB, "STANDARD")], [], Patterns(["step_{step}"]), PRICES)
     nc = NoncurrentVersions(objects=3, bytes=3 * GiB, delete_markers=2, by_class={"STANDARD": GiB, "GLACIER_IR": 2 * GiB})
