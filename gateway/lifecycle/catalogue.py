@@ -23,7 +23,8 @@ from typing import Any, Awaitable, Callable
 from ..namespace.keys import is_reserved
 from ..patterns import Checkpoint, Patterns
 from ..storageclass import class_label
-from ..store import Listing, Store
+from ..objects import Listing
+from ..store import Store
 from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_json, read_manifest
 from .context import Context
 

@@ -52,7 +52,8 @@ import xxhash
 from .. import config
 from ..config import Config, Replica
 from ..namespace.keys import Keys
-from ..store import AUTH, NO_OBJECT, Store, StoreError
+from ..objects import AUTH, NO_OBJECT, StoreError
+from ..store import Store
 from .manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
 
 log = logging.getLogger(__name__)

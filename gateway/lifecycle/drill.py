@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable
 import trio
 import xxhash
 
-from ..store import NETWORK, PRECONDITION, StoreError
+from ..objects import NETWORK, PRECONDITION, StoreError
 from . import ranges
 from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso, read_json
 from ..patterns import Checkpoint

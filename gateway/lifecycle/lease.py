@@ -39,7 +39,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from ..store import PRECONDITION, Store, StoreError
+from ..objects import PRECONDITION, StoreError
+from ..store import Store
 from .manifest import node_name, now_iso, read_json
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..store import Listing, PRECONDITION, NO_OBJECT, Store, StoreError
+from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError
+from ..store import Store
 from ..namespace.keys import is_reserved
 
 FORMAT = "ckptfs-manifest/1"

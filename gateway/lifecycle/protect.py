@@ -25,7 +25,7 @@ import trio
 
 from ..journal import Journal
 from ..namespace.keys import is_reserved
-from ..store import NO_OBJECT, StoreError
+from ..objects import NO_OBJECT, StoreError
 from . import audit, tiers
 from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso, read_json
 from ..patterns import Checkpoint

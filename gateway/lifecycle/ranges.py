@@ -12,7 +12,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from ..store import CHANGED, NO_OBJECT, StoreError
+from ..objects import CHANGED, NO_OBJECT, StoreError
 from .manifest import first_store_error
 from .context import Context
 

@@ -47,7 +47,7 @@ from typing import Any
 import trio
 
 from ..config import Config
-from ..store import NO_OBJECT, PRECONDITION, StoreError
+from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from . import audit
 from .lease import Lease, kept
 from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso, read_json

@@ -14,7 +14,8 @@ from .. import threads
 from ..config import Config
 from ..namespace import Namespace
 from ..remote import Remote
-from ..store import Store, StoreError
+from ..objects import StoreError
+from ..store import Store
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease

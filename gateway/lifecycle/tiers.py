@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from ..storageclass import ARCHIVE_CLASSES, AWS_MIN_DAYS, ONGOING, may_need_restore, parse_transitions  # noqa: F401 (ARCHIVE_CLASSES: for callers of tiers)
-from ..store import StoreError
+from ..objects import StoreError
 from .manifest import MANIFEST, LifecycleError, Manifest
 from ..patterns import Checkpoint
 from .context import Context

@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from ..journal import ROOT_INODE
-from ..store import StoreError
+from ..objects import StoreError
 from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, write_manifest
 from . import tiers
 from ..patterns import Checkpoint

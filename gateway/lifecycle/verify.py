@@ -25,7 +25,7 @@ import trio
 import xxhash
 
 from ..storageclass import may_need_restore
-from ..store import ARCHIVED, StoreError
+from ..objects import ARCHIVED, StoreError
 from . import ranges
 from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
 from ..patterns import Checkpoint

@@ -45,7 +45,8 @@ from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Man
 from ..patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
-from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
+from ..objects import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, StoreError
+from ..store import Store
 from ..lifecycle.copier import CopyError, Destination, Job, TargetView, copy_checkpoint, one_error
 from ..lifecycle.context import Context
 
