@@ -240,8 +240,10 @@ class CkptFS(Operations):
             atime_ns=fields.atime_ns,
             mtime_ns=fields.mtime_ns,
         )
-        if fields.kill_suidgid and fields.mode is None:
-            self.ns.tree.kill_priv(inode)  # a truncate by a caller who may not keep setuid/setgid
+        if fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None):
+            # a truncate by a caller who may not keep setuid/setgid, or a chown/chgrp: as local file systems do
+            # (Linux drops them on every chown of a file), and with HANDLE_KILLPRIV_V2 the kernel leaves it to us
+            self.ns.tree.kill_priv(inode)
         if fields.mode is not None:
             for h in self.handles.values():
                 if h.ino == inode and h.write:
