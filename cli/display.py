@@ -40,6 +40,17 @@ def fmt_rate(bytes_per_second: float) -> str:
     return f"{fmt_bytes(bytes_per_second)}/s"
 
 
+def fmt_age(seconds: float | None) -> str:
+    """An age in a table column: 42s, 3m 5s, 2h 3m, 1d 4h; `-` for none."""
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= size:
+            return f"{s // size}{unit} {(s % size) // subsize}{sub}"
+    return f"{s}s"
+
+
 def make_console(file: TextIO | None = None) -> Console:
     """Colour only on a terminal (and not with NO_COLOR); never wrap a line that is not going to a terminal."""
     console = Console(file=file, highlight=False)
@@ -275,5 +286,35 @@ class FlushProgress:
             self.progress.update(self.task, total=max(self.total, 1), completed=max(self.total, 1), eta="0s", left="done")
 
     def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+# ---------------------------------------------------------- reading back
+class TransferProgress:
+    """A progress bar by bytes for a command that reads files from the bucket (warmup, verify --deep, drill).
+
+    Only when `show` (the caller decides: stdout is a terminal, and no --json); otherwise nothing. Each
+    progress line of the daemon carries `files`, `bytes` (the total) and `done_bytes`.
+    """
+
+    def __init__(self, label: str, show: bool) -> None:
+        self.progress: Any = None
+        if show:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+            self.progress = Progress(TextColumn(label + " {task.fields[files]} files"), BarColumn(), DownloadColumn(binary_units=True),
+                                     TransferSpeedColumn(), TimeElapsedColumn())
+            self.progress.start()
+            self.task = self.progress.add_task(label, total=None, files="?")
+
+    def update(self, msg: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, total=msg["bytes"], completed=msg["done_bytes"], files=msg["files"])
+
+    def __enter__(self) -> TransferProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
             self.progress.stop()

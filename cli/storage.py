@@ -1,6 +1,6 @@
 """Storage commands: policy print (access roles), lifecycle plan|apply (tiers), restore, usage (cost).
 
-Registered on the main `ckptfs` app by importing this module. See docs/security.md and docs/lifecycle.md.
+Registered on the `ckptfs` app (cli/app.py) by importing this module. See docs/security.md and docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from typing import Any
 
 import typer
 
-from ckptfs.cli.main import EXIT_USAGE, CliError, _one_line_errors, app, find_mount_root, get_status
-from ckptfs.config import ConfigError, parse_source
+from ckptfs.cli.app import JSON_OUTPUT, MOUNT_POINT, PATH_OR_CWD, app, one_line_errors
+from ckptfs.cli.client import find_mount_root, get_status, locate, one_reply, until_done
+from ckptfs.cli.errors import EXIT_USAGE, CliError
+from ckptfs.config import ConfigError, fmt_bytes, parse_source
 
 policy_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Access roles as S3 policy documents (docs/security.md).")
 app.add_typer(policy_app, name="policy")
@@ -28,7 +30,7 @@ def _source(mount: str) -> tuple[str, str]:
 
 
 @policy_app.command("print")
-@_one_line_errors
+@one_line_errors
 def policy_print(
     mount: str = typer.Argument(..., help="The mount point (or s3://BUCKET/PREFIX)."),
     role: str = typer.Option(..., "--role", help="writer (training nodes), retention (the only one that deletes) or reader."),
@@ -53,14 +55,6 @@ lifecycle_app = typer.Typer(add_completion=False, no_args_is_help=True,
 app.add_typer(lifecycle_app, name="lifecycle")
 
 
-def _one(root: Any, req: dict[str, Any], timeout: float | None = 300.0) -> dict[str, Any]:
-    from ckptfs.cli.main import request
-
-    for msg in request(root, req, timeout=timeout):
-        return msg
-    raise CliError("the daemon closed the connection without an answer")
-
-
 def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
     p.pop("ok", None)
     if as_json:
@@ -82,83 +76,71 @@ def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
 
 
 @lifecycle_app.command("plan")
-@_one_line_errors
+@one_line_errors
 def lifecycle_plan(
-    mount: str = typer.Argument(..., help="The mount point."),
+    mount: str = MOUNT_POINT,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep."),
 ) -> None:
     """Print the bucket lifecycle configuration ckptfs would set, and how it differs from the bucket's."""
-    _show_plan(_one(find_mount_root(mount), {"cmd": "lifecycle_plan"}), as_json, None)
+    _show_plan(one_reply(find_mount_root(mount), {"cmd": "lifecycle_plan"}), as_json, None)
 
 
 @lifecycle_app.command("apply")
-@_one_line_errors
+@one_line_errors
 def lifecycle_apply(
-    mount: str = typer.Argument(..., help="The mount point."),
-    as_json: bool = typer.Option(False, "--json"),
+    mount: str = MOUNT_POINT,
+    as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Set the bucket lifecycle configuration of `plan`, keeping the rules ckptfs did not write."""
-    p = _one(find_mount_root(mount), {"cmd": "lifecycle_apply"})
+    p = one_reply(find_mount_root(mount), {"cmd": "lifecycle_apply"})
     _show_plan(p, as_json, bool(p["applied"]))
 
 
 @app.command()
-@_one_line_errors
+@one_line_errors
 def restore(
     path: str = typer.Argument(..., help="A file or directory (a checkpoint) in the mount."),
     wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored (restores take minutes to hours)."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Restore archived objects (GLACIER, DEEP_ARCHIVE) so they can be read; reports progress."""
-    from ckptfs.cli.main import _rel, request
 
-    root = find_mount_root(path)
-    rel = _rel(root, path)
-    for msg in request(root, {"cmd": "restore", "path": rel, "wait": wait}, timeout=None):
-        msg.pop("ok", None)
-        if msg.get("moved"):  # a checkpoint moved to a cold target (tier_move_target): copied back from there
-            from ckptfs.config import fmt_bytes
-
-            if msg.get("done"):
-                if as_json:
-                    typer.echo(json.dumps(msg, indent=2, sort_keys=True))
-                else:
-                    typer.echo(f"ckptfs: {path}: " + (msg.get("message") or f"brought back from cold target {msg['target']}: "
-                               f"{msg['files']} files ({fmt_bytes(msg['bytes'])}) copied back and verified; it is hot again"))
-                return
-            if not as_json:
-                typer.echo(f"ckptfs: {path}: copying back from cold target {msg['target']}: {msg['done_files']} of {msg['files']} files, "
-                           f"{fmt_bytes(msg['done_bytes'])} of {fmt_bytes(msg['bytes'])}", err=True)
-            continue
-        if msg.get("done"):
-            if as_json:
-                typer.echo(json.dumps(msg, indent=2, sort_keys=True))
-            elif not msg["archived"]:
-                typer.echo(f"ckptfs: {path}: none of its {msg['objects']} objects is in an archive class: nothing to restore")
-            elif msg["restored"] == msg["archived"]:
-                typer.echo(f"ckptfs: {path}: all {msg['archived']} archived objects are restored and readable")
-            else:
-                typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} archived objects restored, {msg['ongoing']} "
-                           f"in progress ({msg['requested']} requested now); run `ckptfs restore {path} --wait` to follow")
+    def on_progress(msg: dict[str, Any]) -> None:
+        if as_json:
             return
-        if not as_json:
+        if msg.get("moved"):  # a checkpoint moved to a cold target (tier_move_target): copied back from there
+            typer.echo(f"ckptfs: {path}: copying back from cold target {msg['target']}: {msg['done_files']} of {msg['files']} files, "
+                       f"{fmt_bytes(msg['done_bytes'])} of {fmt_bytes(msg['bytes'])}", err=True)
+        else:
             typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} restored, {msg['ongoing']} in progress", err=True)
-    raise CliError("the daemon stopped before the restore request finished (is it shutting down?)")
+
+    root, rel = locate(path)
+    msg = until_done(root, {"cmd": "restore", "path": rel, "wait": wait}, "restore request", on_progress=on_progress)
+    msg.pop("ok", None)
+    if as_json:
+        typer.echo(json.dumps(msg, indent=2, sort_keys=True))
+    elif msg.get("moved"):
+        typer.echo(f"ckptfs: {path}: " + (msg.get("message") or f"brought back from cold target {msg['target']}: "
+                   f"{msg['files']} files ({fmt_bytes(msg['bytes'])}) copied back and verified; it is hot again"))
+    elif not msg["archived"]:
+        typer.echo(f"ckptfs: {path}: none of its {msg['objects']} objects is in an archive class: nothing to restore")
+    elif msg["restored"] == msg["archived"]:
+        typer.echo(f"ckptfs: {path}: all {msg['archived']} archived objects are restored and readable")
+    else:
+        typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} archived objects restored, {msg['ongoing']} "
+                   f"in progress ({msg['requested']} requested now); run `ckptfs restore {path} --wait` to follow")
 
 
 # ------------------------------------------------------------------------ cost
 @app.command()
-@_one_line_errors
+@one_line_errors
 def usage(
-    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
+    path: str = PATH_OR_CWD,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate."),
 ) -> None:
     """Bytes and objects in the bucket under PATH per checkpoint, run, state and storage class, and an estimated monthly cost."""
-    from ckptfs.cli.main import _rel
-    from ckptfs.config import fmt_bytes
-
-    root = find_mount_root(path)
-    u = _one(root, {"cmd": "usage", "path": _rel(root, path)})
+    root, rel = locate(path)
+    u = one_reply(root, {"cmd": "usage", "path": rel})
     u.pop("ok", None)
     if as_json:
         typer.echo(json.dumps(u, indent=2, sort_keys=True))

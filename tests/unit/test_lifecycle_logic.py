@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ckptfs.cli.errors import CliError
 from ckptfs.cli.lifecycle import parse_meta
-from ckptfs.cli.main import CliError
 from ckptfs.config import ConfigError, load_config
 from ckptfs.lifecycle.manifest import FileEntry, Manifest, next_manifest, write_manifest
 from ckptfs.objects import NO_OBJECT, PRECONDITION, StoreError
