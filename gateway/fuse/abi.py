@@ -13,7 +13,7 @@ unique); a notification is a reply with unique 0 and the notify code in the erro
 
 What the protocol minors change, of what ckptfs reads or writes:
 - before 7.12: refused at INIT (`OLDEST_MINOR`).
-- 7.31 (Linux 5.4): map_alignment in fuse_init_out (64 bytes since 7.28).
+- 7.31 (Linux 5.4): map_alignment in fuse_init_out (64 bytes since 7.23, max_pages since 7.28).
 - 7.33: HANDLE_KILLPRIV_V2 and FATTR_KILL_SUIDGID; SETXATTR_EXT, with which fuse_setxattr_in
   grows from 8 to 16 bytes (`SETXATTR_EXT_IN`; ckptfs does not ask for it).
 - 7.36: INIT_EXT: fuse_init_in grows from 16 to 64 bytes (flags2: the init flags from bit 32
