@@ -9,9 +9,10 @@ in flight (each request runs in its own trio task, so a slow one does not hold u
 How:
 - `mount()` opens /dev/fuse and mounts it with mount(2); `serve()` answers INIT (asking for
   passthrough when offered), probes FUSE_DEV_IOC_BACKING_OPEN once, then reads requests
-  until the kernel says ENODEV (unmounted). Reads: one task waiting on the non-blocking fd
-  with `trio.lowlevel.wait_readable` ("poll", the default), or several tasks each reading a
-  blocking fd in a worker thread ("threads"); `bench/kernel_transport_probe.py` compares them.
+  until the kernel says ENODEV (unmounted) or `stop()` unmounts and cancels it. Reads: one
+  task waiting on the non-blocking fd with `trio.lowlevel.wait_readable` ("poll", the
+  default), or several tasks each reading a blocking fd in a worker thread ("threads");
+  `bench/kernel_transport_probe.py` compares them.
 - Every handler error becomes an errno reply: OSError -> its errno, anything else -> EIO
   (logged). The loop itself never dies of a handler.
 - INTERRUPT cancels the request's task; the request is answered EINTR.
@@ -75,7 +76,8 @@ class _Buffers:
 
 
 class KernelSession:
-    """One mount served by speaking the FUSE protocol on /dev/fuse."""
+    """One mount served by speaking the FUSE protocol on /dev/fuse (`mount`, `serve`, `stop`,
+    `passthrough`: the shape of `session.FuseSession`, shared with `libfuse.LibfuseSession`)."""
 
     def __init__(
         self,
@@ -118,6 +120,7 @@ class KernelSession:
         self.modes = IoModes(self._backing_open, self._backing_close, enabled=False)
         self.counts: Counter[int] = Counter()  # requests received, by opcode
         self.done = trio.Event()
+        self._serving = trio.CancelScope()  # cancelled by stop()
         self._inflight: dict[int, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(self.readers)
@@ -206,16 +209,32 @@ class KernelSession:
 
     # ---------------------------------------------------------------- the loop
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Answer INIT, report started, then serve until unmounted."""
+        """Answer INIT, report started, then serve until unmounted or `stop()`. A mount whose
+        INIT never completed is unmounted here: no dead mount is left behind."""
         try:
-            await self._handshake()
-            task_status.started()
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                for _ in range(self.readers):
-                    nursery.start_soon(self._reader)
+            with self._serving:
+                await self._handshake()
+                task_status.started()
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    for _ in range(self.readers):
+                        nursery.start_soon(self._reader)
         finally:
+            if self.init_out is None:
+                _mount.umount(self.mountpoint, lazy=True)
+                self.close()
             self.done.set()
+
+    async def stop(self) -> None:
+        """Unmount and stop serving. Like libfuse: detach at once (handles still open keep the
+        mount alive), give the loop a second to see the connection end, then cancel it; close
+        /dev/fuse."""
+        await self.unmount(lazy=True)
+        with trio.move_on_after(1):
+            await self.done.wait()
+        self._serving.cancel()
+        await self.done.wait()
+        self.close()
 
     async def _handshake(self) -> None:
         buf = bytearray(self._buffers.size)
