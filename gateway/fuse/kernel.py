@@ -30,27 +30,22 @@ import logging
 import os
 import struct
 import tempfile
-import time
 from collections import Counter
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator
 
 import trio
 
 from . import abi
 from . import mount as _mount
+from .handlers import Parts, RequestHandlers, Undo
 from .iomode import IoModes
 from .messages import (
-    ProtocolError, Request, Setattr, encode_attr_out, encode_entry, encode_lseek, encode_open,
-    encode_statfs, encode_write, encode_xattr_list, encode_xattr_size, notify_inval_entry,
-    notify_inval_inode, pack_dirents, parse_header, parse_request, reply, reply_error,
+    ProtocolError, Request, notify_inval_entry, notify_inval_inode, parse_header, parse_request, reply, reply_error,
 )
-from .ops import Attr, OpenReply, Operations, RequestContext, SetattrFields
+from .ops import Operations
 
 log = logging.getLogger(__name__)
-
-Parts = list[Any]  # buffers for writev
-Undo = Callable[[], Awaitable[None]] | None
 
 
 class Unmounted(Exception):
@@ -118,6 +113,7 @@ class KernelSession:
         self.passthrough_offered = False
         self.passthrough_error: str | None = None
         self.modes = IoModes(self._backing_open, self._backing_close, enabled=False)
+        self.handlers = RequestHandlers(ops, self.modes)
         self.counts: Counter[int] = Counter()  # requests received, by opcode
         self.done = trio.Event()
         self._serving = trio.CancelScope()  # cancelled by stop()
@@ -316,7 +312,7 @@ class KernelSession:
         undo: Undo = None
         try:
             with scope:
-                parts, undo = await self._handle(req)
+                parts, undo = await self.handlers.handle(req)
             if scope.cancelled_caught:
                 parts, undo = reply_error(req.unique, errno.EINTR), None
         except OSError as e:
@@ -335,185 +331,6 @@ class KernelSession:
             except Exception:
                 log.exception("undoing an unwanted %s reply", _opname(req.opcode))
 
-    # --------------------------------------------------------------- handlers
-    async def _handle(self, req: Request) -> tuple[Parts, Undo]:
-        handler = _HANDLERS.get(req.opcode)
-        if handler is None:
-            return reply_error(req.unique, errno.ENOSYS), None
-        return await handler(self, req, RequestContext(req.header.uid, req.header.gid, req.header.pid))
-
-    def _entry(self, req: Request, attr: Attr) -> tuple[Parts, Undo]:
-        async def undo() -> None:
-            await self.ops.forget([(attr.ino, 1)])
-        return reply(req.unique, encode_entry(attr)), undo
-
-    def _open_reply(self, ino: int, r: OpenReply) -> tuple[bytes, Callable[[], Awaitable[None]]]:
-        backing = self.modes.open(ino, r.fh, r.passthrough_fd)
-        self.ops.opened(r.fh, backing is not None)
-        if backing is not None:
-            body = encode_open(r.fh, abi.FOPEN_PASSTHROUGH, backing)
-        else:
-            flags = (abi.FOPEN_DIRECT_IO if r.direct_io else 0) | (abi.FOPEN_KEEP_CACHE if r.keep_cache else 0)
-            body = encode_open(r.fh, flags)
-
-        async def undo() -> None:
-            try:
-                await self.ops.release(r.fh)
-            finally:
-                self.modes.release(r.fh)
-        return body, undo
-
-    async def _lookup(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.lookup(req.nodeid, req.args.name, ctx))
-
-    async def _getattr(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        attr = await self.ops.getattr(req.nodeid, req.args.fh, ctx)
-        return reply(req.unique, encode_attr_out(attr)), None
-
-    async def _setattr(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        attr = await self.ops.setattr(req.nodeid, setattr_fields(req.args), ctx)
-        return reply(req.unique, encode_attr_out(attr)), None
-
-    async def _readlink(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return reply(req.unique, await self.ops.readlink(req.nodeid, ctx)), None
-
-    async def _symlink(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.symlink(req.nodeid, req.args.name, req.args.target, ctx))
-
-    async def _mknod(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        return self._entry(req, await self.ops.mknod(req.nodeid, a.name, a.mode, a.rdev, ctx))
-
-    async def _mkdir(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.mkdir(req.nodeid, req.args.name, req.args.mode, ctx))
-
-    async def _link(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.link(req.args.oldnodeid, req.nodeid, req.args.name, ctx))
-
-    async def _unlink(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.unlink(req.nodeid, req.args.name, ctx)
-        return reply(req.unique), None
-
-    async def _rmdir(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.rmdir(req.nodeid, req.args.name, ctx)
-        return reply(req.unique), None
-
-    async def _rename(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        await self.ops.rename(req.nodeid, a.old, a.newdir, a.new, a.flags, ctx)
-        return reply(req.unique), None
-
-    async def _open(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        r = await self.ops.open(req.nodeid, req.args.flags, ctx)
-        body, undo = self._open_reply(req.nodeid, r)
-        return reply(req.unique, body), undo
-
-    async def _create(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        r, attr = await self.ops.create(req.nodeid, a.name, a.mode, a.flags, ctx)
-        body, release = self._open_reply(attr.ino, r)
-
-        async def undo() -> None:
-            try:
-                await release()
-            finally:
-                await self.ops.forget([(attr.ino, 1)])
-        return reply(req.unique, encode_entry(attr), body), undo
-
-    async def _read_op(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        data = await self.ops.read(a.fh, a.offset, a.size)
-        if len(data) > a.size:
-            data = memoryview(data)[:a.size]
-        return reply(req.unique, data), None
-
-    async def _write(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        n = await self.ops.write(a.fh, a.offset, a.data)
-        return reply(req.unique, encode_write(n)), None
-
-    async def _statfs(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return reply(req.unique, encode_statfs(await self.ops.statfs(ctx))), None
-
-    async def _release(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        try:
-            await self.ops.release(req.args.fh)
-        finally:
-            self.modes.release(req.args.fh)
-        return reply(req.unique), None
-
-    async def _fsync(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.fsync(req.args.fh, bool(req.args.fsync_flags & abi.FSYNC_FDATASYNC))
-        return reply(req.unique), None
-
-    async def _flush(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.flush(req.args.fh)
-        return reply(req.unique), None
-
-    async def _setxattr(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        await self.ops.setxattr(req.nodeid, a.name, a.value, a.flags, ctx)
-        return reply(req.unique), None
-
-    async def _getxattr(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        value = await self.ops.getxattr(req.nodeid, req.args.name, ctx)
-        return _sized(req.unique, value, req.args.size), None
-
-    async def _listxattr(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        names = encode_xattr_list(await self.ops.listxattr(req.nodeid, ctx))
-        return _sized(req.unique, names, req.args.size), None
-
-    async def _removexattr(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.removexattr(req.nodeid, req.args.name, ctx)
-        return reply(req.unique), None
-
-    async def _opendir(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        fh = await self.ops.opendir(req.nodeid, ctx)
-
-        async def undo() -> None:
-            await self.ops.releasedir(fh)
-        return reply(req.unique, encode_open(fh, 0)), undo
-
-    async def _readdir(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        plus = req.opcode == abi.Op.READDIRPLUS
-        entries = await self.ops.readdir(a.fh, a.offset, plus, ctx)
-        payload, n = pack_dirents(entries, a.size, plus)
-        if not plus:
-            return reply(req.unique, payload), None
-        refs = [attr.ino for name, attr, _ in entries[:n] if attr.ino and name not in (b".", b"..")]
-        for ino in refs:
-            self.ops.ref(ino)
-
-        async def undo() -> None:
-            await self.ops.forget([(ino, 1) for ino in refs])
-        return reply(req.unique, payload), undo
-
-    async def _releasedir(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.releasedir(req.args.fh)
-        return reply(req.unique), None
-
-    async def _fsyncdir(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.fsyncdir(req.args.fh, bool(req.args.fsync_flags & abi.FSYNC_FDATASYNC))
-        return reply(req.unique), None
-
-    async def _access(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.access(req.nodeid, req.args.mask, ctx)
-        return reply(req.unique), None
-
-    async def _fallocate(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        await self.ops.fallocate(a.fh, a.mode, a.offset, a.length)
-        return reply(req.unique), None
-
-    async def _lseek(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        return reply(req.unique, encode_lseek(await self.ops.lseek(a.fh, a.offset, a.whence))), None
-
-    async def _destroy(self, req: Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.destroy()
-        return reply(req.unique), None
-
     # ------------------------------------------------------------ notifications
     async def invalidate_inode(self, ino: int, offset: int = 0, length: int = 0) -> None:
         """Make the kernel drop its cached attributes (and pages) of `ino`."""
@@ -531,74 +348,11 @@ class KernelSession:
                 raise
 
 
-def _sized(unique: int, value: bytes, size: int) -> Parts:
-    """GETXATTR/LISTXATTR: size 0 asks for the length; a too-small buffer is ERANGE."""
-    if size == 0:
-        return reply(unique, encode_xattr_size(len(value)))
-    if len(value) > size:
-        return reply_error(unique, errno.ERANGE)
-    return reply(unique, value)
-
-
-def setattr_fields(a: Setattr) -> SetattrFields:
-    """The kernel's fuse_setattr_in as the neutral SetattrFields (`*_NOW` resolved here)."""
-    v = a.valid
-    now = time.time_ns() if v & (abi.FATTR_ATIME_NOW | abi.FATTR_MTIME_NOW) else 0
-    return SetattrFields(
-        mode=a.mode if v & abi.FATTR_MODE else None,
-        uid=a.uid if v & abi.FATTR_UID else None,
-        gid=a.gid if v & abi.FATTR_GID else None,
-        size=a.size if v & abi.FATTR_SIZE else None,
-        atime_ns=now if v & abi.FATTR_ATIME_NOW else (a.atime_ns if v & abi.FATTR_ATIME else None),
-        mtime_ns=now if v & abi.FATTR_MTIME_NOW else (a.mtime_ns if v & abi.FATTR_MTIME else None),
-        ctime_ns=a.ctime_ns if v & abi.FATTR_CTIME else None,
-        fh=a.fh if v & abi.FATTR_FH else None,
-        kill_suidgid=bool(v & abi.FATTR_KILL_SUIDGID),
-    )
-
-
 def _opname(opcode: int) -> str:
     try:
         return abi.Op(opcode).name
     except ValueError:
         return str(opcode)
-
-
-_HANDLERS: dict[int, Callable[[KernelSession, Request, RequestContext], Awaitable[tuple[Parts, Undo]]]] = {
-    abi.Op.LOOKUP: KernelSession._lookup,
-    abi.Op.GETATTR: KernelSession._getattr,
-    abi.Op.SETATTR: KernelSession._setattr,
-    abi.Op.READLINK: KernelSession._readlink,
-    abi.Op.SYMLINK: KernelSession._symlink,
-    abi.Op.MKNOD: KernelSession._mknod,
-    abi.Op.MKDIR: KernelSession._mkdir,
-    abi.Op.UNLINK: KernelSession._unlink,
-    abi.Op.RMDIR: KernelSession._rmdir,
-    abi.Op.RENAME: KernelSession._rename,
-    abi.Op.RENAME2: KernelSession._rename,
-    abi.Op.LINK: KernelSession._link,
-    abi.Op.OPEN: KernelSession._open,
-    abi.Op.CREATE: KernelSession._create,
-    abi.Op.READ: KernelSession._read_op,
-    abi.Op.WRITE: KernelSession._write,
-    abi.Op.STATFS: KernelSession._statfs,
-    abi.Op.RELEASE: KernelSession._release,
-    abi.Op.FSYNC: KernelSession._fsync,
-    abi.Op.FLUSH: KernelSession._flush,
-    abi.Op.SETXATTR: KernelSession._setxattr,
-    abi.Op.GETXATTR: KernelSession._getxattr,
-    abi.Op.LISTXATTR: KernelSession._listxattr,
-    abi.Op.REMOVEXATTR: KernelSession._removexattr,
-    abi.Op.OPENDIR: KernelSession._opendir,
-    abi.Op.READDIR: KernelSession._readdir,
-    abi.Op.READDIRPLUS: KernelSession._readdir,
-    abi.Op.RELEASEDIR: KernelSession._releasedir,
-    abi.Op.FSYNCDIR: KernelSession._fsyncdir,
-    abi.Op.ACCESS: KernelSession._access,
-    abi.Op.FALLOCATE: KernelSession._fallocate,
-    abi.Op.LSEEK: KernelSession._lseek,
-    abi.Op.DESTROY: KernelSession._destroy,
-}
 
 
 def passthrough_possible() -> bool:

@@ -12,7 +12,7 @@ import pytest
 from ckptfs.fuse import abi
 from ckptfs.fuse import messages as P
 from ckptfs.fuse.iomode import IoModes
-from ckptfs.fuse.kernel import setattr_fields
+from ckptfs.fuse.handlers import setattr_fields
 from ckptfs.fuse.ops import Attr, StatFs
 
 
