@@ -29,6 +29,10 @@ from .config import Config, fmt_bytes, parse_hostport
 from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
+from .fs import CkptFS
+from .fuse.kernel import KernelSession, choose_transport
+from .fuse.libfuse import LibfuseSession
+from .fuse.session import FuseSession
 from .journal import Journal, JournalError
 from .lifecycle.service import Lifecycle
 from .metrics import Metrics
@@ -164,11 +168,9 @@ class Daemon:
         self._stop = trio.Event()
         self._stop_now = trio.Event()  # a second signal: stop draining at once
         self.flush_on_stop = False
-        self.fuse_done = trio.Event()
-        self.fs: Any = None  # the filesystem, once running
+        self.fs: CkptFS | None = None  # the filesystem, once running
         self.fuse_transport = ""  # "kernel" or "libfuse", once running
-        self.session: Any = None  # the kernel transport's session
-        self._fuse_scope = trio.CancelScope()
+        self.session: FuseSession | None = None  # the mount, once mounted
         self.metrics_port: int | None = None
         self._stopped = trio.Event()  # drained (or gave up): `left` says what stays in the journal
         self.left: dict[str, Any] = {}
@@ -368,9 +370,6 @@ class Daemon:
 
     # ---- running
     async def run(self, ready_fd: int | None = None) -> None:
-        from .fs import CkptFS
-        from .fuse.kernel import choose_transport
-
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         self.fuse_transport = choose_transport(cfg.fuse_transport)
@@ -384,18 +383,14 @@ class Daemon:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)
             await nursery.start(self.remote.run)
+            session = self.session = self._mount(fs)
+            await nursery.start(self._serve_fuse, session)
             if self.fuse_transport == "kernel":
-                self._kernel_mount(fs)
-            if self.fuse_transport == "kernel":
-                await nursery.start(self._kernel_main)
-                if self.session.passthrough:
+                if session.passthrough:
                     log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
                 else:
                     log.warning("FUSE: the protocol spoken on /dev/fuse, without passthrough (%s): every byte is copied by the daemon",
-                                self.session.passthrough_error)
-            else:
-                self._libfuse_init(fs)
-                nursery.start_soon(self._fuse_main)
+                                session.passthrough_error)
             await nursery.start(self.drainer.run)
             await nursery.start(self.lifecycle.run)
             nursery.start_soon(self._signals)
@@ -418,7 +413,7 @@ class Daemon:
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
             notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
-            await self._unmount()
+            await session.stop()
             fs.sync_passthrough_all()
             self.ns.files.persist_all()  # handles still open at unmount will never be released to us
             await self._drain_before_exit()
@@ -451,79 +446,32 @@ class Daemon:
                                f"cache {fmt_bytes(self.cache.used_bytes)} of {fmt_bytes(self.cache.capacity_bytes)}".encode())
             await trio.sleep(STATUS_INTERVAL)
 
-    def _libfuse_init(self, fs: Any) -> None:
-        import pyfuse3
-
-        from .fuse.libfuse import Pyfuse3Adapter
-
-        options = set(pyfuse3.default_options)
-        options |= {"fsname=ckptfs", "subtype=ckptfs"}
-        if self.cfg.allow_other:
-            options.add("allow_other")
-        if self.cfg.read_only:
-            options.add("ro")  # the kernel answers EROFS to every change
-        pyfuse3.init(Pyfuse3Adapter(fs), self.cfg.mountpoint, options)
-
-    async def _fuse_main(self) -> None:
-        import pyfuse3
-
-        try:
-            await pyfuse3.main()
-        finally:
-            self.fuse_done.set()
-            self._stop.set()  # an external unmount (fusermount3 -u) stops the daemon too
-
-    def _kernel_mount(self, fs: Any) -> None:
-        """mount(2) for the kernel transport; with `auto`, a refusal (no CAP_SYS_ADMIN, say in a
-        container) falls back to libfuse."""
-        from .fuse.kernel import KernelSession
-
+    def _mount(self, fs: CkptFS) -> FuseSession:
+        """Mount with the chosen transport; with `auto`, a kernel mount(2) refused (no
+        CAP_SYS_ADMIN, say in a container) falls back to libfuse."""
         cfg = self.cfg
-        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
-                                allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
-        try:
-            session.mount()
-        except OSError as e:
-            if cfg.fuse_transport == "auto" and e.errno in (errno.EPERM, errno.EACCES):
+        if self.fuse_transport == "kernel":
+            kernel = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
+                                   allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
+            try:
+                kernel.mount()
+                return kernel
+            except OSError as e:
+                if cfg.fuse_transport != "auto" or e.errno not in (errno.EPERM, errno.EACCES):
+                    raise UserError(f"cannot mount {cfg.mountpoint} with fuse_transport=kernel: {e.strerror} "
+                                    "(it needs root; use -o fuse_transport=libfuse)") from None
                 log.warning("FUSE: cannot mount /dev/fuse directly (%s): using libfuse", e.strerror)
                 self.fuse_transport = "libfuse"
-                return
-            raise UserError(f"cannot mount {cfg.mountpoint} with fuse_transport=kernel: {e.strerror} "
-                            "(it needs root; use -o fuse_transport=libfuse)") from None
-        self.session = session
+        libfuse = LibfuseSession(fs, cfg.mountpoint, allow_other=cfg.allow_other, read_only=cfg.read_only)
+        libfuse.mount()
+        return libfuse
 
-    async def _kernel_main(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The FUSE protocol spoken on /dev/fuse (passthrough when the kernel grants it)."""
-        from .fuse.mount import umount
-
-        session = self.session
+    async def _serve_fuse(self, session: FuseSession, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the mount; an external unmount (fusermount3 -u, umount) ends it and stops the daemon too."""
         try:
-            with self._fuse_scope:
-                await session.serve(task_status=task_status)
+            await session.serve(task_status=task_status)
         finally:
-            if session.init_out is None:  # INIT never completed: do not leave a dead mount behind
-                umount(self.cfg.mountpoint, lazy=True)
-                session.close()
-            self.fuse_done.set()
-            self._stop.set()  # an external unmount stops the daemon too
-
-    async def _unmount(self) -> None:
-        if self.fuse_transport == "kernel":
-            session = self.session
-            # like libfuse: detach at once (handles still open keep it alive) and stop serving
-            await session.unmount(lazy=True)
-            with trio.move_on_after(1):
-                await self.fuse_done.wait()
-            self._fuse_scope.cancel()
-            await self.fuse_done.wait()
-            session.close()
-            return
-        import pyfuse3
-
-        if not self.fuse_done.is_set():
-            pyfuse3.terminate()
-            await self.fuse_done.wait()
-        pyfuse3.close(unmount=True)
+            self._stop.set()
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -595,7 +543,7 @@ def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
                 raise
             raise user_errors.exceptions[0] from None
         except RuntimeError as e:
-            if "mount" in str(e).lower():  # pyfuse3.init could not mount
+            if "mount" in str(e).lower():  # the libfuse transport could not mount (LibfuseSession.mount)
                 raise UserError(f"FUSE mount of {cfg.mountpoint} failed ({e}): see the log lines above") from None
             raise
     except UserError as e:

@@ -1,5 +1,5 @@
-"""The FUSE wire protocol (gateway/fuse/protocol.py) and the per-inode I/O mode table
-(gateway/fuse/iomode.py): byte layouts against the kernel's structs, no mount."""
+"""The FUSE wire protocol (gateway/fuse/abi.py, gateway/fuse/messages.py) and the per-inode
+I/O mode table (gateway/fuse/iomode.py): byte layouts against the kernel's structs, no mount."""
 
 from __future__ import annotations
 
@@ -9,58 +9,59 @@ import struct
 
 import pytest
 
-from ckptfs.fuse import protocol as P
+from ckptfs.fuse import abi
+from ckptfs.fuse import messages as P
 from ckptfs.fuse.iomode import IoModes
-from ckptfs.fuse.kernel import setattr_fields
+from ckptfs.fuse.handlers import setattr_fields
 from ckptfs.fuse.ops import Attr, StatFs
 
 
 def request(opcode: int, body: bytes, *, unique: int = 7, nodeid: int = 1, uid: int = 1000, gid: int = 100, pid: int = 42, extlen: int = 0) -> memoryview:
-    total = P.IN_HEADER.size + len(body)
-    return memoryview(bytearray(P.IN_HEADER.pack(total, opcode, unique, nodeid, uid, gid, pid, extlen, 0) + body))
+    total = abi.IN_HEADER.size + len(body)
+    return memoryview(bytearray(abi.IN_HEADER.pack(total, opcode, unique, nodeid, uid, gid, pid, extlen, 0) + body))
 
 
 def test_struct_sizes_match_the_kernel() -> None:
-    assert P.IN_HEADER.size == 40
-    assert P.OUT_HEADER.size == 16
-    assert P.ATTR.size == 88
-    assert P.ENTRY_OUT_HEAD.size + P.ATTR.size == 128
-    assert P.ATTR_OUT_HEAD.size + P.ATTR.size == 104
-    assert P.OPEN_OUT.size == 16
-    assert P.INIT_OUT.size == 64
-    assert P.STATFS_OUT.size == 80
-    assert P.BACKING_MAP.size == 16
-    assert P.WRITE_OVERHEAD == 80
+    assert abi.IN_HEADER.size == 40
+    assert abi.OUT_HEADER.size == 16
+    assert abi.ATTR.size == 88
+    assert abi.ENTRY_OUT_HEAD.size + abi.ATTR.size == 128
+    assert abi.ATTR_OUT_HEAD.size + abi.ATTR.size == 104
+    assert abi.OPEN_OUT.size == 16
+    assert abi.INIT_OUT.size == 64
+    assert abi.STATFS_OUT.size == 80
+    assert abi.BACKING_MAP.size == 16
+    assert abi.WRITE_OVERHEAD == 80
 
 
 def test_ioctl_numbers() -> None:
     def iow(typ: int, nr: int, size: int) -> int:
         return (1 << 30) | (size << 16) | (typ << 8) | nr
 
-    assert P.DEV_IOC_BACKING_OPEN == iow(229, 1, 16) == 0x4010E501
-    assert P.DEV_IOC_BACKING_CLOSE == iow(229, 2, 4) == 0x4004E502
+    assert abi.DEV_IOC_BACKING_OPEN == iow(229, 1, 16) == 0x4010E501
+    assert abi.DEV_IOC_BACKING_CLOSE == iow(229, 2, 4) == 0x4004E502
 
 
 def test_header_fields() -> None:
-    req = P.parse_request(request(P.Op.GETATTR, struct.pack("<IIQ", 0, 0, 0), unique=99, nodeid=5))
+    req = P.parse_request(request(abi.Op.GETATTR, struct.pack("<IIQ", 0, 0, 0), unique=99, nodeid=5))
     h = req.header
-    assert (h.opcode, h.unique, h.nodeid, h.uid, h.gid, h.pid) == (P.Op.GETATTR, 99, 5, 1000, 100, 42)
+    assert (h.opcode, h.unique, h.nodeid, h.uid, h.gid, h.pid) == (abi.Op.GETATTR, 99, 5, 1000, 100, 42)
     assert req.args == P.Getattr(0, None)
 
 
 def test_init_parse_and_negotiate_passthrough() -> None:
-    kflags = P.ASYNC_READ | P.WRITEBACK_CACHE | P.MAX_PAGES | P.INIT_EXT | P.BIG_WRITES | P.PASSTHROUGH | P.SECURITY_CTX
+    kflags = abi.ASYNC_READ | abi.WRITEBACK_CACHE | abi.MAX_PAGES | abi.INIT_EXT | abi.BIG_WRITES | abi.PASSTHROUGH | abi.SECURITY_CTX
     body = struct.pack("<IIIII", 7, 45, 131072, kflags & 0xFFFFFFFF, kflags >> 32) + bytes(44)
-    req = P.parse_request(request(P.Op.INIT, body))
+    req = P.parse_request(request(abi.Op.INIT, body))
     init = req.args
     assert (init.major, init.minor, init.max_readahead) == (7, 45, 131072)
     assert init.flags == kflags
-    out = P.negotiate(init, passthrough=True, max_pages=256, max_stack_depth=1)
-    assert out.flags & P.PASSTHROUGH and out.flags & P.INIT_EXT and out.flags & P.MAX_PAGES
-    assert not out.flags & P.WRITEBACK_CACHE  # writeback cache rules passthrough out
-    assert not out.flags & P.SECURITY_CTX  # not asked for: no request extensions
-    assert out.minor == P.KERNEL_MINOR_VERSION
-    raw = P.encode_init(out)
+    out = abi.negotiate(init, passthrough=True, max_pages=256, max_stack_depth=1)
+    assert out.flags & abi.PASSTHROUGH and out.flags & abi.INIT_EXT and out.flags & abi.MAX_PAGES
+    assert not out.flags & abi.WRITEBACK_CACHE  # writeback cache rules passthrough out
+    assert not out.flags & abi.SECURITY_CTX  # not asked for: no request extensions
+    assert out.minor == abi.KERNEL_MINOR_VERSION
+    raw = abi.encode_init(out)
     assert len(raw) == 64
     major, minor, ra, flags = struct.unpack_from("<IIII", raw)
     assert (major, minor, ra) == (7, 40, 131072)
@@ -73,73 +74,73 @@ def test_init_parse_and_negotiate_passthrough() -> None:
 
 
 def test_negotiate_without_passthrough_or_ext() -> None:
-    init = P.Init(7, 31, 65536, P.ASYNC_READ | P.MAX_PAGES)  # an old kernel: no INIT_EXT
-    out = P.negotiate(init, passthrough=True, max_pages=1000)
-    assert out.flags == P.ASYNC_READ | P.MAX_PAGES
+    init = abi.Init(7, 31, 65536, abi.ASYNC_READ | abi.MAX_PAGES)  # an old kernel: no INIT_EXT
+    out = abi.negotiate(init, passthrough=True, max_pages=1000)
+    assert out.flags == abi.ASYNC_READ | abi.MAX_PAGES
     assert out.max_stack_depth == 0
     assert out.max_pages == 1000 and out.minor == 31
-    raw = P.encode_init(out)
+    raw = abi.encode_init(out)
     assert struct.unpack_from("<I", raw, 32)[0] == 0
 
 
 def test_negotiate_rejects() -> None:
-    with pytest.raises(P.InitError):
-        P.negotiate(P.Init(8, 0, 0, 0), passthrough=False, max_pages=32)
+    with pytest.raises(abi.InitError):
+        abi.negotiate(abi.Init(8, 0, 0, 0), passthrough=False, max_pages=32)
     with pytest.raises(ValueError):
-        P.negotiate(P.Init(7, 45, 0, P.INIT_EXT | P.PASSTHROUGH), passthrough=True, max_pages=32, max_stack_depth=3)
+        abi.negotiate(abi.Init(7, 45, 0, abi.INIT_EXT | abi.PASSTHROUGH), passthrough=True, max_pages=32, max_stack_depth=3)
 
 
 def test_names_and_two_name_requests() -> None:
-    assert P.parse_request(request(P.Op.LOOKUP, b"hello\0")).args == P.Name(b"hello")
-    assert P.parse_request(request(P.Op.UNLINK, b"x\0")).args == P.Name(b"x")
-    sym = P.parse_request(request(P.Op.SYMLINK, b"link\0/target/path\0")).args
+    assert P.parse_request(request(abi.Op.LOOKUP, b"hello\0")).args == P.Name(b"hello")
+    assert P.parse_request(request(abi.Op.UNLINK, b"x\0")).args == P.Name(b"x")
+    sym = P.parse_request(request(abi.Op.SYMLINK, b"link\0/target/path\0")).args
     assert sym == P.Symlink(b"link", b"/target/path")
-    ren = P.parse_request(request(P.Op.RENAME, struct.pack("<Q", 9) + b"a\0b\0")).args
+    ren = P.parse_request(request(abi.Op.RENAME, struct.pack("<Q", 9) + b"a\0b\0")).args
     assert ren == P.Rename(9, 0, b"a", b"b")
-    ren2 = P.parse_request(request(P.Op.RENAME2, struct.pack("<QII", 9, 1, 0) + b"old\0new\0")).args
+    ren2 = P.parse_request(request(abi.Op.RENAME2, struct.pack("<QII", 9, 1, 0) + b"old\0new\0")).args
     assert ren2 == P.Rename(9, 1, b"old", b"new")
-    link = P.parse_request(request(P.Op.LINK, struct.pack("<Q", 12) + b"n\0")).args
+    link = P.parse_request(request(abi.Op.LINK, struct.pack("<Q", 12) + b"n\0")).args
     assert link == P.Link(12, b"n")
     with pytest.raises(P.ProtocolError):
-        P.parse_request(request(P.Op.LOOKUP, b"no-nul"))
+        P.parse_request(request(abi.Op.LOOKUP, b"no-nul"))
 
 
 def test_create_mknod_mkdir_open() -> None:
-    c = P.parse_request(request(P.Op.CREATE, struct.pack("<IIII", 0o1101, 0o100644, 0o22, 0) + b"f\0")).args
+    c = P.parse_request(request(abi.Op.CREATE, struct.pack("<IIII", 0o1101, 0o100644, 0o22, 0) + b"f\0")).args
     assert c == P.Create(0o1101, 0o100644, 0o22, 0, b"f")
-    m = P.parse_request(request(P.Op.MKNOD, struct.pack("<IIII", 0o100600, 0, 0o22, 0) + b"n\0")).args
+    m = P.parse_request(request(abi.Op.MKNOD, struct.pack("<IIII", 0o100600, 0, 0o22, 0) + b"n\0")).args
     assert m == P.Mknod(0o100600, 0, 0o22, b"n")
-    d = P.parse_request(request(P.Op.MKDIR, struct.pack("<II", 0o755, 0o22) + b"d\0")).args
+    d = P.parse_request(request(abi.Op.MKDIR, struct.pack("<II", 0o755, 0o22) + b"d\0")).args
     assert d == P.Mkdir(0o755, 0o22, b"d")
-    assert P.parse_request(request(P.Op.OPEN, struct.pack("<II", 2, 0))).args == P.Open(2, 0)
-    assert P.parse_request(request(P.Op.OPENDIR, struct.pack("<II", 0, 0))).args == P.Open(0, 0)
+    assert P.parse_request(request(abi.Op.OPEN, struct.pack("<II", 2, 0))).args == P.Open(2, 0)
+    assert P.parse_request(request(abi.Op.OPENDIR, struct.pack("<II", 0, 0))).args == P.Open(0, 0)
 
 
 def test_read_write_zero_copy() -> None:
     body = struct.pack("<QQIIQII", 3, 4096, 10, 0, 0, 2, 0)
-    assert P.parse_request(request(P.Op.READ, body)).args == P.Read(3, 4096, 10, 0, 0, 2)
-    buf = request(P.Op.WRITE, struct.pack("<QQIIQII", 3, 8192, 5, 0, 0, 1, 0) + b"hello")
+    assert P.parse_request(request(abi.Op.READ, body)).args == P.Read(3, 4096, 10, 0, 0, 2)
+    buf = request(abi.Op.WRITE, struct.pack("<QQIIQII", 3, 8192, 5, 0, 0, 1, 0) + b"hello")
     w = P.parse_request(buf).args
     assert (w.fh, w.offset, w.size) == (3, 8192, 5)
     assert bytes(w.data) == b"hello"
     assert w.data.obj is buf.obj  # a view into the read buffer, not a copy
     with pytest.raises(P.ProtocolError):
-        P.parse_request(request(P.Op.WRITE, struct.pack("<QQIIQII", 3, 0, 50, 0, 0, 1, 0) + b"short"))
+        P.parse_request(request(abi.Op.WRITE, struct.pack("<QQIIQII", 3, 0, 50, 0, 0, 1, 0) + b"short"))
 
 
 def test_release_flush_fsync_forget() -> None:
-    assert P.parse_request(request(P.Op.RELEASE, struct.pack("<QIIQ", 5, 1, 1, 77))).args == P.Release(5, 1, 1, 77)
-    assert P.parse_request(request(P.Op.FLUSH, struct.pack("<QIIQ", 5, 0, 0, 77))).args == P.Flush(5, 77)
-    assert P.parse_request(request(P.Op.FSYNC, struct.pack("<QII", 5, 1, 0))).args == P.Fsync(5, 1)
-    assert P.parse_request(request(P.Op.FORGET, struct.pack("<Q", 3))).args == P.Forget(3)
-    bf = P.parse_request(request(P.Op.BATCH_FORGET, struct.pack("<II", 2, 0) + struct.pack("<QQQQ", 10, 1, 11, 2))).args
+    assert P.parse_request(request(abi.Op.RELEASE, struct.pack("<QIIQ", 5, 1, 1, 77))).args == P.Release(5, 1, 1, 77)
+    assert P.parse_request(request(abi.Op.FLUSH, struct.pack("<QIIQ", 5, 0, 0, 77))).args == P.Flush(5, 77)
+    assert P.parse_request(request(abi.Op.FSYNC, struct.pack("<QII", 5, 1, 0))).args == P.Fsync(5, 1)
+    assert P.parse_request(request(abi.Op.FORGET, struct.pack("<Q", 3))).args == P.Forget(3)
+    bf = P.parse_request(request(abi.Op.BATCH_FORGET, struct.pack("<II", 2, 0) + struct.pack("<QQQQ", 10, 1, 11, 2))).args
     assert bf == P.BatchForget([(10, 1), (11, 2)])
 
 
 def test_setattr_fields() -> None:
-    valid = P.FATTR_SIZE | P.FATTR_MODE | P.FATTR_MTIME | P.FATTR_FH | P.FATTR_ATIME_NOW
+    valid = abi.FATTR_SIZE | abi.FATTR_MODE | abi.FATTR_MTIME | abi.FATTR_FH | abi.FATTR_ATIME_NOW
     body = struct.pack("<IIQQQqqqIIIIIIII", valid, 0, 9, 1234, 0, 5, 6, 7, 1, 2, 3, 0o100600, 0, 1000, 1000, 0)
-    a = P.parse_request(request(P.Op.SETATTR, body)).args
+    a = P.parse_request(request(abi.Op.SETATTR, body)).args
     assert (a.valid, a.fh, a.size, a.mode) == (valid, 9, 1234, 0o100600)
     assert (a.atime_ns, a.mtime_ns, a.ctime_ns) == (5_000_000_001, 6_000_000_002, 7_000_000_003)
     f = setattr_fields(a)
@@ -149,24 +150,24 @@ def test_setattr_fields() -> None:
 
 
 def test_xattr_access_interrupt_fallocate_lseek() -> None:
-    s = P.parse_request(request(P.Op.SETXATTR, struct.pack("<II", 3, 1) + b"user.k\0abc")).args
+    s = P.parse_request(request(abi.Op.SETXATTR, struct.pack("<II", 3, 1) + b"user.k\0abc")).args
     assert s == P.Setxattr(1, b"user.k", b"abc")
     s_ext = P.parse_setxattr(memoryview(struct.pack("<IIII", 2, 0, 0, 0) + b"n\0xy"), ext=True)
     assert s_ext == P.Setxattr(0, b"n", b"xy")
-    assert P.parse_request(request(P.Op.GETXATTR, struct.pack("<II", 0, 0) + b"user.k\0")).args == P.Getxattr(0, b"user.k")
-    assert P.parse_request(request(P.Op.LISTXATTR, struct.pack("<II", 64, 0))).args == P.Listxattr(64)
-    assert P.parse_request(request(P.Op.ACCESS, struct.pack("<II", 4, 0))).args == P.Access(4)
-    assert P.parse_request(request(P.Op.INTERRUPT, struct.pack("<Q", 1234))).args == P.Interrupt(1234)
-    assert P.parse_request(request(P.Op.FALLOCATE, struct.pack("<QQQII", 1, 0, 4096, 0, 0))).args == P.Fallocate(1, 0, 4096, 0)
-    assert P.parse_request(request(P.Op.LSEEK, struct.pack("<QQII", 1, 10, 3, 0))).args == P.Lseek(1, 10, 3)
+    assert P.parse_request(request(abi.Op.GETXATTR, struct.pack("<II", 0, 0) + b"user.k\0")).args == P.Getxattr(0, b"user.k")
+    assert P.parse_request(request(abi.Op.LISTXATTR, struct.pack("<II", 64, 0))).args == P.Listxattr(64)
+    assert P.parse_request(request(abi.Op.ACCESS, struct.pack("<II", 4, 0))).args == P.Access(4)
+    assert P.parse_request(request(abi.Op.INTERRUPT, struct.pack("<Q", 1234))).args == P.Interrupt(1234)
+    assert P.parse_request(request(abi.Op.FALLOCATE, struct.pack("<QQQII", 1, 0, 4096, 0, 0))).args == P.Fallocate(1, 0, 4096, 0)
+    assert P.parse_request(request(abi.Op.LSEEK, struct.pack("<QQII", 1, 10, 3, 0))).args == P.Lseek(1, 10, 3)
 
 
 def test_unknown_opcode_and_extensions() -> None:
-    assert isinstance(P.parse_request(request(P.Op.STATFS, b"")).args, P.Empty)
-    assert isinstance(P.parse_request(request(P.Op.DESTROY, b"")).args, P.Empty)
+    assert isinstance(P.parse_request(request(abi.Op.STATFS, b"")).args, P.Empty)
+    assert isinstance(P.parse_request(request(abi.Op.DESTROY, b"")).args, P.Empty)
     assert isinstance(P.parse_request(request(4242, b"whatever")).args, P.Empty)
     # request extensions at the end (total_extlen in 8-byte units) are not part of the name
-    req = P.parse_request(request(P.Op.LOOKUP, b"a\0\0\0\0\0\0\0" + b"E" * 8, extlen=1))
+    req = P.parse_request(request(abi.Op.LOOKUP, b"a\0\0\0\0\0\0\0" + b"E" * 8, extlen=1))
     assert req.args == P.Name(b"a")
     with pytest.raises(P.ProtocolError):
         P.parse_request(memoryview(b"\0" * 10))
@@ -185,14 +186,14 @@ def test_reply_encoding() -> None:
     assert P.reply_error(9, errno.ENOENT) == [struct.pack("<IiQ", 16, -errno.ENOENT, 9)]
     a = attr()
     raw = P.encode_attr(a)
-    fields = P.ATTR.unpack(raw)
+    fields = abi.ATTR.unpack(raw)
     assert fields[:6] == (5, 10, 1, 1, 2, 3)
     assert fields[6:9] == (500_000_000, 1, 2)
     assert fields[9:15] == (a.mode, 1, 1, 2, 0, 4096)
     e = P.encode_entry(Attr(ino=6, mode=stat.S_IFDIR | 0o755, entry_timeout=1.5, attr_timeout=2.0, generation=3))
-    assert P.ENTRY_OUT_HEAD.unpack_from(e) == (6, 3, 1, 2, 500_000_000, 0)
+    assert abi.ENTRY_OUT_HEAD.unpack_from(e) == (6, 3, 1, 2, 500_000_000, 0)
     assert len(P.encode_attr_out(a)) == 104
-    assert P.encode_open(3, P.FOPEN_PASSTHROUGH, 7) == struct.pack("<QIi", 3, 1 << 7, 7)
+    assert P.encode_open(3, abi.FOPEN_PASSTHROUGH, 7) == struct.pack("<QIi", 3, 1 << 7, 7)
     st = P.encode_statfs(StatFs(blocks=10, bfree=5, bavail=4, files=3, ffree=2, bsize=4096, frsize=512, namemax=255))
     assert struct.unpack_from("<QQQQQIII", st) == (10, 5, 4, 3, 2, 4096, 255, 512)
     assert P.encode_xattr_list([b"a", b"bc"]) == b"a\0bc\0"
@@ -202,25 +203,25 @@ def test_reply_encoding() -> None:
 def test_dirents_fit_and_align() -> None:
     entries = [(b"a", attr(ino=10), 1), (b"dir", attr(ino=11, mode=stat.S_IFDIR | 0o755), 2), (b"c" * 20, attr(ino=12), 3)]
     d = P.encode_dirent(10, 1, b"a", stat.S_IFREG)
-    assert len(d) == 32 and P.DIRENT_HEAD.unpack_from(d) == (10, 1, 1, 8)  # DT_REG
+    assert len(d) == 32 and abi.DIRENT_HEAD.unpack_from(d) == (10, 1, 1, 8)  # DT_REG
     payload, n = P.pack_dirents(entries, 4096, plus=False)
     assert n == 3 and len(payload) == 32 + 32 + 48
-    assert P.DIRENT_HEAD.unpack_from(payload, 32)[3] == 4  # DT_DIR
+    assert abi.DIRENT_HEAD.unpack_from(payload, 32)[3] == 4  # DT_DIR
     payload, n = P.pack_dirents(entries, 70, plus=False)
     assert n == 2 and len(payload) == 64
     plus, n = P.pack_dirents(entries, 4096, plus=True)
     assert n == 3 and len(plus) == (128 + 32) * 2 + 128 + 48
-    assert P.ENTRY_OUT_HEAD.unpack_from(plus)[0] == 10
+    assert abi.ENTRY_OUT_HEAD.unpack_from(plus)[0] == 10
     _, n = P.pack_dirents(entries, 159, plus=True)
     assert n == 0  # not even one entry fits: an empty reply
 
 
 def test_notifications() -> None:
     hdr, body = P.notify_inval_inode(5, 0, -1)
-    assert hdr == struct.pack("<IiQ", 16 + 24, P.Notify.INVAL_INODE, 0)
+    assert hdr == struct.pack("<IiQ", 16 + 24, abi.Notify.INVAL_INODE, 0)
     assert body == struct.pack("<Qqq", 5, 0, -1)
     hdr, body = P.notify_inval_entry(1, b"name")
-    assert hdr == struct.pack("<IiQ", 16 + 16 + 5, P.Notify.INVAL_ENTRY, 0)
+    assert hdr == struct.pack("<IiQ", 16 + 16 + 5, abi.Notify.INVAL_ENTRY, 0)
     assert body == struct.pack("<QII", 1, 4, 0) + b"name\0"
 
 
