@@ -34,7 +34,9 @@ from .fuse.kernel import KernelSession, choose_transport
 from .fuse.libfuse import LibfuseSession
 from .fuse.session import FuseSession
 from .journal import Journal, JournalError
+from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
+from .lifecycle.usage import UsageCollector
 from .metrics import Metrics
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
@@ -205,11 +207,7 @@ class Daemon:
         self.remote = Remote(self.ns, self.store, cfg)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
-        from .lifecycle.usage import UsageCollector
-
         self.metrics.registry.register(UsageCollector(self.lifecycle))
-        from .lifecycle.coldmove import MoveCollector
-
         self.metrics.registry.register(MoveCollector(self.lifecycle.mover))
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:
