@@ -461,7 +461,10 @@ class Daemon:
                 log.warning("FUSE: cannot mount /dev/fuse directly (%s): using libfuse", e.strerror)
                 self.fuse_transport = "libfuse"
         libfuse = LibfuseSession(fs, cfg.mountpoint, allow_other=cfg.allow_other, read_only=cfg.read_only)
-        libfuse.mount()
+        try:
+            libfuse.mount()
+        except RuntimeError as e:  # pyfuse3 could not mount; raised here, inside the nursery, it must be a UserError to stay one line
+            raise UserError(f"FUSE mount of {cfg.mountpoint} failed ({e}): see the log lines above") from None
         return libfuse
 
     async def _serve_fuse(self, session: FuseSession, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -540,10 +543,6 @@ def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
             if user_errors is None:
                 raise
             raise user_errors.exceptions[0] from None
-        except RuntimeError as e:
-            if "mount" in str(e).lower():  # the libfuse transport could not mount (LibfuseSession.mount)
-                raise UserError(f"FUSE mount of {cfg.mountpoint} failed ({e}): see the log lines above") from None
-            raise
     except UserError as e:
         log.error("%s", e)
         if ready_fd is not None:
