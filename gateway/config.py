@@ -23,30 +23,12 @@ from typing import Any, Iterable, Mapping
 
 from .encryption import Encryption, EncryptionError
 from .patterns import PatternError, compile_patterns
+from .sizes import (GiB, KiB, MiB, S3_MAX_KEY_BYTES, S3_MAX_PART_SIZE, S3_MAX_PARTS, S3_MIN_PART_SIZE, TiB,  # noqa: F401 (for callers)
+                    fmt_bytes, part_size_for)
 from .storageclass import TierError, parse_prices, parse_transitions
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
-TiB = 1024 * GiB
-
-S3_MIN_PART_SIZE = 5 * MiB
-S3_MAX_PART_SIZE = 5 * GiB
-S3_MAX_PARTS = 10_000
-S3_MAX_KEY_BYTES = 1024
 UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL): the control socket's
 AUTO_MIN_FREE_PERCENT = 5  # default cache_min_free: this share of the cache file system, at most 1 GiB
-
-
-def part_size_for(size: int, configured: int) -> int:
-    """The configured part size, raised (in whole MiB) if a file of `size` bytes would need more than S3_MAX_PARTS parts.
-
-    Used by every multipart upload and copy (drain, replication, cold-tier moves). S3_MAX_PARTS is read when called,
-    so a test can lower it to drive a file past the limit without writing 10,000 parts' worth of bytes."""
-    need = -(-size // S3_MAX_PARTS)
-    if need <= configured:
-        return configured
-    return -(-need // MiB) * MiB
 
 
 class ConfigError(Exception):
@@ -450,14 +432,6 @@ def parse_size(value: Any, name: str = "size") -> int:
 def auto_min_free(fs_size: int) -> int:
     """The default `cache_min_free` for a cache file system of `fs_size` bytes: 5%, at most 1 GiB."""
     return min(GiB, fs_size * AUTO_MIN_FREE_PERCENT // 100)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def parse_hostport(value: str) -> tuple[str, int]:

@@ -35,7 +35,7 @@ LAYERS = [
     "namespace",
     "journal | cache | store",
     "config | threads | metrics | policy | fuse.messages | fuse.iomode | fuse.mount | fuse.session",
-    "encryption | patterns | storageclass | version | fuse.ops | fuse.abi | objects | bodies",
+    "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies",
 ]
 # the package markers themselves (ckptfs/__init__.py, ckptfs/fuse/__init__.py, ...) hold no code that imports
 MARKERS = {"", "fuse", "lifecycle", "replication", "namespace", "cli"}
