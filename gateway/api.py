@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal, Mapping, TypeVar
 
 import sniffio
 
-from ckptfs.client import CkptfsError, file_state, locate, one_reply, requester, until_done, until_durable
+from ckptfs.client import CkptfsError, file_state, locate, locate_above, one_reply, requester, until_done, until_durable
 
 T = TypeVar("T")
 
@@ -42,6 +42,7 @@ class Checkpoint:
     step: int
     state: str  # writing, draining, committed, protected or expiring
     committed: bool  # a manifest describes it
+    protected: bool
     metadata: dict[str, Any] = field(default_factory=dict)  # what the job gave when it committed it
     info: dict[str, Any] = field(default_factory=dict, repr=False)  # the whole entry (files, bytes, protection, ...)
 
@@ -104,9 +105,13 @@ def commit(path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = No
 def checkpoints(run_dir: str | os.PathLike[str]) -> list[Checkpoint]:
     """The checkpoints at or below `run_dir`, as the bucket holds them plus those this node is writing."""
     root, rel = locate(os.fspath(run_dir))
+    return _checkpoints(root, rel)
+
+
+def _checkpoints(root: Path, rel: str) -> list[Checkpoint]:
     entries = one_reply(root, {"cmd": "checkpoints", "path": rel})["checkpoints"]
     return [Checkpoint(path=root / e["path"], step=e["step"], state=e["state"], committed=bool(e.get("committed")),
-                       metadata=dict(e.get("metadata") or {}), info=e) for e in entries]
+                       protected=bool(e.get("protected")), metadata=dict(e.get("metadata") or {}), info=e) for e in entries]
 
 
 def latest(run_dir: str | os.PathLike[str], committed: bool = True) -> Checkpoint | None:
@@ -115,8 +120,12 @@ def latest(run_dir: str | os.PathLike[str], committed: bool = True) -> Checkpoin
     Committed means a manifest describes it and this node has no unfinished work in it: a newer
     directory that is half-written, still draining or was never committed is skipped. With
     `committed=False`, the newest checkpoint whatever its state (what the trainers pick by name).
+    A `run_dir` that does not exist yet (in a mount) has none.
     """
-    found = [c for c in checkpoints(run_dir) if not committed or (c.committed and c.state in ("committed", "protected"))]
+    root, rel = locate_above(os.fspath(run_dir))
+    if not (root / rel).exists():
+        return None
+    found = [c for c in _checkpoints(root, rel) if not committed or (c.committed and c.state in ("committed", "protected"))]
     return max(found, key=lambda c: (c.step, str(c.path)), default=None)
 
 

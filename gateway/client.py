@@ -236,7 +236,13 @@ def locate(path: str) -> tuple[Path, str]:
 
 def locate_on_replica(path: str) -> tuple[Path, str]:
     """The mount and path of a checkpoint checked on a replica (`--target`): it may be gone from the primary (its
-    retention deleted it, the replica's own kept it), so the mount is found from the nearest directory above it."""
+    retention deleted it, the replica's own kept it)."""
+    return locate_above(path)
+
+
+def locate_above(path: str) -> tuple[Path, str]:
+    """The mount and path of something that may not exist (yet, or any more): the mount is found from the
+    nearest directory above it."""
     p = Path(os.path.abspath(path))
     above = p
     try:

@@ -14,7 +14,7 @@ import os
 from types import ModuleType
 from typing import Any, Mapping
 
-from ckptfs.api import Commit, commit, protect, unprotect
+from ckptfs.api import Commit, checkpoints, commit, protect, unprotect
 
 
 def require(module: str, package: str, integration: str) -> ModuleType:
@@ -45,30 +45,50 @@ def jsonable(value: Any) -> Any:
 
 
 class Committer:
-    """Commits each saved checkpoint; with `protect_best`, keeps the best one by that metric protected."""
+    """Commits each saved checkpoint; with `protect_best`, keeps the best one by that metric protected.
+
+    The metadata's `metrics` holds the metric. A resumed run learns the best so far from the checkpoints
+    this callback protected before (their protection reason names the metric), so one stays protected.
+    """
 
     def __init__(self, protect_best: str | None = None, greater_is_better: bool | None = None) -> None:
         self.protect_best = protect_best
         # like the trainers' own default for `metric_for_best_model`: a loss is better lower
         self.greater_is_better = greater_is_better if greater_is_better is not None else not (protect_best or "").endswith("loss")
         self.best: tuple[float, str] | None = None  # (value, checkpoint path) of the protected one
+        self.seeded = False
         self.commits: list[Commit] = []
 
-    def commit(self, path: str | os.PathLike[str], metadata: Mapping[str, Any], metrics: Mapping[str, Any]) -> Commit:
-        done = commit(path, jsonable(metadata))
+    def commit(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Commit:
+        metadata = jsonable(metadata)
+        done = commit(path, metadata)
         self.commits.append(done)
         if self.protect_best is not None:
-            self._keep_best(os.fspath(path), metrics.get(self.protect_best))
+            self._keep_best(str(done.path), (metadata.get("metrics") or {}).get(self.protect_best))
         return done
 
+    def _reason(self, value: float) -> str:
+        return f"best {self.protect_best} so far: {value:g}"
+
+    def _better(self, value: float, than: float) -> bool:
+        return value > than if self.greater_is_better else value < than
+
     def _keep_best(self, path: str, value: Any) -> None:
-        value = jsonable(value)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return  # not measured at this save
-        if self.best is not None and not (value > self.best[0] if self.greater_is_better else value < self.best[0]):
-            return
-        protect(path, f"best {self.protect_best} so far: {value:g}")
+        if not self.seeded:
+            self.seeded = True
+            prefix = self._reason(0.0).rsplit(":", 1)[0] + ":"
+            for ck in checkpoints(os.path.dirname(path)):
+                reason = str((ck.info.get("protection") or {}).get("reason", ""))
+                old = (ck.metadata.get("metrics") or {}).get(self.protect_best)
+                if ck.protected and reason.startswith(prefix) and _number(old) and (self.best is None or self._better(old, self.best[0])):
+                    self.best = (old, str(ck.path))
+        if not _number(value) or (self.best is not None and not self._better(value, self.best[0])):
+            return  # not measured at this save, or not better
+        protect(path, self._reason(value))
         if self.best is not None and self.best[1] != path:
             unprotect(self.best[1], f"{path} is better by {self.protect_best} ({value:g} against {self.best[0]:g})")
         self.best = (value, path)
 
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

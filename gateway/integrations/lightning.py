@@ -69,7 +69,7 @@ class CkptfsCallback(pl.Callback):  # type: ignore[misc, name-defined]
         self.saved_step = trainer.global_step
         if not trainer.is_global_zero:
             return
-        metrics = {k: v for k, v in trainer.callback_metrics.items()}
+        metrics = dict(trainer.callback_metrics)
         self.committer.commit(path, {
             "trainer": "lightning",
             "global_step": trainer.global_step,
@@ -77,7 +77,7 @@ class CkptfsCallback(pl.Callback):  # type: ignore[misc, name-defined]
             "metrics": metrics,
             "hparams": dict(getattr(pl_module, "hparams", {}) or {}),
             **self.metadata,
-        }, metrics)
+        })
 
 
 def ckpt_path(dirpath: str | os.PathLike[str]) -> str | None:

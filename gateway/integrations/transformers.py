@@ -58,7 +58,7 @@ class CkptfsCallback(transformers.TrainerCallback):  # type: ignore[misc, name-d
             "best_model_checkpoint": state.best_model_checkpoint,
             "args": args.to_dict(),
             **self.metadata,
-        }, metrics)
+        })
 
 
 def resume_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:

@@ -63,6 +63,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDaem
     (mnt / "run" / "step_3").mkdir(parents=True)
     fake = FakeDaemon(tmp_path / "control.sock")
     monkeypatch.setattr(api, "locate", lambda path: (mnt, client.rel_path(mnt, path)))
+    monkeypatch.setattr(api, "locate_above", lambda path: (mnt, client.rel_path(mnt, path)))
     monkeypatch.setattr(client, "control_socket", lambda root: str(fake.path))
     yield fake
     fake.close()
@@ -120,6 +121,11 @@ def test_latest_takes_the_newest_committed_checkpoint(daemon: FakeDaemon, tmp_pa
 def test_latest_of_a_run_without_checkpoints_is_none(daemon: FakeDaemon, tmp_path: Path) -> None:
     daemon.replies.append([{"ok": True, "checkpoints": [entry("run/step_4", 4, "writing")]}])
     assert ckptfs.latest(tmp_path / "mnt" / "run") is None
+
+
+def test_latest_of_a_run_not_started_yet_is_none(daemon: FakeDaemon, tmp_path: Path) -> None:
+    assert ckptfs.latest(tmp_path / "mnt" / "new-run") is None
+    assert daemon.requests == []
 
 
 def test_state_of_a_directory_that_is_not_a_checkpoint(daemon: FakeDaemon, tmp_path: Path) -> None:
@@ -187,13 +193,17 @@ def test_jsonable_makes_metrics_plain() -> None:
 
 def test_committer_keeps_the_best_protected(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, str]] = []
-    monkeypatch.setattr("ckptfs.integrations.committer.commit", lambda path, metadata: ("commit", path))
+    before = ckptfs.Checkpoint(path=Path("/m/run/step_0"), step=0, state="protected", committed=True, protected=True,
+                               metadata={"metrics": {"eval_loss": 0.6}}, info={"protection": {"reason": "best eval_loss so far: 0.6"}})
+    monkeypatch.setattr("ckptfs.integrations.committer.checkpoints", lambda run_dir: [before] if run_dir == "/m/run" else [])
+    monkeypatch.setattr("ckptfs.integrations.committer.commit", lambda path, metadata: ckptfs.Commit(Path(path), 1, 1, True, False, 1, 1))
     monkeypatch.setattr("ckptfs.integrations.committer.protect", lambda path, reason: calls.append(("protect", path)))
     monkeypatch.setattr("ckptfs.integrations.committer.unprotect", lambda path, reason: calls.append(("unprotect", path)))
     c = Committer(protect_best="eval_loss")
-    for path, loss in (("a", 0.5), ("b", 0.7), ("c", 0.3), ("d", None)):
-        c.commit(path, {}, {"eval_loss": loss} if loss is not None else {})
-    assert calls == [("protect", "a"), ("protect", "c"), ("unprotect", "a")]
+    for step, loss in ((1, 0.5), (2, 0.7), (3, 0.3), (4, None)):
+        c.commit(f"/m/run/step_{step}", {"metrics": {"eval_loss": loss} if loss is not None else {}})
+    # a run resumed after step_0 was protected as its best: one stays protected
+    assert calls == [("protect", "/m/run/step_1"), ("unprotect", "/m/run/step_0"), ("protect", "/m/run/step_3"), ("unprotect", "/m/run/step_1")]
     assert Committer(protect_best="accuracy").greater_is_better
 
 
