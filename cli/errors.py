@@ -1,26 +1,11 @@
 """The errors a `ckptfs` command reports to its user, and their exit codes.
 
-A leaf: the control-socket client raises them and the typer app turns them into one line on
-stderr, so both import them from here rather than from each other.
+The control-socket client raises them and the typer app turns them into one line on stderr. They are
+the Python API's errors too (`ckptfs.CkptfsError`), so they live below both in gateway/client.py;
+`CliError` is the commands' name for `CkptfsError`.
 """
 
 from __future__ import annotations
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-
-
-class CliError(Exception):
-    """Something the user can fix: printed as one line (`ckptfs: error: ...`), exit `code`."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class NotAllowed(CliError):
-    """This user may not use the mount or its control socket (FUSE without allow_other, the 0600 socket)."""
-
-
-class StoppedEarly(CliError):
-    """The daemon closed a streamed request before its final reply (it is shutting down, or died)."""
+from ckptfs.client import EXIT_ERROR, EXIT_USAGE, NotAllowed, StoppedEarly  # noqa: F401 - re-exported
+from ckptfs.client import CkptfsError as CliError  # noqa: F401 - re-exported

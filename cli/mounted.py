@@ -19,7 +19,7 @@ from typing import Any, Optional
 import typer
 
 from ckptfs.cli.app import MOUNT_POINT, PATH_IN_MOUNT, app, fail, one_line_errors, positive_timeout
-from ckptfs.cli.client import dead_mount, find_mount_root, get_status, one_reply, process_state, rel_path, until_done
+from ckptfs.cli.client import dead_mount, find_mount_root, get_status, one_reply, process_state, rel_path, until_done, until_durable
 from ckptfs.cli.errors import CliError, NotAllowed, StoppedEarly
 from ckptfs.config import fmt_bytes
 
@@ -183,26 +183,9 @@ def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | No
     from ckptfs.cli import display
 
     label = label or str(root)
-    deadline = None if timeout is None else time.monotonic() + timeout
     progress = display.FlushProgress(label, display.make_console())
-
-    def on_progress(msg: dict[str, Any]) -> None:
-        progress.update(msg)
-        if deadline is not None and time.monotonic() > deadline:
-            in_bucket = f", {fmt_bytes(msg['uploaded_bytes'])} of it in the bucket already" if msg.get("uploaded_bytes") else ""
-            raise CliError(
-                f"timed out after {timeout:g}s: {display.plural(msg['files'], 'file')} ({fmt_bytes(msg['bytes'])}{in_bucket}) and "
-                f"{display.plural(msg['deletes'], 'deletion')} under {label} are not durable yet; see `ckptfs status {root}`"
-            )
-
     try:
-        sock_timeout = None if timeout is None else max(timeout, 1.0)
-        try:
-            until_done(root, {"cmd": "flush", "path": rel}, "flush", timeout=sock_timeout, on_progress=on_progress)
-        except CliError as e:
-            if "did not answer in time" in str(e) and deadline is not None:
-                raise CliError(f"timed out after {timeout:g}s waiting for {label} to become durable; see `ckptfs status {root}`") from None
-            raise
+        until_durable(root, rel, timeout, label, on_progress=progress.update)
         progress.finish()
     finally:
         progress.close()

@@ -129,6 +129,7 @@ class Lifecycle:
         """One control-socket request (see control.py); errors become {"ok": false, "error": ...}."""
         cmd = request["cmd"]
         path = str(request.get("path", "")).strip("/")
+        self.tracker.refresh()  # every answer below judges local work as it is now
         try:
             if cmd == "checkpoints":
                 if path and await self.remote.resolve(path) is None:
@@ -137,6 +138,7 @@ class Lifecycle:
             elif cmd == "checkpoint_commit":
                 ck = await self._checkpoint(path)
                 await self._wait_durable(path, send)
+                self.tracker.refresh()  # drained now: no longer `draining` in what the next request sees
                 manifest, wrote = await self.tracker.commit(ck, None, "command", dict(request.get("metadata") or {}))
                 await send({"ok": True, "done": True, "written": wrote, "path": ck.path, "step": ck.step,
                             "generation": manifest.generation, "changed": manifest.changed,

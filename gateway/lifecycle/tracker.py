@@ -134,13 +134,21 @@ class Tracker:
             await self.tick()
             await trio.sleep(tick)
 
-    async def tick(self) -> None:
+    def refresh(self) -> None:
+        """Learn which checkpoints have local work now rather than at the next tick (up to 5 s away): a request
+        right after a commit (`checkpoints`, `protect`, `ckptfs.latest`) must not see that checkpoint as draining."""
         before = set(self.active)
         self.work = self.scan()
         now = time.time()
-        quiet = self.lc.cfg.checkpoint_quiet_seconds
         for path in self.work:
             self.active[path].last_work = now
+        self._unsaved = self._unsaved or set(self.active) != before
+
+    async def tick(self) -> None:
+        before = set(self.active)
+        self.refresh()
+        now = time.time()
+        quiet = self.lc.cfg.checkpoint_quiet_seconds
         for path, a in list(self.active.items()):
             if path in self.work or now - a.last_work < quiet or now < a.next_check:
                 continue
