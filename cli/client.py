@@ -3,7 +3,8 @@
 The socket's path is the `user.ckptfs.control` xattr on the mount root. The daemon answers each request
 with JSON lines: one line, or progress lines and then one marked `done` (`until_done`). Every failure to
 reach it (no mount, a dead or stopped daemon, a socket this user may not use) is a `CliError` whose
-message says what to do.
+message says what to do; the daemon's own refusals are a `DaemonRefused` that carries the mount root,
+since their paths are relative to it (cli/app.py makes their hints work from the user's directory).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from ckptfs.cli.errors import CliError, NotAllowed, StoppedEarly
+from ckptfs.cli.errors import CliError, DaemonRefused, NotAllowed, StoppedEarly
 
 T = TypeVar("T")
 
@@ -268,7 +269,7 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
                 line, buf = buf.split(b"\n", 1)
                 msg = json.loads(line)
                 if not msg.get("ok"):
-                    raise CliError(msg.get("error", "the daemon refused the request"))
+                    raise DaemonRefused(msg.get("error", "the daemon refused the request"), mount_root)
                 yield msg
 
 

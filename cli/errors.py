@@ -6,6 +6,8 @@ stderr, so both import them from here rather than from each other.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
@@ -16,6 +18,14 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
         super().__init__(message)
         self.code = code
+
+
+class DaemonRefused(CliError):
+    """The daemon of `mount_root` answered a request with an error: its message names paths relative to that root."""
+
+    def __init__(self, message: str, mount_root: Path) -> None:
+        super().__init__(message)
+        self.mount_root = mount_root
 
 
 class NotAllowed(CliError):

@@ -52,7 +52,8 @@ def parse_meta(values: list[str]) -> dict[str, Any]:
 @one_line_errors
 def commit(
     path: str = CHECKPOINT_DIR,
-    meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE or a JSON file: stored in the manifest (repeatable)."),
+    meta: list[str] = typer.Option([], "--meta", metavar="KEY=VALUE|FILE", show_default=False,
+                                   help="Stored in the manifest: KEY=VALUE (VALUE read as JSON if it is JSON) or a JSON file of an object; repeatable (default: none)."),
 ) -> None:
     """Commit a checkpoint now: wait until its files are durable, then write its manifest."""
     metadata = parse_meta(meta)
@@ -68,7 +69,7 @@ def commit(
 @one_line_errors
 def checkpoints(
     path: str = PATH_OR_CWD,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list of checkpoints."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list of checkpoints; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """List the checkpoints under PATH, as the bucket holds them (every node sees the same)."""
     root, rel = locate(path)
@@ -124,9 +125,10 @@ def checkpoints(
 @one_line_errors
 def verify(
     path: str = CHECKPOINT_DIR,
-    deep: bool = typer.Option(False, "--deep", help="Read every file back and compare its xxh3-128 with the manifest."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    target: Optional[str] = typer.Option(None, "--target", help="Check the copy on replica target NAME ([replica.NAME]) instead of the primary's."),
+    deep: bool = typer.Option(False, "--deep", help="Read every file back and compare its xxh3-128 with the manifest (default: sizes and ETags only)."),
+    as_json: bool = JSON_OUTPUT,
+    target: Optional[str] = typer.Option(None, "--target", metavar="NAME",
+                                         help="Check the copy on the replica target of the config table replica.NAME instead of the primary's (default: the primary)."),
 ) -> None:
     """Check a committed checkpoint against its manifest; exit 0 only when it is whole."""
     from ckptfs.cli.display import TransferProgress
@@ -182,7 +184,8 @@ def unprotect(
 @app.command()
 @one_line_errors
 def audit(
-    path: str = typer.Argument(".", help="The mount point, or a checkpoint path: only events about it."),
+    path: str = typer.Argument(".", metavar="PATH", show_default=False,
+                               help="The mount point, or a checkpoint path: only events about it (default: the current directory)."),
     as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Show the audit log kept in the bucket (protect and unprotect events), oldest first."""

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from ckptfs.cli.app import app, one_line_errors
+from ckptfs.cli.app import PATH_OR_CWD, app, one_line_errors
 from ckptfs.cli.client import find_mount_root, one_reply
 from ckptfs.config import fmt_bytes
 
@@ -17,8 +17,8 @@ app.add_typer(replicate_app, name="replicate")
 @replicate_app.command("status")
 @one_line_errors
 def status(
-    path: str = typer.Argument(".", help="The mount point, or any path in the mount (default: the current directory)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list with one entry per target."),
+    path: str = PATH_OR_CWD,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list with one entry per target; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Per replica target: checkpoints replicated, pending, failed, bytes behind, lag, and the target's error if any.
 

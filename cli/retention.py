@@ -52,7 +52,7 @@ def _show_plan(plan: list[dict[str, Any]], policy: bool, path: str, applied: boo
 @one_line_errors
 def plan(
     path: str = PATH_OR_CWD,
-    as_json: bool = typer.Option(False, "--json", help="A list of {path, action (keep|delete), reason, ...}."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: a list of objects with path, action (keep or delete), reason, ...; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Show what the retention policy keeps (and by which rule) and what it would delete; changes nothing."""
     root, rel = locate(path)
@@ -81,8 +81,8 @@ def apply(
 @retention_app.command("restore")
 @one_line_errors
 def restore(
-    path: str = typer.Argument(..., help="The expiring checkpoint directory in the mount."),
-    reason: str = typer.Option("", "--reason", help="Why (goes to the audit log)."),
+    path: str = typer.Argument(..., metavar="CHECKPOINT", help="The expiring checkpoint directory in the mount."),
+    reason: str = typer.Option("", "--reason", metavar="TEXT", show_default=False, help="Why (goes to the audit log) (default: none)."),
     as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Take an expiring checkpoint back: it is no longer deleted, and retention keeps it from now on."""
@@ -92,12 +92,18 @@ def restore(
 @app.command()
 @one_line_errors
 def drill(
-    path: str = typer.Argument(".", help="A checkpoint directory, or a directory above checkpoints: its newest committed one (default: the current directory)."),
-    exec_: str = typer.Option("", "--exec", help="A command run on the restored checkpoint, {path} replaced by its directory (also in $CKPTFS_DRILL_PATH); it must exit 0."),
-    into: str = typer.Option("", "--dir", help="Restore under this directory (default: the daemon's cache directory, drills/)."),
+    path: str = typer.Argument(".", metavar="PATH", show_default=False,
+                               help="A checkpoint directory, or a directory above checkpoints: its newest committed one (default: the current directory)."),
+    exec_: str = typer.Option("", "--exec", metavar="COMMAND", show_default=False,
+                              help="A shell command run on the restored checkpoint; the text '{path}' in it is replaced by the restored directory, "
+                                   "also in $CKPTFS_DRILL_PATH; it must exit 0 (default: no command)."),
+    into: str = typer.Option("", "--dir", metavar="DIR", show_default=False,
+                             help="Restore under this existing directory (default: drills/ in the daemon's cache directory)."),
+    parents: bool = typer.Option(False, "--parents", help="With --dir: create it and its missing parents, saying which (default: refuse a --dir whose parent is missing)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the restored directory afterwards (default: removed)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's output goes to stderr)."),
-    target: str = typer.Option("", "--target", help="Restore from replica target NAME ([replica.NAME], docs/replication.md) instead of the primary."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's output goes to stderr); an error as {\"error\", \"hint\", \"code\"}."),
+    target: str = typer.Option("", "--target", metavar="NAME", show_default=False,
+                               help="Restore from the replica target of the config table replica.NAME (docs/replication.md) (default: the primary)."),
 ) -> None:
     """Recovery drill: restore a checkpoint from the bucket as a fresh node would, verify it deep, run a command on it."""
     from ckptfs.cli.display import TransferProgress

@@ -32,10 +32,11 @@ def _source(mount: str) -> tuple[str, str]:
 @policy_app.command("print")
 @one_line_errors
 def policy_print(
-    mount: str = typer.Argument(..., help="The mount point (or s3://BUCKET/PREFIX)."),
-    role: str = typer.Option(..., "--role", help="writer (training nodes), retention (the only one that deletes) or reader."),
-    principal: str = typer.Option("", "--principal", help="Make it a bucket policy for this principal (an ARN, or '*'); default: an IAM policy."),
-    allow_delete: bool = typer.Option(False, "--allow-delete", help="writer only: may delete ordinary files, never ckptfs's objects or the audit log."),
+    mount: str = typer.Argument(..., metavar="MOUNTPOINT|s3://BUCKET/PREFIX", help="The mount point (or s3://BUCKET/PREFIX)."),
+    role: str = typer.Option(..., "--role", metavar="ROLE", help="writer (training nodes), retention (the only one that deletes) or reader."),
+    principal: str = typer.Option("", "--principal", metavar="ARN", show_default=False,
+                                  help="Make it a bucket policy for this principal (an ARN, or '*') (default: an IAM policy)."),
+    allow_delete: bool = typer.Option(False, "--allow-delete", help="writer only: may delete ordinary files, never ckptfs's objects or the audit log (default: no deletes)."),
 ) -> None:
     """Print the S3 policy document (JSON) for a role on the mount's bucket and prefix."""
     from ckptfs.policy import ROLES, document
@@ -79,7 +80,7 @@ def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
 @one_line_errors
 def lifecycle_plan(
     mount: str = MOUNT_POINT,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Print the bucket lifecycle configuration ckptfs would set, and how it differs from the bucket's."""
     _show_plan(one_reply(find_mount_root(mount), {"cmd": "lifecycle_plan"}), as_json, None)
@@ -99,8 +100,8 @@ def lifecycle_apply(
 @app.command()
 @one_line_errors
 def restore(
-    path: str = typer.Argument(..., help="A file or directory (a checkpoint) in the mount."),
-    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored (restores take minutes to hours)."),
+    path: str = typer.Argument(..., metavar="PATH", help="A file or directory (a checkpoint) in the mount."),
+    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored; restores take minutes to hours (default: ask and report once)."),
     as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Restore archived objects (GLACIER, DEEP_ARCHIVE) so they can be read; reports progress."""
@@ -136,7 +137,7 @@ def restore(
 @one_line_errors
 def usage(
     path: str = PATH_OR_CWD,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Bytes and objects in the bucket under PATH per checkpoint, run, state and storage class, and an estimated monthly cost."""
     root, rel = locate(path)
