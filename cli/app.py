@@ -64,7 +64,7 @@ PATH_IN_MOUNT = typer.Argument(..., metavar="PATH", help="A file or directory in
 PATH_OR_CWD = typer.Argument(".", metavar="PATH", show_default=False,
                              help="The mount point, or a directory in it (default: the current directory).")
 CHECKPOINT_DIR = typer.Argument(..., metavar="CHECKPOINT", help="The checkpoint directory in the mount.")
-AUDIT_REASON = typer.Option(..., "--reason", metavar="TEXT", help="Why (goes to the audit log).")
+AUDIT_REASON = typer.Option(..., "--reason", metavar="REASON", help="Why (goes to the audit log).")
 JSON_OUTPUT = typer.Option(False, "--json", help="Print the answer as JSON on stdout (an error as {\"error\", \"hint\", \"code\"}).")
 TIMEOUT = typer.Option(None, "--timeout", metavar="SECONDS", help="Give up after this many seconds, exit 1 (default: wait as long as it takes).")
 

@@ -41,7 +41,7 @@ def user_path(root: Path | str, rel: str, cwd: str) -> str:
     absolute = os.path.normpath(os.path.join(str(root), rel)) if rel else os.path.normpath(str(root))
     if absolute == cwd:
         return "."
-    if absolute.startswith(cwd.rstrip("/") + "/"):
+    if cwd != "/" and absolute.startswith(cwd + "/"):
         return os.path.relpath(absolute, cwd)
     return absolute
 

@@ -48,7 +48,7 @@ def mount(
                                                help="Serve Prometheus /metrics there (default: no metrics endpoint)."),
     daemon: bool = typer.Option(False, "--daemon", help="Detach; return once the mount is ready (default: run in the foreground)."),
     option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE", show_default=False,
-                                     help="Any config option (docs/configuration.md); repeatable."),
+                                     help="Any config option (docs/configuration.md); repeatable (default: the --config file's, else each option's default)."),
     ready_fd: Optional[int] = typer.Option(None, "--ready-fd", hidden=True),
 ) -> None:
     """Mount a bucket. Foreground by default (for systemd); --daemon detaches.
@@ -109,10 +109,11 @@ def setup_logging(level: str) -> None:
 
 def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     """Start the foreground daemon as a detached child; wait until it says READY or ERROR."""
-    from ckptfs.daemon import UserError, check_cache_dir
+    from ckptfs.daemon import UserError, check_cache_dir, check_cache_dir_free
 
     try:
         check_cache_dir(cache_dir, mountpoint)  # the log goes there: say what is wrong with it, as the daemon would
+        check_cache_dir_free(cache_dir)  # and a running daemon's log is not ours to write a refusal into
     except UserError as e:
         fail(str(e))
     log_path = Path(cache_dir) / "ckptfs.log"

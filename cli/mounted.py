@@ -58,6 +58,7 @@ def unmount(
         raise CliError(open_for_writing_message(writers))
     if flush:
         wait_durable(root, "", timeout)
+        typer.echo(f"ckptfs: everything in {root} is durable in the bucket")
     pid = st["pid"]
     left: dict[str, Any] = {}  # what stays in the journal, from the daemon's last line
     wait = None if flush else float(st.get("shutdown_timeout", 30)) + 30
