@@ -52,7 +52,8 @@ def fmt_age(seconds: float | None) -> str:
 
 
 def make_console(file: TextIO | None = None) -> Console:
-    """Colour only on a terminal (and not with NO_COLOR); never wrap a line that is not going to a terminal."""
+    """The console every command prints with: colour only on a terminal (and not with NO_COLOR); off a terminal
+    (a pipe, a file) as wide as the text, so a table is never cut to 80 columns for the program reading it."""
     console = Console(file=file, highlight=False)
     if not console.is_terminal:
         console = Console(file=file, highlight=False, width=10_000, color_system=None)

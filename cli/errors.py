@@ -7,5 +7,5 @@ the Python API's errors too (`ckptfs.CkptfsError`), so they live below both in g
 
 from __future__ import annotations
 
-from ckptfs.client import EXIT_ERROR, EXIT_USAGE, NotAllowed, StoppedEarly  # noqa: F401 - re-exported
+from ckptfs.client import EXIT_ERROR, EXIT_USAGE, DaemonRefused, NotAllowed, StoppedEarly  # noqa: F401 - re-exported
 from ckptfs.client import CkptfsError as CliError  # noqa: F401 - re-exported

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import typer
 from ckptfs.cli.app import AUDIT_REASON, CHECKPOINT_DIR, JSON_OUTPUT, PATH_OR_CWD, app, one_line_errors, say
 from ckptfs.cli.client import locate, locate_on_replica, one_reply, until_done
 from ckptfs.cli.errors import EXIT_USAGE, CliError
+from ckptfs.cli.hints import user_path
 from ckptfs.config import fmt_bytes
 from ckptfs.storageclass import ARCHIVE_CLASSES
 
@@ -52,7 +54,8 @@ def parse_meta(values: list[str]) -> dict[str, Any]:
 @one_line_errors
 def commit(
     path: str = CHECKPOINT_DIR,
-    meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE or a JSON file: stored in the manifest (repeatable)."),
+    meta: list[str] = typer.Option([], "--meta", metavar="KEY=VALUE|FILE", show_default=False,
+                                   help="Stored in the manifest: KEY=VALUE (VALUE read as JSON if it is JSON) or a JSON file of an object; repeatable (default: none)."),
 ) -> None:
     """Commit a checkpoint now: wait until its files are durable, then write its manifest."""
     metadata = parse_meta(meta)
@@ -68,7 +71,7 @@ def commit(
 @one_line_errors
 def checkpoints(
     path: str = PATH_OR_CWD,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list of checkpoints."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list of checkpoints; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """List the checkpoints under PATH, as the bucket holds them (every node sees the same)."""
     root, rel = locate(path)
@@ -79,42 +82,43 @@ def checkpoints(
     if not entries:
         typer.echo(f"ckptfs: no checkpoints under {path}")
         return
-    from rich.console import Console
     from rich.table import Table
 
-    from ckptfs.cli.display import fmt_age
+    from ckptfs.cli.display import fmt_age, make_console
 
     table = Table(title=f"checkpoints under {path}")
     for col in ("step", "path", "state", "files", "size", "class", "age", "last verify"):
         table.add_column(col, justify="right" if col in ("step", "files", "size") else "left")
     now = time.time()
+    cwd = os.getcwd()
     notes_of: list[str] = []  # below the table, whole: a note squeezed into a column of 80 is unreadable
     for e in entries:
         v = e.get("last_verify")
         verified = "-" if not v else f"{v['outcome']}{' (deep)' if v.get('deep') else ''} {fmt_age(now - v['at'])} ago" + (" (earlier manifest)" if v.get("stale") else "")
         notes = []
+        here = shlex.quote(user_path(root, e["path"], cwd))  # the checkpoint as a command pasted from here names it
         if e.get("protection"):
             notes.append(f"protected: {e['protection'].get('reason', '?')}")
         if e.get("changed"):
             notes.append(f"changed (manifest generation {e['generation']})")
         mark = e.get("retention") or {}
         if e["state"] == "expiring":
-            notes.append(f"expiring: deleted after {mark.get('delete_after_iso', '?')} (ckptfs retention restore)")
+            notes.append(f"expiring: deleted after {mark.get('delete_after_iso', '?')} (`ckptfs retention restore {here}` keeps it)")
         elif mark.get("state") == "restored":
             notes.append("restored from expiring")
         moved = e.get("moved") or {}
         if moved.get("state") in ("moving", "moved", "restoring"):  # tier_move_target (docs/lifecycle.md)
             notes.append(f"{moved['state']} to cold target {moved.get('target')} ({moved.get('target_url')}) since {moved.get('at_iso')}"
-                         + (f": `ckptfs restore {e['path']}` brings it back" if moved["state"] != "moving" else ""))
+                         + (f": `ckptfs restore {here}` brings it back" if moved["state"] != "moving" else ""))
         archived = sorted(c for c in (e.get("storage_classes") or {}) if c in ARCHIVE_CLASSES)
         if archived:
-            notes.append(f"in {'/'.join(archived)}: reading it needs a restore first (ckptfs restore {os.path.join(root, e['path'])} "
+            notes.append(f"in {'/'.join(archived)}: reading it needs a restore first (ckptfs restore {here} "
                          "requests it, or reports it done)")
         table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
                       verified)
         if notes:
             notes_of.append(f"{e['path']}: {'; '.join(notes)}")
-    console = Console()
+    console = make_console()
     console.print(table)
     for line in notes_of:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
@@ -124,9 +128,10 @@ def checkpoints(
 @one_line_errors
 def verify(
     path: str = CHECKPOINT_DIR,
-    deep: bool = typer.Option(False, "--deep", help="Read every file back and compare its xxh3-128 with the manifest."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    target: Optional[str] = typer.Option(None, "--target", help="Check the copy on replica target NAME ([replica.NAME]) instead of the primary's."),
+    deep: bool = typer.Option(False, "--deep", help="Read every file back and compare its xxh3-128 with the manifest (default: sizes and ETags only)."),
+    as_json: bool = JSON_OUTPUT,
+    target: Optional[str] = typer.Option(None, "--target", metavar="NAME",
+                                         help="Check the copy on the replica target of the config table replica.NAME instead of the primary's (default: the primary)."),
 ) -> None:
     """Check a committed checkpoint against its manifest; exit 0 only when it is whole."""
     from ckptfs.cli.display import TransferProgress
@@ -182,7 +187,8 @@ def unprotect(
 @app.command()
 @one_line_errors
 def audit(
-    path: str = typer.Argument(".", help="The mount point, or a checkpoint path: only events about it."),
+    path: str = typer.Argument(".", metavar="PATH", show_default=False,
+                               help="The mount point, or a checkpoint path: only events about it (default: the current directory)."),
     as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Show the audit log kept in the bucket (protect and unprotect events), oldest first."""

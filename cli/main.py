@@ -12,6 +12,7 @@ commands. Only the console script and `__main__` import this module.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import typer
@@ -19,7 +20,7 @@ import typer
 # registers: mount; unmount, status, flush, warmup, evict; checkpoint commit, checkpoints, verify, protect, unprotect,
 # audit; replicate status; retention plan|apply|restore, drill; policy print, lifecycle plan|apply, restore, usage
 from ckptfs.cli import mount, mounted, lifecycle, replicate, retention, storage  # noqa: F401  # isort: skip (the help's order)
-from ckptfs.cli.app import app
+from ckptfs.cli.app import app, command, error_object
 from ckptfs.cli.errors import EXIT_ERROR, EXIT_USAGE
 from ckptfs.cli.fstab import FstabError, is_mount_helper_call, mount_args
 
@@ -48,7 +49,7 @@ def run_app() -> int:
     except ImportError:  # pragma: no cover - older typer on click
         from click.exceptions import ClickException, UsageError  # type: ignore[no-redef]
     try:
-        rv = app(prog_name="ckptfs", standalone_mode=False)
+        rv = command()(prog_name="ckptfs", standalone_mode=False)
     except ClickException as e:
         if type(e).__name__ == "NoArgsIsHelpError":
             e.show()  # `ckptfs` alone: the help
@@ -57,6 +58,8 @@ def run_app() -> int:
         ctx = getattr(e, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if isinstance(e, UsageError) and ctx is not None else ""
         typer.echo(f"ckptfs: error: {message}{hint}", err=True)
+        if "--json" in sys.argv[1:]:  # a script asked for JSON: the usage error is a JSON object too
+            typer.echo(json.dumps(error_object(message + hint, e.exit_code), indent=2))
         return e.exit_code
     except typer.Abort:
         return EXIT_ERROR

@@ -35,14 +35,20 @@ def parse_options(options: list[str]) -> dict[str, str]:
 
 @app.command()
 def mount(
-    source: Optional[str] = typer.Argument(None, help="s3://BUCKET or s3://BUCKET/PREFIX; may instead be `source` in the --config file."),
-    mountpoint: Optional[str] = typer.Argument(None, help="Empty directory to mount on; may instead be `mountpoint` in the --config file."),
-    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Local cache directory (journal + data)."),
-    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint (MinIO, SeaweedFS, Ceph)."),
-    config: Optional[str] = typer.Option(None, "--config", help="TOML config file; flags override it."),
-    metrics_addr: Optional[str] = typer.Option(None, "--metrics-addr", help="HOST:PORT for Prometheus /metrics."),
-    daemon: bool = typer.Option(False, "--daemon", help="Detach; return once the mount is ready."),
-    option: list[str] = typer.Option([], "--option", "-o", help="Any config option as KEY=VALUE (repeatable)."),
+    source: Optional[str] = typer.Argument(None, metavar="SOURCE", show_default=False,
+                                           help="s3://BUCKET or s3://BUCKET/PREFIX; may instead be `source` in the --config file."),
+    mountpoint: Optional[str] = typer.Argument(None, metavar="MOUNTPOINT", show_default=False,
+                                               help="Empty directory to mount on; may instead be `mountpoint` in the --config file."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", metavar="DIR",
+                                            help="Local cache directory (journal + data) (default: `cache_dir` of the --config file)."),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", metavar="URL",
+                                               help="S3 endpoint (MinIO, SeaweedFS, Ceph) (default: AWS S3, or `endpoint_url` of the --config file)."),
+    config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="TOML config file; flags override it (default: none)."),
+    metrics_addr: Optional[str] = typer.Option(None, "--metrics-addr", metavar="HOST:PORT",
+                                               help="Serve Prometheus /metrics there (default: no metrics endpoint)."),
+    daemon: bool = typer.Option(False, "--daemon", help="Detach; return once the mount is ready (default: run in the foreground)."),
+    option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE", show_default=False,
+                                     help="Any config option (docs/configuration.md); repeatable (default: the --config file's, else each option's default)."),
     ready_fd: Optional[int] = typer.Option(None, "--ready-fd", hidden=True),
 ) -> None:
     """Mount a bucket. Foreground by default (for systemd); --daemon detaches.
@@ -103,10 +109,11 @@ def setup_logging(level: str) -> None:
 
 def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     """Start the foreground daemon as a detached child; wait until it says READY or ERROR."""
-    from ckptfs.daemon import UserError, check_cache_dir
+    from ckptfs.daemon import UserError, check_cache_dir, check_cache_dir_free
 
     try:
         check_cache_dir(cache_dir, mountpoint)  # the log goes there: say what is wrong with it, as the daemon would
+        check_cache_dir_free(cache_dir)  # and a running daemon's log is not ours to write a refusal into
     except UserError as e:
         fail(str(e))
     log_path = Path(cache_dir) / "ckptfs.log"

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import typer
 
-from ckptfs.cli.app import MOUNT_POINT, PATH_IN_MOUNT, app, fail, one_line_errors, positive_timeout
+from ckptfs.cli.app import MOUNT_POINT, PATH_IN_MOUNT, TIMEOUT, app, fail, one_line_errors, positive_timeout
 from ckptfs.cli.client import dead_mount, find_mount_root, get_status, one_reply, process_state, rel_path, until_done, until_durable
 from ckptfs.cli.errors import CliError, NotAllowed, StoppedEarly
 from ckptfs.config import fmt_bytes
@@ -28,9 +28,10 @@ from ckptfs.config import fmt_bytes
 @one_line_errors
 def unmount(
     mountpoint: str = MOUNT_POINT,
-    flush: bool = typer.Option(False, "--flush", help="Wait until everything is durable in the bucket first."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="With --flush: give up after this many seconds."),
-    force: bool = typer.Option(False, "--force", help="Unmount even while files are open for writing (their writers get errors)."),
+    flush: bool = typer.Option(False, "--flush", help="Wait until everything is durable in the bucket first (default: no, the journal keeps it)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
+                                            help="With --flush: give up after this many seconds, exit 1 (default: wait as long as it takes)."),
+    force: bool = typer.Option(False, "--force", help="Unmount even while files are open for writing (their writers get errors) (default: refuse)."),
 ) -> None:
     """Unmount. Dirty data stays in the journal for the next mount unless --flush.
 
@@ -57,6 +58,7 @@ def unmount(
         raise CliError(open_for_writing_message(writers))
     if flush:
         wait_durable(root, "", timeout)
+        typer.echo(f"ckptfs: everything in {root} is durable in the bucket")
     pid = st["pid"]
     left: dict[str, Any] = {}  # what stays in the journal, from the daemon's last line
     wait = None if flush else float(st.get("shutdown_timeout", 30)) + 30
@@ -103,9 +105,10 @@ def _is_dead_mount(path: Path) -> bool:
 @one_line_errors
 def status(
     mountpoint: str = MOUNT_POINT,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (with --watch: one JSON object per line)."),
-    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
-    interval: float = typer.Option(2.0, "--interval", "-n", min=0.1, help="With --watch: seconds between refreshes."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (with --watch: one JSON object per line); an error as {\"error\", \"hint\", \"code\"}."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C (default: print once)."),
+    interval: float = typer.Option(2.0, "--interval", "-n", min=0.1, metavar="SECONDS", show_default=False,
+                                   help="With --watch: seconds between refreshes, at least 0.1 (default: 2)."),
 ) -> None:
     """Show the drain, upload throughput and ETA, cache, reads and errors of a mount."""
     from ckptfs.cli import display
@@ -126,7 +129,7 @@ def status(
 @one_line_errors
 def flush(
     path: str = PATH_IN_MOUNT,
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 1)."),
+    timeout: Optional[float] = TIMEOUT,
 ) -> None:
     """Block until every file under PATH is durable in the bucket."""
     positive_timeout(timeout)
@@ -138,7 +141,7 @@ def flush(
 @app.command()
 @one_line_errors
 def warmup(
-    paths: list[str] = typer.Argument(..., help="Files or directories in the mount to read into the local cache."),
+    paths: list[str] = typer.Argument(..., metavar="PATH...", help="Files or directories in the mount to read into the local cache."),
 ) -> None:
     """Pre-stage files or trees from the bucket into the local cache (exit 1 if any file fails)."""
     from ckptfs.cli import display

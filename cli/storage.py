@@ -6,11 +6,12 @@ Registered on the `ckptfs` app (cli/app.py) by importing this module. See docs/s
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import typer
 
-from ckptfs.cli.app import JSON_OUTPUT, MOUNT_POINT, PATH_OR_CWD, app, one_line_errors
+from ckptfs.cli.app import JSON_OUTPUT, MOUNT_POINT, PATH_OR_CWD, app, for_the_user, one_line_errors
 from ckptfs.cli.client import find_mount_root, get_status, locate, one_reply, until_done
 from ckptfs.cli.errors import EXIT_USAGE, CliError
 from ckptfs.config import ConfigError, fmt_bytes, parse_source
@@ -32,10 +33,11 @@ def _source(mount: str) -> tuple[str, str]:
 @policy_app.command("print")
 @one_line_errors
 def policy_print(
-    mount: str = typer.Argument(..., help="The mount point (or s3://BUCKET/PREFIX)."),
-    role: str = typer.Option(..., "--role", help="writer (training nodes), retention (the only one that deletes) or reader."),
-    principal: str = typer.Option("", "--principal", help="Make it a bucket policy for this principal (an ARN, or '*'); default: an IAM policy."),
-    allow_delete: bool = typer.Option(False, "--allow-delete", help="writer only: may delete ordinary files, never ckptfs's objects or the audit log."),
+    mount: str = typer.Argument(..., metavar="MOUNTPOINT|s3://BUCKET/PREFIX", help="The mount point (or s3://BUCKET/PREFIX)."),
+    role: str = typer.Option(..., "--role", metavar="ROLE", help="writer (training nodes), retention (the only one that deletes) or reader."),
+    principal: str = typer.Option("", "--principal", metavar="ARN", show_default=False,
+                                  help="Make it a bucket policy for this principal (an ARN, or '*') (default: an IAM policy)."),
+    allow_delete: bool = typer.Option(False, "--allow-delete", help="writer only: may delete ordinary files, never ckptfs's objects or the audit log (default: no deletes)."),
 ) -> None:
     """Print the S3 policy document (JSON) for a role on the mount's bucket and prefix."""
     from ckptfs.policy import ROLES, document
@@ -55,21 +57,25 @@ lifecycle_app = typer.Typer(add_completion=False, no_args_is_help=True,
 app.add_typer(lifecycle_app, name="lifecycle")
 
 
-def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
+def _show_plan(p: dict[str, Any], mount: str, as_json: bool, applied: bool | None) -> None:
     p.pop("ok", None)
     if as_json:
         typer.echo(json.dumps(p, indent=2, sort_keys=True))
         return
     for w in p["warnings"]:
         typer.echo(f"ckptfs: warning: {w}", err=True)
-    typer.echo(json.dumps({"Rules": p["rules"]}, indent=2))
+    if p["rules"]:
+        typer.echo(json.dumps({"Rules": p["rules"]}, indent=2))
     for mark, what in (("+", "add"), ("~", "change"), ("-", "remove"), ("=", "unchanged")):
         for rid in p[what]:
             typer.echo(f"{mark} {rid}")
     for rid in p["keep"]:
         typer.echo(f"  {rid or '(no id)'} (not ckptfs's: kept)")
-    if applied is None:
-        typer.echo("ckptfs: " + ("`ckptfs lifecycle apply` would make these changes" if p["changes"]
+    if not p["rules"] and not p["changes"]:  # nothing to show above: say why, once
+        typer.echo(f"ckptfs: ckptfs sets no lifecycle rules for this mount (tier_transitions and tier_noncurrent_delete_days "
+                   f"are not set) and bucket {p['bucket']!r} has none of its rules: nothing to " + ("apply" if applied is None else "change"))
+    elif applied is None:
+        typer.echo("ckptfs: " + (f"`ckptfs lifecycle apply {mount}` would make these changes" if p["changes"]
                                  else f"bucket {p['bucket']!r} has these rules already: nothing to apply"))
     else:
         typer.echo("ckptfs: " + (f"bucket {p['bucket']!r} lifecycle rules set" if applied else f"bucket {p['bucket']!r} has these rules already: nothing changed"))
@@ -79,10 +85,10 @@ def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
 @one_line_errors
 def lifecycle_plan(
     mount: str = MOUNT_POINT,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Print the bucket lifecycle configuration ckptfs would set, and how it differs from the bucket's."""
-    _show_plan(one_reply(find_mount_root(mount), {"cmd": "lifecycle_plan"}), as_json, None)
+    _show_plan(one_reply(find_mount_root(mount), {"cmd": "lifecycle_plan"}), mount, as_json, None)
 
 
 @lifecycle_app.command("apply")
@@ -93,14 +99,14 @@ def lifecycle_apply(
 ) -> None:
     """Set the bucket lifecycle configuration of `plan`, keeping the rules ckptfs did not write."""
     p = one_reply(find_mount_root(mount), {"cmd": "lifecycle_apply"})
-    _show_plan(p, as_json, bool(p["applied"]))
+    _show_plan(p, mount, as_json, bool(p["applied"]))
 
 
 @app.command()
 @one_line_errors
 def restore(
-    path: str = typer.Argument(..., help="A file or directory (a checkpoint) in the mount."),
-    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored (restores take minutes to hours)."),
+    path: str = typer.Argument(..., metavar="PATH", help="A file or directory (a checkpoint) in the mount."),
+    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored; restores take minutes to hours (default: ask and report once)."),
     as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Restore archived objects (GLACIER, DEEP_ARCHIVE) so they can be read; reports progress."""
@@ -120,10 +126,12 @@ def restore(
     if as_json:
         typer.echo(json.dumps(msg, indent=2, sort_keys=True))
     elif msg.get("moved"):
-        typer.echo(f"ckptfs: {path}: " + (msg.get("message") or f"brought back from cold target {msg['target']}: "
+        typer.echo(f"ckptfs: {path}: " + (for_the_user(msg.get("message") or "", root) or f"brought back from cold target {msg['target']}: "
                    f"{msg['files']} files ({fmt_bytes(msg['bytes'])}) copied back and verified; it is hot again"))
     elif not msg["archived"]:
-        typer.echo(f"ckptfs: {path}: none of its {msg['objects']} objects is in an archive class: nothing to restore")
+        files = msg.get("files", msg["objects"])  # its files: not the manifest and markers ckptfs keeps beside them
+        what = "it is not" if os.path.isfile(path) else "its file is not" if files == 1 else f"none of its {files} files is"
+        typer.echo(f"ckptfs: {path}: {what} in an archive class: nothing to restore")
     elif msg["restored"] == msg["archived"]:
         typer.echo(f"ckptfs: {path}: all {msg['archived']} archived objects are restored and readable")
     else:
@@ -136,7 +144,7 @@ def restore(
 @one_line_errors
 def usage(
     path: str = PATH_OR_CWD,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Bytes and objects in the bucket under PATH per checkpoint, run, state and storage class, and an estimated monthly cost."""
     root, rel = locate(path)
@@ -145,10 +153,11 @@ def usage(
     if as_json:
         typer.echo(json.dumps(u, indent=2, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from ckptfs.cli.display import make_console
+
+    console = make_console()
     console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {u['monthly_cost_estimate']:.2f} per month "
                   f"({u['prices_note']})")
     nc = u.get("noncurrent")

@@ -38,6 +38,15 @@ class CkptfsError(Exception):
         self.code = code
 
 
+class DaemonRefused(CkptfsError):
+    """The daemon of `mount_root` answered a request with an error: its message names paths relative to that root
+    (the CLI rewrites the commands it quotes so they work from the user's directory)."""
+
+    def __init__(self, message: str, mount_root: Path) -> None:
+        super().__init__(message)
+        self.mount_root = mount_root
+
+
 class NotAllowed(CkptfsError):
     """This user may not use the mount or its control socket (FUSE without allow_other, the 0600 socket)."""
 
@@ -308,7 +317,7 @@ def request(mount_root: Path, obj: dict[str, Any], timeout: float | None = 30.0)
                 line, buf = buf.split(b"\n", 1)
                 msg = json.loads(line)
                 if not msg.get("ok"):
-                    raise CkptfsError(msg.get("error", "the daemon refused the request"))
+                    raise DaemonRefused(msg.get("error", "the daemon refused the request"), mount_root)
                 yield msg
 
 

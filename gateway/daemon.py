@@ -17,6 +17,7 @@ import platform
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -162,6 +163,12 @@ def lock_cache_dir(path: str) -> int:
     return fd
 
 
+def check_cache_dir_free(path: str) -> None:
+    """Refuse a cache directory a running daemon holds (UserError), before anything is written into it: its log
+    file there is that daemon's, and a refused start must not write into it."""
+    os.close(lock_cache_dir(path))
+
+
 # --------------------------------------------------------------------- daemon
 class Daemon:
     def __init__(self, cfg: Config) -> None:
@@ -177,6 +184,7 @@ class Daemon:
         self._stopped = trio.Event()  # drained (or gave up): `left` says what stays in the journal
         self.left: dict[str, Any] = {}
         self._stop_reporters = 0
+        self.ready = False  # the mount came up (READY sent)
 
     # ---- wiring, before trio
     def prepare(self) -> None:
@@ -228,6 +236,8 @@ class Daemon:
 
     # ---- control API
     def status(self) -> dict[str, Any]:
+        if self.fs is not None:
+            self.fs.sync_passthrough_all()  # what passthrough writers wrote so far counts as dirty and cached
         s: dict[str, Any] = dict(self.ns.stats())
         now = time.time()
         rate = self.drainer.throughput.rate()
@@ -399,6 +409,7 @@ class Daemon:
             await trio.to_thread.run_sync(set_kernel_read_ahead, cfg.mountpoint, cfg.kernel_read_ahead)
             await nursery.start(self.replicator.run)
             log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
+            self.ready = True
             if ready_fd is not None:
                 os.write(ready_fd, b"READY\n")
                 os.close(ready_fd)
@@ -431,6 +442,18 @@ class Daemon:
         else:
             log.info("stopped; everything is durable")
         self.journal.close()
+
+    def unbind_if_never_ready(self) -> None:
+        """A start that failed (a busy metrics port, a refused mount) leaves the cache directory as it found it: a
+        journal this start created and that holds nothing to upload is removed, so the directory is not bound to
+        this bucket and prefix by a mount that never was."""
+        journal: Journal | None = getattr(self, "journal", None)  # None: the start failed before opening it
+        if self.ready or journal is None or not journal.bound_now or journal.holds_work():
+            return
+        try:
+            journal.discard()
+        except (OSError, sqlite3.Error) as e:
+            log.warning("could not remove the journal of the failed start %s: %s", journal.path, e)
 
     async def _report_status(self) -> None:
         """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
@@ -545,6 +568,7 @@ def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
             raise user_errors.exceptions[0] from None
     except UserError as e:
         log.error("%s", e)
+        daemon.unbind_if_never_ready()
         if ready_fd is not None:
             try:
                 os.write(ready_fd, f"ERROR {e}\n".encode())

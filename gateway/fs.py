@@ -188,7 +188,8 @@ class CkptFS(Operations):
             self.ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns)
 
     def sync_passthrough_all(self) -> None:
-        """At unmount: files still open for writing under passthrough get their sizes recorded."""
+        """Files open for writing under passthrough get their sizes recorded: at unmount, and before `status` counts
+        dirty and cached bytes (the kernel wrote them without telling us: an open 1 MiB file would count as 0 B)."""
         for ino in list(self._pt_writers):
             try:
                 self._sync_passthrough(ino)

@@ -47,6 +47,8 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
         return e
     if isinstance(e, bexc.NoCredentialsError):
         return StoreError(AUTH, NO_CREDENTIALS)
+    if isinstance(e, bexc.SSLError):
+        return StoreError(NETWORK, f"TLS with the object store failed ({e}): {_tls_hint(str(e))}")
     if isinstance(e, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
         return StoreError(NETWORK, f"cannot reach the object store ({e}): check endpoint_url and that the server is up")
     if isinstance(e, (bexc.ReadTimeoutError, bexc.ConnectionClosedError, bexc.HTTPClientError)):
@@ -85,6 +87,17 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
     if isinstance(e, OSError):
         return StoreError(OTHER, f"{what}: {e}")
     raise e
+
+
+# what OpenSSL says when the server answered a TLS hello in plain HTTP
+PLAIN_HTTP_SIGNS = ("wrong_version_number", "wrong version number", "record layer failure", "http request")
+
+
+def _tls_hint(error: str) -> str:
+    """What to do about a failed TLS handshake: an https:// endpoint that speaks plain http is the common case."""
+    if any(sign in error.lower() for sign in PLAIN_HTTP_SIGNS):
+        return "the endpoint speaks plain http, not https: use http:// in endpoint_url, or check the port"
+    return "check endpoint_url and the server's certificate (AWS_CA_BUNDLE names a private CA)"
 
 
 NO_CREDENTIALS = (

@@ -84,7 +84,7 @@ async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any])
         raise LifecycleError(f"{ck.path} is not committed (no manifest yet): wait for it, or run `ckptfs checkpoint commit {ck.path}` first")
     state = lc.tracker.local_state(ck.path)
     if state is not None:
-        raise LifecycleError(f"{ck.path} is being changed on this node ({state}): let the job finish (ckptfs flush) and try again")
+        raise LifecycleError(f"{ck.path} is being changed on this node ({state}): let the job finish (`ckptfs flush {ck.path}` waits for it) and try again")
     existing = await _protection(lc, base)
     if existing is not None:
         lc.catalogue.set_protected(ck.path, existing)

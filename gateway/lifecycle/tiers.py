@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from ..storageclass import ARCHIVE_CLASSES, AWS_MIN_DAYS, ONGOING, may_need_restore, parse_transitions  # noqa: F401 (ARCHIVE_CLASSES: for callers of tiers)
+from ..namespace.keys import is_reserved
 from ..objects import StoreError
 from .manifest import MANIFEST, LifecycleError, Manifest
 from ..patterns import Checkpoint
@@ -205,6 +206,8 @@ async def restore(lc: Context, rel: str, wait: bool, send: Callable[[Any], Await
         objects = [(base + o.name, o.storage_class) for o in listing.objects if not o.name.endswith("/")]
     if not objects:
         raise LifecycleError(f"{rel or '/'}: no objects in the bucket to restore")
+    # the user's files, as `ls` shows them: not the manifest, markers and other objects ckptfs keeps beside them
+    files = sum(1 for key, _ in objects if not any(is_reserved(part) for part in lc.keys.path(key).split("/")))
     states: dict[str, str] = {}
     requested = 0
     for key, cls in objects:
@@ -223,7 +226,7 @@ async def restore(lc: Context, rel: str, wait: bool, send: Callable[[Any], Await
         states[key] = state
     while True:
         done = sum(1 for s in states.values() if s == "restored")
-        progress = {"objects": len(objects), "archived": len(states), "requested": requested, "restored": done,
+        progress = {"objects": len(objects), "files": files, "archived": len(states), "requested": requested, "restored": done,
                     "ongoing": len(states) - done}
         if done == len(states) or not wait:
             return progress

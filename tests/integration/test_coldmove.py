@@ -101,7 +101,7 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
     assert sorted(os.listdir(a.path / "run" / "step_2")) == ["model.bin", "optim"]
     # the checkpoints table, usage, verify, status
     table = a.cli("checkpoints", str(a.path)).stdout
-    assert f"run/step_1: moved to cold target cold (s3://{second_bucket}/c) since" in table and "ckptfs restore run/step_1" in table, table
+    assert f"run/step_1: moved to cold target cold (s3://{second_bucket}/c) since" in table and f"`ckptfs restore {a.path / 'run/step_1'}`" in table, table  # pasteable from here
     u = json.loads(a.cli("usage", str(a.path), "--json").stdout)
     moved_bytes = sum(len(v) for p in ("run/step_1", "run/step_3") for v in want[p].values())
     assert u["by_class"]["moved:cold"]["bytes"] == moved_bytes and u["by_class"]["moved:cold"]["objects"] == 4

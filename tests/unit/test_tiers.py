@@ -147,7 +147,7 @@ def test_restore_requests_archived_objects_and_reports_progress() -> None:
         raise AssertionError("no progress lines without --wait")
 
     result = trio.run(restore, lc, "step_1", False, send)
-    assert result == {"objects": 4, "archived": 3, "requested": 1, "restored": 1, "ongoing": 2}
+    assert result == {"objects": 4, "files": 4, "archived": 3, "requested": 1, "restored": 1, "ongoing": 2}
     # what opens and user.ckptfs.state of those files say from now on
     assert {k: (st.label or "readable") for k, (st, _) in archive.states.items()} == {
         "runs/step_1/a.bin": "restoring", "runs/step_1/b.bin": "restoring", "runs/step_1/d.bin": "readable"}
