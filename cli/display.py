@@ -76,12 +76,14 @@ def _line(label: str, *parts: Text | str | None) -> Text:
 
 
 def transport_text(st: dict[str, Any]) -> str:
-    """How the kernel talks to the daemon: `kernel` (with or without passthrough) or `libfuse`."""
+    """How the kernel talks to the daemon: `kernel` (the protocol version settled at INIT, with
+    or without passthrough; copy mode with its request workers) or `libfuse`."""
     transport = st.get("fuse_transport") or "-"
     if transport == "kernel":
+        version = f" (FUSE {st['fuse_protocol']})" if st.get("fuse_protocol") else ""
         if st.get("passthrough"):
-            return f"kernel, passthrough ({plural(st.get('passthrough_handles') or 0, 'handle')} open)"
-        return "kernel, copy mode (no passthrough)"
+            return f"kernel{version}, passthrough ({plural(st.get('passthrough_handles') or 0, 'handle')} open)"
+        return f"kernel{version}, copy mode (no passthrough, {plural(st.get('fuse_workers') or 1, 'worker')})"
     return transport
 
 

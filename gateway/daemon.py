@@ -274,6 +274,8 @@ class Daemon:
             fuse_transport=self.fuse_transport,
             passthrough=bool(self.session is not None and self.session.passthrough),
             passthrough_handles=self.fs.passthrough_handles if self.fs is not None else 0,
+            fuse_protocol=self.session.protocol if self.session is not None else None,
+            fuse_workers=self.session.workers if self.session is not None else 0,
             **self.lifecycle.stats(),
             encryption=self.store.enc.describe(),
             deletes_not_permitted_total=self.drainer.deletes_not_permitted_total,

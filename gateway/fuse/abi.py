@@ -11,17 +11,26 @@ Layouts are little-endian and 64-bit aligned, as the kernel's structs: every req
 with fuse_in_header (40 bytes), every reply with fuse_out_header (16 bytes: len, -errno,
 unique); a notification is a reply with unique 0 and the notify code in the error field.
 
-What the protocol minors change, of what ckptfs reads or writes:
-- before 7.12: refused at INIT (`OLDEST_MINOR`).
-- 7.31 (Linux 5.4): map_alignment in fuse_init_out (64 bytes since 7.23, max_pages since 7.28).
-- 7.33: HANDLE_KILLPRIV_V2 and FATTR_KILL_SUIDGID; SETXATTR_EXT, with which fuse_setxattr_in
-  grows from 8 to 16 bytes (`SETXATTR_EXT_IN`; ckptfs does not ask for it).
-- 7.36: INIT_EXT: fuse_init_in grows from 16 to 64 bytes (flags2: the init flags from bit 32
-  on) and fuse_init_out carries flags2 too.
-- 7.38: total_extlen in fuse_in_header (request extensions at a request's end; padding
-  before, read as 0).
-- 7.40: PASSTHROUGH: backing_id in fuse_open_out (padding before), max_stack_depth in
+What the protocol minors change, of what ckptfs reads or writes (the kernel transport is
+tested from 7.31 on; `tests/unit/test_fuse_protocol.py` checks the INIT reply of 7.31, 7.33,
+7.36, 7.38, 7.40 and 7.45 byte by byte, `make test-vm` runs Linux 6.1, protocol 7.38):
+- before 7.12: refused at INIT (`OLDEST_MINOR`). Before 7.23 fuse_init_out is 24 bytes (up
+  to max_write), from 7.23 64 (time_gran, then max_pages at 7.28): `init_out_size`.
+- every init flag exists from a minor on (`FLAG_SINCE`); `negotiate` grants none the
+  kernel's minor does not have, even if its offer had the bit set.
+- 7.28: MAX_PAGES (before it a request carries at most 32 pages: max_write 128 KiB).
+- 7.31 (Linux 5.4): map_alignment in fuse_init_out (0: no DAX).
+- 7.33 (5.11): HANDLE_KILLPRIV_V2 and FATTR_KILL_SUIDGID; SETXATTR_EXT, with which
+  fuse_setxattr_in grows from 8 to 16 bytes (`SETXATTR_EXT_IN`; ckptfs never asks for it,
+  so SETXATTR keeps the 8-byte layout on every minor).
+- 7.36 (5.17): INIT_EXT: fuse_init_in grows from 16 to 64 bytes (flags2: the init flags from
+  bit 32 on) and fuse_init_out carries flags2, read by the kernel only if INIT_EXT is granted.
+- 7.38 (6.2; Debian 12's 6.1 has it too): total_extlen in fuse_in_header (request extensions
+  at a request's end; padding before, read as 0).
+- 7.40 (6.9): PASSTHROUGH: backing_id in fuse_open_out (padding before), max_stack_depth in
   fuse_init_out, the backing-file ioctls (`DEV_IOC_BACKING_*`).
+- after 7.40 (7.41-7.45: idmapped mounts, io_uring, request timeouts, ...): nothing we ask
+  for; the reply says 7.40 and the kernel speaks 7.40 to us.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import struct
 from dataclasses import dataclass
 
 KERNEL_VERSION = 7
-KERNEL_MINOR_VERSION = 40  # what we implement: passthrough, init flags2, max_stack_depth
+KERNEL_MINOR_VERSION = 40  # the newest we speak: passthrough, init flags2, max_stack_depth
 OLDEST_MINOR = 12  # INIT refuses kernels older than this
 ROOT_ID = 1
 MIN_READ_BUFFER = 8192
@@ -132,6 +141,27 @@ PASSTHROUGH = 1 << 37
 NO_EXPORT_SUPPORT = 1 << 38
 HAS_RESEND = 1 << 39
 
+# The protocol minor each init flag appeared in (include/uapi/linux/fuse.h's changelog).
+FLAG_SINCE = {
+    ATOMIC_O_TRUNC: 9, EXPORT_SUPPORT: 10, BIG_WRITES: 10, DONT_MASK: 12, FLOCK_LOCKS: 17,
+    AUTO_INVAL_DATA: 20, DO_READDIRPLUS: 21, READDIRPLUS_AUTO: 21, ASYNC_DIO: 22,
+    WRITEBACK_CACHE: 23, PARALLEL_DIROPS: 25, HANDLE_KILLPRIV: 26, POSIX_ACL: 26,
+    MAX_PAGES: 28, CACHE_SYMLINKS: 28, EXPLICIT_INVAL_DATA: 30, HANDLE_KILLPRIV_V2: 33,
+    SETXATTR_EXT: 33, INIT_EXT: 36, SECURITY_CTX: 36, CREATE_SUPP_GROUP: 38, HAS_EXPIRE_ONLY: 38,
+    DIRECT_IO_ALLOW_MMAP: 39, PASSTHROUGH: 40, NO_EXPORT_SUPPORT: 40, HAS_RESEND: 40,
+}
+
+
+def flags_of_minor(minor: int) -> int:
+    """Every init flag a kernel speaking 7.`minor` can have (those of `FLAG_SINCE` up to it,
+    and the older ones it does not list)."""
+    newer = 0
+    for flag, since in FLAG_SINCE.items():
+        if since > minor:
+            newer |= flag
+    return ~newer & 0xFFFFFFFFFFFFFFFF
+
+
 # fuse_open_out.open_flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
@@ -204,6 +234,7 @@ STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # fuse_kstatfs, 80 bytes
 GETXATTR_OUT = struct.Struct("<II")
 LSEEK_OUT = struct.Struct("<Q")
 INIT_OUT = struct.Struct("<IIIIHHIIHHII24x")  # 64 bytes
+INIT_OUT_BEFORE_7_23 = 24  # FUSE_COMPAT_22_INIT_OUT_SIZE: up to max_write
 DIRENT_HEAD = struct.Struct("<QQII")  # ino off namelen type
 
 # notification bodies
@@ -237,11 +268,22 @@ class InitOut:
     max_stack_depth: int = 0
 
 
+def init_out_size(minor: int) -> int:
+    """How long fuse_init_out is at 7.`minor`: the kernel refuses a longer reply (EINVAL)."""
+    return INIT_OUT.size if minor >= 23 else INIT_OUT_BEFORE_7_23
+
+
 def encode_init(o: InitOut) -> bytes:
-    """fuse_init_out, 64 bytes: max_pages at 28, flags2 at 32, max_stack_depth at 36."""
-    return INIT_OUT.pack(o.major, o.minor, o.max_readahead, o.flags & 0xFFFFFFFF,
-                         o.max_background, o.congestion_threshold, o.max_write, o.time_gran,
-                         o.max_pages, o.map_alignment, o.flags >> 32, o.max_stack_depth)
+    """fuse_init_out as the minor of the reply lays it out: max_pages at 28 (with MAX_PAGES),
+    flags2 at 32 (with INIT_EXT), max_stack_depth at 36 (with PASSTHROUGH), 64 bytes from
+    7.23 and 24 before. A field whose flag was not granted is 0, as libfuse sends it."""
+    pages = o.max_pages if o.flags & MAX_PAGES else 0
+    flags2 = o.flags >> 32 if o.flags & INIT_EXT else 0
+    depth = o.max_stack_depth if o.flags & PASSTHROUGH else 0
+    raw = INIT_OUT.pack(o.major, o.minor, o.max_readahead, o.flags & 0xFFFFFFFF,
+                        o.max_background, o.congestion_threshold, o.max_write, o.time_gran,
+                        pages, o.map_alignment, flags2, depth)
+    return raw[:init_out_size(o.minor)]
 
 
 # What we ask for when the kernel offers it; never WRITEBACK_CACHE (it rules passthrough out).
@@ -261,7 +303,9 @@ class InitError(Exception):
 def negotiate(init: Init, *, passthrough: bool, max_pages: int, max_stack_depth: int = 1,
               max_background: int = 64, want: int = WANTED) -> InitOut:
     """Our INIT reply to the kernel's offer. Pure: the caller supplies the page limit
-    (/proc/sys/fs/fuse/max_pages_limit) and whether passthrough is wanted at all."""
+    (/proc/sys/fs/fuse/max_pages_limit) and whether passthrough is wanted at all. Granted:
+    what we want, the kernel offers and its minor has (`flags_of_minor`); the high half only
+    with INIT_EXT. Passthrough therefore only from 7.40 and only where offered."""
     if init.major != KERNEL_VERSION:
         raise InitError(f"kernel speaks FUSE {init.major}.{init.minor}, we speak {KERNEL_VERSION}.x")
     if init.minor < OLDEST_MINOR:
@@ -271,8 +315,8 @@ def negotiate(init: Init, *, passthrough: bool, max_pages: int, max_stack_depth:
             raise ValueError("max_stack_depth must be 1 or 2 for passthrough")
         want |= PASSTHROUGH
     want &= ~WRITEBACK_CACHE
-    flags = want & init.flags
-    if not init.flags & INIT_EXT:
+    flags = want & init.flags & flags_of_minor(init.minor)
+    if not flags & INIT_EXT:
         flags &= 0xFFFFFFFF
     pages = max(1, min(max_pages, 0xFFFF)) if flags & MAX_PAGES else 32
     return InitOut(

@@ -108,6 +108,8 @@ class KernelSession:
         # a request is at most max_write + headers; a page more keeps every request whole
         self._buffers = _Buffers(self.max_pages * 4096 + 4096, max_in_flight)
         self.fd = -1
+        # request workers, each with its /dev/fuse fd, that move data (status: fuse_workers)
+        self.workers = 1
         self.init_out: abi.InitOut | None = None
         self.kernel_flags = 0
         self.passthrough_offered = False
@@ -130,6 +132,11 @@ class KernelSession:
     @property
     def passthrough_handles(self) -> int:
         return self.modes.passthrough_handles
+
+    @property
+    def protocol(self) -> str | None:
+        """The FUSE protocol version settled at INIT ("7.38"), None before."""
+        return None if self.init_out is None else f"{self.init_out.major}.{self.init_out.minor}"
 
     # ------------------------------------------------------------- mount/unmount
     def mount(self) -> None:
@@ -355,23 +362,18 @@ def _opname(opcode: int) -> str:
         return str(opcode)
 
 
-def passthrough_possible() -> bool:
-    """Whether the kernel transport can expect passthrough here: root (the backing-file
-    ioctls need CAP_SYS_ADMIN) on Linux 6.9 or later. The INIT reply settles it."""
-    if os.geteuid() != 0:
-        return False
-    try:
-        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (6, 9)
+def can_mount_directly() -> bool:
+    """Whether the daemon can mount /dev/fuse itself with mount(2): root, on any kernel (the
+    protocol minor is settled at INIT; passthrough is asked for only where offered)."""
+    return os.geteuid() == 0
 
 
 def choose_transport(setting: str) -> str:
-    """`fuse_transport` resolved: "kernel" or "libfuse" ("auto": kernel where passthrough is possible)."""
+    """`fuse_transport` resolved: "kernel" or "libfuse" ("auto": kernel where the daemon can
+    mount /dev/fuse itself, libfuse and fusermount3 otherwise)."""
     if setting in ("kernel", "libfuse"):
         return setting
-    return "kernel" if passthrough_possible() else "libfuse"
+    return "kernel" if can_mount_directly() else "libfuse"
 
 
 @asynccontextmanager

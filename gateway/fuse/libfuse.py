@@ -244,6 +244,8 @@ class LibfuseSession:
 
     passthrough = False
     passthrough_error: str | None = "pyfuse3 3.5 (libfuse 3.14, protocol 7.38) cannot ask for it"
+    protocol: str | None = None  # libfuse settles it and pyfuse3 does not tell
+    workers = 1  # pyfuse3 serves every request on the trio thread
 
     def __init__(self, ops: Operations, mountpoint: str, *, options: Iterable[str] = ("fsname=ckptfs", "subtype=ckptfs"),
                  allow_other: bool = False, read_only: bool = False) -> None:

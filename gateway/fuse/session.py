@@ -19,6 +19,12 @@ class FuseSession(Protocol):
         ...
 
     passthrough_error: str | None  # why there is no passthrough, when there is none
+    workers: int  # request workers moving data (status: fuse_workers)
+
+    @property
+    def protocol(self) -> str | None:
+        """The FUSE protocol version spoken with the kernel ("7.38"), None where unknown."""
+        ...
 
     def mount(self) -> None:
         """Mount at the mount point; requests are answered once `serve` runs."""

@@ -83,6 +83,90 @@ def test_negotiate_without_passthrough_or_ext() -> None:
     assert struct.unpack_from("<I", raw, 32)[0] == 0
 
 
+# --- INIT on every protocol minor from 7.31 (Linux 5.4) on: the reply's bytes, as the kernel reads them
+# what a kernel of each minor offers: every flag it has (Linux offers what it supports)
+EVERY_FLAG = (abi.ASYNC_READ | abi.POSIX_LOCKS | abi.ATOMIC_O_TRUNC | abi.EXPORT_SUPPORT | abi.BIG_WRITES
+              | abi.DONT_MASK | abi.FLOCK_LOCKS | abi.AUTO_INVAL_DATA | abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
+              | abi.ASYNC_DIO | abi.WRITEBACK_CACHE | abi.PARALLEL_DIROPS | abi.HANDLE_KILLPRIV | abi.POSIX_ACL
+              | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.EXPLICIT_INVAL_DATA | abi.HANDLE_KILLPRIV_V2
+              | abi.SETXATTR_EXT | abi.INIT_EXT | abi.SECURITY_CTX | abi.CREATE_SUPP_GROUP | abi.HAS_EXPIRE_ONLY
+              | abi.DIRECT_IO_ALLOW_MMAP | abi.PASSTHROUGH | abi.NO_EXPORT_SUPPORT | abi.HAS_RESEND
+              | 1 << 41 | 1 << 42)  # 7.41+: FUSE_OVER_IO_URING, FUSE_REQUEST_TIMEOUT
+# granted on every minor from 7.31: WANTED less the flags of 7.33, 7.36 and 7.40
+BASE = (abi.ASYNC_READ | abi.ATOMIC_O_TRUNC | abi.EXPORT_SUPPORT | abi.BIG_WRITES | abi.AUTO_INVAL_DATA
+        | abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO | abi.ASYNC_DIO | abi.PARALLEL_DIROPS | abi.MAX_PAGES)
+
+
+def kernel_init(minor: int, offered: int) -> abi.Init:
+    """The INIT request a kernel of 7.`minor` sends: fuse_init_in of 16 bytes, 64 from 7.36."""
+    if minor >= 36:
+        body = struct.pack("<IIIII", 7, minor, 131072, offered & 0xFFFFFFFF, offered >> 32) + bytes(44)
+    else:
+        body = struct.pack("<IIII", 7, minor, 131072, offered & 0xFFFFFFFF)
+    init = P.parse_request(request(abi.Op.INIT, body)).args
+    assert (init.major, init.minor) == (7, minor)
+    return init
+
+
+def init_reply(minor: int, flags: int, *, pages: int = 256, flags2: int = 0, depth: int = 0) -> bytes:
+    """fuse_init_out written field by field (include/uapi/linux/fuse.h), 64 bytes."""
+    return struct.pack("<IIIIHHIIHHII", 7, minor, 131072, flags, 64, 48, pages * 4096, 1, pages, 0, flags2, depth) + bytes(24)
+
+
+@pytest.mark.parametrize("minor, reply_minor, granted, flags2, depth", [
+    (31, 31, BASE, 0, 0),  # Linux 5.4: no KILLPRIV_V2, no flags2
+    (33, 33, BASE | abi.HANDLE_KILLPRIV_V2, 0, 0),  # 5.11: SETXATTR_EXT offered, never granted
+    (36, 36, BASE | abi.HANDLE_KILLPRIV_V2 | abi.INIT_EXT, 0, 0),  # 5.17: flags2 in both directions
+    (38, 38, BASE | abi.HANDLE_KILLPRIV_V2 | abi.INIT_EXT, 0, 0),  # 6.1 (Debian 12, AL2023): no passthrough
+    (40, 40, BASE | abi.HANDLE_KILLPRIV_V2 | abi.INIT_EXT | abi.PASSTHROUGH, 1 << 5, 1),  # 6.9: passthrough
+    (45, 40, BASE | abi.HANDLE_KILLPRIV_V2 | abi.INIT_EXT | abi.PASSTHROUGH, 1 << 5, 1),  # newer: we speak 7.40
+])
+def test_init_reply_bytes_per_minor(minor: int, reply_minor: int, granted: int, flags2: int, depth: int) -> None:
+    offered = EVERY_FLAG & abi.flags_of_minor(minor) if minor <= 40 else EVERY_FLAG
+    out = abi.negotiate(kernel_init(minor, offered), passthrough=True, max_pages=256)
+    assert out.flags == granted
+    assert abi.encode_init(out) == init_reply(reply_minor, granted & 0xFFFFFFFF, flags2=flags2, depth=depth)
+
+
+@pytest.mark.parametrize("minor", [31, 33, 36, 38])
+def test_init_grants_no_flag_the_minor_lacks(minor: int) -> None:
+    """A kernel whose offer has bits of later minors set (a backport, a bad kernel) gets none of
+    them: passthrough only from 7.40, KILLPRIV_V2 only from 7.33, flags2 only from 7.36."""
+    out = abi.negotiate(kernel_init(minor, EVERY_FLAG), passthrough=True, max_pages=256)
+    assert not out.flags & abi.PASSTHROUGH and out.max_stack_depth == 0
+    assert bool(out.flags & abi.HANDLE_KILLPRIV_V2) == (minor >= 33)
+    assert bool(out.flags & abi.INIT_EXT) == (minor >= 36)
+    assert not out.flags & ~abi.flags_of_minor(minor)
+    assert struct.unpack_from("<II", abi.encode_init(out), 32) == (0, 0)
+
+
+def test_init_passthrough_not_wanted_or_not_offered() -> None:
+    off = abi.negotiate(kernel_init(40, EVERY_FLAG & abi.flags_of_minor(40)), passthrough=False, max_pages=256)
+    assert abi.encode_init(off) == init_reply(40, (BASE | abi.HANDLE_KILLPRIV_V2 | abi.INIT_EXT) & 0xFFFFFFFF)
+    # a 6.9+ kernel built without CONFIG_FUSE_PASSTHROUGH does not offer it
+    none = abi.negotiate(kernel_init(45, EVERY_FLAG & ~abi.PASSTHROUGH), passthrough=True, max_pages=256)
+    assert not none.flags & abi.PASSTHROUGH
+    assert struct.unpack_from("<II", abi.encode_init(none), 32) == (0, 0)
+
+
+def test_init_without_max_pages_or_before_7_23() -> None:
+    """Without MAX_PAGES (before 7.28) a request carries 32 pages: max_write 128 KiB and the
+    max_pages field 0. Before 7.23 the reply is 24 bytes: a longer one the kernel refuses."""
+    out = abi.negotiate(kernel_init(27, abi.ASYNC_READ | abi.BIG_WRITES), passthrough=True, max_pages=256)
+    assert (out.flags, out.max_pages, out.max_write) == (abi.ASYNC_READ | abi.BIG_WRITES, 32, 32 * 4096)
+    raw = abi.encode_init(out)
+    assert len(raw) == 64 and struct.unpack_from("<H", raw, 28)[0] == 0
+    old = abi.encode_init(abi.negotiate(kernel_init(22, abi.ASYNC_READ), passthrough=False, max_pages=256))
+    assert old == struct.pack("<IIIIHHI", 7, 22, 131072, abi.ASYNC_READ, 64, 48, 32 * 4096)
+
+
+def test_setxattr_keeps_the_short_layout_on_every_minor() -> None:
+    """SETXATTR_EXT (7.33) is never granted, so SETXATTR's fixed part stays 8 bytes."""
+    assert not abi.WANTED & abi.SETXATTR_EXT
+    req = P.parse_request(request(abi.Op.SETXATTR, struct.pack("<II", 3, 1) + b"user.a\0abc"))
+    assert req.args == P.Setxattr(1, b"user.a", b"abc")
+
+
 def test_negotiate_rejects() -> None:
     with pytest.raises(abi.InitError):
         abi.negotiate(abi.Init(8, 0, 0, 0), passthrough=False, max_pages=32)
@@ -285,18 +369,13 @@ def test_iomode_disabled_or_ioctl_failing() -> None:
 
 def test_choose_transport(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
-    from types import SimpleNamespace
 
     from ckptfs.fuse import kernel
 
     assert kernel.choose_transport("libfuse") == "libfuse"
     assert kernel.choose_transport("kernel") == "kernel"
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(os, "uname", lambda: SimpleNamespace(release="6.18.44-fc"))
-    assert kernel.choose_transport("auto") == "kernel"
-    monkeypatch.setattr(os, "uname", lambda: SimpleNamespace(release="6.8.0-51-generic"))
-    assert kernel.choose_transport("auto") == "libfuse"  # no passthrough before 6.9
-    monkeypatch.setattr(os, "uname", lambda: SimpleNamespace(release="6.18.44"))
+    assert kernel.choose_transport("auto") == "kernel"  # root: on any kernel, passthrough or not
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert kernel.choose_transport("auto") == "libfuse"  # not root: fusermount3 and pyfuse3
 
