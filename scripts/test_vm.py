@@ -91,6 +91,9 @@ poweroff -f
 RUN = r"""cd {repo}
 mkdir -p /tmp/home
 export HOME=/tmp/home PATH={path} PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8 CKPTFS_IN_VM=1
+# the first `ckptfs mount` reads every module cold over 9p under emulation, and its CLI waits
+# 120 s: read them once here (9p's cache=loose keeps them)
+{python} -c "import ckptfs.cli, ckptfs.daemon" >/dev/null 2>&1
 exec {python} -m pytest -p no:cacheprovider {pytest_args}
 """
 
