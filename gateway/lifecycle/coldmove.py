@@ -409,13 +409,15 @@ class Mover:
         done = {"files": 0, "bytes": 0}
         etags: dict[str, str] = {}
         limit = trio.CapacityLimiter(4)
+        sending = trio.Lock()  # files finishing together: one progress line at a time on the control socket
 
         async def one(f: dict[str, Any]) -> None:
             async with limit:
                 etags[f["path"]] = await (coldcopy.copy_back if codec.is_compressed(f) else copy_file)(job, f)
                 done["files"] += 1
                 done["bytes"] += int(f["size"])
-                await send({"ok": True, **out, "state": RESTORING, "done_files": done["files"], "done_bytes": done["bytes"]})
+                async with sending:
+                    await send({"ok": True, **out, "state": RESTORING, "done_files": done["files"], "done_bytes": done["bytes"]})
 
         await send({"ok": True, **out, "state": RESTORING, "done_files": 0, "done_bytes": 0})
         try:
