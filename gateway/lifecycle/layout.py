@@ -11,9 +11,10 @@ dtype (`bf16`, `fp16`, `fp32`, `fp64`: the float codec of that width), `zstd`, `
   each storage as a stored entry `<name>/data/<key>`, aligned to 64 bytes), a torch DCP shard
   (`.distcp`) one per tensor. Local file headers are found as they pass; an entry written with a
   data descriptor (bit 3, torch's way) ends where a descriptor whose size field matches is found.
-  Each archive's `data.pkl` is read with pickletools (no torch, nothing executed): its persistent
-  ids ('storage', torch.<Type>Storage, key, ...) give each storage's dtype. A storage whose dtype is
-  not learnt so is `try`; everything between entries is zstd.
+  Each archive's `data.pkl` is read without torch and without running anything of it (every global
+  it names becomes an inert placeholder): its persistent ids ('storage', torch.<Type>Storage, key,
+  ...) give each storage's dtype. A storage whose dtype is not learnt so is `try`; everything
+  between entries is zstd.
 * anything else: `try` (policy `auto`), so a tensor format this module does not know still gets
   the float codec where it packs smaller.
 
@@ -23,7 +24,9 @@ lossless for any bytes. Float ranges shorter than `MIN_FLOAT` are left to zstd w
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 import pickletools
 import re
 import struct
@@ -54,8 +57,62 @@ class Entry:
     archive: str = ""
 
 
+class _Placeholder:
+    """What every global in a scanned pickle becomes: callable, fillable, inert (no real class is ever imported)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.name = ""
+
+    def __call__(self, *args: object, **kwargs: object) -> "_Placeholder":
+        return _Placeholder()
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+    def append(self, item: object) -> None:
+        pass
+
+    def extend(self, items: object) -> None:
+        pass
+
+
+class _StorageScan(pickle.Unpickler):
+    """Reads a torch pickle for its storages' types only: globals are placeholders, storages their type's name."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self.found: dict[str, str] = {}
+
+    def find_class(self, module: str, name: str) -> object:
+        p = _Placeholder()
+        p.name = name if module == "torch" else ""
+        return p
+
+    def persistent_load(self, pid: object) -> object:
+        if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage" and isinstance(pid[1], _Placeholder):
+            kind = STORAGE_DTYPES.get(pid[1].name)
+            if kind is not None:
+                self.found[str(pid[2])] = kind
+        return _Placeholder()
+
+
 def storage_dtypes(pkl: bytes) -> dict[str, str]:
-    """Storage key -> dtype kind, from the persistent ids of a torch pickle ('storage', torch.XStorage, key, ...)."""
+    """Storage key -> dtype kind, from the persistent ids of a torch pickle ('storage', torch.XStorage, key, ...).
+
+    The pickle is read by the C unpickler with every global replaced by an inert placeholder (no class is
+    imported, nothing of the file's runs); one it cannot read so is walked opcode by opcode instead."""
+    scan = _StorageScan(pkl)
+    try:
+        scan.load()
+        return scan.found
+    except Exception:  # noqa: BLE001 - a pickle built another way: the slow walk, which needs no objects
+        return {**_storage_dtypes_by_opcode(pkl), **scan.found}
+
+
+def _storage_dtypes_by_opcode(pkl: bytes) -> dict[str, str]:
     memo: dict[int, object] = {}
     recent: list[object] = []
     found: dict[str, str] = {}
@@ -74,8 +131,8 @@ def storage_dtypes(pkl: bytes) -> dict[str, str]:
                 value: object = ("global", str(arg))
             elif name in ("BINGET", "LONG_BINGET", "GET"):
                 value = memo.get(int(arg))  # type: ignore[arg-type]
-            elif isinstance(arg, str) and "UNICODE" in name or "STRING" in name:
-                value = arg if isinstance(arg, str) else None
+            elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
+                value = arg
             else:
                 value = None
             recent = recent[-2:] + [value]
@@ -97,7 +154,7 @@ class Planner:
         self.regions: list[tuple[int, int, str]] = []  # safetensors: (start, end, kind), sorted
         self.header = bytearray()  # safetensors: the header while it is incomplete
         self.entry: Entry | None = None  # zip: the entry whose data is streaming past
-        self.tail = b""  # zip: the last bytes of the chunk before
+        self.tail = b""  # zip: the last bytes of the chunk before (the longest local header)
         self.scan_from = 0  # zip: where a local header may begin that was not whole in the chunk before
         self.dtypes: dict[str, dict[str, str]] = {}  # zip: archive -> storage key -> kind
         self.out: list[tuple[int, str]] = []
@@ -135,7 +192,8 @@ class Planner:
     # ----------------------------------------------------------------- plan
     def plan(self, offset: int, data: bytes | memoryview) -> list[tuple[int, str]]:
         """Segments (length, kind) covering `data`, the file's bytes at `offset` (chunks are fed in order, from 0)."""
-        data = memoryview(data).cast("B")
+        raw = data if isinstance(data, bytes) else bytes(data)
+        data = memoryview(raw)
         if self.policy != "auto":
             return [(len(data), "zstd")] if len(data) else []
         if self.format is None:
@@ -143,7 +201,7 @@ class Planner:
         if self.format == "safetensors":
             self._safetensors(offset, data)
         elif self.format == "zip":
-            self._zip(offset, data)
+            self._zip(offset, raw)
         else:
             self._emit(len(data), "try")
         return self._done()
@@ -169,12 +227,12 @@ class Planner:
         self._emit(end - p, "zstd")
 
     # ------------------------------------------------------------------- zip
-    def _zip(self, offset: int, data: memoryview) -> None:
-        # the chunk with the end of the one before it: a header or data descriptor cut by a chunk boundary is whole in it
-        buf = self.tail + bytes(data)
-        at = offset - len(self.tail)  # the file offset of buf[0]
-        self.tail = buf[-TAIL:]
-        end = offset + len(data)
+    def _zip(self, offset: int, raw: bytes) -> None:
+        # the seam: the end of the chunk before and the start of this one, where a local header or data descriptor cut by
+        # the boundary is whole (searched apart, so the chunk itself is never copied)
+        seam, seam_at = self.tail + raw[:TAIL], offset - len(self.tail)
+        self.tail = raw[-TAIL:]
+        end = offset + len(raw)
         p = offset
         while p < end:
             e = self.entry
@@ -184,38 +242,36 @@ class Planner:
                     self._emit(stop - p, "zstd")
                     p = stop
                     continue
+                if e.end is None and p == offset:
+                    e.end = _descriptor(seam, seam_at, max(offset - 16, e.start), e.start, before=offset)
                 if e.end is None:
-                    e.end = _descriptor(buf, at, max(p - 16, e.start), e.start)
+                    e.end = _descriptor(raw, offset, max(p, e.start), e.start)
                 stop = end if e.end is None else max(p, min(e.end, end))
                 if e.pickle is not None:
-                    e.pickle = e.pickle + buf[p - at:stop - at] if len(e.pickle) + stop - p <= MAX_PICKLE else None
+                    e.pickle = e.pickle + raw[p - offset:stop - offset] if len(e.pickle) + stop - p <= MAX_PICKLE else None
                 self._emit_values(p, stop, e.kind, e.start)
                 p = stop
                 if e.end is not None and p >= e.end:
                     if e.pickle is not None:
-                        self.dtypes[e.archive] = storage_dtypes(bytes(e.pickle))
+                        self.dtypes[e.archive] = storage_dtypes(e.pickle)
                     self.entry = None
                 continue
-            # between entries: the next local header (one cut by the last chunk's end is looked for again)
-            q = buf.find(LOCAL, max(0, min(p, self.scan_from) - at))
-            header = None
-            while q >= 0:
-                header = _local_header(buf, q)
-                if header == "short":
-                    break
-                if header is not None:
-                    break
-                q = buf.find(LOCAL, q + 1)
-            if q < 0 or header is None or header == "short":
-                self.scan_from = at + q if header == "short" else end
+            # between entries: the next local header; one cut by the last chunk's end is looked for in the seam
+            found = None
+            if self.scan_from < offset:
+                found = _next_header(seam, seam_at, self.scan_from, before=offset)
+            if found is None:
+                found = _next_header(raw, offset, p)
+            if found is None or found[1] is None:
+                self.scan_from = found[0] if found is not None else end  # a header cut by the end: looked for again
                 self._emit(end - p, "zstd")
                 p = end
                 continue
-            name, start, size = header  # type: ignore[misc]
+            q, (name, start, size) = found  # type: ignore[misc]
             self.scan_from = end
-            self._emit(at + q - p, "zstd")
-            p = max(p, at + q)
-            self.entry = self._entry(name, at + start, size)
+            self._emit(q - p, "zstd")
+            p = max(p, q)
+            self.entry = self._entry(name, start, size)
 
     def _entry(self, name: str, start: int, size: int | None) -> Entry:
         end = start + size if size is not None else None
@@ -274,11 +330,28 @@ def _local_header(buf: bytes, q: int) -> tuple[str, int, int | None] | str | Non
     return name, start, csize
 
 
-def _descriptor(buf: bytes, at: int, frm: int, start: int) -> int | None:
+def _next_header(buf: bytes, at: int, frm: int, before: int | None = None) -> tuple[int, tuple[str, int, int | None] | None] | None:
+    """The first plausible local file header in buf (at file offset `at`) from file offset `frm` (and, with `before`,
+    starting before it): (its file offset, (name, data start, data size or None)), (its offset, None) if it is cut
+    off by the end of buf, or None if there is none."""
+    q = buf.find(LOCAL, max(0, frm - at))
+    while q >= 0 and (before is None or at + q < before):
+        header = _local_header(buf, q)
+        if header == "short":
+            return (at + q, None) if before is None else None
+        if header is not None:
+            name, start, size = header  # type: ignore[misc]
+            return at + q, (name, at + start, size)
+        q = buf.find(LOCAL, q + 1)
+    return None
+
+
+def _descriptor(buf: bytes, at: int, frm: int, start: int, before: int | None = None) -> int | None:
     """The file offset of the data descriptor of the entry whose data began at `start`, looking in buf (at file
-    offset `at`) from `frm`; None if not in it. A descriptor counts only if its size field is the data's size."""
+    offset `at`) from `frm` (and, with `before`, starting before it); None if not in it. A descriptor counts only if
+    its size field is the data's size."""
     i = buf.find(DESCRIPTOR, max(0, frm - at))
-    while i >= 0 and len(buf) - i >= 12:
+    while i >= 0 and len(buf) - i >= 12 and (before is None or at + i < before):
         size = at + i - start
         (csize32,) = struct.unpack_from("<I", buf, i + 8)
         csize64 = struct.unpack_from("<Q", buf, i + 8)[0] if len(buf) - i >= 16 else None
