@@ -269,3 +269,29 @@ class FrameReader:
         """The end of the object: CodecError if it stopped inside a frame (truncated)."""
         if not self.magic or self.buf:
             raise CodecError(f"truncated after byte {self.stored} (chunk at byte {self.offset})")
+
+
+def decode_file(src: str, dst: str) -> str:
+    """Decode the compressed object saved at `src` into `dst` (no daemon needed: a cold copy fetched with any S3
+    tool); the xxh3-128 of what was written, to compare with its `ckptfs-original-xxh3` metadata."""
+    reader = FrameReader()
+    h = xxhash.xxh3_128()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while piece := fin.read(CHUNK):
+            for body, length, digest, offset in reader.feed(piece):
+                chunk = decode_body(body, length, digest, offset)
+                h.update(chunk)
+                fout.write(chunk)
+    reader.close()
+    return h.hexdigest()
+
+
+if __name__ == "__main__":  # python -m ckptfs.lifecycle.codec FILE.ckptfs-z FILE
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m ckptfs.lifecycle.codec FILE.ckptfs-z OUTPUT  (prints the output's xxh3-128)")
+    try:
+        print(decode_file(sys.argv[1], sys.argv[2]))
+    except (CodecError, OSError) as e:
+        sys.exit(f"ckptfs: {sys.argv[1]}: {e}")

@@ -2,9 +2,10 @@
 
 `compress` is the cold mover's copy of one file (copier.copy_checkpoint calls it per file): it
 reads the file from the primary in chunks (`codec.CHUNK`, ranged GETs pinned to the manifest's
-ETag, a few in flight), cuts each into segments (layout.Planner, in order) and encodes the chunks
+ETag, `READS` in flight), cuts each into segments (layout.Planner, in order) and encodes the chunks
 in worker threads, several at once (`cpu()`: one per core, shared by every file; zstandard and
-numpy release the GIL); the frames go up in order as a multipart upload (`write_object`: the
+numpy release the GIL; `files()`: `FILES_CODED` files at once, so memory stays under
+FILES_CODED x (READS + 2 x AHEAD) x CHUNK whatever the checkpoint); the frames go up in order as a multipart upload (`write_object`: the
 target's part buffers and slots bound the memory, as for a plain copy) to the file's key +
 `codec.SUFFIX`, with metadata naming the codec, the source ETag and the original size and
 xxh3-128. The original's xxh3-128 is computed on the way and must be the manifest's before the
@@ -45,8 +46,11 @@ ORIGINAL_SIZE_META = "ckptfs-original-size"
 ORIGINAL_XXH3_META = "ckptfs-original-xxh3"
 MIN_SIZE = 4 << 10  # smaller files are copied as they are: too little to save
 EARLY = 4 * codec.CHUNK  # after this much of a file, one that saves too little is copied as it is instead
-AHEAD = (os.cpu_count() or 1) + 1  # chunks of a file read, being coded or waiting to be written
+AHEAD = (os.cpu_count() or 1) + 1  # chunks of a file being coded or waiting to be written
+READS = 4  # ranges of a file read at once, `codec.CHUNK` each (of the original to compress, of the object to decode)
+FILES_CODED = 2  # files compressed or decoded at once in this process: memory ~ FILES_CODED x (READS + 2 x AHEAD) x CHUNK
 _CPU: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ckptfs_codec_cpu")
+_FILES: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ckptfs_codec_files")
 
 Write = Callable[[Any], Awaitable[None]]
 
@@ -62,6 +66,16 @@ def cpu() -> trio.CapacityLimiter:
     except LookupError:
         limiter = trio.CapacityLimiter(os.cpu_count() or 1)
         _CPU.set(limiter)
+        return limiter
+
+
+def files() -> trio.CapacityLimiter:
+    """The files being compressed or decoded at once in this process (the rest wait: the cores are busy anyway)."""
+    try:
+        return _FILES.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(FILES_CODED)
+        _FILES.set(limiter)
         return limiter
 
 
@@ -231,7 +245,8 @@ async def compress(job: Job, f: dict[str, Any], policy: str, threshold: float) -
         if e.kind != NO_OBJECT:
             raise
     try:
-        return await _compress(job, f, key, policy, 0.0 if forced else threshold)
+        async with files():
+            return await _compress(job, f, key, policy, None if forced else threshold)
     except NotWorth:
         return await copy_entry(job, f)
 
@@ -241,7 +256,8 @@ def _entry(f: dict[str, Any], key: str, etag: str, stored: int, used: dict[str, 
             **({"encodings": used} if used else {})}
 
 
-async def _compress(job: Job, f: dict[str, Any], key: str, policy: str, threshold: float) -> dict[str, Any]:
+async def _compress(job: Job, f: dict[str, Any], key: str, policy: str, threshold: float | None) -> dict[str, Any]:
+    """The compressed copy (NotWorth if it saves less than `threshold`: None, kept whatever it saves)."""
     size = int(f["size"])
     planner = Planner(policy)
     h = xxhash.xxh3_128()
@@ -264,7 +280,7 @@ async def _compress(job: Job, f: dict[str, Any], key: str, policy: str, threshol
                 segments = await trio.to_thread.run_sync(plan, start, data, limiter=cpu())
                 await submit(codec.encode, data, segments)
 
-            await ranges.in_order(job.io, job.src, f["key"], f["etag"], size, fetch, consume, codec.CHUNK, AHEAD)
+            await ranges.in_order(job.io, job.src, f["key"], f["etag"], size, fetch, consume, codec.CHUNK, READS)
 
         async def emit(result: tuple[bytes, dict[str, int]]) -> None:
             frame, counts = result
@@ -273,11 +289,11 @@ async def _compress(job: Job, f: dict[str, Any], key: str, policy: str, threshol
             seen["out"] += len(frame)
             for k, v in counts.items():
                 used[k] = used.get(k, 0) + v
-            if seen["in"] >= EARLY and seen["out"] > (1 - threshold) * seen["in"]:
+            if threshold is not None and seen["in"] >= EARLY and seen["out"] > (1 - threshold) * seen["in"]:
                 raise NotWorth()
 
         await ordered(read, emit)
-        if seen["out"] > (1 - threshold) * size:
+        if threshold is not None and seen["out"] > (1 - threshold) * size:
             raise NotWorth()
         digest = h.hexdigest()
         if f.get("xxh3") and digest != f["xxh3"]:
@@ -327,7 +343,7 @@ async def expand(io: Callable[..., Awaitable[Any]], store: Store, f: dict[str, A
             for body, n, digest, offset in await trio.to_thread.run_sync(frames, data, limiter=cpu()):
                 await submit(codec.decode_body, body, n, digest, offset)
 
-        await ranges.in_order(io, store, f["key"], f["etag"], codec.stored_size(f), fetch, consume, codec.CHUNK, AHEAD)
+        await ranges.in_order(io, store, f["key"], f["etag"], codec.stored_size(f), fetch, consume, codec.CHUNK, READS)
         reader.close()
 
     async def emit(chunk: np.ndarray) -> None:
@@ -337,7 +353,8 @@ async def expand(io: Callable[..., Awaitable[Any]], store: Store, f: dict[str, A
         if sink is not None:
             await sink(chunk)
 
-    await ordered(read, emit)
+    async with files():
+        await ordered(read, emit)
     if reader.offset != int(f["size"]):
         raise codec.CodecError(f"it decodes to {reader.offset} bytes, the manifest says {f['size']}")
     return h.hexdigest()

@@ -264,3 +264,20 @@ def test_torch_archives_storages_get_their_dtypes() -> None:
     blob = stored(data, chunk=65536)
     assert len(blob) < 0.9 * len(data)
     assert layout.storage_dtypes(b"not a pickle") == {}
+
+
+def test_an_object_decodes_without_the_daemon(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    import xxhash
+
+    data = weights(3 * (1 << 20) // 2 + 5, "bf16")
+    src = tmp_path / "model.safetensors.ckptfs-z"
+    src.write_bytes(stored(data, chunk=1 << 20))
+    proc = subprocess.run([sys.executable, "-m", "ckptfs.lifecycle.codec", str(src), str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out").read_bytes() == data and proc.stdout.strip() == xxhash.xxh3_128_hexdigest(data)
+    src.write_bytes(src.read_bytes()[:-3])
+    proc = subprocess.run([sys.executable, "-m", "ckptfs.lifecycle.codec", str(src), str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "truncated" in proc.stderr and "\n" not in proc.stderr.strip()

@@ -139,3 +139,18 @@ def test_a_cache_dir_too_long_for_the_control_socket_is_one_clear_line(tmp_path:
         load_config(str(f), environ={}, overrides=dict(mountpoint="/m", cache_dir=ok + "c"))
     assert "is too long: the control socket in it would be a path of 108 bytes, and a Unix socket's is at most 107" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('cold_compression = "lz4"', "give auto, zstd or none"),
+    ("cold_compression_threshold = 1.5", "give a fraction from 0 to below 1"),
+    ("cold_compression_threshold = -0.1", "give a fraction from 0 to below 1"),
+])
+def test_cold_compression_options_are_checked(tmp_path: Path, content: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(content + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f), environ={}, overrides=BASE)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    cfg = load_config(None, environ={}, overrides=BASE)
+    assert (cfg.cold_compression, cfg.cold_compression_threshold) == ("auto", 0.03)
