@@ -33,6 +33,7 @@ import zstandard
 
 from bench.env import ROOT, BenchServer
 from bench.mounts import CkptfsMount
+from bench.replication import ReplicatingMount
 from ckptfs.lifecycle import codec, floats, layout
 
 FILES = ("model.safetensors", "model.pt", "dcp/__0_0.distcp", "dcp/.metadata")
@@ -41,9 +42,9 @@ TARGET = "cold"
 
 
 def model_args(scale: float) -> list[str]:
-    """The trained model's size for a scale: at 1, ~20M parameters (a DCP checkpoint of ~240 MB with AdamW)."""
+    """The trained model's size for a scale: at 1, ~10M parameters (a DCP checkpoint of ~125 MB with AdamW)."""
     if scale >= 0.25:
-        return ["--width", "384", "--layers", "6", "--vocab", "32768", "--steps", "200"]
+        return ["--width", "256", "--layers", "4", "--vocab", "32768", "--steps", "200"]
     if scale >= 0.02:
         return ["--width", "128", "--layers", "4", "--vocab", "8192", "--steps", "200"]
     return ["--width", "32", "--layers", "2", "--vocab", "1024", "--steps", "20"]
@@ -139,21 +140,12 @@ def codec_figures(files: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the daemon: move, then restore
-class ColdMount(CkptfsMount):
-    def __init__(self, *args: Any, config: Path, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.config = config
-
-    def _cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        if args and args[0] == "mount":
-            args = (*args, "--config", str(self.config))
-        return super()._cli(*args, timeout=timeout)
-
-    def checkpoint(self, rel: str) -> dict[str, Any]:
-        r = self._cli("checkpoints", str(self.path / rel), "--json", timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"ckptfs checkpoints failed: {(r.stderr or r.stdout).strip()[:300]}")
-        return next(e for e in json.loads(r.stdout) if e["path"] == rel)
+def checkpoint(m: CkptfsMount, rel: str) -> dict[str, Any]:
+    """The checkpoint `rel` as `ckptfs checkpoints --json` shows it."""
+    r = m._cli("checkpoints", str(m.path / rel), "--json", timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"ckptfs checkpoints failed: {(r.stderr or r.stdout).strip()[:300]}")
+    return next(e for e in json.loads(r.stdout) if e["path"] == rel)
 
 
 def move_and_restore(server: BenchServer, cold: BenchServer, bucket: str, cold_bucket: str, state: Path, files: Path,
@@ -164,7 +156,7 @@ def move_and_restore(server: BenchServer, cold: BenchServer, bucket: str, cold_b
     config.write_text(f'[replica.{TARGET}]\nsource = "s3://{cold_bucket}"\nendpoint_url = "{cold.endpoint_url}"\n')
     opts: dict[str, Any] = {"tier_move_target": TARGET, "tier_move_interval": 1, "tier_move_after": 1, "metadata_ttl": 0,
                             "checkpoint_quiet_seconds": 3600, "replication_lease_ttl": 10, "cold_compression": policy}
-    m = ColdMount(server, bucket, state / "mnt", state, config=config, **opts)
+    m = ReplicatingMount(server, bucket, state / "mnt", state, config=config, **opts)
     m.start()
     try:
         shutil.copytree(files, m.path / rel, ignore=shutil.ignore_patterns("config.json"))
@@ -173,7 +165,7 @@ def move_and_restore(server: BenchServer, cold: BenchServer, bucket: str, cold_b
             raise RuntimeError(f"ckptfs checkpoint commit failed: {(r.stderr or r.stdout).strip()[:300]}")
         t = time.monotonic()
         log(f"compression: moving {rel} to the cold target (cold_compression = {policy})")
-        while (e := m.checkpoint(rel))["storage_class"] != f"moved:{TARGET}":
+        while (e := checkpoint(m, rel))["storage_class"] != f"moved:{TARGET}":
             if time.monotonic() - t > 3600:
                 raise RuntimeError(f"{rel} was not moved within an hour: {m.status().get('tier_move')}")
             time.sleep(0.5)
@@ -189,7 +181,7 @@ def move_and_restore(server: BenchServer, cold: BenchServer, bucket: str, cold_b
         restore_s = time.monotonic() - t
         if r.returncode != 0:
             raise RuntimeError(f"ckptfs restore failed: {(r.stderr or r.stdout).strip()[:300]}")
-        back = m.checkpoint(rel)
+        back = checkpoint(m, rel)
         if back["storage_class"] == f"moved:{TARGET}" or back["moved"]["state"] != "restored":
             raise RuntimeError(f"{rel} is not back after the restore: {back['storage_class']}")
     finally:

@@ -234,40 +234,45 @@ def decode_body(body: bytes | memoryview, length: int, digest: int, offset: int)
 
 
 class FrameReader:
-    """Cuts a compressed object, fed in order in pieces of any size, into its frames (bounded: one frame held)."""
+    """Cuts a compressed object, fed in order in pieces of any size, into its frames (bounded: a piece and a frame held).
+
+    A frame inside one piece is handed out as a view of it (no copy); one cut by a piece's end is joined once."""
 
     def __init__(self) -> None:
-        self.buf = bytearray()
+        self.rest = b""  # what the last piece left: the start of a frame
         self.magic = False
         self.offset = 0  # of the next frame's chunk in the original
         self.stored = 0  # bytes of the object consumed
 
-    def feed(self, data: bytes | memoryview) -> Iterator[tuple[bytes, int, int, int]]:
+    def feed(self, data: bytes | memoryview) -> Iterator[tuple[memoryview, int, int, int]]:
         """The frames completed by `data`: (body, chunk length, xxh3-64, chunk offset)."""
-        self.buf += data
+        buf = self.rest + data if self.rest else bytes(data)
+        view = memoryview(buf)
+        pos = 0
         if not self.magic:
-            if len(self.buf) < len(MAGIC):
+            if len(buf) < len(MAGIC):
+                self.rest = buf
                 return
-            if bytes(self.buf[:len(MAGIC)]) != MAGIC:
+            if buf[:len(MAGIC)] != MAGIC:
                 raise CodecError("not a ckptfs compressed object (its first bytes are not the format's)")
-            del self.buf[:len(MAGIC)]
+            pos = len(MAGIC)
             self.magic = True
             self.stored = len(MAGIC)
-        while len(self.buf) >= FRAME.size:
-            tag, length, size, digest = FRAME.unpack_from(self.buf)
+        while len(buf) - pos >= FRAME.size:
+            tag, length, size, digest = FRAME.unpack_from(buf, pos)
             if tag != FRAME_TAG or length > MAX_CHUNK or size > MAX_CHUNK + MAX_CHUNK // 8:
                 raise CodecError(f"chunk at byte {self.offset} (stored at byte {self.stored}): not a frame header")
-            if len(self.buf) < FRAME.size + size:
-                return
-            body = bytes(self.buf[FRAME.size:FRAME.size + size])
-            del self.buf[:FRAME.size + size]
-            yield body, length, digest, self.offset
+            if len(buf) - pos < FRAME.size + size:
+                break
+            yield view[pos + FRAME.size:pos + FRAME.size + size], length, digest, self.offset
+            pos += FRAME.size + size
             self.offset += length
             self.stored += FRAME.size + size
+        self.rest = buf[pos:]
 
     def close(self) -> None:
         """The end of the object: CodecError if it stopped inside a frame (truncated)."""
-        if not self.magic or self.buf:
+        if not self.magic or self.rest:
             raise CodecError(f"truncated after byte {self.stored} (chunk at byte {self.offset})")
 
 

@@ -332,7 +332,7 @@ async def expand(io: Callable[..., Awaitable[Any]], store: Store, f: dict[str, A
     reader = codec.FrameReader()
     h = xxhash.xxh3_128()
 
-    def frames(data: bytes) -> list[tuple[bytes, int, int, int]]:  # in order, in a worker thread
+    def frames(data: bytes) -> list[tuple[memoryview, int, int, int]]:  # in order, in a worker thread
         return list(reader.feed(data))
 
     async def read(submit: Callable[..., Awaitable[None]]) -> None:
