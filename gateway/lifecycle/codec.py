@@ -156,8 +156,9 @@ def _segment(data: memoryview, kind: str, used: dict[str, int]) -> list[bytes | 
     return [_SEG.pack(ZSTD, len(data)), _LEN.pack(len(z)), z]
 
 
-def encode(chunk: bytes | memoryview, segments: list[tuple[int, str]]) -> tuple[bytes, dict[str, int]]:
-    """The frame of `chunk`, cut into `segments` ((length, kind) in order, covering it), and the bytes each codec packed.
+def encode(chunk: bytes | memoryview, segments: list[tuple[int, str]]) -> tuple[list[Any], dict[str, int]]:
+    """The frame of `chunk`, cut into `segments` ((length, kind) in order, covering it), as the buffers to write in turn
+    (joined, they would copy the chunk once more), and the bytes each codec packed.
 
     A frame that saves nothing holds the chunk as it is. Not decoded again here (that would halve the
     speed): the mover decodes every frame of the copy on the target and checks each chunk's xxh3-64 and
@@ -172,10 +173,11 @@ def encode(chunk: bytes | memoryview, segments: list[tuple[int, str]]) -> tuple[
     if pos != len(chunk):
         raise ValueError(f"segments cover {pos} bytes of a {len(chunk)}-byte chunk")
     digest = xxhash.xxh3_64_intdigest(chunk)
-    if _size(parts) >= len(chunk):
+    size = _size(parts)
+    if size >= len(chunk):
         parts, used = [_SEG.pack(RAW, len(chunk)), chunk], {"raw": len(chunk)}  # type: ignore[list-item]
-    body = b"".join(parts)  # type: ignore[arg-type]
-    return FRAME.pack(FRAME_TAG, len(chunk), len(body), digest) + body, used
+        size = _size(parts)
+    return [FRAME.pack(FRAME_TAG, len(chunk), size, digest), *parts], used
 
 
 # ------------------------------------------------------------------ decoding

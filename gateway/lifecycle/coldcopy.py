@@ -48,7 +48,8 @@ MIN_SIZE = 4 << 10  # smaller files are copied as they are: too little to save
 EARLY = 4 * codec.CHUNK  # after this much of a file, one that saves too little is copied as it is instead
 AHEAD = (os.cpu_count() or 1) + 1  # chunks of a file being coded or waiting to be written
 READS = 4  # ranges of a file read at once, `codec.CHUNK` each (of the original to compress, of the object to decode)
-FILES_CODED = 2  # files compressed or decoded at once in this process: memory ~ FILES_CODED x (READS + 2 x AHEAD) x CHUNK
+READ_RANGE = 2 * codec.CHUNK  # ranges of a compressed object read back (a frame is at most ~CHUNK: often two in one)
+FILES_CODED = 3  # files compressed or decoded at once in this process: memory ~ FILES_CODED x (2 x READS + 2 x AHEAD) x CHUNK
 _CPU: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ckptfs_codec_cpu")
 _FILES: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ckptfs_codec_files")
 
@@ -282,11 +283,12 @@ async def _compress(job: Job, f: dict[str, Any], key: str, policy: str, threshol
 
             await ranges.in_order(job.io, job.src, f["key"], f["etag"], size, fetch, consume, codec.CHUNK, READS)
 
-        async def emit(result: tuple[bytes, dict[str, int]]) -> None:
+        async def emit(result: tuple[list[Any], dict[str, int]]) -> None:
             frame, counts = result
-            await write(frame)
+            for piece in frame:
+                await write(piece)
+                seen["out"] += len(piece)
             seen["in"] += sum(counts.values())
-            seen["out"] += len(frame)
             for k, v in counts.items():
                 used[k] = used.get(k, 0) + v
             if threshold is not None and seen["in"] >= EARLY and seen["out"] > (1 - threshold) * seen["in"]:
@@ -343,7 +345,7 @@ async def expand(io: Callable[..., Awaitable[Any]], store: Store, f: dict[str, A
             for body, n, digest, offset in await trio.to_thread.run_sync(frames, data, limiter=cpu()):
                 await submit(codec.decode_body, body, n, digest, offset)
 
-        await ranges.in_order(io, store, f["key"], f["etag"], codec.stored_size(f), fetch, consume, codec.CHUNK, READS)
+        await ranges.in_order(io, store, f["key"], f["etag"], codec.stored_size(f), fetch, consume, READ_RANGE, READS)
         reader.close()
 
     async def emit(chunk: np.ndarray) -> None:

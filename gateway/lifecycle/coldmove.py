@@ -420,6 +420,7 @@ class Mover:
                     await send({"ok": True, **out, "state": RESTORING, "done_files": done["files"], "done_bytes": done["bytes"]})
 
         await send({"ok": True, **out, "state": RESTORING, "done_files": 0, "done_bytes": 0})
+        started = time.monotonic()
         try:
             async with trio.open_nursery() as nursery:
                 for f in tman.files:
@@ -432,6 +433,8 @@ class Mover:
                                  f"run `ckptfs restore {ck.path}` again (files already back are not copied again)") from None
         except CopyError as e:
             raise LifecycleError(f"{ck.path}: copying back from {t.replica.name} failed ({e}): run `ckptfs restore {ck.path}` again") from None
+        log.info("restore: %s: %d files (%d bytes, %d stored) copied back from %s in %.1f s; verifying them", ck.path, done["files"],
+                 done["bytes"], sum(codec.stored_size(f) for f in tman.files), t.replica.url, time.monotonic() - started)
         files = [{**f, "key": base + f["path"], "etag": etags[f["path"]]} for f in manifest.files]
         hot = Manifest(**{**manifest.__dict__, "files": files})
         result = await verify(lc, ck, hot, True, _no_progress)

@@ -13,8 +13,8 @@ dtype (`bf16`, `fp16`, `fp32`, `fp64`: the float codec of that width), `zstd`, `
   data descriptor (bit 3, torch's way) ends where a descriptor whose size field matches is found.
   Each archive's `data.pkl` is read without torch and without running anything of it (every global
   it names becomes an inert placeholder): its persistent ids ('storage', torch.<Type>Storage, key,
-  ...) give each storage's dtype. A storage whose dtype is not learnt so is `try`; everything
-  between entries is zstd.
+  location, numel) give each storage's dtype and size (so its data is not scanned for where it
+  ends). A storage whose dtype is not learnt so is `try`; everything between entries is zstd.
 * anything else: `try` (policy `auto`), so a tensor format this module does not know still gets
   the float codec where it packs smaller.
 
@@ -39,6 +39,8 @@ MAX_HEADER = 100 << 20  # safetensors' own limit on its header
 MAX_PICKLE = 64 << 20  # a data.pkl larger than this is not read (its storages are tried instead)
 SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "F64": "fp64"}
 STORAGE_DTYPES = {"BFloat16Storage": "bf16", "HalfStorage": "fp16", "FloatStorage": "fp32", "DoubleStorage": "fp64"}
+STORAGE_ITEM = {"BFloat16Storage": 2, "HalfStorage": 2, "FloatStorage": 4, "DoubleStorage": 8, "LongStorage": 8, "IntStorage": 4,
+                "ShortStorage": 2, "CharStorage": 1, "ByteStorage": 1, "BoolStorage": 1, "UntypedStorage": 1}
 LOCAL = b"PK\x03\x04"
 DESCRIPTOR = b"PK\x07\x08"
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
@@ -84,7 +86,7 @@ class _StorageScan(pickle.Unpickler):
 
     def __init__(self, data: bytes) -> None:
         super().__init__(io.BytesIO(data))
-        self.found: dict[str, str] = {}
+        self.found: dict[str, tuple[str, int | None]] = {}
 
     def find_class(self, module: str, name: str) -> object:
         p = _Placeholder()
@@ -93,23 +95,26 @@ class _StorageScan(pickle.Unpickler):
 
     def persistent_load(self, pid: object) -> object:
         if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage" and isinstance(pid[1], _Placeholder):
-            kind = STORAGE_DTYPES.get(pid[1].name)
-            if kind is not None:
-                self.found[str(pid[2])] = kind
+            name = pid[1].name
+            item, numel = STORAGE_ITEM.get(name), pid[4] if len(pid) >= 5 else None
+            if name.endswith("Storage"):
+                self.found[str(pid[2])] = (STORAGE_DTYPES.get(name, "try"),
+                                           item * numel if item is not None and isinstance(numel, int) else None)
         return _Placeholder()
 
 
-def storage_dtypes(pkl: bytes) -> dict[str, str]:
-    """Storage key -> dtype kind, from the persistent ids of a torch pickle ('storage', torch.XStorage, key, ...).
+def storage_dtypes(pkl: bytes) -> dict[str, tuple[str, int | None]]:
+    """Storage key -> (dtype kind, or "try" for a type without a float codec; its size in bytes, if known), from the
+    persistent ids of a torch pickle ('storage', torch.<Type>Storage, key, location, numel).
 
     The pickle is read by the C unpickler with every global replaced by an inert placeholder (no class is
-    imported, nothing of the file's runs); one it cannot read so is walked opcode by opcode instead."""
+    imported, nothing of the file's runs); one it cannot read so is walked opcode by opcode instead (dtypes only)."""
     scan = _StorageScan(pkl)
     try:
         scan.load()
         return scan.found
     except Exception:  # noqa: BLE001 - a pickle built another way: the slow walk, which needs no objects
-        return {**_storage_dtypes_by_opcode(pkl), **scan.found}
+        return {**{k: (kind, None) for k, kind in _storage_dtypes_by_opcode(pkl).items()}, **scan.found}
 
 
 def _storage_dtypes_by_opcode(pkl: bytes) -> dict[str, str]:
@@ -156,7 +161,7 @@ class Planner:
         self.entry: Entry | None = None  # zip: the entry whose data is streaming past
         self.tail = b""  # zip: the last bytes of the chunk before (the longest local header)
         self.scan_from = 0  # zip: where a local header may begin that was not whole in the chunk before
-        self.dtypes: dict[str, dict[str, str]] = {}  # zip: archive -> storage key -> kind
+        self.dtypes: dict[str, dict[str, tuple[str, int | None]]] = {}  # zip: archive -> storage key -> (kind, size)
         self.out: list[tuple[int, str]] = []
 
     # --------------------------------------------------------------- output
@@ -169,10 +174,11 @@ class Planner:
             self.out.append((length, kind))
 
     def _emit_values(self, p: int, stop: int, kind: str, origin: int) -> None:
-        """[p, stop) of a float range that began at `origin`: a value cut by the chunk's start is left to zstd."""
+        """[p, stop) of a float range that began at `origin`: a value cut by the chunk's start is left to zstd. (A short
+        range joins the same kind's next to it, small biases between weights; what stays short goes to zstd: _done.)"""
         width = WIDTH.get(kind)
-        if width is None or stop - p < MIN_FLOAT:
-            self._emit(stop - p, kind if width is None else "zstd")
+        if width is None:
+            self._emit(stop - p, kind)
             return
         lead = (origin - p) % width
         self._emit(lead, "zstd")
@@ -279,7 +285,10 @@ class Planner:
             return Entry(start, end, "zstd", b"", name[: -len("data.pkl")].rstrip("/"))
         m = _STORAGE_ENTRY.match(name)
         if m is not None:
-            return Entry(start, end, self.dtypes.get(m.group(1), {}).get(m.group(2), "try"))
+            kind, nbytes = self.dtypes.get(m.group(1), {}).get(m.group(2), ("try", None))
+            if end is None and nbytes is not None:
+                end = start + nbytes  # its size from the pickle: no scanning the data for where it ends
+            return Entry(start, end, kind)
         return Entry(start, end, "zstd")
 
 

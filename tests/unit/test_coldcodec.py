@@ -31,7 +31,8 @@ def weights(n: int, dtype: str) -> bytes:
 
 
 def roundtrip(data: bytes, segments: list[tuple[int, str]]) -> bytes:
-    frame, used = codec.encode(data, segments)
+    pieces, used = codec.encode(data, segments)
+    frame = b"".join(pieces)
     assert sum(used.values()) == len(data)
     tag, length, size, digest = codec.FRAME.unpack_from(frame)
     assert (tag, length, size) == (codec.FRAME_TAG, len(data), len(frame) - codec.FRAME.size)
@@ -46,7 +47,7 @@ def stored(data: bytes, policy: str = "auto", chunk: int = codec.CHUNK) -> bytes
     parts = [codec.MAGIC]
     for at in range(0, len(data), chunk):
         piece = data[at:at + chunk]
-        parts.append(codec.encode(piece, planner.plan(at, piece))[0])
+        parts += codec.encode(piece, planner.plan(at, piece))[0]
     blob = b"".join(parts)
     reader = codec.FrameReader()
     back = []
@@ -112,7 +113,7 @@ def test_an_empty_file_is_the_magic_alone() -> None:
 
 def test_damage_is_found_and_named() -> None:
     data = weights(200_000, "bf16")
-    frame = codec.encode(data, [(len(data), "bf16")])[0]
+    frame = b"".join(codec.encode(data, [(len(data), "bf16")])[0])
     _, length, _, digest = codec.FRAME.unpack_from(frame)
     body = bytearray(frame[codec.FRAME.size:])
     for at in (10, len(body) // 4, len(body) - 10):  # in the exponent's zstd stream, in the raw plane
@@ -220,7 +221,7 @@ def torch_like(storages: dict[str, tuple[str, bytes]]) -> bytes:
     class Pickler(pickle._Pickler):  # the Python pickler, to write the GLOBAL torch's would
         def persistent_id(self, obj: object) -> object:
             if isinstance(obj, tuple) and obj and obj[0] == "S":
-                return ("storage", StorageType(obj[1]), obj[2], "cpu", len(storages[obj[2]][1]))
+                return ("storage", StorageType(obj[1]), obj[2], "cpu", len(storages[obj[2]][1]) // layout.STORAGE_ITEM[obj[1]])
             return None
 
         def save(self, obj: object, save_persistent_id: bool = True) -> None:
@@ -264,6 +265,9 @@ def test_torch_archives_storages_get_their_dtypes() -> None:
     blob = stored(data, chunk=65536)
     assert len(blob) < 0.9 * len(data)
     assert layout.storage_dtypes(b"not a pickle") == {}
+    pkl = zipfile.ZipFile(io.BytesIO(one)).read("archive/data.pkl")
+    assert layout.storage_dtypes(pkl) == {"0": ("fp32", 48000), "1": ("bf16", 20000), "2": ("fp64", 20000), "3": ("try", 16000),
+                                          "4": ("fp32", 4)}
 
 
 def test_an_object_decodes_without_the_daemon(tmp_path) -> None:  # type: ignore[no-untyped-def]
