@@ -4,8 +4,8 @@
 reads the file from the primary in chunks (`codec.CHUNK`, ranged GETs pinned to the manifest's
 ETag, `READS` in flight), cuts each into segments (layout.Planner, in order) and encodes the chunks
 in worker threads, several at once (`cpu()`: one per core, shared by every file; zstandard and
-numpy release the GIL; `files()`: `FILES_CODED` files at once, so memory stays under
-FILES_CODED x (READS + 2 x AHEAD) x CHUNK whatever the checkpoint); the frames go up in order as a multipart upload (`write_object`: the
+numpy release the GIL; `files()`: `FILES_CODED` files at once, so memory stays bounded whatever
+the checkpoint: about 70 MiB per file on 2 cores, besides the part buffers); the frames go up in order as a multipart upload (`write_object`: the
 target's part buffers and slots bound the memory, as for a plain copy) to the file's key +
 `codec.SUFFIX`, with metadata naming the codec, the source ETag and the original size and
 xxh3-128. The original's xxh3-128 is computed on the way and must be the manifest's before the
@@ -47,9 +47,11 @@ ORIGINAL_XXH3_META = "ckptfs-original-xxh3"
 MIN_SIZE = 4 << 10  # smaller files are copied as they are: too little to save
 EARLY = 4 * codec.CHUNK  # after this much of a file, one that saves too little is copied as it is instead
 AHEAD = (os.cpu_count() or 1) + 1  # chunks of a file being coded or waiting to be written
-READS = 4  # ranges of a file read at once, `codec.CHUNK` each (of the original to compress, of the object to decode)
+READS = 4  # ranges of a file read at once (of the original to compress: `codec.CHUNK` each; of an object to decode: READ_RANGE)
 READ_RANGE = 2 * codec.CHUNK  # ranges of a compressed object read back (a frame is at most ~CHUNK: often two in one)
-FILES_CODED = 3  # files compressed or decoded at once in this process: memory ~ FILES_CODED x (2 x READS + 2 x AHEAD) x CHUNK
+# files compressed or decoded at once in this process; each holds at most ~(READS + AHEAD) x READ_RANGE + AHEAD x CHUNK
+# (ranges read, frames being decoded keep theirs, and their output): ~70 MiB on 2 cores, besides the part buffers
+FILES_CODED = 2
 _CPU: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ckptfs_codec_cpu")
 _FILES: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ckptfs_codec_files")
 
