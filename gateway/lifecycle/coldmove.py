@@ -12,9 +12,11 @@ endpoint) the node holding the `tier-move` lease moves them there itself, every 
 * how (`Mover.move`), so that a move killed at any point leaves the checkpoint whole on the primary:
   1. the record `<checkpoint>/.ckptfs-moved.json` is written `moving` (conditionally);
   2. every file is copied with the copy code replication uses too (lifecycle/copier.py: server-side on the
-     same endpoint, else streamed, skipped when the target already has it), the target's manifest last;
+     same endpoint, else streamed, skipped when the target already has it), compressed on the way as
+     `cold_compression` says (coldcopy.py: FILE.ckptfs-z), the target's manifest last;
   3. the copy is verified on the target against the manifest: listing (size, ETag) and every byte
-     read back (xxh3-128);
+     read back, decoded, against its xxh3-128; a compressed copy that does not give its file back is
+     copied again as it is;
   4. the record becomes `moved` (If-Match on the `moving` one: a restore or retention in between wins);
   5. only then are the checkpoint's files deleted from the primary. Its manifest and record stay:
      `ckptfs checkpoints` shows it `moved:NAME`, `usage` counts it under that class, retention judges
@@ -22,7 +24,7 @@ endpoint) the node holding the `tier-move` lease moves them there itself, every 
   The next pass resumes a `moving` record (copies already there are skipped) and finishes a `moved`
   one whose hot files were not all deleted.
 * back (`Mover.restore`, `ckptfs restore PATH`): record `restoring`, every file copied back from the
-  target, the hot copy verified deep, the primary manifest rewritten with the new ETags (same
+  target (decoded), the hot copy verified deep, the primary manifest rewritten with the new ETags (same
   generation), record `restored` (the age counts again from then), and the cold copy deleted.
 """
 
