@@ -15,10 +15,11 @@ from typing import Any
 
 from bench import report
 from bench.env import GiB, MiB, ROOT, BenchServer, disk_free, loadavg, tool_version, venv_bin
+from bench.compression import compression
 from bench.replication import replication
 from bench.workloads import Plan, guarded, one_run
 
-ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication")
+ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression")
 SINGLE_SIZE = 4 * GiB
 SHARD_SIZE = 512 * MiB
 SHARDS = 8
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         targets=args.only.split(","),
         profile_dir=args.profile.absolute() if args.profile else None,
         compare_root=args.compare.absolute() if args.compare else None,
+        scale=args.scale,
     )
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or (ROOT / "bench" / "results" / (f"{stamp}.json" if full else f"tmp/{stamp}.json"))
@@ -138,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             if "replication" in plan.targets:  # bench/replication.py: a second server, the daemon's copy vs s5cmd's
                 runs[-1]["replication"] = guarded(lambda i=i: replication(plan, server, f"r{i + 1}-{os.getpid()}",
                                                                           lambda m: log(f"run {i + 1}: {m}"), i + 1))
+            if "compression" in plan.targets:  # bench/compression.py: the cold tier's codec, and a restore with and without it
+                runs[-1]["compression"] = guarded(lambda i=i: compression(plan, server, f"r{i + 1}-{os.getpid()}",
+                                                                          lambda m: log(f"run {i + 1}: {m}")))
             # what is measured so far survives an interrupted or killed run
             report.write_json({"meta": {**meta, "partial": True}, "runs": runs}, out.with_suffix(".partial.json"))
     except KeyboardInterrupt:

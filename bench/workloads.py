@@ -38,6 +38,7 @@ class Plan:
     profile_dir: Path | None = None
     compare_root: Path | None = None  # a second ckptfs checkout, run as "ckptfs_base" next to this one
     notes: list[str] = field(default_factory=list)
+    scale: float = 1.0  # --scale: what the compression workload sizes its trained model by
 
     @property
     def written_per_target(self) -> int:

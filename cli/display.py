@@ -178,8 +178,10 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     move = st.get("tier_move") or {}
     if move.get("target"):  # tier_move_target: the daemon moves old checkpoints to a cold target
         at = move.get("last_error_at")
+        stored = move.get("moved_stored_bytes_total", move.get("moved_bytes_total", 0))
+        saved = f", stored in {fmt_bytes(stored)}" if stored != move.get("moved_bytes_total", 0) else ""  # compressed there
         lines.append(_line("cold tier", f"to {move['target']}: {plural(move.get('moved_total', 0), 'checkpoint')} moved "
-                           f"({fmt_bytes(move.get('moved_bytes_total', 0))}) by this node",
+                           f"({fmt_bytes(move.get('moved_bytes_total', 0))}{saved}) by this node",
                            f"moving {move['moving']}" if move.get("moving") else None,
                            Text(f"last error {fmt_duration(max(0.0, time.time() - at))} ago: {move['last_error']}", style="red")
                            if move.get("last_error") and at else None))

@@ -107,14 +107,20 @@ def checkpoints(
         elif mark.get("state") == "restored":
             notes.append("restored from expiring")
         moved = e.get("moved") or {}
+        cls = e.get("storage_class", "-")
         if moved.get("state") in ("moving", "moved", "restoring"):  # tier_move_target (docs/lifecycle.md)
+            stored = ""
+            if moved["state"] != "moving" and e.get("original_bytes"):  # compressed there (cold_compression): the ratio
+                ratio = e["stored_bytes"] / e["original_bytes"]
+                cls += f" ({ratio:.2f})"
+                stored = f", stored in {fmt_bytes(e['stored_bytes'])} ({ratio:.2f} of its size)"
             notes.append(f"{moved['state']} to cold target {moved.get('target')} ({moved.get('target_url')}) since {moved.get('at_iso')}"
-                         + (f": `ckptfs restore {here}` brings it back" if moved["state"] != "moving" else ""))
+                         + stored + (f": `ckptfs restore {here}` brings it back" if moved["state"] != "moving" else ""))
         archived = sorted(c for c in (e.get("storage_classes") or {}) if c in ARCHIVE_CLASSES)
         if archived:
             notes.append(f"in {'/'.join(archived)}: reading it needs a restore first (ckptfs restore {here} "
                          "requests it, or reports it done)")
-        table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), e.get("storage_class", "-"), fmt_age(e.get("age_seconds")),
+        table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), cls, fmt_age(e.get("age_seconds")),
                       verified)
         if notes:
             notes_of.append(f"{e['path']}: {'; '.join(notes)}")

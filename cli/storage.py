@@ -165,21 +165,30 @@ def usage(
         console.print(f"versioned bucket: {fmt_bytes(nc['bytes'])} in {nc['objects']} noncurrent versions"
                       f" (and {nc['delete_markers']} delete markers), about {nc['monthly_cost']:.2f} per month of the above"
                       + ("" if not nc["objects"] else "; `tier_noncurrent_delete_days` expires them"))
+    # compressed on a cold target (cold_compression): what it saved, a column only when something was
+    saved = any(e.get("saved_bytes") for e in [*u["by_class"].values(), *u["by_checkpoint"]])
+
+    def saving(e: dict[str, Any]) -> list[str]:
+        if not saved:
+            return []
+        return [f"{fmt_bytes(e['saved_bytes'])} ({e['saved_bytes'] / e['original_bytes']:.0%})" if e.get("saved_bytes") else "-"]
+
     for title, rows in (("by storage class", u["by_class"]), ("by state", {k: v for k, v in u["by_state"].items() if v["objects"]}),
                         ("by run", u["by_run"])):
         if not rows:
             continue
         t = Table(title=title)
-        for col in ("", "size", "objects", "per month"):
+        for col in ("", "size", "objects", "per month", *(["saved"] if saved and title == "by storage class" else [])):
             t.add_column(col, justify="left" if not col else "right")
         for name, e in rows.items():
-            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), f"{e['monthly_cost']:.2f}" if "monthly_cost" in e else "-")
+            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), f"{e['monthly_cost']:.2f}" if "monthly_cost" in e else "-",
+                      *(saving(e) if title == "by storage class" else []))
         console.print(t)
     if u["by_checkpoint"]:
         t = Table(title="by checkpoint")
-        for col in ("step", "path", "state", "class", "size", "objects", "per month"):
-            t.add_column(col, justify="right" if col in ("step", "size", "objects", "per month") else "left")
+        for col in ("step", "path", "state", "class", "size", "objects", "per month", *(["saved"] if saved else [])):
+            t.add_column(col, justify="right" if col in ("step", "size", "objects", "per month", "saved") else "left")
         for c in u["by_checkpoint"]:
             t.add_row(str(c["step"]), c["path"], c["state"], c["storage_class"], fmt_bytes(c["bytes"]), str(c["objects"]),
-                      f"{c['monthly_cost']:.2f}")
+                      f"{c['monthly_cost']:.2f}", *saving(c))
         console.print(t)

@@ -106,6 +106,8 @@ class Config:
     tier_move_target: str = _opt("", "For stores without lifecycle transitions (SeaweedFS answers them with 501): the name of a `[replica.NAME]` table that the daemon itself moves old checkpoints to (docs/lifecycle.md, \"Moving to a cold target\"). Committed, not protected, not expiring checkpoints committed more than `tier_move_after` ago are copied there (server-side on the same endpoint, else streamed), verified (size and xxh3-128, read back), and only then deleted from this bucket; the manifest stays here with a record of the move, and `ckptfs restore PATH` brings one back. That table is then a cold target only: the replicator does not copy checkpoints to it. Empty: no moves.")
     tier_move_after: float = _opt(90 * 86400.0, "With `tier_move_target`: move a checkpoint once this many seconds have passed since it was committed (or since it was restored). Never less than any job needs to read it: a file open on another node is not seen from the moving node.", "seconds")
     tier_move_interval: float = _opt(3600.0, "With `tier_move_target`: seconds between passes of the mover (the node holding the `tier-move` lease looks for checkpoints to move each time).", "seconds")
+    cold_compression: str = _opt("auto", "With `tier_move_target`: how a moved checkpoint's files are stored on the cold target (docs/lifecycle.md, \"Compressed cold tier\"). `auto`: tensors with a codec for their dtype (the exponent bytes apart: safetensors by their header, torch.save and DCP files by their pickled storage types, else by trying), zstd for the rest; `zstd`: zstd for every byte; `none`: as they are. A compressed file's object is named `FILE.ckptfs-z`; one that saves less than `cold_compression_threshold` is stored as it is.")
+    cold_compression_threshold: float = _opt(0.03, "With `cold_compression`: a file whose compressed copy would save less than this fraction of its size is stored as it is (its own name, no decoding on restore).")
     tier_noncurrent_delete_days: int = _opt(0, "On a versioned bucket (Object Lock turns versioning on), deleting an object (retention's deletes, overwrites) keeps its old version, still stored and billed. This many days after a version became noncurrent, a bucket lifecycle rule deletes it, and the delete markers left without versions; 0: no such rule (`ckptfs lifecycle plan` warns when the bucket is versioned). Versions under legal hold or Object Lock retention are kept by the store whatever the rule says.", "days")
     restore_days: int = _opt(7, "`ckptfs restore` asks for archived objects to be readable for this many days.", "days")
     restore_tier: str = _opt("Standard", "`ckptfs restore` retrieval tier: Expedited, Standard or Bulk (price and speed differ per store and class).")
@@ -261,6 +263,10 @@ class Config:
         for name in ("tier_move_after", "tier_move_interval"):
             if not getattr(self, name) > 0:  # NaN too
                 raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds > 0")
+        if self.cold_compression not in ("auto", "zstd", "none"):
+            raise ConfigError(f"cold_compression = {self.cold_compression!r}: give auto, zstd or none")
+        if not 0 <= self.cold_compression_threshold < 1:  # NaN too
+            raise ConfigError(f"cold_compression_threshold = {self.cold_compression_threshold}: give a fraction from 0 to below 1 (0.03: 3%)")
         for r in self.replica.values():
             if (r.endpoint_url or "") == (self.endpoint_url or "") and r.bucket == self.bucket and (
                     r.key_prefix.startswith(self.key_prefix) or self.key_prefix.startswith(r.key_prefix)):

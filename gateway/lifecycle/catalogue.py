@@ -25,7 +25,7 @@ from ..patterns import Checkpoint, Patterns
 from ..storageclass import class_label
 from ..objects import Listing
 from ..store import Store
-from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_json, read_manifest
+from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_json, read_manifest, stored_bytes
 from .context import Context
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,10 @@ class Catalogue:
             state = "writing"  # not committed: still being written, not quiet yet, or written without ckptfs
         hot_files = len(files_of(top, base))
         where = label(moved)
+        stored = size
         if where is not None and moved and moved.get("state") != "moving":
-            classes[where] = int(moved.get("bytes") or 0)  # its files are on the cold target, not here
+            stored = stored_bytes(moved)
+            classes[where] = stored  # its files are on the cold target, not here (compressed: cold_compression)
         if verified is not None and manifest is not None and verified.get("generation") != manifest.generation:
             verified = {**verified, "stale": True}  # verified an earlier generation of the manifest
         return {
@@ -144,6 +146,8 @@ class Catalogue:
             "state": state,
             "files": files,
             "bytes": size,
+            "original_bytes": size,  # its files' bytes
+            "stored_bytes": stored,  # what they take where they are: less on a compressed cold target
             "protected": protection is not None,
             "protection": protection,
             "committed": manifest is not None,

@@ -65,19 +65,28 @@ class Refusals(Protocol):
     refused_total: int
 
 
-class Context(Protocol):
-    """The lifecycle as its jobs use it (service.Lifecycle is the one implementation)."""
+class Bucket(Protocol):
+    """A bucket as verify and drills read it: the mount's own (the lifecycle), or a cold target (copier.TargetView)."""
 
     cfg: Config
     store: Store
     keys: Keys
+    last_verify: dict[str, Any] | None
+
+    async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking store call in a worker thread."""
+        ...
+
+
+class Context(Bucket, Protocol):
+    """The lifecycle as its jobs use it (service.Lifecycle is the one implementation)."""
+
     patterns: Patterns
     ns: Namespace
     remote: Remote
     retention_lock: trio.Lock
     retention_lease: Lease | None
     retention_stats: dict[str, Any]
-    last_verify: dict[str, Any] | None
     drill_record: dict[str, Any]
     drills_total: dict[str, int]
     tag_errors_total: int
@@ -95,10 +104,6 @@ class Context(Protocol):
 
     @property
     def guard(self) -> Refusals: ...
-
-    async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a blocking store call in a worker thread."""
-        ...
 
     async def scan(self, path: str) -> list[dict[str, Any]]:
         """The catalogue's entries at or under `path` (a walk of the bucket)."""

@@ -37,10 +37,10 @@ import trio
 import xxhash
 
 from ..objects import NETWORK, PRECONDITION, StoreError
-from . import ranges
+from . import codec, coldcopy, ranges
 from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso, read_json
 from ..patterns import Checkpoint
-from .context import Context
+from .context import Bucket, Context
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ async def choose(lc: Context, path: str) -> tuple[Checkpoint, Manifest]:
     return ck, manifest
 
 
-async def restore(lc: Context, ck: Checkpoint, manifest: Manifest, target: Path,
+async def restore(lc: Bucket, ck: Checkpoint, manifest: Manifest, target: Path,
                   progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
     """Download the manifest's files into `target` and check each one's xxh3-128; the result (not recorded yet)."""
     started = time.time()
@@ -100,7 +100,14 @@ async def restore(lc: Context, ck: Checkpoint, manifest: Manifest, target: Path,
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                digest = await _download(lc, f["key"], f["etag"], int(f["size"]), fd, done)
+                if codec.is_compressed(f):
+                    digest = await _expand(lc, f, fd, done)
+                else:
+                    digest = await _download(lc, f["key"], f["etag"], int(f["size"]), fd, done)
+            except codec.CodecError as e:
+                log.warning("drill %s: %s does not decode: %s", ck.path, f["path"], e)
+                changed.append(f["path"])
+                return
             except StoreError as e:
                 ranges.sort_read_error(e, f["path"], missing, changed)
                 return
@@ -123,7 +130,7 @@ async def restore(lc: Context, ck: Checkpoint, manifest: Manifest, target: Path,
                 await trio.sleep_forever()
     seconds = time.monotonic() - t0
     listing = await lc.io(lambda: lc.store.list(base, recursive=True))
-    expected = {f["path"] for f in manifest.files}
+    expected = {codec.stored_path(f) for f in manifest.files}
     unexpected = sorted(f.path for f in files_of(listing, base) if f.path not in expected)
     whole = not (missing or changed or unexpected)
     return {
@@ -136,7 +143,7 @@ async def restore(lc: Context, ck: Checkpoint, manifest: Manifest, target: Path,
     }
 
 
-async def _download(lc: Context, key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
+async def _download(lc: Bucket, key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
     """Ranged GETs of the object (pinned to `etag`) written into `fd`; its xxh3-128, hashed in order.
 
     Each range goes from the response straight into the file (store.read_range, one 1 MiB buffer per
@@ -160,8 +167,27 @@ async def _download(lc: Context, key: str, etag: str, size: int, fd: int, done: 
         await trio.to_thread.run_sync(hash_range, start, length)
         done["bytes"] += length
 
-    await ranges.in_order(lc, key, etag, size, fetch, consume)
+    await ranges.in_order(lc.io, lc.store, key, etag, size, fetch, consume, lc.cfg.read_range_size, lc.cfg.read_concurrency)
     return h.hexdigest()
+
+
+async def _expand(lc: Bucket, f: dict[str, Any], fd: int, done: dict[str, int]) -> str:
+    """A compressed file (a moved checkpoint's on its cold target) decoded into `fd`; the xxh3-128 of what was written."""
+    at = 0
+
+    async def write(chunk: Any) -> None:
+        nonlocal at
+        await trio.to_thread.run_sync(_pwrite_all, fd, chunk, at)
+        at += len(chunk)
+
+    return await coldcopy.expand(lc.io, lc.store, f, write, done)
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def finish(result: dict[str, Any], exec_result: dict[str, Any] | None) -> dict[str, Any]:

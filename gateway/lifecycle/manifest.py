@@ -233,6 +233,12 @@ def moved_away(body: bytes) -> bool:
     return isinstance(doc, dict) and doc.get("state") in (MOVING, MOVED_STATE, RESTORING)
 
 
+def stored_bytes(record: dict[str, Any]) -> int:
+    """What a moved checkpoint's files take on its cold target (compressed, or as they are: a record of an older
+    version says only `bytes`)."""
+    return int(record.get("stored_bytes", record.get("bytes")) or 0)
+
+
 def label(record: dict[str, Any] | None) -> str | None:
     """The storage-class label of a checkpoint with a move record (None: as its objects say)."""
     if not record or record.get("state") not in (MOVING, MOVED_STATE, RESTORING):

@@ -239,8 +239,9 @@ class Lifecycle:
         async def progress(p: dict[str, Any]) -> None:
             await send({"ok": True, **p})
 
+        source, manifest = await self.mover.source(ck, manifest)  # a moved checkpoint: from its cold target
         try:
-            result = await drill.restore(self, ck, manifest, target, progress)
+            result = await drill.restore(source or self, ck, manifest, target, progress)
         except BaseException:
             if not keep_dir:
                 shutil.rmtree(target, ignore_errors=True)

@@ -27,9 +27,10 @@ MOVED = ".ckptfs-moved.json"
 
 
 def move_options(**extra: Any) -> dict[str, Any]:
-    # the age is set per test; passes every second; a lease a restarted node takes over soon
+    # the age is set per test; passes every second; a lease a restarted node takes over soon; files copied as they are
+    # (these tests read them back byte for byte on the target; test_coldcompress.py moves them compressed)
     return {"metadata_ttl": 0, "tier_move_target": "cold", "tier_move_interval": 1, "replication_lease_ttl": 10,
-            "replication_read_timeout": 5, "checkpoint_quiet_seconds": 3600, **extra}
+            "replication_read_timeout": 5, "checkpoint_quiet_seconds": 3600, "cold_compression": "none", **extra}
 
 
 def entries(m: Mount) -> dict[str, dict[str, Any]]:
