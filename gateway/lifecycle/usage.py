@@ -180,7 +180,8 @@ class UsageCollector(Collector):
         for (cls, state), n in sorted(size.items()):
             g.add_metric([cls, state], float(n))
         yield g
-        saved: dict[tuple[str, str], int] = {}
+        # like ckptfs_storage_bytes, a STANDARD series in every state (0: the primary is never compressed)
+        saved: dict[tuple[str, str], int] = {("STANDARD", state): 0 for state in STATES}
         for e in entries:
             if (e.get("moved") or {}).get("state") == "moved":
                 key = (e["storage_class"], e["state"])
