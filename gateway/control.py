@@ -25,7 +25,7 @@ xattr on the mount root. One JSON object per line each way:
                                          -> the catalogue page's data: see lifecycle/overview.py
   {"cmd": "lifecycle_plan" | "lifecycle_apply" | "restore" | "usage", "path": ...}
                                          -> see lifecycle/tiers.py and lifecycle/usage.py
-  {"cmd": "replicate_status"} | {"cmd": "verify" | "drill", "path": ..., "target": NAME}
+  {"cmd": "replicate_status"[, "path": CHECKPOINT]} | {"cmd": "verify" | "drill", "path": ..., "target": NAME}
                                          -> see replication/service.py
 Errors: {"ok": false, "error": "one line"}.
 """

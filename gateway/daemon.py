@@ -400,9 +400,18 @@ class Daemon:
         """/metrics and the catalogue page under /ui, on metrics_addr; the page asks the control dispatch itself."""
         snapshots = Snapshots(self.control.ask, "")
         page = CatalogueApp(snapshots, self.cfg.mountpoint, self.ui_token, prefix=UI_PREFIX)
+        refused: OSError | None = None  # raised bare, after the nursery, for run's one line (a busy port)
         async with trio.open_nursery() as nursery:
-            await nursery.start(snapshots.run)
-            task_status.started(await nursery.start(serve_ui, with_metrics(page, self.metrics.render), host, port))
+            try:
+                bound = await nursery.start(serve_ui, with_metrics(page, self.metrics.render), host, port)
+            except OSError as e:
+                refused = e
+                nursery.cancel_scope.cancel()
+            else:
+                await nursery.start(snapshots.run)
+                task_status.started(bound)
+        if refused is not None:
+            raise refused
 
     async def run(self, ready_fd: int | None = None) -> None:
         cfg = self.cfg

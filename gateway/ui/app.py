@@ -151,7 +151,7 @@ class CatalogueApp:
         except AskError:
             pass  # the page says there are none; `ckptfs audit` gives the reason
         try:
-            replicas: list[dict[str, Any]] | str = (await ask({"cmd": "replicate_status"}))["targets"]
+            replicas: list[dict[str, Any]] | str = (await ask({"cmd": "replicate_status", "path": path}))["targets"]
         except AskError as err:
             replicas = str(err)
         fpage = max(1, view.to_int((args.get("fpage") or ["1"])[-1]) or 1)

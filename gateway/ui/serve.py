@@ -81,10 +81,24 @@ def hypercorn_config(host: str, port: int) -> HypercornConfig:
 
 
 async def serve(app: ASGIApp, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve `app` on host:port until cancelled; reports the port bound (port 0: one the system picked)."""
+    """Serve `app` on host:port until cancelled; reports the port bound (port 0: one the system picked).
+
+    An address it cannot listen on raises the bare OSError (hypercorn's nurseries wrap it in groups), so
+    the caller can say it in one line."""
+    bound: list[int] = []
 
     class Started:
         def started(self, binds: list[str]) -> None:
-            task_status.started(int(binds[0].rsplit(":", 1)[1]))
+            bound.append(int(binds[0].rsplit(":", 1)[1]))
+            task_status.started(bound[0])
 
-    await hypercorn_serve(app, hypercorn_config(host, port), task_status=Started())  # type: ignore[arg-type]
+    try:
+        await hypercorn_serve(app, hypercorn_config(host, port), task_status=Started())  # type: ignore[arg-type]
+    except BaseExceptionGroup as group:
+        refused, rest = group.split(OSError)
+        if bound or refused is None or rest is not None:
+            raise
+        first: BaseException = refused
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None

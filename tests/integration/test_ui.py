@@ -5,7 +5,7 @@ One browser for the module. The screenshot is a test artifact: its path is print
 from __future__ import annotations
 
 import os
-import shutil
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -84,7 +84,7 @@ def test_the_page_lists_filters_and_shows_a_checkpoint_and_only_reads(make_mount
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    m: Mount = make_mount(start=False, ui_enabled="true")
+    m: Mount = make_mount(start=False, ui_enabled="true", retention_keep_last=1)
     m.metrics_port = free_port()
     m.start()
     written(m)
@@ -95,6 +95,9 @@ def test_the_page_lists_filters_and_shows_a_checkpoint_and_only_reads(make_mount
         states = {r.get_attribute("data-path"): r.get_attribute("data-state")
                   for r in browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr")}
         assert states == {"run1/step_1": "protected", "run1/step_2": "committed", "run1/step_3": "writing"}
+        verdicts = {r.get_attribute("data-path"): r.find_elements(By.TAG_NAME, "td")[-1].text
+                    for r in browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr")}
+        assert verdicts["run1/step_2"] == "kept by last 1"  # retention_keep_last = 1: `ckptfs retention plan`'s word
         browser.set_window_size(1100, 560)
         assert browser.save_screenshot(str(tmp_path / "catalogue-run.png"))  # docs/ui.png is one of these
         browser.set_window_size(1280, 900)
@@ -160,4 +163,11 @@ def test_beyond_loopback_a_token_is_required(make_mount, browser, tmp_path: Path
     failed = other.cli(*other.mount_args())
     assert failed.returncode != 0 and "not a loopback address" in failed.stderr and "Traceback" not in failed.stderr
     assert not os.path.ismount(other.path)
-    shutil.rmtree(other.cache_dir, ignore_errors=True)
+    # nor on a port another process holds
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        other.options["metrics_addr"] = f"127.0.0.1:{busy.getsockname()[1]}"
+        failed = other.cli(*other.mount_args())
+    assert failed.returncode != 0 and "cannot listen for metrics" in failed.stderr and "Traceback" not in failed.stderr
+    assert not os.path.ismount(other.path)

@@ -184,3 +184,25 @@ def test_served_over_http_by_hypercorn_with_the_metrics() -> None:
     assert (s1, metrics) == (200, "ckptfs_up 1\n")
     assert s2 == 200 and 'href="/ui/run?run=runs/big"' in runs
     assert (s3, s4) == (405, 405)
+
+
+def test_a_busy_address_is_one_oserror() -> None:
+    import socket
+
+    async def main(port: int) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, CatalogueApp(Snapshots(fake_ask, ""), "/mnt/ckpt"), "127.0.0.1", port)
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(BaseExceptionGroup) as caught:  # the bare OSError, in the test's own nursery's group
+            trio.run(main, busy.getsockname()[1])
+    assert [type(e) for e in caught.value.exceptions] == [OSError]
+
+
+def test_ui_enabled_needs_metrics_addr() -> None:
+    from ckptfs.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match="ui_enabled = true needs metrics_addr"):
+        Config(bucket="ckpt-bucket", mountpoint="/m", cache_dir="/c", ui_enabled=True).validate()
