@@ -29,7 +29,8 @@ async def overview(lc: Context, path: str, with_files: bool = False) -> dict[str
     if with_files:
         return await files(lc, path)
     scope = retention.series_scope(lc.patterns, path)
-    entries = await lc.scan(scope)  # the whole series: retention judges a checkpoint within it
+    entries = [dict(e) for e in await lc.scan(scope)]  # the whole series: retention judges a checkpoint within it
+    # (copies: scan keeps the mount-wide list for the metrics, which need none of what is added below)
     decisions = {d.path: d.to_json() for d in retention.plan(entries, lc.cfg)}
     if scope != path:
         entries = [e for e in entries if e["path"] == path or e["path"].startswith(path + "/")]
