@@ -17,6 +17,7 @@ from ckptfs.cli.client import locate, one_reply
 from ckptfs.cli.errors import EXIT_USAGE, CliError
 
 DEFAULT_ADDR = "127.0.0.1:8464"
+ASK_TIMEOUT = 3600.0  # seconds the daemon may take to answer one request
 
 
 @app.command()
@@ -45,7 +46,8 @@ def ui(
 
     async def ask(request: dict[str, Any]) -> dict[str, Any]:
         try:
-            return await trio.to_thread.run_sync(functools.partial(one_reply, root, request), abandon_on_cancel=True)
+            # a walk of a bucket with many checkpoints may take minutes; Ctrl-C abandons the thread all the same
+            return await trio.to_thread.run_sync(functools.partial(one_reply, root, request, ASK_TIMEOUT), abandon_on_cancel=True)
         except CliError as e:
             raise AskError(str(e)) from None
 

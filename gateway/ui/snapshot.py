@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 Ask = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]  # one control request -> its (last) answer
 READ_COMMANDS = frozenset({"catalogue", "audit", "replicate_status"})
 MAX_AGE = 15.0  # seconds a catalogue is shown before a page asks for a new one
+FIRST_WAIT = 10.0  # seconds the first page waits for the first catalogue before it says it is still coming
 
 
 class AskError(Exception):
@@ -81,9 +82,12 @@ class Snapshots:
                                 {e["path"]: e for e in entries})
 
     async def get(self) -> Snapshot:
-        """The catalogue to show now: the last one, a newer one asked for if it is old; the first one waited for."""
+        """The catalogue to show now: the last one, a newer one asked for if it is old; the first one waited for
+        FIRST_WAIT at most (then an empty one that says so: the page refreshes itself)."""
         if self.current is None or time.time() - self.current.taken_at > self.max_age:
             self._wanted.set()
-        while self.current is None:
-            await self._fresh.wait()
-        return self.current
+        with trio.move_on_after(FIRST_WAIT):
+            while self.current is None:
+                await self._fresh.wait()
+        return self.current or Snapshot(error="still reading the catalogue from the bucket (many checkpoints take a while): "
+                                              "this page fills in by itself")

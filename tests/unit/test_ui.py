@@ -206,3 +206,31 @@ def test_ui_enabled_needs_metrics_addr() -> None:
 
     with pytest.raises(ConfigError, match="ui_enabled = true needs metrics_addr"):
         Config(bucket="ckpt-bucket", mountpoint="/m", cache_dir="/c", ui_enabled=True).validate()
+
+
+def test_a_slow_first_catalogue_gives_a_page_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptfs.ui import snapshot
+
+    monkeypatch.setattr(snapshot, "FIRST_WAIT", 0.05)
+    release = trio.Event()
+
+    async def slow(request: dict[str, Any]) -> dict[str, Any]:
+        await release.wait()
+        return await fake_ask(request)
+
+    app = CatalogueApp(Snapshots(slow, ""), "/mnt/ckpt")
+
+    async def main() -> tuple[bytes, bytes]:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(app.snapshots.run)
+            first = await app.answer({"type": "http", "method": "GET", "path": "/", "query_string": b"", "headers": []})
+            release.set()
+            while app.snapshots.current is None:  # the refresh the first page asked for
+                await trio.sleep(0.01)
+            second = await app.answer({"type": "http", "method": "GET", "path": "/", "query_string": b"", "headers": []})
+            nursery.cancel_scope.cancel()
+        return first[2], second[2]
+
+    first, second = trio.run(main)
+    assert b"still reading the catalogue" in first and b"runs/big" not in first
+    assert b"runs/big" in second
