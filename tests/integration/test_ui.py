@@ -143,6 +143,11 @@ def test_beyond_loopback_a_token_is_required(make_mount, browser, tmp_path: Path
     refused = m.cli("ui", str(m.path), "--addr", "0.0.0.0:0")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "not a loopback address" in refused.stderr and "--token-file" in refused.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = m.cli("ui", str(m.path), "--addr", f"127.0.0.1:{busy.getsockname()[1]}")
+    assert taken.returncode == 2 and taken.stderr.count("\n") == 1 and "cannot listen on" in taken.stderr, taken.stderr
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
