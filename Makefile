@@ -7,7 +7,7 @@
 #                stops both but keeps them (and what was not uploaded) for the next make run
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it), every test that mounts
 #                once per FUSE transport (CKPTFS_FUSE_TRANSPORT=kernel|libfuse: one); adds the test, train
-#                and bench extras (PyTorch...) and what the ops tests drive: prometheus,
+#                and bench extras (PyTorch...) and what the ops tests drive: prometheus, chromium,
 #                nfs-ganesha, rpcbind, libnfs-utils, s3fs
 #   make test-vm the core integration tests inside a VM booted with Debian 12's Linux 6.1 (FUSE
 #                7.38, no passthrough) under qemu, both transports (scripts/test_vm.py); prints
@@ -28,8 +28,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PKGS := fuse3 libfuse3-dev pkg-config attr
 # only for the tests and benchmarks: promtool + a Prometheus server, NFS-Ganesha and the libnfs client,
-# systemd-analyze, s3fs (a peer in `make bench`, and in the tests' smoke run of it)
-TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils systemd s3fs
+# systemd-analyze, s3fs (a peer in `make bench`, and in the tests' smoke run of it), chromium and
+# chromium-driver (the catalogue page's tests drive it headless)
+TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils systemd s3fs chromium chromium-driver
 BENCH_APT_PKGS := s3fs
 # make test-vm: QEMU, Debian 12's kernel (only adds /boot and /lib/modules/6.1.0-*) and a static
 # busybox for the guest's init; where they cannot be installed the VM tests say so and skip

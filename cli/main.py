@@ -18,8 +18,8 @@ import sys
 import typer
 
 # registers: mount; unmount, status, flush, warmup, evict; checkpoint commit, checkpoints, verify, protect, unprotect,
-# audit; replicate status; retention plan|apply|restore, drill; policy print, lifecycle plan|apply, restore, usage
-from ckptfs.cli import mount, mounted, lifecycle, replicate, retention, storage  # noqa: F401  # isort: skip (the help's order)
+# audit; replicate status; retention plan|apply|restore, drill; policy print, lifecycle plan|apply, restore, usage; ui
+from ckptfs.cli import mount, mounted, lifecycle, replicate, retention, storage, ui  # noqa: F401  # isort: skip (the help's order)
 from ckptfs.cli.app import app, command, error_object
 from ckptfs.cli.errors import EXIT_ERROR, EXIT_USAGE
 from ckptfs.cli.fstab import FstabError, is_mount_helper_call, mount_args

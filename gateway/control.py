@@ -21,9 +21,11 @@ xattr on the mount root. One JSON object per line each way:
                                             for writing unless "force".
   {"cmd": "checkpoints" | "checkpoint_commit" | "verify" | "protect" | "unprotect" | "audit", "path": ...}
                                          -> see lifecycle/service.py (verify and commit stream progress lines)
+  {"cmd": "catalogue", "path": ..., "files": false}
+                                         -> the catalogue page's data: see lifecycle/overview.py
   {"cmd": "lifecycle_plan" | "lifecycle_apply" | "restore" | "usage", "path": ...}
                                          -> see lifecycle/tiers.py and lifecycle/usage.py
-  {"cmd": "replicate_status"} | {"cmd": "verify" | "drill", "path": ..., "target": NAME}
+  {"cmd": "replicate_status"[, "path": CHECKPOINT]} | {"cmd": "verify" | "drill", "path": ..., "target": NAME}
                                          -> see replication/service.py
 Errors: {"ok": false, "error": "one line"}.
 """
@@ -41,7 +43,7 @@ import trio
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.2
-LIFECYCLE_COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
+LIFECYCLE_COMMANDS = ("checkpoints", "catalogue", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
                       "lifecycle_plan", "lifecycle_apply", "restore", "usage",
                       "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done")
 
@@ -102,6 +104,16 @@ class ControlServer:
                     await stream.send_all(json.dumps({"ok": False, "error": f"bad request: {e}"}).encode() + b"\n")
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
+
+    async def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """`request` answered as over the socket, without it: the last line (the catalogue page in the daemon)."""
+        replies: list[dict[str, Any]] = []
+
+        async def keep(obj: Any) -> None:
+            replies.append(obj)
+
+        await self._dispatch(request, keep)
+        return replies[-1] if replies else {"ok": False, "error": "no answer"}
 
     async def _dispatch(self, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
         cmd = request.get("cmd")

@@ -39,6 +39,10 @@ from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
 from .lifecycle.usage import UsageCollector
 from .metrics import Metrics
+from .ui.app import UI_PREFIX, CatalogueApp, with_metrics
+from .ui.serve import UiError, check_bind, read_token
+from .ui.serve import serve as serve_ui
+from .ui.snapshot import Snapshots
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
 from .objects import StoreError
@@ -181,6 +185,7 @@ class Daemon:
         self.fuse_transport = ""  # "kernel" or "libfuse", once running
         self.session: FuseSession | None = None  # the mount, once mounted
         self.metrics_port: int | None = None
+        self.ui_token: str | None = None  # ui_enabled: the catalogue page's token (ui_token_file)
         self._stopped = trio.Event()  # drained (or gave up): `left` says what stays in the journal
         self.left: dict[str, Any] = {}
         self._stop_reporters = 0
@@ -193,6 +198,7 @@ class Daemon:
         check_mountpoint(cfg.mountpoint)
         check_cache_dir(cfg.cache_dir, cfg.mountpoint)
         secure_cache_dir(cfg.cache_dir)
+        self.ui_token = self._ui_token() if cfg.ui_enabled else None
         self.lock_fd = lock_cache_dir(cfg.cache_dir)
         try:
             self.store = Store(cfg)
@@ -379,6 +385,34 @@ class Daemon:
         self._stop.set()
 
     # ---- running
+    def _ui_token(self) -> str | None:
+        """The catalogue page's token (ui_token_file), checked before anything starts: one line if it cannot serve."""
+        cfg = self.cfg
+        host, _ = parse_hostport(cfg.metrics_addr)
+        try:
+            token = read_token(cfg.ui_token_file) if cfg.ui_token_file else None
+            check_bind(host, token, "metrics_addr")
+        except UiError as e:
+            raise UserError(f"ui_enabled: {e}") from None
+        return token
+
+    async def _serve_ui(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """/metrics and the catalogue page under /ui, on metrics_addr; the page asks the control dispatch itself."""
+        snapshots = Snapshots(self.control.ask, "")
+        page = CatalogueApp(snapshots, self.cfg.mountpoint, self.ui_token, prefix=UI_PREFIX)
+        refused: OSError | None = None  # raised bare, after the nursery, for run's one line (a busy port)
+        async with trio.open_nursery() as nursery:
+            try:
+                bound = await nursery.start(serve_ui, with_metrics(page, self.metrics.render), host, port)
+            except OSError as e:
+                refused = e
+                nursery.cancel_scope.cancel()
+            else:
+                await nursery.start(snapshots.run)
+                task_status.started(bound)
+        if refused is not None:
+            raise refused
+
     async def run(self, ready_fd: int | None = None) -> None:
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
@@ -388,7 +422,10 @@ class Daemon:
             if cfg.metrics_addr:
                 host, port = parse_hostport(cfg.metrics_addr)
                 try:
-                    self.metrics_port = await nursery.start(self.metrics.serve, host, port)
+                    if cfg.ui_enabled:  # the catalogue page under /ui: hypercorn serves both (docs/ui.md)
+                        self.metrics_port = await nursery.start(self._serve_ui, host, port)
+                    else:
+                        self.metrics_port = await nursery.start(self.metrics.serve, host, port)
                 except OSError as e:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)

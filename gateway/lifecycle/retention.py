@@ -51,7 +51,7 @@ from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from . import audit
 from .lease import Lease, kept
 from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso, read_json
-from ..patterns import Checkpoint
+from ..patterns import Checkpoint, Patterns
 from .verify import verify
 from .context import Context
 
@@ -92,6 +92,12 @@ def policy_enabled(cfg: Config) -> bool:
 
 def _series(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+def series_scope(patterns: Patterns, path: str) -> str:
+    """What to plan over for `path`: a checkpoint (or a path inside one) is judged within its whole series."""
+    ck = patterns.checkpoint_of(path)
+    return path if ck is None else _series(ck.path)
 
 
 def _verified(e: dict[str, Any]) -> bool:

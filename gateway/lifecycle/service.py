@@ -19,6 +19,7 @@ from ..store import Store
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease
+from .overview import overview
 from .manifest import MOVING, OWN_OBJECTS, LifecycleError, first_store_error, label
 from ..patterns import Checkpoint, Patterns
 from .protect import Guard, protect, unprotect
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 DRILL_EXEC_LIMIT = 6 * 3600.0  # a restored directory waiting for its CLI's command is removed after this
 STORE_THREADS = 16  # requests to the bucket in flight for lifecycle work (verify's ranges, HEADs)
 PROGRESS_INTERVAL = 0.2
-COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
+COMMANDS = ("checkpoints", "catalogue", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
             "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done", "usage", *tiers.COMMANDS)
 
 
@@ -183,7 +184,7 @@ class Lifecycle:
                 await self._exists(path)
                 # a checkpoint is judged within its whole series (its directory), whatever PATH narrows the output to
                 ck = self.patterns.checkpoint_of(path)
-                scope = ck.path.rsplit("/", 1)[0] if ck is not None and "/" in ck.path else ("" if ck is not None else path)
+                scope = retention.series_scope(self.patterns, path)
                 if cmd == "retention_plan":
                     decisions = retention.plan(await self.scan(scope), self.cfg)
                 else:
@@ -204,6 +205,9 @@ class Lifecycle:
             elif cmd == "retention_restore":
                 ck = await self._checkpoint(path)
                 await send({"ok": True, **await retention.restore(self, ck, dict(request.get("who") or {}), str(request.get("reason", "")))})
+            elif cmd == "catalogue":  # the catalogue page (ui/): the entries of `checkpoints` and what it shows beside them
+                await self._exists(path)
+                await send({"ok": True, **await overview(self, path, bool(request.get("files")))})
             elif cmd == "usage":
                 await self._exists(path)
                 await send({"ok": True, **await usage(self, path)})

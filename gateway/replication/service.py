@@ -95,6 +95,14 @@ class Target(Destination):
     def pending(self) -> dict[str, Primary]:
         return {p: v for p, v in self.selected.items() if self.known.get(p) != v.signature}
 
+    def state_of(self, path: str) -> str:
+        """One checkpoint on this target, as of the last survey: replicated, pending, failed (why), not selected."""
+        if path not in self.selected:
+            return "not selected (not committed, or outside `select`)" if self.surveyed_at else "not surveyed yet"
+        if self.known.get(path) == self.selected[path].signature:
+            return "replicated"
+        return f"failed: {self.failed[path]}" if path in self.failed else "pending"
+
     def fail(self, e: Exception) -> None:
         self.errors_total += 1
         if isinstance(e, StoreError) and e.kind in TARGET_WIDE:
@@ -474,7 +482,11 @@ class Replicator:
             if cmd == "replicate_status":
                 if not self.targets:
                     raise LifecycleError("no replica targets configured: add [replica.NAME] tables to the config file (docs/replication.md)")
-                await send({"ok": True, "targets": await self.status(), "primary_error": self.primary_error,
+                targets = await self.status()
+                if path:  # the catalogue page: where this checkpoint stands on each target
+                    for t, entry in zip(self.targets.values(), targets):
+                        entry["checkpoint"] = t.state_of(path)
+                await send({"ok": True, "targets": targets, "primary_error": self.primary_error,
                             "lease_held": self.lease is not None and self.lease.valid()})
             elif cmd == "verify":
                 name = str(request["target"])

@@ -22,6 +22,7 @@ import pytest
 import trio
 import xxhash
 
+from ckptfs.client import one_reply
 from ckptfs.config import Config
 from ckptfs.lifecycle.manifest import read_manifest
 from ckptfs.lifecycle.copier import Job, PartBuffers, Slots, copy_checkpoint
@@ -63,6 +64,12 @@ def status(m: Mount) -> dict[str, dict[str, Any]]:
 def caught_up(m: Mount, name: str, replicated: int) -> bool:
     t = status(m)[name]
     return t["replicated"] == replicated and t["pending"] == 0 and t["error"] is None and t["unsurveyed_commits"] == 0
+
+
+def on_target(m: Mount, ck: str, name: str = "dr") -> str:
+    """Where checkpoint `ck` stands on replica `name`: `replicate_status` with its path, as the catalogue page asks."""
+    targets = one_reply(m.path, {"cmd": "replicate_status", "path": ck})["targets"]
+    return next(t["checkpoint"] for t in targets if t["name"] == name)
 
 
 def objects(server: SeaweedServer, bucket: str, prefix: str = "") -> dict[str, dict[str, Any]]:
@@ -393,6 +400,7 @@ def test_copies_failing_on_the_target_are_reported_and_never_take_the_mount_down
         commit(a, "step_9")
         failed = wait_for("the copy reported failed", lambda: (lambda t: t if t["failed"] == 1 else None)(status(a)["dr"]), timeout=180)
         assert "InternalError" in failed["failures"]["step_9"] or "500" in failed["failures"]["step_9"], failed
+        assert on_target(a, "step_9").startswith("failed: ")  # what the catalogue page shows of it (docs/ui.md)
         proc = a.cli("replicate", "status", str(a.path))
         assert proc.returncode == 1 and "step_9" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
         # the mount is alive and its drain works
@@ -403,6 +411,7 @@ def test_copies_failing_on_the_target_are_reported_and_never_take_the_mount_down
         proxy.set_mode("pass")
         wait_for("dr caught up", lambda: caught_up(a, "dr", 1), timeout=180)
         assert status(a)["dr"]["failed"] == 0
+        assert on_target(a, "step_9") == "replicated"
         for name, data in want.items():
             assert body(second_s3, second_bucket, f"step_9/{name}") == data
         assert not second_s3.client().list_multipart_uploads(Bucket=second_bucket).get("Uploads")
