@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from ckptfs.config import Config, ConfigError, load_config
+from ckptfs.config import Config
 from ckptfs.lifecycle.place import file_owner, files_base, own_key, own_name, pick
 from ckptfs.objects import Listing, RemoteObject
 from ckptfs.patterns import Checkpoint, Patterns
@@ -44,20 +44,6 @@ def test_file_patterns_alone_and_with_directories_above() -> None:
     assert p.checkpoint_of("a/ckpts/run_7/model-300.safetensors", is_dir=False) == Checkpoint("a/ckpts/run_7/model-300.safetensors", 300, True)
     assert p.checkpoint_of("a/ckpts/model-300.safetensors", is_dir=False) is None
     assert p.checkpoint_of("model-300.safetensors", is_dir=False) is None
-
-
-@pytest.mark.parametrize("patterns, message", [
-    ('["file:"]', "give a file name"),
-    ('["file:{step}/model.pt"]', "belongs in the file's name"),
-    ('["file:a//{step}.pt"]', "none empty"),
-    ('["file:model.pt"]', "must contain {step} exactly once"),
-])
-def test_bad_file_patterns_are_one_line(tmp_path, patterns: str, message: str) -> None:  # type: ignore[no-untyped-def]
-    f = tmp_path / "c.toml"
-    f.write_text(f"checkpoint_patterns = {patterns}\n")
-    with pytest.raises(ConfigError, match="checkpoint_patterns") as e:
-        load_config(str(f), environ={}, overrides=dict(bucket="ckpt", mountpoint="/m", cache_dir="/c"))
-    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_own_objects_of_a_file_checkpoint_are_siblings_named_after_it() -> None:
