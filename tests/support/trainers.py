@@ -108,6 +108,8 @@ def lightning(root: Path, ledger: Ledger) -> Path:
 
 
     class AfterSave(pl.callbacks.ModelCheckpoint):
+        # Lightning runs ModelCheckpoint after every other callback, so no plain callback sees its file saved:
+        # the ledger looks right after the save itself
         def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
             super()._save_checkpoint(trainer, filepath)
             ledger.after_save()
