@@ -68,6 +68,11 @@ def test_lightning_file_checkpoints_are_committed_verified_protected_replicated_
     expect_eperm(open, a.path / paths[1], "r+b")
     expect_eperm(os.rename, a.path / paths[1], a.path / CKPTS / "kept.ckpt")
     assert (a.path / paths[1]).read_bytes() == saved[1]
+    b: Mount = make_mount("b", metadata_ttl=0)  # another node learns it from its listing of the directory
+    assert sorted(os.listdir(b.path / CKPTS)) == sorted(name(s) for s in saved)
+    expect_eperm(os.unlink, b.path / paths[1])
+    expect_eperm(open, b.path / paths[1], "wb")
+    b.stop()
 
     # replicated with its manifest and protection; verified on the target
     wait_for("three file checkpoints on dr", lambda: caught_up(a, "dr", 3), timeout=180)
