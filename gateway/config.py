@@ -96,8 +96,9 @@ class Config:
 
     # checkpoints (docs/lifecycle.md)
     checkpoint_patterns: list[str] = _opt(
-        ["step_{step}", "step-{step}", "checkpoint-{step}", "global_step{step}", "iter_{step}", "{step}"],
-        "Directory names that make a checkpoint (docs/lifecycle.md): `{step}` stands for the step number (digits) and `*` for any characters; the whole name must match. A checkpoint may sit at any depth (`run/step_100`); directories inside a checkpoint are part of it. An empty list turns checkpoint tracking off.",
+        ["step_{step}", "step-{step}", "checkpoint-{step}", "global_step{step}", "iter_{step}", "{step}",
+         "file:epoch=*-step={step}.ckpt", "file:checkpoints/*{step}.ckpt", "file:checkpoints/*{step}.pt"],
+        "Directory names that make a checkpoint (docs/lifecycle.md): `{step}` stands for the step number (digits) and `*` for any characters; the whole name must match. A checkpoint may sit at any depth (`run/step_100`); directories inside a checkpoint are part of it. A pattern beginning `file:` matches a checkpoint saved as one file (Lightning's `epoch=0-step=100.ckpt`), and may name the directories right above the file (`file:checkpoints/*{step}.pt`). An empty list turns checkpoint tracking off.",
     )
     checkpoint_quiet_seconds: float = _opt(60.0, "A checkpoint is committed (its manifest written) once every file in it is durable and nothing in it has changed, on this node or in the bucket, for this many seconds; `ckptfs checkpoint commit` commits at once.", "seconds")
 

@@ -3,10 +3,11 @@
     trainer = Trainer(..., callbacks=[CkptfsCallback(run_dir, every_n_train_steps=500)])
     trainer.fit(model, ckpt_path=ckpt_path(run_dir))
 
-Lightning's `ModelCheckpoint` writes single files and its `ckpt_path="last"` takes the newest by
-name. ckptfs commits directories (checkpoint_patterns), so this callback saves each checkpoint as
-`RUN_DIR/step_N/model.ckpt` with `trainer.save_checkpoint` and commits the directory, and `ckpt_path`
-finds the newest committed one.
+Lightning's own `ModelCheckpoint` writes single files (`epoch=E-step=S.ckpt`), which ckptfs commits
+as checkpoints of their own (the `file:` checkpoint_patterns), but only when quiet and without
+metadata, and its `ckpt_path="last"` takes the newest by name. This callback saves each checkpoint as
+`RUN_DIR/step_N/model.ckpt` with `trainer.save_checkpoint` and commits the directory at once with the
+run's metrics, and `ckpt_path` finds the newest committed one.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The lifecycle lives in the bucket, so every node mounting it sees the same:
 
-* `patterns`  which directories are checkpoints, and their steps (`checkpoint_patterns`)
+* `patterns`  which directories and files are checkpoints, and their steps (`checkpoint_patterns`)
 * `manifest`  the manifest object written into a committed checkpoint, conditionally
+* `place`     where a checkpoint's files and own objects are (inside a directory, or siblings of a file)
 * `tracker`   notices checkpoints written here becoming durable and quiet, and commits them
 * `catalogue` finds checkpoints in the bucket and says what state each is in
 * `verify`    shallow (listing) and deep (read back, xxh3-128) checks against the manifest

@@ -1,8 +1,9 @@
 """The catalogue: which checkpoints the bucket holds, in which state. It lives in the bucket.
 
-There is no index object to keep in step: a checkpoint is a directory whose
-name matches `checkpoint_patterns`, and what is known about it is in the
-objects ckptfs keeps inside it (manifest, protection, last verify). Any node
+There is no index object to keep in step: a checkpoint is a directory (or a
+file) whose name matches `checkpoint_patterns`, and what is known about it is
+in the objects ckptfs keeps inside it, or next to a file (manifest,
+protection, last verify: place.py). Any node
 mounting the bucket therefore sees the same catalogue: `find` walks the bucket
 (one delimited listing per directory level, not descending into checkpoints),
 `describe` lists one checkpoint's top level and reads those objects
@@ -16,6 +17,7 @@ without touching the network.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Awaitable, Callable
@@ -27,6 +29,7 @@ from ..objects import Listing
 from ..store import Store
 from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_json, read_manifest, stored_bytes
 from .context import Context
+from . import place
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +45,20 @@ class Catalogue:
 
     # ------------------------------------------------------ protection knowledge
     def learn_listing(self, path: str, listing: Listing) -> None:
-        """A listing of directory `path` was merged into the mount: note whether it is a protected checkpoint."""
-        ck = self.lc.patterns.checkpoint_of(path)
-        if ck is None or ck.path != path:
-            return
-        on = any(o.name == PROTECTED for o in listing.objects)
+        """A listing of directory `path` was merged into the mount: note whether it is a protected checkpoint, and
+        which file checkpoints in it are."""
+        ck = self.lc.patterns.checkpoint_of(path, is_dir=True)
+        if ck is not None and ck.path == path:
+            self._learn(path, any(o.name == PROTECTED for o in listing.objects))
+        if ck is not None:
+            return  # inside a directory checkpoint: no file there is a checkpoint of its own
+        parents = [p for p in path.split("/") if p]
+        marked = {owner[1] for o in listing.objects if (owner := place.file_owner(o.name)) and owner[0] == PROTECTED}
+        for o in listing.objects:
+            if self.lc.patterns.file_step(parents, o.name) is not None:
+                self._learn(f"{path}/{o.name}" if path else o.name, o.name in marked)
+
+    def _learn(self, path: str, on: bool) -> None:
         if on and path not in self.protected:
             self.protected[path] = {"reason": "?", "learned_from": "listing"}
             log.info("checkpoint %s is protected (seen in the bucket)", path)
@@ -85,8 +97,7 @@ class Catalogue:
     # --------------------------------------------------------------- describing
     async def manifest(self, ck: Checkpoint) -> Manifest | None:
         lc = self.lc
-        key = lc.keys.of(f"{ck.path}/{MANIFEST}")
-        return await lc.io(read_manifest, lc.store, key)
+        return await lc.io(read_manifest, lc.store, place.own_key(lc.keys.prefix, ck, MANIFEST))
 
     async def _json(self, key: str) -> dict[str, Any] | None:
         doc, _ = await self.lc.io(read_json, self.lc.store, key)
@@ -95,15 +106,16 @@ class Catalogue:
     async def describe(self, ck: Checkpoint) -> dict[str, Any]:
         """One checkpoint as `ckptfs checkpoints --json` shows it."""
         lc = self.lc
-        base = lc.keys.of(ck.path + "/")
-        top = await lc.io(lambda: lc.store.list(base, recursive=True))  # recursive: storage classes of every object
+        base = place.files_base(lc.keys.prefix, ck)
+        top = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)  # recursive: storage classes of every object
         own = {o.name: o for o in top.objects if o.name in (MANIFEST, PROTECTED, VERIFY, RETENTION, MOVED)}
         classes: dict[str, int] = {}
         for o in top.objects:
             classes[o.storage_class] = classes.get(o.storage_class, 0) + o.size
         manifest = None
+        own_key = functools.partial(place.own_key, lc.keys.prefix, ck)
         if MANIFEST in own:
-            key = base + MANIFEST
+            key = own_key(MANIFEST)
             cached = self._manifests.get(key)
             if cached is not None and cached.etag == own[MANIFEST].etag:
                 manifest = cached
@@ -111,10 +123,10 @@ class Catalogue:
                 manifest = await lc.io(read_manifest, lc.store, key)
                 if manifest is not None:
                     self._manifests[key] = manifest
-        protection = await self._json(base + PROTECTED) if PROTECTED in own else None
-        verified = await self._json(base + VERIFY) if VERIFY in own else None
-        retention = await self._json(base + RETENTION) if RETENTION in own else None
-        moved = await self._json(base + MOVED) if MOVED in own else None  # coldmove.py's record
+        protection = await self._json(own_key(PROTECTED)) if PROTECTED in own else None
+        verified = await self._json(own_key(VERIFY)) if VERIFY in own else None
+        retention = await self._json(own_key(RETENTION)) if RETENTION in own else None
+        moved = await self._json(own_key(MOVED)) if MOVED in own else None  # coldmove.py's record
         self.set_protected(ck.path, protection)
         now = time.time()
         if manifest is not None:
@@ -143,6 +155,7 @@ class Catalogue:
         return {
             "path": ck.path,
             "step": ck.step,
+            "kind": "file" if ck.file else "directory",
             "state": state,
             "files": files,
             "bytes": size,
@@ -173,10 +186,17 @@ async def walk(store: Store, prefix: str, patterns: Patterns, io: Callable[..., 
     """The checkpoints in the bucket under key prefix `prefix` at or below directory `path`, by path.
 
     One listing (with delimiter) per directory, down to MAX_DEPTH levels; a directory whose name
-    matches checkpoint_patterns is a checkpoint and is not entered. The primary's catalogue and the
-    replicator (on each target) walk with it."""
+    matches checkpoint_patterns is a checkpoint and is not entered, and a file matching a `file:`
+    pattern is a checkpoint too. The primary's catalogue and the replicator (on each target) walk
+    with it."""
     found: dict[str, Checkpoint] = {}
     listing = await io(store.list, prefix + (path + "/" if path else ""))
+    parents = [p for p in path.split("/") if p]
+    for o in listing.objects:
+        step = patterns.file_step(parents, o.name)
+        if step is not None and "/" not in o.name:
+            child = f"{path}/{o.name}" if path else o.name
+            found[child] = Checkpoint(child, step, file=True)
     for name in listing.dirs:
         if not name or is_reserved(name):
             continue

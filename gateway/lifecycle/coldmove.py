@@ -75,7 +75,9 @@ def plan(entries: list[dict[str, Any]], cfg: Any, now: float, busy: dict[str, st
         path = e["path"]
         rec = e.get("moved") or {}
         state = rec.get("state")
-        if state == MOVED_STATE:
+        if e.get("kind") == "file":
+            out.append((path, "keep", "a checkpoint saved as one file stays in this bucket (moves are of directories)"))
+        elif state == MOVED_STATE:
             if e.get("hot_files"):
                 out.append((path, "finish", f"moved to {rec.get('target')}; its hot files left by an interrupted move are deleted"))
             else:

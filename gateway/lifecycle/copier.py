@@ -55,6 +55,8 @@ from ..namespace.keys import Keys
 from ..objects import AUTH, NO_OBJECT, StoreError
 from ..store import Store
 from .manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
+from . import place
+from ..patterns import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +198,7 @@ class Job:
     src: Store
     dst: Store
     src_bucket: str
-    dst_base: str  # target key prefix of the checkpoint, ends in '/'
+    dst_base: str  # target key prefix of the checkpoint's files, ends in '/' (place.files_base)
     same_endpoint: bool
     part_size: int
     copy_multipart_threshold: int
@@ -205,6 +207,11 @@ class Job:
     counters: Counters = field(default_factory=Counters)
     check: Callable[[], None] = lambda: None  # raises if the copy must stop (lease lost)
     buffers: PartBuffers | None = None  # streamed copies' part buffers (the target's); None: made for this copy
+    ck: Checkpoint | None = None  # the checkpoint copied; None: a directory (its own objects inside dst_base)
+
+    def own(self, name: str) -> str:
+        """The target key of ckptfs's object `name` (the manifest, the protection) for this checkpoint."""
+        return self.dst_base + (place.own_name(self.ck, name) if self.ck is not None else name)
 
     def __post_init__(self) -> None:
         if self.buffers is None:
@@ -275,17 +282,18 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
     base = job.dst_base
     # 1. an older generation's manifest goes first: visibly incomplete from here until the new one is written
     try:
-        body, _ = await job.io(dst.get_bytes, base + MANIFEST)
+        body, _ = await job.io(dst.get_bytes, job.own(MANIFEST))
         old = json.loads(body)
         if old.get("replicated_from", {}).get("etag") != manifest.etag:
-            await job.io(dst.delete, base + MANIFEST)
+            await job.io(dst.delete, job.own(MANIFEST))
     except StoreError as e:
         if e.kind != NO_OBJECT:
             raise
     except ValueError:
-        await job.io(dst.delete, base + MANIFEST)
+        await job.io(dst.delete, job.own(MANIFEST))
     # 2. uploads a killed copy left behind
-    for key, upload_id, _ in await job.io(dst.list_uploads, base):
+    uploads_under = base + job.ck.name if job.ck is not None and job.ck.file else base  # not a sibling checkpoint's
+    for key, upload_id, _ in await job.io(dst.list_uploads, uploads_under):
         await job.io(dst.abort, key, upload_id)
     # 3. the files
     entries: dict[str, dict[str, Any]] = {}
@@ -303,7 +311,7 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
     except BaseExceptionGroup as group:
         raise one_error(group) from None
     # 4. leftovers of an earlier generation, and protection
-    listing = await job.io(lambda: dst.list(base, recursive=True))
+    listing = await job.io(place.listing_at, dst, base, job.ck) if job.ck is not None else await job.io(lambda: dst.list(base, recursive=True))
     wanted = {e["key"] for e in entries.values()}
     for f in files_of(listing, base):
         if f.key not in wanted:
@@ -311,7 +319,7 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
             await job.io(dst.delete, f.key)
     job.check()
     if protection is not None:
-        await job.io(dst.put_bytes, base + PROTECTED, protection)
+        await job.io(dst.put_bytes, job.own(PROTECTED), protection)
         if object_lock:
             for e in entries.values():
                 await job.io(dst.set_legal_hold, e["key"], True)
@@ -321,13 +329,13 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
         if object_lock:  # unprotected on the primary: lift the holds placed with the protection
             for e in entries.values():
                 await job.io(dst.set_legal_hold, e["key"], False)
-        await job.io(dst.delete, base + PROTECTED)
+        await job.io(dst.delete, job.own(PROTECTED))
     # 5. the manifest, last
     doc = json.loads(manifest_body)
     doc["files"] = [entries[f["path"]] for f in manifest.files]
     doc["replicated_from"] = {"bucket": job.src_bucket, "path": manifest.path, "etag": manifest.etag, "generation": manifest.generation, "at": time.time(), "at_iso": now_iso()}
     job.check()
-    await job.io(dst.put_bytes, base + MANIFEST, json.dumps(doc, indent=1, sort_keys=True).encode())
+    await job.io(dst.put_bytes, job.own(MANIFEST), json.dumps(doc, indent=1, sort_keys=True).encode())
     return doc
 
 

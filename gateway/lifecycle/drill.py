@@ -37,7 +37,7 @@ import trio
 import xxhash
 
 from ..objects import NETWORK, PRECONDITION, StoreError
-from . import codec, coldcopy, ranges
+from . import codec, coldcopy, place, ranges
 from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso, read_json
 from ..patterns import Checkpoint
 from .context import Bucket, Context
@@ -74,7 +74,7 @@ async def choose(lc: Context, path: str) -> tuple[Checkpoint, Manifest]:
         if not entries:
             raise LifecycleError(f"no committed checkpoint under {path or '/'}: nothing to drill (commit one first)")
         newest = max(entries, key=lambda e: (e["committed_at"] or 0, e["step"]))
-        ck = Checkpoint(newest["path"], newest["step"])
+        ck = Checkpoint(newest["path"], newest["step"], newest.get("kind") == "file")
     manifest = await lc.catalogue.manifest(ck)
     if manifest is None:
         raise LifecycleError(f"{ck.path} is not committed (no manifest): a drill restores committed checkpoints only")
@@ -86,7 +86,7 @@ async def restore(lc: Bucket, ck: Checkpoint, manifest: Manifest, target: Path,
     """Download the manifest's files into `target` and check each one's xxh3-128; the result (not recorded yet)."""
     started = time.time()
     t0 = time.monotonic()
-    base = lc.keys.of(ck.path + "/")
+    base = place.files_base(lc.keys.prefix, ck)
     missing: list[str] = []
     changed: list[str] = []
     unchecked: list[str] = []
@@ -129,7 +129,7 @@ async def restore(lc: Bucket, ck: Checkpoint, manifest: Manifest, target: Path,
             with trio.move_on_after(0.2):
                 await trio.sleep_forever()
     seconds = time.monotonic() - t0
-    listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+    listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)
     expected = {codec.stored_path(f) for f in manifest.files}
     unexpected = sorted(f.path for f in files_of(listing, base) if f.path not in expected)
     whole = not (missing or changed or unexpected)

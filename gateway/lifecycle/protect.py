@@ -26,7 +26,7 @@ import trio
 from ..journal import Journal
 from ..namespace.keys import is_reserved
 from ..objects import NO_OBJECT, StoreError
-from . import audit, tiers
+from . import audit, place, tiers
 from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso, read_json
 from ..patterns import Checkpoint
 from .catalogue import Catalogue
@@ -74,18 +74,18 @@ class Guard:
 
 def _files_to_hold(lc: Context, ck: Checkpoint, manifest: Manifest) -> list[tuple[str, str]]:
     """(key, ETag) of every object that gets a legal hold: the manifest's files and the manifest itself."""
-    return [(f["key"], f["etag"]) for f in manifest.files] + [(lc.keys.of(f"{ck.path}/{MANIFEST}"), manifest.etag)]
+    return [(f["key"], f["etag"]) for f in manifest.files] + [(place.own_key(lc.keys.prefix, ck, MANIFEST), manifest.etag)]
 
 
 async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
-    base = lc.keys.of(ck.path + "/")
+    marker = place.own_key(lc.keys.prefix, ck, PROTECTED)
     manifest = await lc.catalogue.manifest(ck)
     if manifest is None:
         raise LifecycleError(f"{ck.path} is not committed (no manifest yet): wait for it, or run `ckptfs checkpoint commit {ck.path}` first")
     state = lc.tracker.local_state(ck.path)
     if state is not None:
         raise LifecycleError(f"{ck.path} is being changed on this node ({state}): let the job finish (`ckptfs flush {ck.path}` waits for it) and try again")
-    existing = await _protection(lc, base)
+    existing = await _protection(lc, marker)
     if existing is not None:
         lc.catalogue.set_protected(ck.path, existing)
         return {"path": ck.path, "changed": False, "protection": existing,
@@ -94,13 +94,13 @@ async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any])
     info: dict[str, Any] = {"reason": reason, "who": who, "node": node_name(), "at": now, "at_iso": now_iso(now),
                             "generation": manifest.generation, "object_lock": False, "held": []}
     # first the ckptfs protection (every mount refuses changes from here on), then the store's holds
-    await lc.io(lc.store.put_bytes, base + PROTECTED, json.dumps(info, sort_keys=True).encode())
+    await lc.io(lc.store.put_bytes, marker, json.dumps(info, sort_keys=True).encode())
     lc.catalogue.set_protected(ck.path, info)
     lock = await lc.io(lc.store.object_lock_enabled)
     if lock:
         held = await _holds(lc, _files_to_hold(lc, ck, manifest), on=True)
         info.update(object_lock=True, held=held)
-        await lc.io(lc.store.put_bytes, base + PROTECTED, json.dumps(info, sort_keys=True).encode())
+        await lc.io(lc.store.put_bytes, marker, json.dumps(info, sort_keys=True).encode())
         lc.catalogue.set_protected(ck.path, info)
         message = (f"{ck.path} is protected: every ckptfs mount refuses changes, and {len(held)} objects are under an "
                    "S3 legal hold (confirmed by reading each back)")
@@ -115,8 +115,8 @@ async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any])
 
 
 async def unprotect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
-    base = lc.keys.of(ck.path + "/")
-    existing = await _protection(lc, base)
+    marker = place.own_key(lc.keys.prefix, ck, PROTECTED)
+    existing = await _protection(lc, marker)
     if existing is None:
         lc.catalogue.set_protected(ck.path, None)
         return {"path": ck.path, "changed": False, "message": f"{ck.path} is not protected; nothing changed"}
@@ -125,7 +125,7 @@ async def unprotect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any
         held = [(h["key"], h["version_id"]) for h in existing["held"]]
         await _release(lc, held)
         released = len(held)
-    await lc.io(lc.store.delete, base + PROTECTED)
+    await lc.io(lc.store.delete, marker)
     lc.catalogue.set_protected(ck.path, None)
     manifest = await lc.catalogue.manifest(ck)
     if manifest is not None:
@@ -136,8 +136,8 @@ async def unprotect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any
     return {"path": ck.path, "changed": True, "message": f"{ck.path} is no longer protected{note}"}
 
 
-async def _protection(lc: Context, base: str) -> dict[str, Any] | None:
-    info, _ = await lc.io(read_json, lc.store, base + PROTECTED)
+async def _protection(lc: Context, marker: str) -> dict[str, Any] | None:
+    info, _ = await lc.io(read_json, lc.store, marker)
     return info  # type: ignore[no-any-return]
 
 

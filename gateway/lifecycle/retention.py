@@ -38,6 +38,7 @@ expiry when a rule keeps it again) is one audit event.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -48,7 +49,7 @@ import trio
 
 from ..config import Config
 from ..objects import NO_OBJECT, PRECONDITION, StoreError
-from . import audit
+from . import audit, place
 from .lease import Lease, kept
 from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso, read_json
 from ..patterns import Checkpoint, Patterns
@@ -73,6 +74,11 @@ class Decision:
     delete_after: float | None = None
     needs_verify: str | None = None  # the newer checkpoint whose shallow verify apply runs first
     done: str = ""  # what apply did
+    file: bool = False  # a checkpoint saved as one file (patterns.py)
+
+    @property
+    def ck(self) -> Checkpoint:
+        return Checkpoint(self.path, self.step, self.file)
 
     def to_json(self) -> dict[str, Any]:
         out = {"path": self.path, "step": self.step, "state": self.state, "action": self.action, "reason": self.reason,
@@ -149,7 +155,7 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
                 rules[e["path"]].append("protected")
         newest = committed[-1] if committed else None
         for e in sorted(group, key=lambda e: (e["step"], e["path"])):
-            d = Decision(e["path"], e["step"], e["state"], "keep", "", rules[e["path"]])
+            d = Decision(e["path"], e["step"], e["state"], "keep", "", rules[e["path"]], file=e.get("kind") == "file")
             out.append(d)
             mark = _mark(e)
             if e.get("protected"):
@@ -201,7 +207,7 @@ async def apply(lc: Context, path: str, who: dict[str, Any], lease: Lease | None
     by_path = {e["path"]: e for e in entries}
     for target in sorted({d.needs_verify for d in decisions if d.needs_verify and d.action == "delete" and d.phase != "wait"}):
         e = by_path[target]
-        ck = Checkpoint(target, e["step"])
+        ck = Checkpoint(target, e["step"], e.get("kind") == "file")
         manifest = await lc.catalogue.manifest(ck)
         if manifest is None:
             continue
@@ -247,7 +253,7 @@ async def _busy(lc: Context, d: Decision) -> str | None:
     """Why `d.path` must not be touched now (uploads in progress, local work), or None."""
     if lc.tracker.local_state(d.path):
         return f"being changed on this node ({lc.tracker.local_state(d.path)})"
-    if await lc.io(lc.store.list_uploads, lc.keys.of(d.path + "/")):
+    if await lc.io(lc.store.list_uploads, lc.keys.of(d.path) if d.file else place.files_base(lc.keys.prefix, d.ck)):
         return "a multipart upload into it is in progress (another node is writing it)"
     return None
 
@@ -261,7 +267,7 @@ async def _expire(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
     mark = {"state": "expiring", "since": now, "since_iso": now_iso(now), "delete_after": d.delete_after,
             "delete_after_iso": now_iso(d.delete_after or now), "node": node_name(), "who": who, "generation": e.get("generation"),
             "reason": d.reason}
-    key = lc.keys.of(f"{d.path}/{RETENTION}")
+    key = place.own_key(lc.keys.prefix, d.ck, RETENTION)
     body = json.dumps(mark, sort_keys=True).encode()
     try:
         # If-None-Match: of two nodes applying at once (no lease: two commands), one marks it
@@ -280,7 +286,7 @@ async def _expire(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
 
 async def _unexpire(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, Any]) -> None:
     """A rule keeps an expiring checkpoint again (a policy change, protection): lift the mark."""
-    await lc.io(lc.store.delete, lc.keys.of(f"{d.path}/{RETENTION}"))
+    await lc.io(lc.store.delete, place.own_key(lc.keys.prefix, d.ck, RETENTION))
     await audit.record(lc, "unexpire", d.path, who, d.reason, step=d.step)
     d.done = "no longer expiring"
 
@@ -290,14 +296,15 @@ async def _remove(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
     if busy:
         d.action, d.reason, d.done = "keep", busy + "; deleted on a later run", "postponed"
         return
-    base = lc.keys.of(d.path + "/")
-    listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+    base = place.files_base(lc.keys.prefix, d.ck)
+    own_key = functools.partial(place.own_key, lc.keys.prefix, d.ck)
+    listing = await lc.io(place.listing, lc.store, lc.keys.prefix, d.ck)
     names = {o.name: o for o in listing.objects}
     if PROTECTED in names:
         d.action, d.reason, d.done = "keep", "protected meanwhile", "skipped"
         return
     try:  # read the mark again: restored meanwhile (from another node) means kept
-        mark = (await lc.io(read_json, lc.store, base + RETENTION))[0] or {}
+        mark = (await lc.io(read_json, lc.store, own_key(RETENTION)))[0] or {}
     except StoreError:
         mark = {}
     if mark.get("state") != "expiring":
@@ -313,7 +320,7 @@ async def _remove(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
     written = [o.name for o in listing.objects if not is_own(o.name) and not o.name.endswith("/") and o.mtime > since]
     if written:
         # written into while expiring: someone uses it; let it be committed again and judged afresh
-        await lc.io(lc.store.delete, base + RETENTION)
+        await lc.io(lc.store.delete, own_key(RETENTION))
         await audit.record(lc, "unexpire", d.path, who, f"written to while expiring ({written[0]})", step=d.step)
         d.action, d.reason, d.done = "keep", f"written to while expiring ({written[0]}): no longer expiring", "no longer expiring"
         return
@@ -322,7 +329,7 @@ async def _remove(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
     # the checkpoint's files first, then ckptfs's own objects, the retention mark last: an interrupted
     # deletion leaves the mark, and the next run finishes it
     files = [base + o.name for o in listing.objects if not is_own(o.name) and not o.name.endswith("/")]
-    own = [base + o.name for o in listing.objects if is_own(o.name) and o.name != RETENTION]
+    own = [own_key(o.name) for o in listing.objects if is_own(o.name) and o.name != RETENTION]
     size = sum(o.size for o in listing.objects if not is_own(o.name))
     cold = 0
     if moved and moved.get("state") == "moved":
@@ -340,8 +347,9 @@ async def _remove(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
     dirs = {"/".join(o.name.split("/")[:i]) + "/" for o in listing.objects for i in range(1, o.name.count("/") + 1)}
     for sub in sorted(dirs, key=lambda k: -k.count("/")):
         await lc.io(lc.store.delete, base + sub)
-    await lc.io(lc.store.delete, base + RETENTION)
-    await lc.io(lc.store.delete, base)
+    await lc.io(lc.store.delete, own_key(RETENTION))
+    if not d.file:
+        await lc.io(lc.store.delete, base)  # the directory's own key (a file checkpoint's directory stays)
     lc.retention_stats["deleted"] += 1
     lc.retention_stats["deleted_bytes"] += size
     await audit.record(lc, "delete", d.path, who, "retention: not kept by any rule, grace period over", step=d.step,
@@ -369,7 +377,7 @@ async def _delete_all(lc: Context, keys: list[str]) -> None:
 
 async def restore(lc: Context, ck: Checkpoint, who: dict[str, Any], reason: str) -> dict[str, Any]:
     """Take an expiring checkpoint back: it is kept by retention from now on (reason `restored`)."""
-    key = lc.keys.of(f"{ck.path}/{RETENTION}")
+    key = place.own_key(lc.keys.prefix, ck, RETENTION)
     found, etag = await lc.io(read_json, lc.store, key)
     mark = found or {}
     if mark.get("state") != "expiring":

@@ -73,7 +73,7 @@ class Lifecycle:
 
     def _own_objects(self, path: str) -> list[str]:
         """ckptfs's objects inside directory `path`, deleted with it when it is removed or renamed."""
-        ck = self.patterns.checkpoint_of(path)
+        ck = self.patterns.checkpoint_of(path, is_dir=True)
         return list(OWN_OBJECTS) if ck is not None and ck.path == path else []
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -113,17 +113,17 @@ class Lifecycle:
 
     # ---------------------------------------------------------------- commands
     async def _checkpoint(self, rel: str) -> Checkpoint:
-        """The checkpoint whose directory is mount-relative `rel`; LifecycleError if it is not one."""
+        """The checkpoint (directory or file) at mount-relative `rel`; LifecycleError if it is not one."""
         ck = self.patterns.checkpoint_of(rel)
         if ck is None:
             pats = ", ".join(self.patterns.patterns) or "none configured"
-            raise LifecycleError(f"{rel or '/'} is not a checkpoint: no directory on its path matches checkpoint_patterns ({pats})")
+            raise LifecycleError(f"{rel or '/'} is not a checkpoint: nothing on its path matches checkpoint_patterns ({pats})")
         if ck.path != rel:
             raise LifecycleError(f"{rel} is inside checkpoint {ck.path}: give the checkpoint's directory")
         ino = await self.remote.resolve(rel)
         row = self.ns.journal.get(ino) if ino is not None else None
-        if row is None or not row.is_dir:
-            raise LifecycleError(f"{rel}: no such directory in the mount")
+        if row is None or row.is_dir == ck.file:
+            raise LifecycleError(f"{rel}: no such {'file' if ck.file else 'directory'} in the mount")
         return ck
 
     async def handle(self, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:

@@ -29,6 +29,7 @@ from ..storageclass import ARCHIVE_CLASSES, AWS_MIN_DAYS, ONGOING, may_need_rest
 from ..namespace.keys import is_reserved
 from ..objects import StoreError
 from .manifest import MANIFEST, LifecycleError, Manifest
+from . import place
 from ..patterns import Checkpoint
 from .context import Context
 
@@ -53,7 +54,7 @@ async def tag(lc: Context, ck: Checkpoint, manifest: Manifest, state: str, prote
     if not lc.cfg.checkpoint_tags:
         return 0
     want = checkpoint_tags(state, protected, ck.step)
-    keys = [f["key"] for f in manifest.files] + [lc.keys.of(f"{ck.path}/{MANIFEST}")]
+    keys = [f["key"] for f in manifest.files] + [place.own_key(lc.keys.prefix, ck, MANIFEST)]
     failed: list[str] = []
     limit = trio.CapacityLimiter(TAGS_AT_ONCE)
 

@@ -26,7 +26,7 @@ import trio
 from ..journal import ROOT_INODE
 from ..objects import StoreError
 from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, write_manifest
-from . import tiers
+from . import place, tiers
 from ..patterns import Checkpoint
 from .context import Context
 
@@ -41,6 +41,7 @@ class Active:
     step: int
     last_work: float  # wall time local work was last seen under it
     next_check: float = 0.0
+    file: bool = False  # a checkpoint saved as one file (patterns.py)
 
 
 class Tracker:
@@ -58,8 +59,10 @@ class Tracker:
     def _load(self) -> None:
         try:
             data = json.loads(self.state_path.read_text())
-            for path, step in data.items():
-                self.active[path] = Active(int(step), time.time())
+            for path, saved in data.items():
+                # a directory checkpoint is saved as its step; a file checkpoint as {"step": N, "file": true}
+                step, file = (saved["step"], bool(saved.get("file"))) if isinstance(saved, dict) else (saved, False)
+                self.active[path] = Active(int(step), time.time(), file=file)
         except FileNotFoundError:
             pass
         except (OSError, ValueError, TypeError, AttributeError) as e:
@@ -68,7 +71,7 @@ class Tracker:
 
     def _save(self) -> None:
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({p: a.step for p, a in self.active.items()}))
+        tmp.write_text(json.dumps({p: {"step": a.step, "file": True} if a.file else a.step for p, a in self.active.items()}))
         os.replace(tmp, self.state_path)
 
     # ------------------------------------------------------------- local work
@@ -92,7 +95,7 @@ class Tracker:
             if ck is not None and out.get(ck.path) != "writing":
                 out[ck.path] = state
                 if ck.path not in self.active:
-                    self.active[ck.path] = Active(ck.step, time.time())
+                    self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
 
         for row in j.pending_files():
             if row.parent is None:
@@ -114,14 +117,14 @@ class Tracker:
         """
         ck = self.lc.patterns.checkpoint_of(self.lc.keys.path(key).rstrip("/"), key.endswith("/"))
         if ck is not None and ck.path not in self.active:
-            self.active[ck.path] = Active(ck.step, time.time())
+            self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
             self._unsaved = True
 
     def local_state(self, path: str) -> str | None:
         return self.work.get(path)
 
     def local_checkpoints(self) -> list[Checkpoint]:
-        return [Checkpoint(p, a.step) for p, a in self.active.items()]
+        return [Checkpoint(p, a.step, a.file) for p, a in self.active.items()]
 
     # -------------------------------------------------------------------- loop
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -171,14 +174,17 @@ class Tracker:
     async def _try_commit(self, path: str, a: Active, now: float, quiet: float) -> bool:
         """Commit `path` if the bucket is quiet too; True when nothing is left to do for it."""
         lc = self.lc
+        ck = Checkpoint(path, a.step, a.file)
         row = lc.ns.journal.resolve(path)
-        if row is None or not row.is_dir:
+        if row is None or row.is_dir == ck.file:
+            if ck.file:
+                await self._forget_file(ck)
             return True  # removed or moved away: nothing to commit
-        base = lc.keys.of(path + "/")
-        if await lc.io(lc.store.list_uploads, base):
+        base = place.files_base(lc.keys.prefix, ck)
+        if await lc.io(lc.store.list_uploads, base if not ck.file else lc.keys.of(path)):
             a.last_work = now  # another node is still uploading into it
             return False
-        listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+        listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)
         if await self._moved_away(path, listing):
             log.warning("checkpoint %s was moved to its cold target: files written into it are not committed; bring it back "
                         "first with `ckptfs restore %s`", path, path)
@@ -190,15 +196,25 @@ class Tracker:
         if now - newest < quiet:
             a.last_work = newest  # written in the bucket lately (another node): wait for quiet
             return False
-        await self.commit(Checkpoint(path, a.step), files, "quiet", None)
+        await self.commit(ck, files, "quiet", None)
         return True
+
+    async def _forget_file(self, ck: Checkpoint) -> None:
+        """A file checkpoint removed (or renamed) through the mount: its own objects, siblings of the file in the
+        bucket, go too once the file's object is gone; a directory's leave with it (Lifecycle._own_objects)."""
+        lc = self.lc
+        listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)
+        if any(o.name == ck.name for o in listing.objects):
+            return  # its object is still there (a delete queued, or written by another node): keep its manifest
+        for o in listing.objects:
+            await lc.io(lc.store.delete, place.own_key(lc.keys.prefix, ck, o.name))
 
     async def commit(self, ck: Checkpoint, files: list[FileEntry] | None, how: str, metadata: dict[str, Any] | None) -> tuple[Manifest, bool]:
         """Write `ck`'s manifest (from `files`, or a fresh listing); (manifest in the bucket, written by this call)."""
         lc = self.lc
-        base = lc.keys.of(ck.path + "/")
+        base = place.files_base(lc.keys.prefix, ck)
         if files is None:
-            listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+            listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)
             if await self._moved_away(ck.path, listing):
                 raise LifecycleError(f"{ck.path} was moved to its cold target (`ckptfs checkpoints` shows where): "
                                      f"bring it back with `ckptfs restore {ck.path}` before committing it again")
@@ -207,7 +223,7 @@ class Tracker:
             raise LifecycleError(f"{ck.path} holds no files in the bucket: nothing to commit (is it written and flushed?)")
         await self._checksums(ck.path, files)
         manifest, wrote = await lc.io(
-            write_manifest, lc.store, base + MANIFEST,
+            write_manifest, lc.store, place.own_key(lc.keys.prefix, ck, MANIFEST),
             lambda existing: next_manifest(existing, ck.path, ck.step, files, how, metadata),
         )
         self.active.pop(ck.path, None)
@@ -234,7 +250,7 @@ class Tracker:
         j = lc.ns.journal
         todo = []
         for f in files:
-            row = j.resolve(f"{path}/{f.path}")
+            row = j.resolve(f.key[len(lc.keys.prefix):])
             if row is not None and row.ino != ROOT_INODE and row.etag == f.etag and row.xxh3:
                 f.xxh3 = row.xxh3
             else:

@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from . import place
 from .catalogue import STATES
 from .manifest import stored_bytes
 from ..storageclass import class_label, parse_prices
@@ -33,6 +34,12 @@ from .context import Context
 GiB = float(1 << 30)
 NONE = "none"  # objects outside any checkpoint
 
+
+def _owner(rel: str) -> str:
+    """The path whose checkpoint object `rel` counts for: a file checkpoint's own objects (place.py) count for it."""
+    parent, _, name = rel.rpartition("/")
+    owner = place.file_owner(name)
+    return f"{parent}/{owner[1]}" if owner and parent else owner[1] if owner else rel
 
 def price_of(prices: dict[str, float], storage_class: str) -> float:
     return prices.get(storage_class, prices.get("STANDARD", 0.0))
@@ -76,7 +83,7 @@ def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[
         total += size
         count += 1
         _add_stored(by_class, cls, size)
-        ck = patterns.checkpoint_of(rel)
+        ck = patterns.checkpoint_of(_owner(rel), is_dir=rel.endswith("/"))
         entry = cks.get(ck.path) if ck is not None else None
         if entry is None:
             _add(by_state, NONE, size)

@@ -12,7 +12,7 @@ found by its xxh3-64 (or a frame that does not decode), the file by its
 xxh3-128, and it counts as changed.
 
 The outcome ("whole" or "broken", with the lists) is written next to the
-manifest as `.ckptfs-verify.json`, so `ckptfs checkpoints` on any node shows
+manifest as `.ckptfs-verify.json` (place.py: for a file checkpoint, a sibling named after it), so `ckptfs checkpoints` on any node shows
 it, and kept for the metrics.
 """
 
@@ -29,7 +29,7 @@ import xxhash
 
 from ..storageclass import may_need_restore
 from ..objects import ARCHIVED, StoreError
-from . import codec, coldcopy, ranges
+from . import codec, coldcopy, place, ranges
 from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
 from ..patterns import Checkpoint
 from .context import Bucket
@@ -42,9 +42,9 @@ LIST_LIMIT = 100  # names listed per kind in the recorded result
 
 async def verify(lc: Bucket, ck: Checkpoint, manifest: Manifest, deep: bool,
                  progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
-    base = lc.keys.of(ck.path + "/")
+    base = place.files_base(lc.keys.prefix, ck)
     started = time.time()
-    listing = await lc.io(lambda: lc.store.list(base, recursive=True))
+    listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)
     present = {f.path: f for f in files_of(listing, base)}
     expected = {f["path"]: f for f in manifest.files}
     stored = {codec.stored_path(f): p for p, f in expected.items()}  # a compressed copy's object has its own name
@@ -110,7 +110,7 @@ async def verify(lc: Bucket, ck: Checkpoint, manifest: Manifest, deep: bool,
         "counts": {"missing": len(missing), "changed": len(set(changed)), "unexpected": len(unexpected), "unchecked": len(unchecked)},
     }
     try:
-        await lc.io(lc.store.put_bytes, base + VERIFY, json.dumps(result, indent=1, sort_keys=True).encode())
+        await lc.io(lc.store.put_bytes, place.own_key(lc.keys.prefix, ck, VERIFY), json.dumps(result, indent=1, sort_keys=True).encode())
     except StoreError as e:
         raise LifecycleError(f"verify of {ck.path} finished ({outcome}) but its result could not be recorded in the bucket: {e}") from None
     lc.last_verify = result

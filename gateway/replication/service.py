@@ -38,10 +38,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..config import Config, Replica
-from ..lifecycle import audit, drill
+from ..lifecycle import audit, drill, place
 from ..lifecycle.catalogue import walk
 from ..lifecycle.lease import Lease, kept
-from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, moved_away, node_name, read_json, read_manifest
+from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, is_own, moved_away, node_name, read_json, read_manifest
 from ..patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
@@ -246,21 +246,21 @@ class Replicator:
         paths = []
         for ck in await lc.catalogue.find(""):
             paths.append(ck.path)
-            base = lc.keys.of(ck.path + "/")
-            top = await self.io(lc.store.list, base)
+            own_key = functools.partial(place.own_key, lc.keys.prefix, ck)
+            top = await self.io(place.top, lc.store, lc.keys.prefix, ck)
             own = {o.name: o for o in top.objects}
             if MANIFEST not in own:
                 continue  # not committed
-            if MOVED in own and moved_away(await self._body(lc.store, base + MOVED, own[MOVED].etag)):
+            if MOVED in own and moved_away(await self._body(lc.store, own_key(MOVED), own[MOVED].etag)):
                 continue  # its files are (going) on the cold target: lifecycle/coldmove.py
             try:
-                body = await self._body(lc.store, base + MANIFEST, own[MANIFEST].etag)
-                protection = await self._body(lc.store, base + PROTECTED, own[PROTECTED].etag) if PROTECTED in own else None
+                body = await self._body(lc.store, own_key(MANIFEST), own[MANIFEST].etag)
+                protection = await self._body(lc.store, own_key(PROTECTED), own[PROTECTED].etag) if PROTECTED in own else None
             except StoreError as e:
                 if e.kind == NO_OBJECT:
                     continue  # deleted meanwhile
                 raise
-            etag = self._bodies[base + MANIFEST][0]
+            etag = self._bodies[own_key(MANIFEST)][0]
             try:
                 manifest = Manifest.from_json(body, etag)
             except LifecycleError as e:
@@ -280,12 +280,11 @@ class Replicator:
             for path, v in sorted(t.selected.items()):
                 if t.known.get(path) == v.signature:
                     continue
-                base = t.replica.key_prefix + path + "/"
-                top = await self.io(store.list, base)
+                top = await self.io(place.top, store, t.replica.key_prefix, v.ck)
                 own = {o.name for o in top.objects}
                 if MANIFEST not in own:
                     continue
-                doc, _ = await self.io(read_json, store, base + MANIFEST)
+                doc, _ = await self.io(read_json, store, place.own_key(t.replica.key_prefix, v.ck, MANIFEST))
                 if not doc:
                     continue
                 if doc.get("replicated_from", {}).get("etag") == v.manifest.etag and (PROTECTED in own) == (v.protection is not None):
@@ -339,9 +338,9 @@ class Replicator:
                 store = t.open()
                 if t.object_lock is None:  # legal holds placed with protection, lifted with it
                     t.object_lock = await self.io(store.object_lock_enabled)
-                job = Job(self.lc.store, store, self.cfg.bucket, t.replica.key_prefix + path + "/", t.same_endpoint,
+                job = Job(self.lc.store, store, self.cfg.bucket, place.files_base(t.replica.key_prefix, v.ck), t.same_endpoint,
                           self.cfg.replication_part_size, self.cfg.copy_multipart_threshold, t.slots, self.io, t.counters, check,
-                          t.buffers)
+                          t.buffers, v.ck)
                 t.copying = path
                 before = (t.counters.copied_objects, t.counters.skipped_objects)
                 await copy_checkpoint(job, v.manifest, v.body, v.protection, bool(t.object_lock))
@@ -363,17 +362,16 @@ class Replicator:
         await self._write_failures(t)
 
     # --------------------------------------------------------------- retention
-    async def _own_policy_keeps(self, store: Store, t: Target, on_target: set[str], series: set[str]) -> dict[str, list[str]]:
+    async def _own_policy_keeps(self, store: Store, t: Target, on_target: dict[str, Checkpoint], series: set[str]) -> dict[str, list[str]]:
         """The replica's own retention (`[replica.NAME] keep_*`) over the committed checkpoints on it, in `series`:
         path -> the rules that keep it."""
         r = t.replica
         groups: dict[str, list[dict[str, Any]]] = {}
-        for path in sorted(on_target):
-            parent, _, name = path.rpartition("/")
-            step = self.lc.patterns.step(name)
-            if parent not in series or step is None:
+        for path, ck in sorted(on_target.items()):
+            parent, step = ck.parent, ck.step
+            if parent not in series:
                 continue
-            manifest = await self.io(read_manifest, store, r.key_prefix + path + "/" + MANIFEST)
+            manifest = await self.io(read_manifest, store, place.own_key(r.key_prefix, ck, MANIFEST))
             if manifest is None:
                 continue  # not committed on the replica: no rule counts it
             groups.setdefault(parent, []).append({"path": path, "step": step, "committed_at": manifest.committed_at,
@@ -396,8 +394,8 @@ class Replicator:
             return
         try:
             store = t.open()
-            on_target = set(await walk(store, t.replica.key_prefix, self.lc.patterns, self.io))
-            gone = sorted(on_target - self.primary_paths)
+            on_target = await walk(store, t.replica.key_prefix, self.lc.patterns, self.io)
+            gone = sorted(set(on_target) - self.primary_paths)
             if not gone:
                 t.kept_by_policy = {}
                 return
@@ -410,8 +408,10 @@ class Replicator:
                 event = deleted.get(path)
                 if event is None:
                     continue
-                base = t.replica.key_prefix + path + "/"
-                listing = await self.io(lambda: store.list(base, recursive=True))
+                ck = on_target[path]
+                base = place.files_base(t.replica.key_prefix, ck)
+                own_key = functools.partial(place.own_key, t.replica.key_prefix, ck)
+                listing = await self.io(place.listing_at, store, base, ck)
                 if not listing.objects and not listing.marker:
                     continue  # nothing left (some stores list an emptied directory for a while)
                 if any(o.name == PROTECTED for o in listing.objects):
@@ -427,11 +427,11 @@ class Replicator:
                 if not self.lease or not self.lease.valid():
                     return
                 if any(o.name == MANIFEST for o in listing.objects):
-                    await self.io(store.delete, base + MANIFEST)  # first: visibly incomplete from here on
+                    await self.io(store.delete, own_key(MANIFEST))  # first: visibly incomplete from here on
                 for o in listing.objects:
                     if o.name != MANIFEST:
-                        await self.io(store.delete, base + o.name)
-                if listing.marker:
+                        await self.io(store.delete, own_key(o.name) if is_own(o.name) else base + o.name)
+                if listing.marker and not ck.file:
                     await self.io(store.delete, base)
                 t.known.pop(path, None)
                 t.deleted_total += 1
@@ -466,7 +466,7 @@ class Replicator:
         t = self.target(name)
         store = t.open()
         prefix = t.replica.key_prefix
-        manifest = await self.io(read_manifest, store, prefix + ck.path + "/" + MANIFEST)
+        manifest = await self.io(read_manifest, store, place.own_key(prefix, ck, MANIFEST))
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on replica {name} ({t.replica.url}): not replicated (yet); "
                                  f"see `ckptfs replicate status`")
@@ -493,7 +493,7 @@ class Replicator:
                 self.target(name)
                 ck = self.lc.patterns.checkpoint_of(path)
                 if ck is None or ck.path != path:
-                    raise LifecycleError(f"{path or '/'} is not a checkpoint directory (checkpoint_patterns): give the checkpoint's path in the mount")
+                    raise LifecycleError(f"{path or '/'} is not a checkpoint (checkpoint_patterns): give the checkpoint's path in the mount")
 
                 async def progress(p: dict[str, Any]) -> None:
                     await send({"ok": True, **p})
@@ -537,7 +537,7 @@ class Replicator:
                 raise LifecycleError(f"no checkpoint under {path or '/'} is on replica {name} yet: see `ckptfs replicate status`")
             ck = max(held, key=lambda v: (v.manifest.committed_at, v.ck.step)).ck
         view = TargetView(self.cfg, store, t.replica.key_prefix, self.io)
-        manifest = await self.io(read_manifest, store, view.keys.of(ck.path + "/" + MANIFEST))
+        manifest = await self.io(read_manifest, store, place.own_key(view.keys.prefix, ck, MANIFEST))
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on replica {name} ({t.replica.url}): not replicated (yet); "
                                  f"see `ckptfs replicate status`")

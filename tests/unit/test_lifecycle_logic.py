@@ -47,6 +47,11 @@ def test_custom_patterns_with_wildcards() -> None:
     ('["step"]', "must contain {step} exactly once"),
     ('["{step}_{step}"]', "must contain {step} exactly once"),
     ('["run/step_{step}"]', "without '/'"),
+    # file: patterns (a checkpoint saved as one file)
+    ('["file:"]', "give a file name"),
+    ('["file:{step}/model.pt"]', "belongs in the file's name"),
+    ('["file:a//{step}.pt"]', "none empty"),
+    ('["file:model.pt"]', "must contain {step} exactly once"),
 ])
 def test_bad_patterns_are_one_line(tmp_path, patterns: str, message: str) -> None:  # type: ignore[no-untyped-def]
     f = tmp_path / "c.toml"
