@@ -93,8 +93,14 @@ def delete_bucket(client: Any, name: str) -> None:
         print(f"could not delete bucket {name}: {e}")
 
 
+# The CLI's timeouts here only guard against a hang. Inside `make test-vm`'s emulated guest
+# (scripts/test_vm.py sets CKPTFS_IN_VM) everything runs ~10-50x slower, a cold CLI start alone
+# can take tens of seconds: the guards stretch rather than fail a working run.
+HANG_GUARD_SCALE = 10.0 if os.environ.get("CKPTFS_IN_VM") else 1.0
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*CKPTFS, *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run([*CKPTFS, *args], capture_output=True, text=True, env=env, timeout=timeout * HANG_GUARD_SCALE, cwd=ROOT)
     if check and proc.returncode != 0:
         raise AssertionError(f"ckptfs {' '.join(args)} failed ({proc.returncode}): {proc.stderr}{proc.stdout}")
     return proc
