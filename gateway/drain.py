@@ -2,8 +2,10 @@
 
 Scheduling: files become eligible `upload_delay` seconds after their last
 close (so `write tmp, close, rename` renames first), oldest close first;
-commit markers wait for every other file under their directory. A global
-`CapacityLimiter` bounds parts in flight across all files.
+commit markers wait for every other file under their directory. The upload
+queue keeps them in memory (namespace/backlog.py): a wake costs what changed
+since the last one, not the files waiting. A global `CapacityLimiter` bounds
+parts in flight across all files.
 
 Correctness rests on one check: before an upload is published (PutObject
 returns, or before CompleteMultipartUpload) the file's version and path must
@@ -129,6 +131,7 @@ class Drainer:
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
         self.max_files = max(2, cfg.max_parts_in_flight)
+        self.max_object_ops = 4 * cfg.max_parts_in_flight  # deletes and `dir/` markers at once (each a small request)
         self.busy: set[int] = set()
         self.busy_keys: set[str] = set()
         self.deleting: set[int] = set()
@@ -169,13 +172,8 @@ class Drainer:
 
     def _schedule(self, nursery: trio.Nursery) -> float | None:
         now_mono = time.monotonic()
-        waiting = {ino for ino, b in self.backoff.items() if b.next_at > now_mono}
-        ready, next_at = self.ns.uploads.candidates(time.time(), self.busy | waiting)
+        ready, next_at = self.ns.uploads.take(time.time(), self.max_files - len(self.busy), self.busy_keys)
         for p in ready:
-            if len(self.busy) >= self.max_files:
-                break
-            if p.key in self.busy_keys:
-                continue
             self.busy.add(p.ino)
             self.busy_keys.add(p.key)
             nursery.start_soon(self._upload_file, p)
@@ -189,14 +187,14 @@ class Drainer:
             self.deleting.add(marker_id)
             self.busy_keys.add(key)
             nursery.start_soon(self._put_marker, marker_id, key)
-        for delete_id, key in self.ns.uploads.ready_deletes(self.busy_keys):
-            b = self.delete_backoff.get(delete_id)
-            if delete_id in self.deleting or (b and b.next_at > now_mono):
-                continue
+        held = {i for i, b in self.delete_backoff.items() if b.next_at > now_mono}
+        for delete_id, key in self.ns.uploads.ready_deletes(self.busy_keys, self.max_object_ops - len(self.deleting),
+                                                             self.deleting | held):
             self.deleting.add(delete_id)
             self.busy_keys.add(key)
             nursery.start_soon(self._delete, delete_id, key)
-        pending_retry = [b.next_at for b in (*self.backoff.values(), *self.delete_backoff.values()) if b.next_at > now_mono]
+        # a file's retry time is in the upload queue (`upload_ended`); the deletes' are here
+        pending_retry = [b.next_at for b in self.delete_backoff.values() if b.next_at > now_mono]
         if pending_retry:
             retry_at = time.time() + (min(pending_retry) - now_mono)
             next_at = retry_at if next_at is None else min(next_at, retry_at)
@@ -204,6 +202,19 @@ class Drainer:
 
     # ----------------------------------------------------------------- upload
     async def _upload_file(self, p: Pending) -> None:
+        """Upload `p` (taken from the queue), then hand it back: durable, or queued again (after a backoff if it failed)."""
+        try:
+            await self._send_file(p)
+        finally:
+            self.sent.pop(p.ino, None)
+            self.busy.discard(p.ino)
+            self.busy_keys.discard(p.key)
+            b = self.backoff.get(p.ino)
+            wait = b.next_at - time.monotonic() if b is not None else 0.0
+            self.ns.uploads.upload_ended(p.ino, time.time() + wait if wait > 0 else 0.0)
+            self.wake()
+
+    async def _send_file(self, p: Pending) -> None:
         ticket = self.ns.uploads.begin_upload(p.ino)
         try:
             if ticket is None:
@@ -243,11 +254,6 @@ class Drainer:
             self._error(f"internal error uploading {p.key}: {e!r}")
             log.exception("upload of %s failed (retry in %.1fs)", p.key, delay)
             self.ns.uploads.upload_failed(p.ino)
-        finally:
-            self.sent.pop(p.ino, None)
-            self.busy.discard(p.ino)
-            self.busy_keys.discard(p.key)
-            self.wake()
 
     def _abandoned(self, p: Pending, why: str) -> None:
         log.info("upload of %s abandoned: %s", p.key, why)
@@ -451,7 +457,7 @@ class Drainer:
             if e.denied and call == self.store.delete:
                 # valid credentials without the permission to delete (a writer role, docs/security.md): retrying cannot
                 # help, so the delete is dropped and reported; the object stays in the bucket and shows again
-                self.ns.journal.drop_delete(op_id)
+                self.ns.uploads.drop_delete(op_id)
                 self.delete_backoff.pop(op_id, None)
                 self.deletes_not_permitted_total += 1
                 self.last_error = f"delete of {key} not permitted by the store (AccessDenied): the object stays in the bucket"
