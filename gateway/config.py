@@ -44,6 +44,15 @@ def part_size_for(size: int, configured: int) -> int:
     return -(-need // MiB) * MiB
 
 
+SMALL_OBJECTS_PER_PART = 4  # files below multipart_threshold (one PutObject each) in flight per part slot
+
+
+def small_objects_in_flight(max_parts_in_flight: int) -> int:
+    """PutObjects of whole small files at once: a small request waits on the store's latency, not on the bandwidth,
+    so it takes more of them than parts to keep the store busy (the drain's limit, and the store's connection pool)."""
+    return SMALL_OBJECTS_PER_PART * max_parts_in_flight
+
+
 class ConfigError(Exception):
     """A user-fixable configuration problem; the message is one line."""
 
@@ -81,7 +90,7 @@ class Config:
     upload_delay: float = _opt(0.5, "Seconds a closed file waits before its upload starts, so that `write tmp, close, rename` renames before any byte is sent.", "seconds")
     multipart_threshold: int = _opt(16 * MiB, "Files at least this large are uploaded as multipart uploads; smaller ones with one PutObject.", "bytes")
     part_size: int = _opt(64 * MiB, "Multipart part size. Between 5 MiB and 5 GiB, and large enough that `max_file_size` needs at most 10,000 parts. Parts are streamed from the cache file, so this does not set memory use.", "bytes")
-    max_parts_in_flight: int = _opt(8, "Parts (or small objects) uploaded at once across all files.")
+    max_parts_in_flight: int = _opt(8, f"Parts of multipart uploads (and server-side copies) sent at once across all files. Files below `multipart_threshold`, one PutObject each, go {SMALL_OBJECTS_PER_PART} times as many at once: a small request waits on the store's latency rather than on the bandwidth.")
     max_file_size: int = _opt(0, "Largest file the mount accepts; writes beyond it fail with EFBIG. 0 means part_size x 10,000 (the most one multipart upload can hold). Under FUSE passthrough the daemon does not see each write: a file at or past the limit is opened in copy mode (where a write beyond it gets EFBIG), but a handle opened with passthrough below the limit is not stopped at it.", "bytes")
     commit_markers: list[str] = _opt(
         [".metadata", "*.index.json", "latest", "COMMIT"],

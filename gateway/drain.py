@@ -4,8 +4,11 @@ Scheduling: files become eligible `upload_delay` seconds after their last
 close (so `write tmp, close, rename` renames first), oldest close first;
 commit markers wait for every other file under their directory. The upload
 queue keeps them in memory (namespace/backlog.py): a wake costs what changed
-since the last one, not the files waiting. A global `CapacityLimiter` bounds
-parts in flight across all files.
+since the last one, not the files waiting. Global `CapacityLimiter`s bound
+the requests in flight: `max_parts_in_flight` parts (and copies), and
+`small_objects_in_flight` PutObjects of whole small files (latency-bound, so
+more of them; deletes and `dir/` markers count among them); at most
+`max_parts_in_flight` multipart files at once.
 
 Correctness rests on one check: before an upload is published (PutObject
 returns, or before CompleteMultipartUpload) the file's version and path must
@@ -35,7 +38,7 @@ import xxhash
 
 from . import threads
 from .cache import Cache
-from .config import MiB, Config, part_size_for
+from .config import MiB, Config, part_size_for, small_objects_in_flight
 from .journal import UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
@@ -130,8 +133,14 @@ class Drainer:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
-        self.max_files = max(2, cfg.max_parts_in_flight)
-        self.max_object_ops = 4 * cfg.max_parts_in_flight  # deletes and `dir/` markers at once (each a small request)
+        self.multipart_files = trio.CapacityLimiter(max(2, cfg.max_parts_in_flight))
+        small = small_objects_in_flight(cfg.max_parts_in_flight)
+        self.small = trio.CapacityLimiter(small)  # small requests: PutObjects of small files, deletes, `dir/` markers
+        # their worker threads: a limiter of their own, so they never take trio's default threads from parts and the rest
+        self.small_threads = trio.CapacityLimiter(small)
+        # twice the small slots: the next small file is ready (ticket taken, cache file open) when a slot frees
+        self.max_files = max(2, cfg.max_parts_in_flight) + 2 * small
+        self.max_object_ops = small  # deletes and `dir/` markers at once (each a small request)
         self.busy: set[int] = set()
         self.busy_keys: set[str] = set()
         self.deleting: set[int] = set()
@@ -204,7 +213,11 @@ class Drainer:
     async def _upload_file(self, p: Pending) -> None:
         """Upload `p` (taken from the queue), then hand it back: durable, or queued again (after a backoff if it failed)."""
         try:
-            await self._send_file(p)
+            if p.size < self.cfg.multipart_threshold:
+                await self._send_file(p)
+            else:
+                async with self.multipart_files:
+                    await self._send_file(p)
         finally:
             self.sent.pop(p.ino, None)
             self.busy.discard(p.ino)
@@ -307,25 +320,40 @@ class Drainer:
 
     async def _upload(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
         size = ticket.size
-        multipart = size >= self.cfg.multipart_threshold
-        part_size = part_size_for(size, self.cfg.part_size) if multipart else max(size, 1)
+        if size < self.cfg.multipart_threshold:
+            return await self._put(ticket, fd)
+        part_size = part_size_for(size, self.cfg.part_size)
         async with self.hashing:
             xxh3, crcs = await trio.to_thread.run_sync(file_digests, fd, size, part_size)
         self._check(ticket)
-        metadata = {XXH3_META: xxh3}
-        if not multipart:
-            async with self.parts:
-                self.metrics.parts_in_flight.inc()
-                self.throughput.started()
-                try:
-                    etag = await threads.call_with_fd(fd, lambda own: self.store.put_object(ticket.key, own, size, crcs[0], metadata))
-                finally:
-                    self.metrics.parts_in_flight.dec()
-                    self.throughput.stopped()
-            self.metrics.uploaded_bytes.inc(size)
-            self.throughput.add(size)
-            return etag, xxh3
-        return await self._multipart(ticket, fd, part_size, xxh3, crcs, metadata), xxh3
+        return await self._multipart(ticket, fd, part_size, xxh3, crcs, {XXH3_META: xxh3}), xxh3
+
+    async def _put(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
+        """A file below `multipart_threshold`: one PutObject, its digests computed in the same worker thread.
+
+        One thread hop per file instead of two, and `small_objects_in_flight` of them at once: enough
+        requests to keep the store busy, as a small request waits on its latency, not on the bandwidth.
+        A change after the check below is caught as with every upload: the bytes no longer match the
+        CRC32 sent (the store refuses them), or `finish_upload` finds the version moved on.
+        """
+        size = ticket.size
+
+        def put(own: int) -> tuple[str, str]:
+            xxh3, crcs = file_digests(own, size, max(size, 1))
+            return self.store.put_object(ticket.key, own, size, crcs[0], {XXH3_META: xxh3}), xxh3
+
+        async with self.small:
+            self._check(ticket)
+            self.metrics.parts_in_flight.inc()
+            self.throughput.started()
+            try:
+                etag, xxh3 = await threads.call_with_fd(fd, put, limiter=self.small_threads)
+            finally:
+                self.metrics.parts_in_flight.dec()
+                self.throughput.stopped()
+        self.metrics.uploaded_bytes.inc(size)
+        self.throughput.add(size)
+        return etag, xxh3
 
     async def _multipart(self, ticket: UploadTicket, fd: int, part_size: int, xxh3: str, crcs: list[str], metadata: dict[str, str]) -> str:
         journal = self.ns.journal
@@ -447,9 +475,13 @@ class Drainer:
             log.info("deleted object %s", key)
 
     async def _object_op(self, op_id: int, key: str, what: str, call: Callable[[str], None]) -> bool:
-        """One queued delete or marker put, with the drain's backoff; True once it succeeded."""
+        """One queued delete or marker put, with the drain's backoff; True once it succeeded.
+
+        A small request like a small file's PutObject: they share `small_objects_in_flight` (and so the
+        store's connection pool, sized for them)."""
         try:
-            await threads.call(functools.partial(call, key))
+            async with self.small:
+                await threads.call(functools.partial(call, key), limiter=self.small_threads)
             self.delete_backoff.pop(op_id, None)
             return True
         except StoreError as e:

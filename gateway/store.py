@@ -20,7 +20,7 @@ import boto3
 import botocore.exceptions as bexc
 from botocore.config import Config as BotoConfig
 
-from .config import Config
+from .config import Config, small_objects_in_flight
 from .encryption import Encryption, EncryptionError
 from .storageclass import ArchiveState, from_head
 
@@ -252,7 +252,7 @@ class Store:
                 ),
             )
 
-        self.client = client(cfg.read_timeout, 3, cfg.max_parts_in_flight + 8)
+        self.client = client(cfg.read_timeout, 3, cfg.max_parts_in_flight + small_objects_in_flight(cfg.max_parts_in_flight) + 8)
         # the mount's check has its own bound: with read_timeout x 3 attempts a store that accepts
         # connections and never answers held `ckptfs mount` for minutes, past systemd's start timeout
         self._check_client = client(cfg.mount_check_timeout / 3, 3, 1)
