@@ -17,7 +17,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tests.support.seaweed import SeaweedServer, free_port
 
@@ -86,6 +86,14 @@ def counters_delta(after: dict[str, float], before: dict[str, float]) -> dict[st
 
 def copy_requests(delta: dict[str, float]) -> int:
     return int(sum(v for k, v in delta.items() if k.startswith("requests_") and "COPY" in k.upper()))
+
+
+def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a workload; a failure becomes its result ({"error": ...}), not the end of the run."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a failed workload is a result, not the end of the run
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
 
 
 # ---------------------------------------------------------------------- tools
