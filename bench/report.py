@@ -206,7 +206,9 @@ SMALL_FIGURES: list[Figure] = [
     Figure("small_durable", "Small files: first write to all durable (ckptfs flush) / s5cmd cp of the same directory", "x", "<=", 1.5,
            _small_ratio(_small("ckptfs", "durable_from_start_s"), _small("s5cmd", "upload_s")), False, (DRAINING, S5CMD)),
     Figure("small_rm", "Small files never uploaded: rm -rf through ckptfs / rm -rf on the local disk", "x", "<=", 10.0,
-           _small_ratio(_small("ckptfs_held", "rm_s"), _small("local", "rm_s")), False, (HELD, LOCAL)),
+           _small_ratio(_small("ckptfs_held", "rm_s"), _small("local", "rm_s")), False, (HELD, LOCAL),
+           lambda run: (lambda e: f"rm -rf through ckptfs failed ({e['lines']} lines, first: {e['first']})" if e else None)(
+               _get(run, "small_files", "ckptfs_held", "rm_errors"))),
     Figure("small_cpu_write", "Small files: ckptfs daemon CPU ms per file written (draining meanwhile)", "ms", "", None,
            _small_cpu_ms("ckptfs", "cpu_write_s"), False, (DRAINING,)),
     Figure("small_cpu_held", "Small files: ckptfs daemon CPU ms per file written (uploads held back)", "ms", "", None,

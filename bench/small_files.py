@@ -65,11 +65,15 @@ def write_files(directory: Path, count: int, size: int) -> dict[str, Any]:
     }
 
 
-def remove_tree(directory: Path) -> float:
-    """`rm -rf` of a tree, timed (a process of its own, as a user runs it)."""
+def remove_tree(directory: Path) -> dict[str, Any]:
+    """`rm -rf` of a tree, timed (a process of its own, as a user runs it); what it could not remove is reported, not raised."""
     t = time.monotonic()
-    subprocess.run(["rm", "-rf", str(directory)], check=True)
-    return time.monotonic() - t
+    r = subprocess.run(["rm", "-rf", str(directory)], capture_output=True, text=True)
+    out: dict[str, Any] = {"rm_s": time.monotonic() - t}
+    if r.returncode:
+        lines = r.stderr.strip().splitlines()
+        out["rm_errors"] = {"lines": len(lines), "first": lines[0][:300] if lines else f"exit status {r.returncode}"}
+    return out
 
 
 def s5cmd_upload_dir(server: BenchServer, bucket: str, directory: Path) -> dict[str, Any]:
@@ -137,9 +141,9 @@ def held_back(server: BenchServer, bucket: str, state: Path, count: int, size: i
         cpu0 = _cpu(mount)
         w = write_files(mount.path / "small", count, size)
         cpu1 = _cpu(mount)
-        rm_s = remove_tree(mount.path / "small")
+        rm = remove_tree(mount.path / "small")
         cpu2 = _cpu(mount)
-        return {**w, "rm_s": rm_s, "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_rm_s": cpu2 - cpu1}}
+        return {**w, **rm, "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_rm_s": cpu2 - cpu1}}
     finally:
         mount.stop()
         shutil.rmtree(state, ignore_errors=True)
@@ -156,7 +160,7 @@ def small_files(server: BenchServer, work: Path, tag: str, log: Callable[[str], 
     out["local"] = guarded(lambda: write_files(local, count, size))
     if "error" not in out["local"]:
         out["s5cmd"] = guarded(lambda: s5cmd_upload_dir(server, f"bench-{tag}-small-s5cmd", local))
-        out["local"]["rm_s"] = remove_tree(local)
+        out["local"].update(remove_tree(local))
     targets = [("ckptfs", ROOT)] + ([("ckptfs_base", compare_root)] if compare_root is not None else [])
     for name, root in targets:
         log(f"small files: {name} mount, then flush")
