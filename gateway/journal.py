@@ -89,6 +89,7 @@ CREATE TABLE IF NOT EXISTS inodes(
     UNIQUE(parent, name)
 );
 CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
+CREATE INDEX IF NOT EXISTS inodes_subdirs ON inodes(parent) WHERE kind = 'dir';
 CREATE TABLE IF NOT EXISTS uploads(
     ino        INTEGER PRIMARY KEY,
     key        TEXT NOT NULL,
@@ -398,12 +399,15 @@ class Journal:
         r = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? AND name = ?", (parent, name)).fetchone()
         return Row(*r) if r else None
 
-    def children(self, parent: int) -> list[Row]:
-        rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? ORDER BY name", (parent,)).fetchall()
+    def children(self, parent: int, offset: int = 0, limit: int = -1) -> list[Row]:
+        """`parent`'s entries by name: all, or `limit` of them from the `offset`-th (a page of a readdir)."""
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? ORDER BY name LIMIT ? OFFSET ?",
+                               (parent, limit, offset)).fetchall()
         return [Row(*r) for r in rows]
 
     def subdirs(self, parent: int) -> int:
-        """How many directories `parent` holds (a directory's link count is 2 plus this)."""
+        """How many directories `parent` holds (a directory's link count is 2 plus this): counted on an
+        index of directories alone, so a getattr of a directory of many files costs no more than of an empty one."""
         return self.db.execute("SELECT COUNT(*) FROM inodes WHERE parent = ? AND kind = 'dir'", (parent,)).fetchone()[0]
 
     def has_children(self, parent: int) -> bool:

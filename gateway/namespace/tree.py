@@ -49,8 +49,9 @@ class Tree:
             raise OSError(errno.ENOENT, name)
         return self.files.row(row.ino)
 
-    def children(self, parent: int) -> list[Row]:
-        return [self.files.row(r.ino) if r.ino in self.files.live else r for r in self.journal.children(parent)]
+    def children(self, parent: int, offset: int = 0, limit: int = -1) -> list[Row]:
+        """Entries of `parent` by name (a page: `limit` from the `offset`-th), files in use with their in-memory state."""
+        return [self.files.row(r.ino) if r.ino in self.files.live else r for r in self.journal.children(parent, offset, limit)]
 
     def ref(self, ino: int, n: int = 1) -> None:
         """The kernel now holds `n` more references to `ino` (lookup count)."""
