@@ -41,6 +41,7 @@ class Waiting:
     """A file not yet durable, as the journal had it when last reconciled."""
 
     ino: int
+    name: str
     chain: tuple[int, ...]  # the directories it is counted under: parent first, the root last
     marker: bool  # its name is a commit marker
     closed_at: float  # wall time of the last close; 0.0 if never closed (due as soon as no writer is left)
@@ -132,14 +133,14 @@ class Backlog:
             self._count(e, -1)
             e.chain, e.marker = chain, marker
             self._count(e, +1)
-        e.closed_at, e.size, e.state, e.cached = row.closed_at or 0.0, row.size, row.state or DIRTY, bool(row.cached)
+        e.name, e.closed_at, e.size, e.state, e.cached = row.name or "", row.closed_at or 0.0, row.size, row.state or DIRTY, bool(row.cached)
         if ino not in self._taken:
             self._place(e)
 
     def _add(self, row: Row, parents: dict[int, int | None]) -> None:
         assert row.parent is not None
-        e = Waiting(row.ino, self._chain(row.parent, parents), self.is_marker(row.name or ""), row.closed_at or 0.0,
-                    row.size, row.state or DIRTY, bool(row.cached))
+        e = Waiting(row.ino, row.name or "", self._chain(row.parent, parents), self.is_marker(row.name or ""),
+                    row.closed_at or 0.0, row.size, row.state or DIRTY, bool(row.cached))
         self._entries[row.ino] = e
         self._count(e, +1)
         if row.ino not in self._taken:

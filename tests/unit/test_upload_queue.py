@@ -23,7 +23,7 @@ from tests.unit.test_journal import make_ns, write_file
 def snapshot(b: Backlog) -> tuple[dict[int, tuple[object, ...]], dict[int, tuple[int, int]]]:
     """What the backlog holds: each file's fields, each directory's counts (white box: the invariant)."""
     b.reconcile()
-    files = {ino: (e.chain, e.marker, e.closed_at, e.size, e.state, e.cached) for ino, e in b._entries.items()}
+    files = {ino: (e.name, e.chain, e.marker, e.closed_at, e.size, e.state, e.cached) for ino, e in b._entries.items()}
     return files, {d: (c[0], c[1]) for d, c in b._dirs.items()}
 
 
@@ -396,3 +396,28 @@ def _rm_costs(tmp_path: Path, uploaded: int) -> int:
 
 def test_removing_an_uploaded_file_costs_the_same_however_many_deletes_are_queued(tmp_path: Path) -> None:
     assert _rm_costs(tmp_path / "few", 20) == _rm_costs(tmp_path / "many", 200)  # at least 8 + 8 queued: each look takes 8
+
+
+# ------------------------------------------------- the lifecycle tracker reads the same mirrors
+def test_the_tracker_sees_checkpoints_with_local_work_from_the_backlog_and_the_delete_queue(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from ckptfs.lifecycle.patterns import Patterns
+    from ckptfs.lifecycle.tracker import Tracker
+
+    ns = make_ns(tmp_path)
+    s1 = ns.tree.mkdir(ROOT_INODE, "step_1", 0o755, 0, 0)
+    s2 = ns.tree.mkdir(ROOT_INODE, "step_2", 0o755, 0, 0)
+    sub = ns.tree.mkdir(s2.ino, "sub", 0o755, 0, 0)
+    s3 = ns.tree.mkdir(ROOT_INODE, "step_3", 0o755, 0, 0)
+    writing = write_file(ns, s1.ino, "a", b"1")
+    fd = open_file(ns, writing)
+    write_file(ns, sub.ino, "b", b"2")  # closed, not uploaded
+    write_file(ns, ROOT_INODE, "step_4", b"a file named like a checkpoint is not one")
+    upload(ns, write_file(ns, s3.ino, "c", b"3"))
+    ns.tree.unlink(s3.ino, "c")  # its delete is queued
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys)
+    tracker = Tracker(lc, str(tmp_path))  # type: ignore[arg-type]
+    assert tracker.scan() == {"step_1": "writing", "step_2": "draining", "step_3": "draining"}
+    assert {p: a.step for p, a in tracker.active.items()} == {"step_1": 1, "step_2": 2, "step_3": 3}
+    close_file(ns, writing, fd)
