@@ -222,6 +222,47 @@ SMALL_FIGURES: list[Figure] = [
     Figure("small_files_per_s_held", "Small files: ckptfs (uploads held back), files per second", "files/s", "", None,
            lambda run, meta: _get(run, "small_files", "ckptfs_held", "files_per_s"), False, (HELD,)),
 ]
+
+
+# ------------------------------------------------------- the compressed cold tier (bench/compression.py)
+def _cz_ratio(*names: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """Stored / original bytes of the cold tier's codec over the files `names`."""
+    def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        files = _get(run, "compression", "files")
+        return _ratio(sum(files[n]["ours"] for n in names), sum(files[n]["size"] for n in names)) if files else None
+
+    return f
+
+
+def _cz_worst(baseline: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """The largest, over the files, of the codec's stored bytes / the baseline's on the same file."""
+    def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        files = _get(run, "compression", "files")
+        return max(e["ours"] / e[baseline] for e in files.values()) if files else None
+
+    return f
+
+
+def _cz_speed(field: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """GB (1e9 bytes) of original per second of `field`: the codec's CPU seconds per file summed, or a wall time."""
+    def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        c = _get(run, "compression") or {}
+        files = c.get("files")
+        if not files:
+            return None
+        seconds = c.get(field) if field in c else sum(e[field] for e in files.values())
+        return sum(e["size"] for e in files.values()) / seconds / 1e9 if seconds else None
+
+    return f
+
+
+def _cz_daemon(field: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """Uncompressed / compressed time of the daemon's move or restore of the same files."""
+    return lambda run, meta: _ratio(_get(run, "compression", "daemon_none", field), _get(run, "compression", "daemon_auto", field))
+
+
+CZ = ("compression",)
+
 FIGURES: list[Figure] = [
     Figure("ack_single", "Acknowledge, 1 file: ckptfs / raw disk throughput", "x", ">=", 0.8, _ack("single", "raw"), True),
     Figure("ack_sharded", "Acknowledge, 8 writers: ckptfs / raw disk throughput", "x", ">=", 0.7, _ack("sharded", "raw"), True),
@@ -291,6 +332,26 @@ FIGURES: list[Figure] = [
            _replication, True, ("replication",)),
     Figure("replication_rss", "ckptfs daemon peak RSS while replicating (VmRSS sampled from commit to replicated)", "MiB", "<=", 300.0,
            lambda run, meta: (lambda v: v / MiB if v else None)(_get(run, "replication", "rss_peak_bytes")), False, ("replication",)),
+    Figure("cz_bf16", "Compressed cold tier: BF16 safetensors weights, stored / original", "x", "<=", 0.70,
+           _cz_ratio("model.safetensors"), parts=CZ),
+    Figure("cz_training", "Compressed cold tier: DCP training checkpoint (FP32 weights and AdamW state), stored / original", "x", "<=",
+           0.88, _cz_ratio("dcp/__0_0.distcp", "dcp/.metadata"), parts=CZ),
+    Figure("cz_torch_save", "Compressed cold tier: torch.save FP32 state dict, stored / original", "x", "", None,
+           _cz_ratio("model.pt"), parts=CZ),
+    Figure("cz_vs_byte_grouped", "Compressed cold tier, worst file: ckptfs / byte-grouped zstd -3 (same files, same run)", "x", "<=", 1.0,
+           _cz_worst("byte_grouped_zstd3"), parts=CZ),
+    Figure("cz_vs_zstd3", "Compressed cold tier, worst file: ckptfs / plain zstd -3 (same files, same run)", "x", "<", 1.0,
+           _cz_worst("zstd3"), parts=CZ),
+    Figure("cz_compress_gbps", "Compressed cold tier: compression per core (thread CPU time, layout included)", "GB/s", ">=", 0.4,
+           _cz_speed("encode_cpu_s"), parts=CZ),
+    Figure("cz_decode_gbps", "Compressed cold tier: decoding and checking per core (thread CPU time)", "GB/s", "", None,
+           _cz_speed("decode_cpu_s"), parts=CZ),
+    Figure("cz_compress_gbps_2", "Compressed cold tier: compression on 2 threads at once (wall time)", "GB/s", "", None,
+           _cz_speed("parallel_encode_s"), parts=CZ),
+    Figure("cz_restore", "Restore from the cold target (second server): uncompressed / compressed time, same files", "x", ">=", 1.0,
+           _cz_daemon("restore_s"), True, CZ),
+    Figure("cz_move", "Move to the cold target (verified deep): uncompressed / compressed time, same files", "x", "", None,
+           _cz_daemon("move_s"), False, CZ),
     Figure("cpu_written", "ckptfs daemon CPU seconds per GiB written", "s/GiB", "", None,
            lambda run, meta: _get(run, "ckptfs", "daemon", "cpu_per_gib_written")),
     Figure("cpu_drained", "ckptfs daemon CPU seconds per GiB drained", "s/GiB", "", None,
@@ -377,6 +438,8 @@ def summarise(runs: list[dict[str, Any]], meta: dict[str, Any], figures: list[Fi
                 entry["holds"] = med >= fig.target  # type: ignore[operator]
             elif fig.op == "<=":
                 entry["holds"] = med <= fig.target  # type: ignore[operator]
+            elif fig.op == "<":
+                entry["holds"] = med < fig.target  # type: ignore[operator]
         else:
             entry["why_missing"] = problems[0] if problems else _why_missing(runs, fig)
         out.append(entry)

@@ -15,11 +15,12 @@ from typing import Any
 
 from bench import report
 from bench.env import GiB, MiB, ROOT, BenchServer, disk_free, loadavg, tool_version, venv_bin
+from bench.compression import compression
 from bench.replication import replication
 from bench.small_files import COUNT as SMALL_FILES
 from bench.workloads import Plan, guarded, one_run
 
-ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "small")
+ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression", "small")
 SINGLE_SIZE = 4 * GiB
 SHARD_SIZE = 512 * MiB
 SHARDS = 8
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         profile_dir=args.profile.absolute() if args.profile else None,
         compare_root=args.compare.absolute() if args.compare else None,
         small_files=max(100, int(SMALL_FILES * args.scale)),
+        scale=args.scale,
     )
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or (ROOT / "bench" / "results" / (f"{stamp}.json" if full else f"tmp/{stamp}.json"))
@@ -142,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             if "replication" in plan.targets:  # bench/replication.py: a second server, the daemon's copy vs s5cmd's
                 runs[-1]["replication"] = guarded(lambda i=i: replication(plan, server, f"r{i + 1}-{os.getpid()}",
                                                                           lambda m: log(f"run {i + 1}: {m}"), i + 1))
+            if "compression" in plan.targets:  # bench/compression.py: the cold tier's codec, and a restore with and without it
+                runs[-1]["compression"] = guarded(lambda i=i: compression(plan, server, f"r{i + 1}-{os.getpid()}",
+                                                                          lambda m: log(f"run {i + 1}: {m}")))
             # what is measured so far survives an interrupted or killed run
             report.write_json({"meta": {**meta, "partial": True}, "runs": runs}, out.with_suffix(".partial.json"))
     except KeyboardInterrupt:

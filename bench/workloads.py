@@ -41,6 +41,7 @@ class Plan:
     compare_root: Path | None = None  # a second ckptfs checkout, run as "ckptfs_base" next to this one
     small_files: int = 0  # how many 64 KiB files the small-files workload writes (bench/small_files.py)
     notes: list[str] = field(default_factory=list)
+    scale: float = 1.0  # --scale: what the compression workload sizes its trained model by
 
     @property
     def written_per_target(self) -> int:

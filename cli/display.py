@@ -40,8 +40,20 @@ def fmt_rate(bytes_per_second: float) -> str:
     return f"{fmt_bytes(bytes_per_second)}/s"
 
 
+def fmt_age(seconds: float | None) -> str:
+    """An age in a table column: 42s, 3m 5s, 2h 3m, 1d 4h; `-` for none."""
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= size:
+            return f"{s // size}{unit} {(s % size) // subsize}{sub}"
+    return f"{s}s"
+
+
 def make_console(file: TextIO | None = None) -> Console:
-    """Colour only on a terminal (and not with NO_COLOR); never wrap a line that is not going to a terminal."""
+    """The console every command prints with: colour only on a terminal (and not with NO_COLOR); off a terminal
+    (a pipe, a file) as wide as the text, so a table is never cut to 80 columns for the program reading it."""
     console = Console(file=file, highlight=False)
     if not console.is_terminal:
         console = Console(file=file, highlight=False, width=10_000, color_system=None)
@@ -64,12 +76,14 @@ def _line(label: str, *parts: Text | str | None) -> Text:
 
 
 def transport_text(st: dict[str, Any]) -> str:
-    """How the kernel talks to the daemon: `kernel` (with or without passthrough) or `libfuse`."""
+    """How the kernel talks to the daemon: `kernel` (the protocol version settled at INIT, with
+    or without passthrough; copy mode with its request workers) or `libfuse`."""
     transport = st.get("fuse_transport") or "-"
     if transport == "kernel":
+        version = f" (FUSE {st['fuse_protocol']})" if st.get("fuse_protocol") else ""
         if st.get("passthrough"):
-            return f"kernel, passthrough ({plural(st.get('passthrough_handles') or 0, 'handle')} open)"
-        return "kernel, copy mode (no passthrough)"
+            return f"kernel{version}, passthrough ({plural(st.get('passthrough_handles') or 0, 'handle')} open)"
+        return f"kernel{version}, copy mode (no passthrough, {plural(st.get('fuse_workers') or 1, 'worker')})"
     return transport
 
 
@@ -164,8 +178,10 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     move = st.get("tier_move") or {}
     if move.get("target"):  # tier_move_target: the daemon moves old checkpoints to a cold target
         at = move.get("last_error_at")
+        stored = move.get("moved_stored_bytes_total", move.get("moved_bytes_total", 0))
+        saved = f", stored in {fmt_bytes(stored)}" if stored != move.get("moved_bytes_total", 0) else ""  # compressed there
         lines.append(_line("cold tier", f"to {move['target']}: {plural(move.get('moved_total', 0), 'checkpoint')} moved "
-                           f"({fmt_bytes(move.get('moved_bytes_total', 0))}) by this node",
+                           f"({fmt_bytes(move.get('moved_bytes_total', 0))}{saved}) by this node",
                            f"moving {move['moving']}" if move.get("moving") else None,
                            Text(f"last error {fmt_duration(max(0.0, time.time() - at))} ago: {move['last_error']}", style="red")
                            if move.get("last_error") and at else None))
@@ -275,5 +291,35 @@ class FlushProgress:
             self.progress.update(self.task, total=max(self.total, 1), completed=max(self.total, 1), eta="0s", left="done")
 
     def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+# ---------------------------------------------------------- reading back
+class TransferProgress:
+    """A progress bar by bytes for a command that reads files from the bucket (warmup, verify --deep, drill).
+
+    Only when `show` (the caller decides: stdout is a terminal, and no --json); otherwise nothing. Each
+    progress line of the daemon carries `files`, `bytes` (the total) and `done_bytes`.
+    """
+
+    def __init__(self, label: str, show: bool) -> None:
+        self.progress: Any = None
+        if show:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+            self.progress = Progress(TextColumn(label + " {task.fields[files]} files"), BarColumn(), DownloadColumn(binary_units=True),
+                                     TransferSpeedColumn(), TimeElapsedColumn())
+            self.progress.start()
+            self.task = self.progress.add_task(label, total=None, files="?")
+
+    def update(self, msg: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, total=msg["bytes"], completed=msg["done_bytes"], files=msg["files"])
+
+    def __enter__(self) -> TransferProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
             self.progress.stop()

@@ -6,8 +6,8 @@ import json
 
 import typer
 
-from ckptfs.cli.lifecycle import _one, _target, fmt_age
-from ckptfs.cli.main import _one_line_errors, app
+from ckptfs.cli.app import PATH_OR_CWD, app, one_line_errors
+from ckptfs.cli.client import find_mount_root, one_reply
 from ckptfs.config import fmt_bytes
 
 replicate_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Replication of committed checkpoints to other stores.")
@@ -15,23 +15,24 @@ app.add_typer(replicate_app, name="replicate")
 
 
 @replicate_app.command("status")
-@_one_line_errors
+@one_line_errors
 def status(
-    path: str = typer.Argument(".", help="The mount point, or any path in the mount (default: the current directory)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list with one entry per target."),
+    path: str = PATH_OR_CWD,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output: a list with one entry per target; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Per replica target: checkpoints replicated, pending, failed, bytes behind, lag, and the target's error if any.
 
     Exits 1 when a target is unreachable or refuses, or a copy failed; 0 otherwise (pending work alone is not an error).
     """
-    root, _ = _target(path)
-    msg = _one(root, {"cmd": "replicate_status"}, timeout=120)
+    root = find_mount_root(path)
+    msg = one_reply(root, {"cmd": "replicate_status"}, timeout=120)
     targets = msg["targets"]
     if as_json:
         typer.echo(json.dumps(targets, indent=2, sort_keys=True))
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from ckptfs.cli.display import fmt_age, make_console
 
         table = Table(title=f"replication from {root}" + (" (this node copies)" if msg.get("lease_held") else ""))
         for col in ("target", "where", "select", "replicated", "pending", "failed", "behind", "lag", "state"):
@@ -43,7 +44,7 @@ def status(
             table.add_row(t["name"], t["target"] + (f" at {t['endpoint_url']}" if t["endpoint_url"] else ""), t["select"],
                           str(t["replicated"]), str(t["pending"]), str(t["failed"]), fmt_bytes(t["bytes_behind"]),
                           fmt_age(t["lag_seconds"]) if t["pending"] else "-", state)
-        Console(width=200).print(table)
+        make_console().print(table)
         if msg.get("primary_error"):
             typer.echo(f"ckptfs: the primary could not be surveyed: {msg['primary_error']}", err=True)
         for t in targets:

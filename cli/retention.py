@@ -1,17 +1,24 @@
 """`ckptfs retention plan|apply|restore` and `ckptfs drill` (docs/lifecycle.md).
 
-Registered on the main app by cli/lifecycle.py importing this module.
+Registered on the `ckptfs` app (cli/app.py) by importing this module.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+import sys
+import time
 from typing import Any
 
 import typer
 
-from ckptfs.cli.lifecycle import _on_replica, _one, _say, _target, _who
-from ckptfs.cli.main import _one_line_errors, app
+from ckptfs.cli.app import JSON_OUTPUT, PATH_OR_CWD, app, one_line_errors, say
+from ckptfs.cli.client import locate, locate_on_replica, one_reply, requester, until_done
+from ckptfs.cli.errors import EXIT_USAGE, CliError
+from ckptfs.config import fmt_bytes
 
 retention_app = typer.Typer(add_completion=False, no_args_is_help=True,
                             help="Retention: what the policy keeps and deletes (plan), doing it (apply), taking an expiring checkpoint back (restore).")
@@ -22,8 +29,9 @@ def _show_plan(plan: list[dict[str, Any]], policy: bool, path: str, applied: boo
     if not plan:
         typer.echo(f"ckptfs: no checkpoints under {path}")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from ckptfs.cli.display import make_console
 
     table = Table(title=f"retention {'applied' if applied else 'plan'} under {path}")
     for col in ("step", "path", "state", "action", "reason") + (("done",) if applied else ()):
@@ -33,24 +41,24 @@ def _show_plan(plan: list[dict[str, Any]], policy: bool, path: str, applied: boo
         if applied:
             row.append(d.get("done", ""))
         table.add_row(*row)
-    Console(width=200).print(table)
+    make_console().print(table)
     deletes = sum(1 for d in plan if d["action"] == "delete")
     if not policy:
         typer.echo("ckptfs: no retention policy is set (retention_keep_last, retention_keep_every_steps, "
                    "retention_keep_every_seconds): everything is kept")
     elif not applied:
-        typer.echo(f"ckptfs: {len(plan) - deletes} kept, {deletes} to let go; nothing changed (ckptfs retention apply does it)")
+        typer.echo(f"ckptfs: {len(plan) - deletes} kept, {deletes} to let go; nothing changed (`ckptfs retention apply {shlex.quote(path)}` does it)")
 
 
 @retention_app.command("plan")
-@_one_line_errors
+@one_line_errors
 def plan(
-    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
-    as_json: bool = typer.Option(False, "--json", help="A list of {path, action (keep|delete), reason, ...}."),
+    path: str = PATH_OR_CWD,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: a list of objects with path, action (keep or delete), reason, ...; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Show what the retention policy keeps (and by which rule) and what it would delete; changes nothing."""
-    root, rel = _target(path)
-    msg = _one(root, {"cmd": "retention_plan", "path": rel}, timeout=None)
+    root, rel = locate(path)
+    msg = one_reply(root, {"cmd": "retention_plan", "path": rel}, timeout=None)
     if as_json:
         typer.echo(json.dumps(msg["plan"], indent=2, sort_keys=True))
     else:
@@ -58,14 +66,14 @@ def plan(
 
 
 @retention_app.command("apply")
-@_one_line_errors
+@one_line_errors
 def apply(
-    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
-    as_json: bool = typer.Option(False, "--json"),
+    path: str = PATH_OR_CWD,
+    as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Apply the retention policy: mark checkpoints it lets go expiring, delete those whose grace period is over."""
-    root, rel = _target(path)
-    msg = _one(root, {"cmd": "retention_apply", "path": rel, "who": _who()}, timeout=None)
+    root, rel = locate(path)
+    msg = one_reply(root, {"cmd": "retention_apply", "path": rel, "who": requester()}, timeout=None)
     if as_json:
         typer.echo(json.dumps(msg["plan"], indent=2, sort_keys=True))
     else:
@@ -73,61 +81,71 @@ def apply(
 
 
 @retention_app.command("restore")
-@_one_line_errors
+@one_line_errors
 def restore(
-    path: str = typer.Argument(..., help="The expiring checkpoint directory in the mount."),
-    reason: str = typer.Option("", "--reason", help="Why (goes to the audit log)."),
-    as_json: bool = typer.Option(False, "--json"),
+    path: str = typer.Argument(..., metavar="CHECKPOINT", help="The expiring checkpoint directory in the mount."),
+    reason: str = typer.Option("", "--reason", metavar="REASON", show_default=False, help="Why (goes to the audit log) (default: none)."),
+    as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Take an expiring checkpoint back: it is no longer deleted, and retention keeps it from now on."""
-    _say("retention_restore", path, {"reason": reason}, as_json)
+    say("retention_restore", path, {"reason": reason}, as_json)
+
+
+def missing_dirs(path: str) -> list[str]:
+    """The directories of absolute `path` that do not exist yet, outermost first (none if it exists)."""
+    out: list[str] = []
+    cur = path
+    while not os.path.lexists(cur) and os.path.dirname(cur) != cur:
+        out.append(cur)
+        cur = os.path.dirname(cur)
+    return out[::-1]
+
+
+def drill_dir(into: str, parents: bool) -> str:
+    """The absolute `--dir` to restore under ("" for the default). A directory whose parent is missing is refused
+    unless `parents` (a typo must not grow a tree at /): then what will be created is said on stderr."""
+    if not into:
+        if parents:
+            raise CliError("--parents applies to --dir only", EXIT_USAGE)
+        return ""
+    path = os.path.abspath(into)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"--dir {into}: not a directory", EXIT_USAGE)
+    missing = missing_dirs(path)
+    if len(missing) > 1 and not parents:
+        raise CliError(f"--dir {into}: {missing[0]} does not exist: create it (`mkdir -p {shlex.quote(path)}`), "
+                       "or add --parents to create it and its missing parents", EXIT_USAGE)
+    if missing:
+        typer.echo(f"ckptfs: drill: creating {', '.join(missing)}", err=True)
+    return path
 
 
 @app.command()
-@_one_line_errors
+@one_line_errors
 def drill(
-    path: str = typer.Argument(".", help="A checkpoint directory, or a directory above checkpoints: its newest committed one (default: the current directory)."),
-    exec_: str = typer.Option("", "--exec", help="A command run on the restored checkpoint, {path} replaced by its directory (also in $CKPTFS_DRILL_PATH); it must exit 0."),
-    into: str = typer.Option("", "--dir", help="Restore under this directory (default: the daemon's cache directory, drills/)."),
+    path: str = typer.Argument(".", metavar="PATH", show_default=False,
+                               help="A checkpoint directory, or a directory above checkpoints: its newest committed one (default: the current directory)."),
+    exec_: str = typer.Option("", "--exec", metavar="COMMAND", show_default=False,
+                              help="A shell command run on the restored checkpoint; the text '{path}' in it is replaced by the restored directory, "
+                                   "also in $CKPTFS_DRILL_PATH; it must exit 0 (default: no command)."),
+    into: str = typer.Option("", "--dir", metavar="DIR", show_default=False,
+                             help="Restore under this existing directory (default: drills/ in the daemon's cache directory)."),
+    parents: bool = typer.Option(False, "--parents", help="With --dir: create it and its missing parents, saying which (default: refuse a --dir whose parent is missing)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the restored directory afterwards (default: removed)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's output goes to stderr)."),
-    target: str = typer.Option("", "--target", help="Restore from replica target NAME ([replica.NAME], docs/replication.md) instead of the primary."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (the command's output goes to stderr); an error as {\"error\", \"hint\", \"code\"}."),
+    target: str = typer.Option("", "--target", metavar="NAME", show_default=False,
+                               help="Restore from the replica target of the config table replica.NAME (docs/replication.md) (default: the primary)."),
 ) -> None:
     """Recovery drill: restore a checkpoint from the bucket as a fresh node would, verify it deep, run a command on it."""
-    import os
-    import shlex
-    import subprocess
-    import sys
-    import time
+    from ckptfs.cli.display import TransferProgress
 
-    from ckptfs.cli.main import CliError, request
-    from ckptfs.config import fmt_bytes
-
-    root, rel = _on_replica(path) if target else _target(path)
-    req = {"cmd": "drill", "path": rel, "exec": bool(exec_), "dir": os.path.abspath(into) if into else "", "keep": keep}
+    into = drill_dir(into, parents)
+    root, rel = locate_on_replica(path) if target else locate(path)
+    req = {"cmd": "drill", "path": rel, "exec": bool(exec_), "dir": into, "keep": keep}
     if target:
         req["target"] = target
-    progress = None
-    if sys.stdout.isatty() and not as_json:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
-
-        progress = Progress(TextColumn("restore {task.fields[files]} files"), BarColumn(), DownloadColumn(binary_units=True),
-                            TransferSpeedColumn(), TimeElapsedColumn())
-        progress.start()
-        task = progress.add_task("drill", total=None, files="?")
-    msg: dict[str, Any] | None = None
-    try:
-        for m in request(root, req, timeout=None):
-            if m.get("done"):
-                msg = m
-                break
-            if progress:
-                progress.update(task, total=m["bytes"], completed=m["done_bytes"], files=m["files"])
-    finally:
-        if progress:
-            progress.stop()
-    if msg is None:
-        raise CliError("the daemon stopped before the drill finished (is it shutting down?)")
+    with TransferProgress("restore", sys.stdout.isatty() and not as_json) as progress:
+        msg = until_done(root, req, "drill", on_progress=progress.update)
     result = msg["result"]
     if msg.get("waiting"):
         command = exec_.replace("{path}", shlex.quote(result["dir"]))
@@ -140,7 +158,7 @@ def drill(
             typer.echo(f"ckptfs: drill: cannot run the command: {e}", err=True)
             code = 127
         exec_result = {"command": exec_, "exit_code": code, "seconds": round(time.monotonic() - started, 3)}
-        result = _one(root, {"cmd": "drill_done", "id": msg["id"], "exec": exec_result}, timeout=None)["result"]
+        result = one_reply(root, {"cmd": "drill_done", "id": msg["id"], "exec": exec_result}, timeout=None)["result"]
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
     else:

@@ -1,17 +1,20 @@
 """Storage commands: policy print (access roles), lifecycle plan|apply (tiers), restore, usage (cost).
 
-Registered on the main `ckptfs` app by importing this module. See docs/security.md and docs/lifecycle.md.
+Registered on the `ckptfs` app (cli/app.py) by importing this module. See docs/security.md and docs/lifecycle.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import typer
 
-from ckptfs.cli.main import EXIT_USAGE, CliError, _one_line_errors, app, find_mount_root, get_status
-from ckptfs.config import ConfigError, parse_source
+from ckptfs.cli.app import JSON_OUTPUT, MOUNT_POINT, PATH_OR_CWD, app, for_the_user, one_line_errors
+from ckptfs.cli.client import find_mount_root, get_status, locate, one_reply, until_done
+from ckptfs.cli.errors import EXIT_USAGE, CliError
+from ckptfs.config import ConfigError, fmt_bytes, parse_source
 
 policy_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Access roles as S3 policy documents (docs/security.md).")
 app.add_typer(policy_app, name="policy")
@@ -28,12 +31,13 @@ def _source(mount: str) -> tuple[str, str]:
 
 
 @policy_app.command("print")
-@_one_line_errors
+@one_line_errors
 def policy_print(
-    mount: str = typer.Argument(..., help="The mount point (or s3://BUCKET/PREFIX)."),
-    role: str = typer.Option(..., "--role", help="writer (training nodes), retention (the only one that deletes) or reader."),
-    principal: str = typer.Option("", "--principal", help="Make it a bucket policy for this principal (an ARN, or '*'); default: an IAM policy."),
-    allow_delete: bool = typer.Option(False, "--allow-delete", help="writer only: may delete ordinary files, never ckptfs's objects or the audit log."),
+    mount: str = typer.Argument(..., metavar="MOUNTPOINT|s3://BUCKET/PREFIX", help="The mount point (or s3://BUCKET/PREFIX)."),
+    role: str = typer.Option(..., "--role", metavar="ROLE", help="writer (training nodes), retention (the only one that deletes) or reader."),
+    principal: str = typer.Option("", "--principal", metavar="ARN", show_default=False,
+                                  help="Make it a bucket policy for this principal (an ARN, or '*') (default: an IAM policy)."),
+    allow_delete: bool = typer.Option(False, "--allow-delete", help="writer only: may delete ordinary files, never ckptfs's objects or the audit log (default: no deletes)."),
 ) -> None:
     """Print the S3 policy document (JSON) for a role on the mount's bucket and prefix."""
     from ckptfs.policy import ROLES, document
@@ -53,120 +57,107 @@ lifecycle_app = typer.Typer(add_completion=False, no_args_is_help=True,
 app.add_typer(lifecycle_app, name="lifecycle")
 
 
-def _one(root: Any, req: dict[str, Any], timeout: float | None = 300.0) -> dict[str, Any]:
-    from ckptfs.cli.main import request
-
-    for msg in request(root, req, timeout=timeout):
-        return msg
-    raise CliError("the daemon closed the connection without an answer")
-
-
-def _show_plan(p: dict[str, Any], as_json: bool, applied: bool | None) -> None:
+def _show_plan(p: dict[str, Any], mount: str, as_json: bool, applied: bool | None) -> None:
     p.pop("ok", None)
     if as_json:
         typer.echo(json.dumps(p, indent=2, sort_keys=True))
         return
     for w in p["warnings"]:
         typer.echo(f"ckptfs: warning: {w}", err=True)
-    typer.echo(json.dumps({"Rules": p["rules"]}, indent=2))
+    if p["rules"]:
+        typer.echo(json.dumps({"Rules": p["rules"]}, indent=2))
     for mark, what in (("+", "add"), ("~", "change"), ("-", "remove"), ("=", "unchanged")):
         for rid in p[what]:
             typer.echo(f"{mark} {rid}")
     for rid in p["keep"]:
         typer.echo(f"  {rid or '(no id)'} (not ckptfs's: kept)")
-    if applied is None:
-        typer.echo("ckptfs: " + ("`ckptfs lifecycle apply` would make these changes" if p["changes"]
+    if not p["rules"] and not p["changes"]:  # nothing to show above: say why, once
+        typer.echo(f"ckptfs: ckptfs sets no lifecycle rules for this mount (tier_transitions and tier_noncurrent_delete_days "
+                   f"are not set) and bucket {p['bucket']!r} has none of its rules: nothing to " + ("apply" if applied is None else "change"))
+    elif applied is None:
+        typer.echo("ckptfs: " + (f"`ckptfs lifecycle apply {mount}` would make these changes" if p["changes"]
                                  else f"bucket {p['bucket']!r} has these rules already: nothing to apply"))
     else:
         typer.echo("ckptfs: " + (f"bucket {p['bucket']!r} lifecycle rules set" if applied else f"bucket {p['bucket']!r} has these rules already: nothing changed"))
 
 
 @lifecycle_app.command("plan")
-@_one_line_errors
+@one_line_errors
 def lifecycle_plan(
-    mount: str = typer.Argument(..., help="The mount point."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep."),
+    mount: str = MOUNT_POINT,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: the rules, and add/change/remove/keep; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Print the bucket lifecycle configuration ckptfs would set, and how it differs from the bucket's."""
-    _show_plan(_one(find_mount_root(mount), {"cmd": "lifecycle_plan"}), as_json, None)
+    _show_plan(one_reply(find_mount_root(mount), {"cmd": "lifecycle_plan"}), mount, as_json, None)
 
 
 @lifecycle_app.command("apply")
-@_one_line_errors
+@one_line_errors
 def lifecycle_apply(
-    mount: str = typer.Argument(..., help="The mount point."),
-    as_json: bool = typer.Option(False, "--json"),
+    mount: str = MOUNT_POINT,
+    as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Set the bucket lifecycle configuration of `plan`, keeping the rules ckptfs did not write."""
-    p = _one(find_mount_root(mount), {"cmd": "lifecycle_apply"})
-    _show_plan(p, as_json, bool(p["applied"]))
+    p = one_reply(find_mount_root(mount), {"cmd": "lifecycle_apply"})
+    _show_plan(p, mount, as_json, bool(p["applied"]))
 
 
 @app.command()
-@_one_line_errors
+@one_line_errors
 def restore(
-    path: str = typer.Argument(..., help="A file or directory (a checkpoint) in the mount."),
-    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored (restores take minutes to hours)."),
-    as_json: bool = typer.Option(False, "--json"),
+    path: str = typer.Argument(..., metavar="PATH", help="A file or directory (a checkpoint) in the mount."),
+    wait: bool = typer.Option(False, "--wait", help="Keep reporting until every object is restored; restores take minutes to hours (default: ask and report once)."),
+    as_json: bool = JSON_OUTPUT,
 ) -> None:
     """Restore archived objects (GLACIER, DEEP_ARCHIVE) so they can be read; reports progress."""
-    from ckptfs.cli.main import _rel, request
 
-    root = find_mount_root(path)
-    rel = _rel(root, path)
-    for msg in request(root, {"cmd": "restore", "path": rel, "wait": wait}, timeout=None):
-        msg.pop("ok", None)
-        if msg.get("moved"):  # a checkpoint moved to a cold target (tier_move_target): copied back from there
-            from ckptfs.config import fmt_bytes
-
-            if msg.get("done"):
-                if as_json:
-                    typer.echo(json.dumps(msg, indent=2, sort_keys=True))
-                else:
-                    typer.echo(f"ckptfs: {path}: " + (msg.get("message") or f"brought back from cold target {msg['target']}: "
-                               f"{msg['files']} files ({fmt_bytes(msg['bytes'])}) copied back and verified; it is hot again"))
-                return
-            if not as_json:
-                typer.echo(f"ckptfs: {path}: copying back from cold target {msg['target']}: {msg['done_files']} of {msg['files']} files, "
-                           f"{fmt_bytes(msg['done_bytes'])} of {fmt_bytes(msg['bytes'])}", err=True)
-            continue
-        if msg.get("done"):
-            if as_json:
-                typer.echo(json.dumps(msg, indent=2, sort_keys=True))
-            elif not msg["archived"]:
-                typer.echo(f"ckptfs: {path}: none of its {msg['objects']} objects is in an archive class: nothing to restore")
-            elif msg["restored"] == msg["archived"]:
-                typer.echo(f"ckptfs: {path}: all {msg['archived']} archived objects are restored and readable")
-            else:
-                typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} archived objects restored, {msg['ongoing']} "
-                           f"in progress ({msg['requested']} requested now); run `ckptfs restore {path} --wait` to follow")
+    def on_progress(msg: dict[str, Any]) -> None:
+        if as_json:
             return
-        if not as_json:
+        if msg.get("moved"):  # a checkpoint moved to a cold target (tier_move_target): copied back from there
+            typer.echo(f"ckptfs: {path}: copying back from cold target {msg['target']}: {msg['done_files']} of {msg['files']} files, "
+                       f"{fmt_bytes(msg['done_bytes'])} of {fmt_bytes(msg['bytes'])}", err=True)
+        else:
             typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} restored, {msg['ongoing']} in progress", err=True)
-    raise CliError("the daemon stopped before the restore request finished (is it shutting down?)")
+
+    root, rel = locate(path)
+    msg = until_done(root, {"cmd": "restore", "path": rel, "wait": wait}, "restore request", on_progress=on_progress)
+    msg.pop("ok", None)
+    if as_json:
+        typer.echo(json.dumps(msg, indent=2, sort_keys=True))
+    elif msg.get("moved"):
+        typer.echo(f"ckptfs: {path}: " + (for_the_user(msg.get("message") or "", root) or f"brought back from cold target {msg['target']}: "
+                   f"{msg['files']} files ({fmt_bytes(msg['bytes'])}) copied back and verified; it is hot again"))
+    elif not msg["archived"]:
+        files = msg.get("files", msg["objects"])  # its files: not the manifest and markers ckptfs keeps beside them
+        what = "it is not" if os.path.isfile(path) else "its file is not" if files == 1 else f"none of its {files} files is"
+        typer.echo(f"ckptfs: {path}: {what} in an archive class: nothing to restore")
+    elif msg["restored"] == msg["archived"]:
+        typer.echo(f"ckptfs: {path}: all {msg['archived']} archived objects are restored and readable")
+    else:
+        typer.echo(f"ckptfs: {path}: {msg['restored']} of {msg['archived']} archived objects restored, {msg['ongoing']} "
+                   f"in progress ({msg['requested']} requested now); run `ckptfs restore {path} --wait` to follow")
 
 
 # ------------------------------------------------------------------------ cost
 @app.command()
-@_one_line_errors
+@one_line_errors
 def usage(
-    path: str = typer.Argument(".", help="The mount point, or a directory in it (default: the current directory)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate."),
+    path: str = PATH_OR_CWD,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable: bytes, objects, by_checkpoint, by_run, by_state, by_class, monthly_cost_estimate; an error as {\"error\", \"hint\", \"code\"}."),
 ) -> None:
     """Bytes and objects in the bucket under PATH per checkpoint, run, state and storage class, and an estimated monthly cost."""
-    from ckptfs.cli.main import _rel
-    from ckptfs.config import fmt_bytes
-
-    root = find_mount_root(path)
-    u = _one(root, {"cmd": "usage", "path": _rel(root, path)})
+    root, rel = locate(path)
+    u = one_reply(root, {"cmd": "usage", "path": rel})
     u.pop("ok", None)
     if as_json:
         typer.echo(json.dumps(u, indent=2, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from ckptfs.cli.display import make_console
+
+    console = make_console()
     console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {u['monthly_cost_estimate']:.2f} per month "
                   f"({u['prices_note']})")
     nc = u.get("noncurrent")
@@ -174,21 +165,30 @@ def usage(
         console.print(f"versioned bucket: {fmt_bytes(nc['bytes'])} in {nc['objects']} noncurrent versions"
                       f" (and {nc['delete_markers']} delete markers), about {nc['monthly_cost']:.2f} per month of the above"
                       + ("" if not nc["objects"] else "; `tier_noncurrent_delete_days` expires them"))
+    # compressed on a cold target (cold_compression): what it saved, a column only when something was
+    saved = any(e.get("saved_bytes") for e in [*u["by_class"].values(), *u["by_checkpoint"]])
+
+    def saving(e: dict[str, Any]) -> list[str]:
+        if not saved:
+            return []
+        return [f"{fmt_bytes(e['saved_bytes'])} ({e['saved_bytes'] / e['original_bytes']:.0%})" if e.get("saved_bytes") else "-"]
+
     for title, rows in (("by storage class", u["by_class"]), ("by state", {k: v for k, v in u["by_state"].items() if v["objects"]}),
                         ("by run", u["by_run"])):
         if not rows:
             continue
         t = Table(title=title)
-        for col in ("", "size", "objects", "per month"):
+        for col in ("", "size", "objects", "per month", *(["saved"] if saved and title == "by storage class" else [])):
             t.add_column(col, justify="left" if not col else "right")
         for name, e in rows.items():
-            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), f"{e['monthly_cost']:.2f}" if "monthly_cost" in e else "-")
+            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), f"{e['monthly_cost']:.2f}" if "monthly_cost" in e else "-",
+                      *(saving(e) if title == "by storage class" else []))
         console.print(t)
     if u["by_checkpoint"]:
         t = Table(title="by checkpoint")
-        for col in ("step", "path", "state", "class", "size", "objects", "per month"):
-            t.add_column(col, justify="right" if col in ("step", "size", "objects", "per month") else "left")
+        for col in ("step", "path", "state", "class", "size", "objects", "per month", *(["saved"] if saved else [])):
+            t.add_column(col, justify="right" if col in ("step", "size", "objects", "per month", "saved") else "left")
         for c in u["by_checkpoint"]:
             t.add_row(str(c["step"]), c["path"], c["state"], c["storage_class"], fmt_bytes(c["bytes"]), str(c["objects"]),
-                      f"{c['monthly_cost']:.2f}")
+                      f"{c['monthly_cost']:.2f}", *saving(c))
         console.print(t)

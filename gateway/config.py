@@ -12,45 +12,23 @@ reported as one `ConfigError` line that names the option and the fix.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
-TiB = 1024 * GiB
+from .encryption import Encryption, EncryptionError
+from .patterns import PatternError, compile_patterns
+from .sizes import (GiB, KiB, MiB, S3_MAX_KEY_BYTES, S3_MAX_PART_SIZE, S3_MAX_PARTS, S3_MIN_PART_SIZE, TiB,  # noqa: F401 (for callers)
+                    SMALL_OBJECTS_PER_PART, fmt_bytes, part_size_for, small_objects_in_flight)
+from .storageclass import TierError, parse_prices, parse_transitions
 
-S3_MIN_PART_SIZE = 5 * MiB
-S3_MAX_PART_SIZE = 5 * GiB
-S3_MAX_PARTS = 10_000
-S3_MAX_KEY_BYTES = 1024
 UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL): the control socket's
 AUTO_MIN_FREE_PERCENT = 5  # default cache_min_free: this share of the cache file system, at most 1 GiB
-
-
-def part_size_for(size: int, configured: int) -> int:
-    """The configured part size, raised (in whole MiB) if a file of `size` bytes would need more than S3_MAX_PARTS parts.
-
-    Used by every multipart upload and copy (drain, replication, cold-tier moves). S3_MAX_PARTS is read when called,
-    so a test can lower it to drive a file past the limit without writing 10,000 parts' worth of bytes."""
-    need = -(-size // S3_MAX_PARTS)
-    if need <= configured:
-        return configured
-    return -(-need // MiB) * MiB
-
-
-SMALL_OBJECTS_PER_PART = 4  # files below multipart_threshold (one PutObject each) in flight per part slot
-
-
-def small_objects_in_flight(max_parts_in_flight: int) -> int:
-    """PutObjects of whole small files at once: a small request waits on the store's latency, not on the bandwidth,
-    so it takes more of them than parts to keep the store busy (the drain's limit, and the store's connection pool)."""
-    return SMALL_OBJECTS_PER_PART * max_parts_in_flight
 
 
 class ConfigError(Exception):
@@ -128,6 +106,8 @@ class Config:
     tier_move_target: str = _opt("", "For stores without lifecycle transitions (SeaweedFS answers them with 501): the name of a `[replica.NAME]` table that the daemon itself moves old checkpoints to (docs/lifecycle.md, \"Moving to a cold target\"). Committed, not protected, not expiring checkpoints committed more than `tier_move_after` ago are copied there (server-side on the same endpoint, else streamed), verified (size and xxh3-128, read back), and only then deleted from this bucket; the manifest stays here with a record of the move, and `ckptfs restore PATH` brings one back. That table is then a cold target only: the replicator does not copy checkpoints to it. Empty: no moves.")
     tier_move_after: float = _opt(90 * 86400.0, "With `tier_move_target`: move a checkpoint once this many seconds have passed since it was committed (or since it was restored). Never less than any job needs to read it: a file open on another node is not seen from the moving node.", "seconds")
     tier_move_interval: float = _opt(3600.0, "With `tier_move_target`: seconds between passes of the mover (the node holding the `tier-move` lease looks for checkpoints to move each time).", "seconds")
+    cold_compression: str = _opt("auto", "With `tier_move_target`: how a moved checkpoint's files are stored on the cold target (docs/lifecycle.md, \"Compressed cold tier\"). `auto`: tensors with a codec for their dtype (the exponent bytes apart: safetensors by their header, torch.save and DCP files by their pickled storage types, else by trying), zstd for the rest; `zstd`: zstd for every byte; `none`: as they are. A compressed file's object is named `FILE.ckptfs-z`; one that saves less than `cold_compression_threshold` is stored as it is.")
+    cold_compression_threshold: float = _opt(0.03, "With `cold_compression`: a file whose compressed copy would save less than this fraction of its size is stored as it is (its own name, no decoding on restore).")
     tier_noncurrent_delete_days: int = _opt(0, "On a versioned bucket (Object Lock turns versioning on), deleting an object (retention's deletes, overwrites) keeps its old version, still stored and billed. This many days after a version became noncurrent, a bucket lifecycle rule deletes it, and the delete markers left without versions; 0: no such rule (`ckptfs lifecycle plan` warns when the bucket is versioned). Versions under legal hold or Object Lock retention are kept by the store whatever the rule says.", "days")
     restore_days: int = _opt(7, "`ckptfs restore` asks for archived objects to be readable for this many days.", "days")
     restore_tier: str = _opt("Standard", "`ckptfs restore` retrieval tier: Expedited, Standard or Bulk (price and speed differ per store and class).")
@@ -163,7 +143,7 @@ class Config:
     direct_io_writes: bool = _opt(True, "Handles opened for writing bypass the kernel's page cache (FUSE direct_io): writes are acknowledged up to several times faster and a just-written file renames in about a millisecond instead of the kernel dropping its cached pages (~150 ms per GiB). The price: a file open for writing cannot be mapped with mmap(MAP_SHARED) (ENODEV). Set false if an application writes through shared memory maps. Write handles under FUSE passthrough (`fuse_transport`) need neither: the kernel writes the cache file itself, and shared writable maps work.")
     allow_other: bool = _opt(False, "Let users other than the mounting one access the mount (FUSE allow_other; needed for NFS re-export).")
     passthrough_min_room: int = _opt(1 * GiB, "With FUSE passthrough the kernel writes cache files itself, so the daemon cannot slow a single write down when the cache fills: a new write handle gets passthrough only while the cache has at least this much room (capacity minus what it holds, and the disk's free space above `cache_min_free`); otherwise it gets copy mode, where writers wait for the drain and then get ENOSPC. A passthrough writer that fills the disk gets ENOSPC from the kernel; nothing acknowledged before is lost.", "bytes")
-    fuse_transport: str = _opt("auto", "How the daemon talks to the kernel. `kernel`: it speaks the FUSE protocol on /dev/fuse itself, and with FUSE passthrough (root, Linux 6.9 or later) the kernel reads and writes cache files directly, without the daemon copying the bytes. `libfuse`: through pyfuse3/libfuse, for any user (mounts via fusermount3); the daemon copies every byte. `auto`: kernel when running as root on a kernel that has passthrough, else libfuse.")
+    fuse_transport: str = _opt("auto", "How the daemon talks to the kernel. `kernel`: it speaks the FUSE protocol on /dev/fuse itself (root; any kernel from Linux 5.4, FUSE 7.31), and with FUSE passthrough (Linux 6.9 or later) the kernel reads and writes cache files directly, without the daemon copying the bytes; on older kernels it serves in copy mode. `libfuse`: through pyfuse3/libfuse, for any user (mounts via fusermount3); the daemon copies every byte. `auto`: kernel when running as root (passthrough where the kernel offers it), else libfuse. docs/semantics.md says which transport and data path each kernel gets.")
     fuse_passthrough: bool = _opt(True, "With `fuse_transport` kernel, ask the kernel for FUSE passthrough (granted to root on Linux 6.9 or later). Set false to serve every read and write in copy mode through the daemon, as where passthrough is refused: to rule passthrough out when chasing a problem, or to compare the two (`python -m bench` does). Has no effect on `fuse_transport` libfuse, which never has passthrough.")
     log_level: str = _opt("info", "Log level: debug, info, warning or error.")
     replica: dict = _opt({}, "Replica targets, from `[replica.NAME]` tables in the TOML file (see the replica table below); not settable from the environment or `-o`.", "table")
@@ -248,22 +228,16 @@ class Config:
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:
             parse_hostport(self.metrics_addr)
-        from .lifecycle.patterns import PatternError, compile_patterns
-
         try:
             compile_patterns(self.checkpoint_patterns)
         except PatternError as e:
             raise ConfigError(f"checkpoint_patterns: {e}") from None
-        from .encryption import Encryption, EncryptionError
-
         try:
             Encryption.from_config(self)
         except EncryptionError as e:
             raise ConfigError(str(e)) from None
         if self.ca_bundle and not os.path.isfile(self.ca_bundle):
             raise ConfigError(f"ca_bundle = {self.ca_bundle!r} is not a file: give a PEM file of CA certificates")
-        from .lifecycle.tiers import TierError, parse_prices, parse_transitions
-
         try:
             parse_transitions(self.tier_transitions)
             parse_prices(self.storage_prices)
@@ -289,6 +263,10 @@ class Config:
         for name in ("tier_move_after", "tier_move_interval"):
             if not getattr(self, name) > 0:  # NaN too
                 raise ConfigError(f"{name} = {getattr(self, name)}: give a number of seconds > 0")
+        if self.cold_compression not in ("auto", "zstd", "none"):
+            raise ConfigError(f"cold_compression = {self.cold_compression!r}: give auto, zstd or none")
+        if not 0 <= self.cold_compression_threshold < 1:  # NaN too
+            raise ConfigError(f"cold_compression_threshold = {self.cold_compression_threshold}: give a fraction from 0 to below 1 (0.03: 3%)")
         for r in self.replica.values():
             if (r.endpoint_url or "") == (self.endpoint_url or "") and r.bucket == self.bucket and (
                     r.key_prefix.startswith(self.key_prefix) or self.key_prefix.startswith(r.key_prefix)):
@@ -320,8 +298,8 @@ class Config:
 # -------------------------------------------------------------------- replicas
 REPLICA_FIELDS = {
     "source": "`s3://BUCKET[/PREFIX]` on the target: where the copies go (required). The mount's tree is copied below PREFIX as it is below the mount's prefix.",
-    "endpoint_url": "The target's S3 endpoint; empty for AWS S3. When it is the mount's own endpoint, objects are copied inside the store (CopyObject, UploadPartCopy above 5 GiB); otherwise streamed (GET, multipart PUT).",
-    "region": "Region for request signing (default `us-east-1`).",
+    "endpoint_url": "The target's S3 endpoint; empty: the mount's own (whether it came from the file, the environment or `--endpoint-url`). When it is the mount's own endpoint, objects are copied inside the store (CopyObject, UploadPartCopy above 5 GiB); otherwise streamed (GET, multipart PUT).",
+    "region": "Region for request signing (default: the mount's `region`).",
     "profile": "AWS profile with the target's credentials; empty for the standard chain (environment, ~/.aws, instance role). Credentials are never logged.",
     "select": "Which committed checkpoints go there: `all`, `protected` (golden only) or `every:K` (steps that are multiples of K). Protected checkpoints go to every target whatever this says.",
     "keep_last": "The replica's own, longer retention (optional; by default a replica keeps what the primary keeps): also keep the newest N committed checkpoints of each directory of checkpoints on the replica after the primary's retention deleted them. At least the primary's `retention_keep_last`.",
@@ -377,6 +355,12 @@ class Replica:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """' (did you mean NAME?)' for the closest known name to a mistyped one, or ''."""
+    close = difflib.get_close_matches(name.replace("-", "_").lower(), list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
     """`[replica.NAME]` tables -> {NAME: Replica}; one ConfigError line per problem."""
     if not isinstance(data, dict):
@@ -389,7 +373,8 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
             raise ConfigError(f"replica.{name} in {origin} must be a table [replica.{name}] with source = \"s3://BUCKET/PREFIX\"")
         unknown = sorted(set(table) - set(REPLICA_FIELDS))
         if unknown:
-            raise ConfigError(f"[replica.{name}] in {origin}: unknown key {unknown[0]!r}: the keys are {', '.join(REPLICA_FIELDS)}")
+            raise ConfigError(f"[replica.{name}] in {origin}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], REPLICA_FIELDS)}: "
+                              f"the keys are {', '.join(REPLICA_FIELDS)}")
         policy: dict[str, Any] = {}
         for key, value in table.items():
             if key in REPLICA_POLICY:
@@ -415,7 +400,7 @@ def parse_replicas(data: Any, origin: str) -> dict[str, Replica]:
         select = table.get("select", "all").strip()
         if not _SELECT.fullmatch(select):
             raise ConfigError(f"[replica.{name}] select = {select!r}: use all, protected or every:K (K a positive step count)")
-        out[name] = Replica(name, bucket, prefix, endpoint, table.get("region", "us-east-1") or "us-east-1",
+        out[name] = Replica(name, bucket, prefix, endpoint, table.get("region", ""),  # "": the mount's (load_config)
                             table.get("profile", ""), select, **policy)
     return out
 
@@ -453,14 +438,6 @@ def parse_size(value: Any, name: str = "size") -> int:
 def auto_min_free(fs_size: int) -> int:
     """The default `cache_min_free` for a cache file system of `fs_size` bytes: 5%, at most 1 GiB."""
     return min(GiB, fs_size * AUTO_MIN_FREE_PERCENT // 100)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def parse_hostport(value: str) -> tuple[str, int]:
@@ -560,7 +537,7 @@ def load_config(
             values["replica"] = parse_replicas(data.pop("replica"), config_file)
         for key, value in data.items():
             if key not in FIELDS:
-                raise ConfigError(f"unknown option {key!r} in {config_file}: see docs/configuration.md for the valid names")
+                raise ConfigError(f"unknown option {key!r} in {config_file}{did_you_mean(key, FIELDS)}: see docs/configuration.md for the valid names")
             values[key] = _coerce(FIELDS[key], value, config_file)
     env = os.environ if environ is None else environ
     for name, f in FIELDS.items():
@@ -571,9 +548,13 @@ def load_config(
         if value is None:
             continue
         if key not in FIELDS:
-            raise ConfigError(f"unknown option {key!r}")
+            raise ConfigError(f"unknown option {key!r}{did_you_mean(key, FIELDS)}: see docs/configuration.md for the valid names")
         values[key] = _coerce(FIELDS[key], value, "the command line")
     cfg = Config(**values)
+    # a target without endpoint_url (or region) is on the mount's own endpoint (region), however that was given
+    # (TOML, environment or --endpoint-url): left empty, boto3 would send its requests to AWS
+    cfg.replica = {name: dataclasses.replace(r, endpoint_url=r.endpoint_url or cfg.endpoint_url, region=r.region or cfg.region)
+                   for name, r in cfg.replica.items()}
     cfg.validate()
     return cfg
 

@@ -17,6 +17,7 @@ import platform
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -29,14 +30,21 @@ from .config import Config, fmt_bytes, parse_hostport
 from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
+from .fs import CkptFS
+from .fuse.kernel import KernelSession, choose_transport
+from .fuse.libfuse import LibfuseSession
+from .fuse.session import FuseSession
 from .journal import Journal, JournalError
+from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
+from .lifecycle.usage import UsageCollector
 from .metrics import Metrics
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
+from .objects import StoreError
 from .remote import Remote
 from .replication.service import Replicator
-from .store import Store, StoreError
+from .store import Store
 from .version import VERSION
 
 log = logging.getLogger("ckptfs")
@@ -91,6 +99,9 @@ def check_cache_dir(path: str, mountpoint: str = "") -> None:
         raise UserError(f"cache directory {path} does not exist: create it (mkdir -p {path}) on the local NVMe")
     if not p.is_dir():
         raise UserError(f"cache directory {path} is not a directory")
+    if os.statvfs(p).f_flag & os.ST_RDONLY:  # access() says EROFS to root as to anyone: name the real cause
+        raise UserError(f"cache directory {path} is on a read-only file system: give a directory on a writable local disk "
+                        "(or remount it read-write)")
     if not os.access(p, os.W_OK | os.X_OK):
         raise UserError(f"cache directory {path} is not writable by this user: fix its permissions or run as its owner")
 
@@ -152,6 +163,12 @@ def lock_cache_dir(path: str) -> int:
     return fd
 
 
+def check_cache_dir_free(path: str) -> None:
+    """Refuse a cache directory a running daemon holds (UserError), before anything is written into it: its log
+    file there is that daemon's, and a refused start must not write into it."""
+    os.close(lock_cache_dir(path))
+
+
 # --------------------------------------------------------------------- daemon
 class Daemon:
     def __init__(self, cfg: Config) -> None:
@@ -160,15 +177,14 @@ class Daemon:
         self._stop = trio.Event()
         self._stop_now = trio.Event()  # a second signal: stop draining at once
         self.flush_on_stop = False
-        self.fuse_done = trio.Event()
-        self.fs: Any = None  # the filesystem, once running
+        self.fs: CkptFS | None = None  # the filesystem, once running
         self.fuse_transport = ""  # "kernel" or "libfuse", once running
-        self.session: Any = None  # the kernel transport's session
-        self._fuse_scope = trio.CancelScope()
+        self.session: FuseSession | None = None  # the mount, once mounted
         self.metrics_port: int | None = None
         self._stopped = trio.Event()  # drained (or gave up): `left` says what stays in the journal
         self.left: dict[str, Any] = {}
         self._stop_reporters = 0
+        self.ready = False  # the mount came up (READY sent)
 
     # ---- wiring, before trio
     def prepare(self) -> None:
@@ -199,11 +215,7 @@ class Daemon:
         self.remote = Remote(self.ns, self.store, cfg)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
-        from .lifecycle.usage import UsageCollector
-
         self.metrics.registry.register(UsageCollector(self.lifecycle))
-        from .lifecycle.coldmove import MoveCollector
-
         self.metrics.registry.register(MoveCollector(self.lifecycle.mover))
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:
@@ -224,6 +236,8 @@ class Daemon:
 
     # ---- control API
     def status(self) -> dict[str, Any]:
+        if self.fs is not None:
+            self.fs.sync_passthrough_all()  # what passthrough writers wrote so far counts as dirty and cached
         s: dict[str, Any] = dict(self.ns.stats())
         now = time.time()
         rate = self.drainer.throughput.rate()
@@ -260,6 +274,8 @@ class Daemon:
             fuse_transport=self.fuse_transport,
             passthrough=bool(self.session is not None and self.session.passthrough),
             passthrough_handles=self.fs.passthrough_handles if self.fs is not None else 0,
+            fuse_protocol=self.session.protocol if self.session is not None else None,
+            fuse_workers=self.session.workers if self.session is not None else 0,
             **self.lifecycle.stats(),
             encryption=self.store.enc.describe(),
             deletes_not_permitted_total=self.drainer.deletes_not_permitted_total,
@@ -364,9 +380,6 @@ class Daemon:
 
     # ---- running
     async def run(self, ready_fd: int | None = None) -> None:
-        from .fs import CkptFS
-        from .fuse.kernel import choose_transport
-
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         self.fuse_transport = choose_transport(cfg.fuse_transport)
@@ -380,18 +393,14 @@ class Daemon:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)
             await nursery.start(self.remote.run)
+            session = self.session = self._mount(fs)
+            await nursery.start(self._serve_fuse, session)
             if self.fuse_transport == "kernel":
-                self._kernel_mount(fs)
-            if self.fuse_transport == "kernel":
-                await nursery.start(self._kernel_main)
-                if self.session.passthrough:
+                if session.passthrough:
                     log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
                 else:
                     log.warning("FUSE: the protocol spoken on /dev/fuse, without passthrough (%s): every byte is copied by the daemon",
-                                self.session.passthrough_error)
-            else:
-                self._libfuse_init(fs)
-                nursery.start_soon(self._fuse_main)
+                                session.passthrough_error)
             await nursery.start(self.drainer.run)
             await nursery.start(self.lifecycle.run)
             nursery.start_soon(self._signals)
@@ -402,6 +411,7 @@ class Daemon:
             await trio.to_thread.run_sync(set_kernel_read_ahead, cfg.mountpoint, cfg.kernel_read_ahead)
             await nursery.start(self.replicator.run)
             log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
+            self.ready = True
             if ready_fd is not None:
                 os.write(ready_fd, b"READY\n")
                 os.close(ready_fd)
@@ -414,7 +424,7 @@ class Daemon:
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
             notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
-            await self._unmount()
+            await session.stop()
             fs.sync_passthrough_all()
             self.ns.files.persist_all()  # handles still open at unmount will never be released to us
             await self._drain_before_exit()
@@ -435,6 +445,18 @@ class Daemon:
             log.info("stopped; everything is durable")
         self.journal.close()
 
+    def unbind_if_never_ready(self) -> None:
+        """A start that failed (a busy metrics port, a refused mount) leaves the cache directory as it found it: a
+        journal this start created and that holds nothing to upload is removed, so the directory is not bound to
+        this bucket and prefix by a mount that never was."""
+        journal: Journal | None = getattr(self, "journal", None)  # None: the start failed before opening it
+        if self.ready or journal is None or not journal.bound_now or journal.holds_work():
+            return
+        try:
+            journal.discard()
+        except (OSError, sqlite3.Error) as e:
+            log.warning("could not remove the journal of the failed start %s: %s", journal.path, e)
+
     async def _report_status(self) -> None:
         """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
         while True:
@@ -447,79 +469,35 @@ class Daemon:
                                f"cache {fmt_bytes(self.cache.used_bytes)} of {fmt_bytes(self.cache.capacity_bytes)}".encode())
             await trio.sleep(STATUS_INTERVAL)
 
-    def _libfuse_init(self, fs: Any) -> None:
-        import pyfuse3
-
-        from .fuse.libfuse import Pyfuse3Adapter
-
-        options = set(pyfuse3.default_options)
-        options |= {"fsname=ckptfs", "subtype=ckptfs"}
-        if self.cfg.allow_other:
-            options.add("allow_other")
-        if self.cfg.read_only:
-            options.add("ro")  # the kernel answers EROFS to every change
-        pyfuse3.init(Pyfuse3Adapter(fs), self.cfg.mountpoint, options)
-
-    async def _fuse_main(self) -> None:
-        import pyfuse3
-
-        try:
-            await pyfuse3.main()
-        finally:
-            self.fuse_done.set()
-            self._stop.set()  # an external unmount (fusermount3 -u) stops the daemon too
-
-    def _kernel_mount(self, fs: Any) -> None:
-        """mount(2) for the kernel transport; with `auto`, a refusal (no CAP_SYS_ADMIN, say in a
-        container) falls back to libfuse."""
-        from .fuse.kernel import KernelSession
-
+    def _mount(self, fs: CkptFS) -> FuseSession:
+        """Mount with the chosen transport; with `auto`, a kernel mount(2) refused (no
+        CAP_SYS_ADMIN, say in a container) falls back to libfuse."""
         cfg = self.cfg
-        session = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
-                                allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
-        try:
-            session.mount()
-        except OSError as e:
-            if cfg.fuse_transport == "auto" and e.errno in (errno.EPERM, errno.EACCES):
+        if self.fuse_transport == "kernel":
+            kernel = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
+                                   allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
+            try:
+                kernel.mount()
+                return kernel
+            except OSError as e:
+                if cfg.fuse_transport != "auto" or e.errno not in (errno.EPERM, errno.EACCES):
+                    raise UserError(f"cannot mount {cfg.mountpoint} with fuse_transport=kernel: {e.strerror} "
+                                    "(it needs root; use -o fuse_transport=libfuse)") from None
                 log.warning("FUSE: cannot mount /dev/fuse directly (%s): using libfuse", e.strerror)
                 self.fuse_transport = "libfuse"
-                return
-            raise UserError(f"cannot mount {cfg.mountpoint} with fuse_transport=kernel: {e.strerror} "
-                            "(it needs root; use -o fuse_transport=libfuse)") from None
-        self.session = session
-
-    async def _kernel_main(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The FUSE protocol spoken on /dev/fuse (passthrough when the kernel grants it)."""
-        from .fuse.mount import umount
-
-        session = self.session
+        libfuse = LibfuseSession(fs, cfg.mountpoint, allow_other=cfg.allow_other, read_only=cfg.read_only)
         try:
-            with self._fuse_scope:
-                await session.serve(task_status=task_status)
+            libfuse.mount()
+        except RuntimeError as e:  # pyfuse3 could not mount; raised here, inside the nursery, it must be a UserError to stay one line
+            raise UserError(f"FUSE mount of {cfg.mountpoint} failed ({e}): see the log lines above") from None
+        return libfuse
+
+    async def _serve_fuse(self, session: FuseSession, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the mount; an external unmount (fusermount3 -u, umount) ends it and stops the daemon too."""
+        try:
+            await session.serve(task_status=task_status)
         finally:
-            if session.init_out is None:  # INIT never completed: do not leave a dead mount behind
-                umount(self.cfg.mountpoint, lazy=True)
-                session.close()
-            self.fuse_done.set()
-            self._stop.set()  # an external unmount stops the daemon too
-
-    async def _unmount(self) -> None:
-        if self.fuse_transport == "kernel":
-            session = self.session
-            # like libfuse: detach at once (handles still open keep it alive) and stop serving
-            await session.unmount(lazy=True)
-            with trio.move_on_after(1):
-                await self.fuse_done.wait()
-            self._fuse_scope.cancel()
-            await self.fuse_done.wait()
-            session.close()
-            return
-        import pyfuse3
-
-        if not self.fuse_done.is_set():
-            pyfuse3.terminate()
-            await self.fuse_done.wait()
-        pyfuse3.close(unmount=True)
+            self._stop.set()
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -590,12 +568,9 @@ def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
             if user_errors is None:
                 raise
             raise user_errors.exceptions[0] from None
-        except RuntimeError as e:
-            if "mount" in str(e).lower():  # pyfuse3.init could not mount
-                raise UserError(f"FUSE mount of {cfg.mountpoint} failed ({e}): see the log lines above") from None
-            raise
     except UserError as e:
         log.error("%s", e)
+        daemon.unbind_if_never_ready()
         if ready_fd is not None:
             try:
                 os.write(ready_fd, f"ERROR {e}\n".encode())

@@ -42,7 +42,8 @@ from .config import MiB, Config, part_size_for, small_objects_in_flight
 from .journal import UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
-from .store import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, Store, StoreError, crc32_b64
+from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError, crc32_b64
+from .store import Store
 
 log = logging.getLogger(__name__)
 

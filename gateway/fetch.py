@@ -48,8 +48,9 @@ from . import threads
 from .cache import CacheFull
 from .config import Config
 from .namespace import Namespace
+from .objects import ARCHIVED, CHANGED, NETWORK, SERVER, StoreError
 from .storageclass import ONGOING, ArchiveState
-from .store import ARCHIVED, CHANGED, NETWORK, SERVER, Store, StoreError
+from .store import Store
 
 log = logging.getLogger(__name__)
 

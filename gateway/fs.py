@@ -33,16 +33,16 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
 from .fetch import Download, Fetcher
 from .fuse.ops import Attr, DirEntry, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 from .journal import DURABLE, ROOT_INODE, Row
-from .lifecycle.protect import Guard
 from .metrics import FUSE_COUNTERS
 from .namespace import NAME_MAX, Namespace
+from .namespace.keys import is_reserved
 from .remote import Remote
 
 log = logging.getLogger(__name__)
@@ -111,11 +111,36 @@ class Handle:
     passthrough: bool = False  # the kernel reads/writes the cache file itself
 
 
+class Guard(Protocol):
+    """What every changing operation asks first; raises OSError (EPERM) to refuse.
+
+    The filesystem owns this interface and the lifecycle supplies the implementation that knows
+    protected checkpoints (lifecycle/protect.Guard, wired by the daemon), so fs.py never imports
+    the lifecycle and, through it, the store."""
+
+    def check_entry(self, parent: int, name: str, subtree: bool = False) -> None:
+        """Before creating, removing or renaming `name` in directory `parent` (`subtree`: it may be a directory moving or going)."""
+
+    def check_inode(self, ino: int) -> None:
+        """Before changing the bytes or attributes of inode `ino`."""
+
+
+class ReservedNames:
+    """The guard of a mount without a lifecycle: only ckptfs's own names (.ckptfs*) are refused."""
+
+    def check_entry(self, parent: int, name: str, subtree: bool = False) -> None:
+        if is_reserved(name):
+            raise OSError(errno.EPERM, f"{name}: names beginning with .ckptfs are reserved for ckptfs")
+
+    def check_inode(self, ino: int) -> None:
+        pass
+
+
 class CkptFS(Operations):
     def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str, guard: Guard | None = None) -> None:
         super().__init__()
         self.ns = ns
-        self.guard = guard or Guard.none()  # refuses changes to protected checkpoints and ckptfs's own names
+        self.guard: Guard = guard or ReservedNames()  # refuses changes to protected checkpoints and ckptfs's own names
         self.fetcher = fetcher
         self.remote = remote
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
@@ -167,7 +192,8 @@ class CkptFS(Operations):
             self.ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns)
 
     def sync_passthrough_all(self) -> None:
-        """At unmount: files still open for writing under passthrough get their sizes recorded."""
+        """Files open for writing under passthrough get their sizes recorded: at unmount, and before `status` counts
+        dirty and cached bytes (the kernel wrote them without telling us: an open 1 MiB file would count as 0 B)."""
         for ino in list(self._pt_writers):
             try:
                 self._sync_passthrough(ino)
@@ -219,8 +245,10 @@ class CkptFS(Operations):
             atime_ns=fields.atime_ns,
             mtime_ns=fields.mtime_ns,
         )
-        if fields.kill_suidgid and fields.mode is None:
-            self.ns.tree.kill_priv(inode)  # a truncate by a caller who may not keep setuid/setgid
+        if fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None):
+            # a truncate by a caller who may not keep setuid/setgid, or a chown/chgrp: as local file systems do
+            # (Linux drops them on every chown of a file), and with HANDLE_KILLPRIV_V2 the kernel leaves it to us
+            self.ns.tree.kill_priv(inode)
         if fields.mode is not None:
             for h in self.handles.values():
                 if h.ino == inode and h.write:

@@ -276,6 +276,7 @@ class Journal:
     def _bind(self, bucket: str, prefix: str) -> None:
         """A journal belongs to one bucket and prefix; reusing it elsewhere would upload to the wrong place."""
         meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        self.bound_now = not meta  # this start bound it: `discard` may undo that if the mount never comes up
         if not meta:
             with self.transaction():
                 self.db.executemany(
@@ -301,6 +302,18 @@ class Journal:
 
     def close(self) -> None:
         self.db.close()
+
+    def holds_work(self) -> bool:
+        """True while anything here is not in the bucket yet (files to upload, deletes, `dir/` markers)."""
+        return bool(self.pending_files() or self.pending_deletes() or self.pending_markers())
+
+    def discard(self) -> None:
+        """Close and remove this journal (and its reserve): for a start that bound it and then failed, holding no
+        work, so the cache directory stays free for any bucket and prefix."""
+        self.db.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+        self.reserve_path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------ transactions
     @contextmanager

@@ -40,7 +40,8 @@ from .config import Config
 from .journal import DURABLE, ROOT_INODE
 from .namespace import Namespace
 from .namespace.uploads import RECENT_DELETE_SECONDS
-from .store import Listing, RemoteObject, Store, StoreError
+from .objects import Listing, RemoteObject, StoreError
+from .store import Store
 
 log = logging.getLogger(__name__)
 

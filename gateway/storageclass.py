@@ -81,3 +81,54 @@ def from_head(response: dict[str, object]) -> ArchiveState:
     """The ArchiveState of a boto3 head_object answer."""
     restore, expiry = parse_restore(str(response.get("Restore") or ""))
     return ArchiveState(str(response.get("StorageClass") or "STANDARD"), str(response.get("ArchiveStatus") or ""), restore, expiry)
+
+
+# ------------------------------------------------ tier settings (config.py checks them)
+STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
+                   "GLACIER", "DEEP_ARCHIVE", "EXPRESS_ONEZONE")
+# AWS's minimum object age for a transition into these classes (other stores may accept less)
+AWS_MIN_DAYS = {"STANDARD_IA": 30, "ONEZONE_IA": 30}
+
+
+class TierError(ValueError):
+    """A tier or price setting cannot be used; one line naming it and the fix."""
+
+
+# -------------------------------------------------------------------- settings
+def parse_transitions(entries: list[str]) -> list[tuple[int, str]]:
+    """`["30:STANDARD_IA", "90:GLACIER_IR"]` -> [(30, "STANDARD_IA"), (90, "GLACIER_IR")], days strictly ascending."""
+    out: list[tuple[int, str]] = []
+    for e in entries:
+        m = re.fullmatch(r"\s*(\d+)\s*[:=]\s*([A-Z_]+)\s*", e)
+        if not m:
+            raise TierError(f"tier_transitions entry {e!r} is not DAYS:CLASS (for example 30:STANDARD_IA)")
+        days, cls = int(m.group(1)), m.group(2)
+        if cls not in STORAGE_CLASSES or cls == "STANDARD":
+            raise TierError(f"tier_transitions entry {e!r}: {cls} is not a storage class to move to; use one of "
+                            f"{', '.join(c for c in STORAGE_CLASSES if c != 'STANDARD')}")
+        if out and days <= out[-1][0]:
+            raise TierError(f"tier_transitions entry {e!r}: days must grow from one entry to the next ({out[-1][0]} before it)")
+        out.append((days, cls))
+    return out
+
+
+def parse_prices(entries: list[str]) -> dict[str, float]:
+    """`["STANDARD:0.023", ...]` -> {"STANDARD": 0.023, ...} (per GiB-month)."""
+    out: dict[str, float] = {}
+    for e in entries:
+        cls, sep, price = e.rpartition(":")  # the class may hold ':' itself (moved:NAME, coldmove.py)
+        try:
+            value = float(price)
+        except ValueError:
+            value = -1.0
+        if not sep or not cls.strip() or value < 0:
+            raise TierError(f"storage_prices entry {e!r} is not CLASS:PRICE (for example STANDARD:0.023)")
+        out[cls.strip()] = value
+    return out
+
+
+def class_label(by_class: dict[str, int]) -> str:
+    """The storage class of a checkpoint: its one class, or the classes it spans (most bytes first)."""
+    if not by_class:
+        return "-"
+    return "+".join(c for c, _ in sorted(by_class.items(), key=lambda kv: (-kv[1], kv[0])))

@@ -2,171 +2,45 @@
 
 Every call is blocking and meant to run in a worker thread
 (`trio.to_thread.run_sync`). Part bodies are streamed from the cache file
-through `RangeReader`, so a part is never held whole in memory. Every
-failure becomes a `StoreError` whose message is one line a user can act on,
-and whose `kind` tells the caller whether retrying can help.
+through `RangeReader` (bodies.py), so a part is never held whole in memory.
+Every failure becomes a `StoreError` (objects.py) whose message is one line a
+user can act on, and whose `kind` tells the caller whether retrying can help.
+
+`Store` is built in three layers that share one client: `BucketConnection`
+(the clients, the mount's check, and `_call`, where failures are classified),
+`BucketGovernance` (object lock and legal holds, tags, the bucket's lifecycle
+rules and versioning, restores: what lifecycle/ asks of the bucket besides
+bytes) and `Store` itself (moving bytes: uploads, listings, reads, copies).
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import boto3
 import botocore.exceptions as bexc
 from botocore.config import Config as BotoConfig
 
-from .config import Config, small_objects_in_flight
+from .bodies import RangeReader, ViewReader
+from .config import Config
 from .encryption import Encryption, EncryptionError
+# lifecycle/ and replication/ still import StoreError, its kinds and Listing from here
+from .objects import (
+    ARCHIVED, AUTH, CHANGED, NETWORK, NO_BUCKET, NO_OBJECT, NO_UPLOAD, OTHER, PRECONDITION, SERVER,
+    Listing, NoncurrentVersions, ObjectInfo, RemoteObject, RemotePart, StoreError,
+)
+from .sizes import small_objects_in_flight
 from .storageclass import ArchiveState, from_head
 
 log = logging.getLogger(__name__)
 
-# kinds of failure
-NETWORK = "network"  # unreachable, timed out, connection reset: retry
-SERVER = "server"  # 5xx, SlowDown: retry
-AUTH = "auth"  # bad credentials or no permission: retry slowly, report loudly
-NO_BUCKET = "no-bucket"  # retry slowly, report loudly
-NO_UPLOAD = "no-upload"  # the multipart upload is gone: start a new one
-NO_OBJECT = "no-object"  # the key does not exist (deleted by someone else)
-CHANGED = "changed"  # the object's ETag is not the one the read started from
-ARCHIVED = "archived"  # the object is in an archive storage class: restore it first (ckptfs restore PATH)
-PRECONDITION = "precondition"  # a conditional write found the object not as required (exists already, or another ETag)
-OTHER = "other"
-
 READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call (256 KiB costs ~20% more CPU per GiB)
+PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much at a time (the transient copy per read)
 
 # characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
 PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
-
-
-class StoreError(Exception):
-    def __init__(self, kind: str, message: str, denied: bool = False) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.denied = denied  # AUTH because the credentials are valid but lack the permission (AccessDenied)
-
-
-def crc32_b64(crc: int) -> str:
-    """S3's ChecksumCRC32 encoding: base64 of the big-endian 4-byte value."""
-    return base64.b64encode(crc.to_bytes(4, "big")).decode()
-
-
-class _SeekableBody(io.RawIOBase):
-    """A seekable, read-only request body of `length` bytes (botocore seeks back to retry or to checksum)."""
-
-    length: int
-    pos: int
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
-        self.pos = max(0, min(self.length, base + pos))
-        return self.pos
-
-
-class RangeReader(_SeekableBody):
-    """`length` bytes of `fd` at `offset` (pread, no shared file position)."""
-
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        super().__init__()
-        self.fd, self.offset, self.length, self.pos = fd, offset, length, 0
-
-    def read(self, n: int = -1) -> bytes:
-        left = self.length - self.pos
-        if n is None or n < 0 or n > left:
-            n = left
-        if n <= 0:
-            return b""
-        data = os.pread(self.fd, n, self.offset + self.pos)
-        if len(data) < n:
-            raise OSError(f"cache file shrank while uploading (wanted {n} bytes, got {len(data)})")
-        self.pos += len(data)
-        return data
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-
-class ViewReader(_SeekableBody):
-    """A memoryview (a part buffer of a streamed copy) as a body: no copy of the whole."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self.view, self.length, self.pos = view, len(view), 0
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
-        data = self.view[self.pos:end].tobytes()
-        self.pos = end
-        return data
-
-    def readinto(self, b: Any) -> int:
-        n = min(len(b), len(self.view) - self.pos)
-        b[:n] = self.view[self.pos:self.pos + n]
-        self.pos += n
-        return n
-
-
-PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much at a time (the transient copy per read)
-
-
-@dataclass
-class RemotePart:
-    etag: str
-    size: int
-
-
-@dataclass
-class RemoteObject:
-    """An object as a listing shows it; `name` is relative to the listed prefix."""
-
-    name: str
-    size: int
-    etag: str
-    mtime: float
-    storage_class: str = "STANDARD"
-
-
-@dataclass
-class ObjectInfo:
-    """An object as HeadObject shows it."""
-
-    size: int
-    etag: str
-    version_id: str | None
-    metadata: dict[str, str]
-
-
-@dataclass
-class Listing:
-    dirs: list[str]  # common prefixes, without the trailing '/'
-    objects: list[RemoteObject]
-    marker: bool  # the `prefix` object itself (an empty directory's marker) exists
-
-
-@dataclass
-class NoncurrentVersions:
-    """Noncurrent versions and delete markers under a prefix of a versioned bucket."""
-
-    objects: int = 0
-    bytes: int = 0
-    delete_markers: int = 0
-    by_class: dict[str, int] = field(default_factory=dict)
 
 
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
@@ -174,6 +48,8 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
         return e
     if isinstance(e, bexc.NoCredentialsError):
         return StoreError(AUTH, NO_CREDENTIALS)
+    if isinstance(e, bexc.SSLError):
+        return StoreError(NETWORK, f"TLS with the object store failed ({e}): {_tls_hint(str(e))}")
     if isinstance(e, (bexc.EndpointConnectionError, bexc.ConnectTimeoutError)):
         return StoreError(NETWORK, f"cannot reach the object store ({e}): check endpoint_url and that the server is up")
     if isinstance(e, (bexc.ReadTimeoutError, bexc.ConnectionClosedError, bexc.HTTPClientError)):
@@ -214,6 +90,17 @@ def _classify(e: Exception, bucket: str, what: str) -> StoreError:
     raise e
 
 
+# what OpenSSL says when the server answered a TLS hello in plain HTTP
+PLAIN_HTTP_SIGNS = ("wrong_version_number", "wrong version number", "record layer failure", "http request")
+
+
+def _tls_hint(error: str) -> str:
+    """What to do about a failed TLS handshake: an https:// endpoint that speaks plain http is the common case."""
+    if any(sign in error.lower() for sign in PLAIN_HTTP_SIGNS):
+        return "the endpoint speaks plain http, not https: use http:// in endpoint_url, or check the port"
+    return "check endpoint_url and the server's certificate (AWS_CA_BUNDLE names a private CA)"
+
+
 NO_CREDENTIALS = (
     "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the daemon's environment, "
     "name a profile of ~/.aws/credentials with -o profile=NAME (profile = \"NAME\" in the config file, or AWS_PROFILE), "
@@ -221,7 +108,10 @@ NO_CREDENTIALS = (
 )
 
 
-class Store:
+class BucketConnection:
+    """One bucket through boto3: the clients, the mount's check, and `_call`, through which every request
+    goes so that every failure becomes a StoreError (and no request's parameters reach the log)."""
+
     def __init__(self, cfg: Config) -> None:
         self.bucket = cfg.bucket
         try:
@@ -290,6 +180,114 @@ class Store:
             # whether the credentials are wrong or only the permission is missing
             self._call("ListObjectsV2", self.client.list_objects_v2, MaxKeys=1)
             raise
+
+
+class BucketGovernance(BucketConnection):
+    """What lifecycle/ asks of the bucket besides bytes: object lock and legal holds, tags, the bucket's
+    lifecycle rules and versioning, noncurrent versions, restores and archive state."""
+
+    def object_lock_enabled(self) -> bool:
+        """True if the bucket was created with S3 Object Lock (legal holds are enforced)."""
+        try:
+            r = self._call("GetObjectLockConfiguration", self.client.get_object_lock_configuration)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT) and ("ObjectLockConfigurationNotFound" in str(e) or e.kind == NO_OBJECT):
+                return False
+            raise
+        return r.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
+
+    def set_legal_hold(self, key: str, on: bool, version_id: str | None = None) -> None:
+        kw: dict[str, Any] = {"Key": key, "LegalHold": {"Status": "ON" if on else "OFF"}}
+        if version_id:
+            kw["VersionId"] = version_id
+        self._call("PutObjectLegalHold", self.client.put_object_legal_hold, **kw)
+
+    def legal_hold(self, key: str, version_id: str | None = None) -> bool:
+        """Whether the object (that version of it) is under a legal hold, as the store reports it."""
+        kw: dict[str, Any] = {"Key": key}
+        if version_id:
+            kw["VersionId"] = version_id
+        try:
+            r = self._call("GetObjectLegalHold", self.client.get_object_legal_hold, **kw)
+        except StoreError as e:
+            if e.kind in (OTHER, NO_OBJECT):
+                return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
+            raise
+        return r.get("LegalHold", {}).get("Status") == "ON"
+
+    # ------------------------------------------------------ tiers (lifecycle/tiers.py)
+    def get_tags(self, key: str) -> dict[str, str]:
+        r = self._call("GetObjectTagging", self.client.get_object_tagging, Key=key)
+        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
+
+    def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        self._call("PutObjectTagging", self.client.put_object_tagging, Key=key,
+                   Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]})
+
+    def lifecycle_rules(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules; [] when it has none."""
+        try:
+            r = self._call("GetBucketLifecycleConfiguration", self.client.get_bucket_lifecycle_configuration)
+        except StoreError as e:
+            if "NoSuchLifecycleConfiguration" in str(e) or e.kind == NO_OBJECT:
+                return []
+            raise
+        return list(r.get("Rules", []))
+
+    def set_lifecycle_rules(self, rules: list[dict[str, Any]]) -> None:
+        if rules:
+            self._call("PutBucketLifecycleConfiguration", self.client.put_bucket_lifecycle_configuration,
+                       LifecycleConfiguration={"Rules": rules})
+        else:
+            self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
+
+    def versioning(self) -> str:
+        """The bucket's versioning status: "Enabled", "Suspended", or "" (never enabled)."""
+        return str(self._call("GetBucketVersioning", self.client.get_bucket_versioning).get("Status") or "")
+
+    def noncurrent(self, prefix: str) -> NoncurrentVersions:
+        """What a versioned bucket keeps under `prefix` besides the current objects: noncurrent versions
+        (deleted or overwritten objects, still stored and billed) and delete markers."""
+        out = NoncurrentVersions()
+        kw: dict[str, Any] = {"Prefix": prefix}
+        while True:
+            r = self._call("ListObjectVersions", self.client.list_object_versions, **kw)
+            for v in r.get("Versions", []):
+                if not v.get("IsLatest"):
+                    cls = v.get("StorageClass") or "STANDARD"
+                    out.objects += 1
+                    out.bytes += int(v.get("Size") or 0)
+                    out.by_class[cls] = out.by_class.get(cls, 0) + int(v.get("Size") or 0)
+            out.delete_markers += len(r.get("DeleteMarkers", []))
+            if not r.get("IsTruncated"):
+                return out
+            kw["KeyMarker"] = r.get("NextKeyMarker")
+            kw["VersionIdMarker"] = r.get("NextVersionIdMarker")
+
+    def restore(self, key: str, days: int, tier: str) -> bool:
+        """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
+        try:
+            self._call("RestoreObject", self.client.restore_object, Key=key,
+                       RestoreRequest={"Days": days, "GlacierJobParameters": {"Tier": tier}})
+        except StoreError as e:
+            if "RestoreAlreadyInProgress" in str(e):
+                return False
+            raise
+        return True
+
+    def storage_state(self, key: str) -> tuple[str, str]:
+        """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
+        st = self.archive_state(key)
+        return st.storage_class, st.restore
+
+    def archive_state(self, key: str) -> ArchiveState:
+        """Storage class, intelligent tiering's archive tier and restore state of an object (HeadObject; storageclass.py)."""
+        return from_head(self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer()))
+
+
+class Store(BucketGovernance):
+    """Moving bytes: uploads (single and multipart, streamed from the cache file), listings, ranged reads,
+    server-side copies, small objects, and the streamed copies of replication."""
 
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(
@@ -538,35 +536,6 @@ class Store:
         return ObjectInfo(r["ContentLength"], r["ETag"].strip('"'), r.get("VersionId"),
                           {k.lower(): v for k, v in r.get("Metadata", {}).items()})
 
-    def object_lock_enabled(self) -> bool:
-        """True if the bucket was created with S3 Object Lock (legal holds are enforced)."""
-        try:
-            r = self._call("GetObjectLockConfiguration", self.client.get_object_lock_configuration)
-        except StoreError as e:
-            if e.kind in (OTHER, NO_OBJECT) and ("ObjectLockConfigurationNotFound" in str(e) or e.kind == NO_OBJECT):
-                return False
-            raise
-        return r.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
-
-    def set_legal_hold(self, key: str, on: bool, version_id: str | None = None) -> None:
-        kw: dict[str, Any] = {"Key": key, "LegalHold": {"Status": "ON" if on else "OFF"}}
-        if version_id:
-            kw["VersionId"] = version_id
-        self._call("PutObjectLegalHold", self.client.put_object_legal_hold, **kw)
-
-    def legal_hold(self, key: str, version_id: str | None = None) -> bool:
-        """Whether the object (that version of it) is under a legal hold, as the store reports it."""
-        kw: dict[str, Any] = {"Key": key}
-        if version_id:
-            kw["VersionId"] = version_id
-        try:
-            r = self._call("GetObjectLegalHold", self.client.get_object_legal_hold, **kw)
-        except StoreError as e:
-            if e.kind in (OTHER, NO_OBJECT):
-                return False  # no hold was ever set (stores answer NoSuchObjectLockConfiguration)
-            raise
-        return r.get("LegalHold", {}).get("Status") == "ON"
-
     # ----------------------------------------------- replication (copies to a second store)
     def put_object_bytes(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
         """PutObject of bytes held in memory (a streamed copy's small object), with user metadata."""
@@ -643,76 +612,6 @@ class Store:
             except StoreError:
                 pass  # aborted when the next copy of this checkpoint starts
             raise
-
-
-    # ------------------------------------------------------ tiers (lifecycle/tiers.py)
-    def get_tags(self, key: str) -> dict[str, str]:
-        r = self._call("GetObjectTagging", self.client.get_object_tagging, Key=key)
-        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
-
-    def put_tags(self, key: str, tags: dict[str, str]) -> None:
-        self._call("PutObjectTagging", self.client.put_object_tagging, Key=key,
-                   Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]})
-
-    def lifecycle_rules(self) -> list[dict[str, Any]]:
-        """The bucket's lifecycle rules; [] when it has none."""
-        try:
-            r = self._call("GetBucketLifecycleConfiguration", self.client.get_bucket_lifecycle_configuration)
-        except StoreError as e:
-            if "NoSuchLifecycleConfiguration" in str(e) or e.kind == NO_OBJECT:
-                return []
-            raise
-        return list(r.get("Rules", []))
-
-    def set_lifecycle_rules(self, rules: list[dict[str, Any]]) -> None:
-        if rules:
-            self._call("PutBucketLifecycleConfiguration", self.client.put_bucket_lifecycle_configuration,
-                       LifecycleConfiguration={"Rules": rules})
-        else:
-            self._call("DeleteBucketLifecycle", self.client.delete_bucket_lifecycle)
-
-    def versioning(self) -> str:
-        """The bucket's versioning status: "Enabled", "Suspended", or "" (never enabled)."""
-        return str(self._call("GetBucketVersioning", self.client.get_bucket_versioning).get("Status") or "")
-
-    def noncurrent(self, prefix: str) -> NoncurrentVersions:
-        """What a versioned bucket keeps under `prefix` besides the current objects: noncurrent versions
-        (deleted or overwritten objects, still stored and billed) and delete markers."""
-        out = NoncurrentVersions()
-        kw: dict[str, Any] = {"Prefix": prefix}
-        while True:
-            r = self._call("ListObjectVersions", self.client.list_object_versions, **kw)
-            for v in r.get("Versions", []):
-                if not v.get("IsLatest"):
-                    cls = v.get("StorageClass") or "STANDARD"
-                    out.objects += 1
-                    out.bytes += int(v.get("Size") or 0)
-                    out.by_class[cls] = out.by_class.get(cls, 0) + int(v.get("Size") or 0)
-            out.delete_markers += len(r.get("DeleteMarkers", []))
-            if not r.get("IsTruncated"):
-                return out
-            kw["KeyMarker"] = r.get("NextKeyMarker")
-            kw["VersionIdMarker"] = r.get("NextVersionIdMarker")
-
-    def restore(self, key: str, days: int, tier: str) -> bool:
-        """Ask for an archived object to be restored for `days`; False if a restore is already under way."""
-        try:
-            self._call("RestoreObject", self.client.restore_object, Key=key,
-                       RestoreRequest={"Days": days, "GlacierJobParameters": {"Tier": tier}})
-        except StoreError as e:
-            if "RestoreAlreadyInProgress" in str(e):
-                return False
-            raise
-        return True
-
-    def storage_state(self, key: str) -> tuple[str, str]:
-        """(storage class, restore state) of an object: restore state is "", "ongoing" or "restored"."""
-        st = self.archive_state(key)
-        return st.storage_class, st.restore
-
-    def archive_state(self, key: str) -> ArchiveState:
-        """Storage class, intelligent tiering's archive tier and restore state of an object (HeadObject; storageclass.py)."""
-        return from_head(self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer()))
 
 
 def _download_into(body: Any, path: str) -> tuple[str, int]:

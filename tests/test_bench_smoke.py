@@ -84,11 +84,19 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert repl["replicate_s"] > 0 and repl["rss_peak_bytes"] > 0 and repl["rss_samples"] > 0
     assert {"pipe_s", "via_disk_s"} <= set(repl["s5cmd"]) or "skipped" in repl["s5cmd"], repl["s5cmd"]
 
+    # the cold tier's codec on a model trained for the run, and the daemon's move and restore with and without it
+    cz = run["compression"]
+    assert "error" not in cz, cz
+    assert all(0 < e["ours"] < e["size"] and e["encode_cpu_s"] > 0 for e in cz["files"].values()), cz["files"]
+    assert cz["daemon_auto"]["stored_bytes"] < cz["daemon_auto"]["original_bytes"] == cz["daemon_none"]["stored_bytes"]
+    assert cz["daemon_auto"]["restore_s"] > 0 and cz["daemon_none"]["restore_s"] > 0
+
     figures = {f["id"]: f for f in result["figures"]}
     assert set(figures) == {f.id for f in report.FIGURES}
     fids = ["ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
             "rss_peak", "cpu_written", "cpu_drained", "ack_copy_single", "ack_libfuse_single", "ack_libfuse_sharded",
-            "cached_read_copy", "cached_read_libfuse", "cold_read", "cold_read_libfuse", "replication_rss"]
+            "cached_read_copy", "cached_read_libfuse", "cold_read", "cold_read_libfuse", "replication_rss",
+            "cz_bf16", "cz_training", "cz_vs_zstd3", "cz_compress_gbps", "cz_restore"]
     if pt["passthrough"]:
         fids += ["ack_passthrough_single", "ack_passthrough_sharded", "cpu_passthrough_ack", "cached_read_passthrough"]
     else:  # never labelled passthrough when it was not

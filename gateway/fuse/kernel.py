@@ -9,9 +9,10 @@ in flight (each request runs in its own trio task, so a slow one does not hold u
 How:
 - `mount()` opens /dev/fuse and mounts it with mount(2); `serve()` answers INIT (asking for
   passthrough when offered), probes FUSE_DEV_IOC_BACKING_OPEN once, then reads requests
-  until the kernel says ENODEV (unmounted). Reads: one task waiting on the non-blocking fd
-  with `trio.lowlevel.wait_readable` ("poll", the default), or several tasks each reading a
-  blocking fd in a worker thread ("threads"); `bench/kernel_transport_probe.py` compares them.
+  until the kernel says ENODEV (unmounted) or `stop()` unmounts and cancels it. Reads: one
+  task waiting on the non-blocking fd with `trio.lowlevel.wait_readable` ("poll", the
+  default), or several tasks each reading a blocking fd in a worker thread ("threads");
+  `bench/kernel_transport_probe.py` compares them.
 - Every handler error becomes an errno reply: OSError -> its errno, anything else -> EIO
   (logged). The loop itself never dies of a handler.
 - INTERRUPT cancels the request's task; the request is answered EINTR.
@@ -29,22 +30,22 @@ import logging
 import os
 import struct
 import tempfile
-import time
 from collections import Counter
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator
 
 import trio
 
+from . import abi
 from . import mount as _mount
-from . import protocol as P
+from .handlers import Parts, RequestHandlers, Undo
 from .iomode import IoModes
-from .ops import Attr, OpenReply, Operations, RequestContext, SetattrFields
+from .messages import (
+    ProtocolError, Request, notify_inval_entry, notify_inval_inode, parse_header, parse_request, reply, reply_error,
+)
+from .ops import Operations
 
 log = logging.getLogger(__name__)
-
-Parts = list[Any]  # buffers for writev
-Undo = Callable[[], Awaitable[None]] | None
 
 
 class Unmounted(Exception):
@@ -70,7 +71,8 @@ class _Buffers:
 
 
 class KernelSession:
-    """One mount served by speaking the FUSE protocol on /dev/fuse."""
+    """One mount served by speaking the FUSE protocol on /dev/fuse (`mount`, `serve`, `stop`,
+    `passthrough`: the shape of `session.FuseSession`, shared with `libfuse.LibfuseSession`)."""
 
     def __init__(
         self,
@@ -106,13 +108,17 @@ class KernelSession:
         # a request is at most max_write + headers; a page more keeps every request whole
         self._buffers = _Buffers(self.max_pages * 4096 + 4096, max_in_flight)
         self.fd = -1
-        self.init_out: P.InitOut | None = None
+        # request workers, each with its /dev/fuse fd, that move data (status: fuse_workers)
+        self.workers = 1
+        self.init_out: abi.InitOut | None = None
         self.kernel_flags = 0
         self.passthrough_offered = False
         self.passthrough_error: str | None = None
         self.modes = IoModes(self._backing_open, self._backing_close, enabled=False)
+        self.handlers = RequestHandlers(ops, self.modes)
         self.counts: Counter[int] = Counter()  # requests received, by opcode
         self.done = trio.Event()
+        self._serving = trio.CancelScope()  # cancelled by stop()
         self._inflight: dict[int, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(self.readers)
@@ -126,6 +132,11 @@ class KernelSession:
     @property
     def passthrough_handles(self) -> int:
         return self.modes.passthrough_handles
+
+    @property
+    def protocol(self) -> str | None:
+        """The FUSE protocol version settled at INIT ("7.38"), None before."""
+        return None if self.init_out is None else f"{self.init_out.major}.{self.init_out.minor}"
 
     # ------------------------------------------------------------- mount/unmount
     def mount(self) -> None:
@@ -155,11 +166,11 @@ class KernelSession:
 
     # ---------------------------------------------------------------- backing ids
     def _backing_open(self, fd: int) -> int:
-        arg = bytearray(P.BACKING_MAP.pack(fd, 0, 0))
-        return fcntl.ioctl(self.fd, P.DEV_IOC_BACKING_OPEN, arg, True)
+        arg = bytearray(abi.BACKING_MAP.pack(fd, 0, 0))
+        return fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_OPEN, arg, True)
 
     def _backing_close(self, backing_id: int) -> None:
-        fcntl.ioctl(self.fd, P.DEV_IOC_BACKING_CLOSE, bytearray(struct.pack("<I", backing_id)), True)
+        fcntl.ioctl(self.fd, abi.DEV_IOC_BACKING_CLOSE, bytearray(struct.pack("<I", backing_id)), True)
 
     def _probe_backing(self) -> bool:
         try:
@@ -201,39 +212,55 @@ class KernelSession:
 
     # ---------------------------------------------------------------- the loop
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Answer INIT, report started, then serve until unmounted."""
+        """Answer INIT, report started, then serve until unmounted or `stop()`. A mount whose
+        INIT never completed is unmounted here: no dead mount is left behind."""
         try:
-            await self._handshake()
-            task_status.started()
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                for _ in range(self.readers):
-                    nursery.start_soon(self._reader)
+            with self._serving:
+                await self._handshake()
+                task_status.started()
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    for _ in range(self.readers):
+                        nursery.start_soon(self._reader)
         finally:
+            if self.init_out is None:
+                _mount.umount(self.mountpoint, lazy=True)
+                self.close()
             self.done.set()
+
+    async def stop(self) -> None:
+        """Unmount and stop serving. Like libfuse: detach at once (handles still open keep the
+        mount alive), give the loop a second to see the connection end, then cancel it; close
+        /dev/fuse."""
+        await self.unmount(lazy=True)
+        with trio.move_on_after(1):
+            await self.done.wait()
+        self._serving.cancel()
+        await self.done.wait()
+        self.close()
 
     async def _handshake(self) -> None:
         buf = bytearray(self._buffers.size)
         n = await self._read(buf)
-        req = P.parse_request(memoryview(buf)[:n])
-        if req.opcode != P.Op.INIT:
-            raise P.ProtocolError(f"first request is {req.opcode}, not INIT")
-        init: P.Init = req.args
+        req = parse_request(memoryview(buf)[:n])
+        if req.opcode != abi.Op.INIT:
+            raise ProtocolError(f"first request is {req.opcode}, not INIT")
+        init: abi.Init = req.args
         self.kernel_flags = init.flags
-        self.passthrough_offered = bool(init.flags & P.PASSTHROUGH)
+        self.passthrough_offered = bool(init.flags & abi.PASSTHROUGH)
         try:
-            out = P.negotiate(init, passthrough=self.want_passthrough, max_pages=self.max_pages,
-                              max_stack_depth=self.max_stack_depth)
-        except P.InitError:
-            self._send(P.reply_error(req.unique, errno.EPROTO))
+            out = abi.negotiate(init, passthrough=self.want_passthrough, max_pages=self.max_pages,
+                                max_stack_depth=self.max_stack_depth)
+        except abi.InitError:
+            self._send(reply_error(req.unique, errno.EPROTO))
             raise
         self.init_out = out
-        self._send(P.reply(req.unique, P.encode_init(out)))
+        self._send(reply(req.unique, abi.encode_init(out)))
         if not self.passthrough_offered:
             self.passthrough_error = "the kernel does not offer FUSE_PASSTHROUGH"
         elif not self.want_passthrough:
             self.passthrough_error = "not asked for (fuse_passthrough = false)"
-        self.modes.enabled = bool(out.flags & P.PASSTHROUGH) and self._probe_backing()
+        self.modes.enabled = bool(out.flags & abi.PASSTHROUGH) and self._probe_backing()
         await self.ops.init()
 
     async def _reader(self) -> None:
@@ -249,33 +276,33 @@ class KernelSession:
                 self._buffers.put(buf)
                 raise
             try:
-                req = P.parse_request(memoryview(buf)[:n])
-            except P.ProtocolError as e:
+                req = parse_request(memoryview(buf)[:n])
+            except ProtocolError as e:
                 self._buffers.put(buf)
                 log.error("bad request from the kernel: %s", e)
                 try:
-                    self._send(P.reply_error(P.parse_header(memoryview(buf)[:n]).unique, errno.EIO))
-                except P.ProtocolError:
+                    self._send(reply_error(parse_header(memoryview(buf)[:n]).unique, errno.EIO))
+                except ProtocolError:
                     pass
                 continue
-            held = buf if req.opcode == P.Op.WRITE else None
+            held = buf if req.opcode == abi.Op.WRITE else None
             if held is None:
                 self._buffers.put(buf)
             self._dispatch(req, held)
 
-    def _dispatch(self, req: P.Request, buf: bytearray | None) -> None:
+    def _dispatch(self, req: Request, buf: bytearray | None) -> None:
         assert self._nursery is not None
         op = req.opcode
         self.counts[op] += 1
-        if op == P.Op.INTERRUPT:
+        if op == abi.Op.INTERRUPT:
             scope = self._inflight.get(req.args.unique)
             if scope is not None:
                 scope.cancel()
             return
-        if op == P.Op.FORGET:
+        if op == abi.Op.FORGET:
             self._nursery.start_soon(self._forget, [(req.nodeid, req.args.nlookup)])
             return
-        if op == P.Op.BATCH_FORGET:
+        if op == abi.Op.BATCH_FORGET:
             self._nursery.start_soon(self._forget, req.args.items)
             return
         scope = trio.CancelScope()
@@ -288,18 +315,18 @@ class KernelSession:
         except Exception:
             log.exception("forget")
 
-    async def _run(self, req: P.Request, buf: bytearray | None, scope: trio.CancelScope) -> None:
+    async def _run(self, req: Request, buf: bytearray | None, scope: trio.CancelScope) -> None:
         undo: Undo = None
         try:
             with scope:
-                parts, undo = await self._handle(req)
+                parts, undo = await self.handlers.handle(req)
             if scope.cancelled_caught:
-                parts, undo = P.reply_error(req.unique, errno.EINTR), None
+                parts, undo = reply_error(req.unique, errno.EINTR), None
         except OSError as e:
-            parts = P.reply_error(req.unique, e.errno or errno.EIO)
+            parts = reply_error(req.unique, e.errno or errno.EIO)
         except Exception:
             log.exception("internal error in %s", _opname(req.opcode))
-            parts = P.reply_error(req.unique, errno.EIO)
+            parts = reply_error(req.unique, errno.EIO)
         finally:
             self._inflight.pop(req.unique, None)
             if buf is not None:
@@ -311,193 +338,14 @@ class KernelSession:
             except Exception:
                 log.exception("undoing an unwanted %s reply", _opname(req.opcode))
 
-    # --------------------------------------------------------------- handlers
-    async def _handle(self, req: P.Request) -> tuple[Parts, Undo]:
-        handler = _HANDLERS.get(req.opcode)
-        if handler is None:
-            return P.reply_error(req.unique, errno.ENOSYS), None
-        return await handler(self, req, RequestContext(req.header.uid, req.header.gid, req.header.pid))
-
-    def _entry(self, req: P.Request, attr: Attr) -> tuple[Parts, Undo]:
-        async def undo() -> None:
-            await self.ops.forget([(attr.ino, 1)])
-        return P.reply(req.unique, P.encode_entry(attr)), undo
-
-    def _open_reply(self, ino: int, r: OpenReply) -> tuple[bytes, Callable[[], Awaitable[None]]]:
-        backing = self.modes.open(ino, r.fh, r.passthrough_fd)
-        self.ops.opened(r.fh, backing is not None)
-        if backing is not None:
-            body = P.encode_open(r.fh, P.FOPEN_PASSTHROUGH, backing)
-        else:
-            flags = (P.FOPEN_DIRECT_IO if r.direct_io else 0) | (P.FOPEN_KEEP_CACHE if r.keep_cache else 0)
-            body = P.encode_open(r.fh, flags)
-
-        async def undo() -> None:
-            try:
-                await self.ops.release(r.fh)
-            finally:
-                self.modes.release(r.fh)
-        return body, undo
-
-    async def _lookup(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.lookup(req.nodeid, req.args.name, ctx))
-
-    async def _getattr(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        attr = await self.ops.getattr(req.nodeid, req.args.fh, ctx)
-        return P.reply(req.unique, P.encode_attr_out(attr)), None
-
-    async def _setattr(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        attr = await self.ops.setattr(req.nodeid, setattr_fields(req.args), ctx)
-        return P.reply(req.unique, P.encode_attr_out(attr)), None
-
-    async def _readlink(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return P.reply(req.unique, await self.ops.readlink(req.nodeid, ctx)), None
-
-    async def _symlink(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.symlink(req.nodeid, req.args.name, req.args.target, ctx))
-
-    async def _mknod(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        return self._entry(req, await self.ops.mknod(req.nodeid, a.name, a.mode, a.rdev, ctx))
-
-    async def _mkdir(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.mkdir(req.nodeid, req.args.name, req.args.mode, ctx))
-
-    async def _link(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return self._entry(req, await self.ops.link(req.args.oldnodeid, req.nodeid, req.args.name, ctx))
-
-    async def _unlink(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.unlink(req.nodeid, req.args.name, ctx)
-        return P.reply(req.unique), None
-
-    async def _rmdir(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.rmdir(req.nodeid, req.args.name, ctx)
-        return P.reply(req.unique), None
-
-    async def _rename(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        await self.ops.rename(req.nodeid, a.old, a.newdir, a.new, a.flags, ctx)
-        return P.reply(req.unique), None
-
-    async def _open(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        r = await self.ops.open(req.nodeid, req.args.flags, ctx)
-        body, undo = self._open_reply(req.nodeid, r)
-        return P.reply(req.unique, body), undo
-
-    async def _create(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        r, attr = await self.ops.create(req.nodeid, a.name, a.mode, a.flags, ctx)
-        body, release = self._open_reply(attr.ino, r)
-
-        async def undo() -> None:
-            try:
-                await release()
-            finally:
-                await self.ops.forget([(attr.ino, 1)])
-        return P.reply(req.unique, P.encode_entry(attr), body), undo
-
-    async def _read_op(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        data = await self.ops.read(a.fh, a.offset, a.size)
-        if len(data) > a.size:
-            data = memoryview(data)[:a.size]
-        return P.reply(req.unique, data), None
-
-    async def _write(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        n = await self.ops.write(a.fh, a.offset, a.data)
-        return P.reply(req.unique, P.encode_write(n)), None
-
-    async def _statfs(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        return P.reply(req.unique, P.encode_statfs(await self.ops.statfs(ctx))), None
-
-    async def _release(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        try:
-            await self.ops.release(req.args.fh)
-        finally:
-            self.modes.release(req.args.fh)
-        return P.reply(req.unique), None
-
-    async def _fsync(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.fsync(req.args.fh, bool(req.args.fsync_flags & P.FSYNC_FDATASYNC))
-        return P.reply(req.unique), None
-
-    async def _flush(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.flush(req.args.fh)
-        return P.reply(req.unique), None
-
-    async def _setxattr(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        await self.ops.setxattr(req.nodeid, a.name, a.value, a.flags, ctx)
-        return P.reply(req.unique), None
-
-    async def _getxattr(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        value = await self.ops.getxattr(req.nodeid, req.args.name, ctx)
-        return _sized(req.unique, value, req.args.size), None
-
-    async def _listxattr(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        names = P.encode_xattr_list(await self.ops.listxattr(req.nodeid, ctx))
-        return _sized(req.unique, names, req.args.size), None
-
-    async def _removexattr(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.removexattr(req.nodeid, req.args.name, ctx)
-        return P.reply(req.unique), None
-
-    async def _opendir(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        fh = await self.ops.opendir(req.nodeid, ctx)
-
-        async def undo() -> None:
-            await self.ops.releasedir(fh)
-        return P.reply(req.unique, P.encode_open(fh, 0)), undo
-
-    async def _readdir(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        plus = req.opcode == P.Op.READDIRPLUS
-        entries = await self.ops.readdir(a.fh, a.offset, plus, ctx)
-        payload, n = P.pack_dirents(entries, a.size, plus)
-        if not plus:
-            return P.reply(req.unique, payload), None
-        refs = [attr.ino for name, attr, _ in entries[:n] if attr.ino and name not in (b".", b"..")]
-        for ino in refs:
-            self.ops.ref(ino)
-
-        async def undo() -> None:
-            await self.ops.forget([(ino, 1) for ino in refs])
-        return P.reply(req.unique, payload), undo
-
-    async def _releasedir(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.releasedir(req.args.fh)
-        return P.reply(req.unique), None
-
-    async def _fsyncdir(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.fsyncdir(req.args.fh, bool(req.args.fsync_flags & P.FSYNC_FDATASYNC))
-        return P.reply(req.unique), None
-
-    async def _access(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.access(req.nodeid, req.args.mask, ctx)
-        return P.reply(req.unique), None
-
-    async def _fallocate(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        await self.ops.fallocate(a.fh, a.mode, a.offset, a.length)
-        return P.reply(req.unique), None
-
-    async def _lseek(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        a = req.args
-        return P.reply(req.unique, P.encode_lseek(await self.ops.lseek(a.fh, a.offset, a.whence))), None
-
-    async def _destroy(self, req: P.Request, ctx: RequestContext) -> tuple[Parts, Undo]:
-        await self.ops.destroy()
-        return P.reply(req.unique), None
-
     # ------------------------------------------------------------ notifications
     async def invalidate_inode(self, ino: int, offset: int = 0, length: int = 0) -> None:
         """Make the kernel drop its cached attributes (and pages) of `ino`."""
-        await trio.to_thread.run_sync(self._notify, P.notify_inval_inode(ino, offset, length))
+        await trio.to_thread.run_sync(self._notify, notify_inval_inode(ino, offset, length))
 
     async def invalidate_entry(self, parent: int, name: bytes) -> None:
         """Make the kernel forget the name `name` in directory `parent`."""
-        await trio.to_thread.run_sync(self._notify, P.notify_inval_entry(parent, name))
+        await trio.to_thread.run_sync(self._notify, notify_inval_entry(parent, name))
 
     def _notify(self, parts: Parts) -> None:
         try:
@@ -507,93 +355,25 @@ class KernelSession:
                 raise
 
 
-def _sized(unique: int, value: bytes, size: int) -> Parts:
-    """GETXATTR/LISTXATTR: size 0 asks for the length; a too-small buffer is ERANGE."""
-    if size == 0:
-        return P.reply(unique, P.encode_xattr_size(len(value)))
-    if len(value) > size:
-        return P.reply_error(unique, errno.ERANGE)
-    return P.reply(unique, value)
-
-
-def setattr_fields(a: P.Setattr) -> SetattrFields:
-    """The kernel's fuse_setattr_in as the neutral SetattrFields (`*_NOW` resolved here)."""
-    v = a.valid
-    now = time.time_ns() if v & (P.FATTR_ATIME_NOW | P.FATTR_MTIME_NOW) else 0
-    return SetattrFields(
-        mode=a.mode if v & P.FATTR_MODE else None,
-        uid=a.uid if v & P.FATTR_UID else None,
-        gid=a.gid if v & P.FATTR_GID else None,
-        size=a.size if v & P.FATTR_SIZE else None,
-        atime_ns=now if v & P.FATTR_ATIME_NOW else (a.atime_ns if v & P.FATTR_ATIME else None),
-        mtime_ns=now if v & P.FATTR_MTIME_NOW else (a.mtime_ns if v & P.FATTR_MTIME else None),
-        ctime_ns=a.ctime_ns if v & P.FATTR_CTIME else None,
-        fh=a.fh if v & P.FATTR_FH else None,
-        kill_suidgid=bool(v & P.FATTR_KILL_SUIDGID),
-    )
-
-
 def _opname(opcode: int) -> str:
     try:
-        return P.Op(opcode).name
+        return abi.Op(opcode).name
     except ValueError:
         return str(opcode)
 
 
-_HANDLERS: dict[int, Callable[[KernelSession, P.Request, RequestContext], Awaitable[tuple[Parts, Undo]]]] = {
-    P.Op.LOOKUP: KernelSession._lookup,
-    P.Op.GETATTR: KernelSession._getattr,
-    P.Op.SETATTR: KernelSession._setattr,
-    P.Op.READLINK: KernelSession._readlink,
-    P.Op.SYMLINK: KernelSession._symlink,
-    P.Op.MKNOD: KernelSession._mknod,
-    P.Op.MKDIR: KernelSession._mkdir,
-    P.Op.UNLINK: KernelSession._unlink,
-    P.Op.RMDIR: KernelSession._rmdir,
-    P.Op.RENAME: KernelSession._rename,
-    P.Op.RENAME2: KernelSession._rename,
-    P.Op.LINK: KernelSession._link,
-    P.Op.OPEN: KernelSession._open,
-    P.Op.CREATE: KernelSession._create,
-    P.Op.READ: KernelSession._read_op,
-    P.Op.WRITE: KernelSession._write,
-    P.Op.STATFS: KernelSession._statfs,
-    P.Op.RELEASE: KernelSession._release,
-    P.Op.FSYNC: KernelSession._fsync,
-    P.Op.FLUSH: KernelSession._flush,
-    P.Op.SETXATTR: KernelSession._setxattr,
-    P.Op.GETXATTR: KernelSession._getxattr,
-    P.Op.LISTXATTR: KernelSession._listxattr,
-    P.Op.REMOVEXATTR: KernelSession._removexattr,
-    P.Op.OPENDIR: KernelSession._opendir,
-    P.Op.READDIR: KernelSession._readdir,
-    P.Op.READDIRPLUS: KernelSession._readdir,
-    P.Op.RELEASEDIR: KernelSession._releasedir,
-    P.Op.FSYNCDIR: KernelSession._fsyncdir,
-    P.Op.ACCESS: KernelSession._access,
-    P.Op.FALLOCATE: KernelSession._fallocate,
-    P.Op.LSEEK: KernelSession._lseek,
-    P.Op.DESTROY: KernelSession._destroy,
-}
-
-
-def passthrough_possible() -> bool:
-    """Whether the kernel transport can expect passthrough here: root (the backing-file
-    ioctls need CAP_SYS_ADMIN) on Linux 6.9 or later. The INIT reply settles it."""
-    if os.geteuid() != 0:
-        return False
-    try:
-        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (6, 9)
+def can_mount_directly() -> bool:
+    """Whether the daemon can mount /dev/fuse itself with mount(2): root, on any kernel (the
+    protocol minor is settled at INIT; passthrough is asked for only where offered)."""
+    return os.geteuid() == 0
 
 
 def choose_transport(setting: str) -> str:
-    """`fuse_transport` resolved: "kernel" or "libfuse" ("auto": kernel where passthrough is possible)."""
+    """`fuse_transport` resolved: "kernel" or "libfuse" ("auto": kernel where the daemon can
+    mount /dev/fuse itself, libfuse and fusermount3 otherwise)."""
     if setting in ("kernel", "libfuse"):
         return setting
-    return "kernel" if passthrough_possible() else "libfuse"
+    return "kernel" if can_mount_directly() else "libfuse"
 
 
 @asynccontextmanager

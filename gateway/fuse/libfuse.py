@@ -2,8 +2,9 @@
 
 Why: where the kernel transport cannot run (a non-root mount through fusermount3, a kernel
 without passthrough, `-o fuse_transport=libfuse`) the same filesystem is served by pyfuse3.
-This module only converts: pyfuse3's types to the neutral ones and back, and errors to
-`FUSEError`. pyfuse3 tears the whole mount down when a handler raises anything but
+`LibfuseSession` mounts and serves it (pyfuse3's init with the mount options, its main loop,
+terminate and close); the adapter only converts: pyfuse3's types to the neutral ones and back,
+and errors to `FUSEError`. pyfuse3 tears the whole mount down when a handler raises anything but
 `FUSEError`, so every handler maps OSError to its errno and anything else to EIO (logged);
 trio cancellation passes through untouched. Always copy mode: pyfuse3 3.5 (libfuse 3.14,
 protocol 7.38) cannot ask for passthrough, so `OpenReply.passthrough_fd` is ignored.
@@ -236,29 +237,63 @@ class Pyfuse3Adapter(pyfuse3.Operations):
         await self.ops.removexattr(inode, name, context(ctx))
 
 
+class LibfuseSession:
+    """One mount served by pyfuse3, in the shape of `kernel.KernelSession` (`mount`, `serve`,
+    `stop`, `passthrough`: `session.FuseSession`), so the daemon runs either transport alike.
+    pyfuse3 keeps global state: one session per process."""
+
+    passthrough = False
+    passthrough_error: str | None = "pyfuse3 3.5 (libfuse 3.14, protocol 7.38) cannot ask for it"
+    protocol: str | None = None  # libfuse settles it and pyfuse3 does not tell
+    workers = 1  # pyfuse3 serves every request on the trio thread
+
+    def __init__(self, ops: Operations, mountpoint: str, *, options: Iterable[str] = ("fsname=ckptfs", "subtype=ckptfs"),
+                 allow_other: bool = False, read_only: bool = False) -> None:
+        self.ops = ops
+        self.mountpoint = mountpoint
+        self.adapter = Pyfuse3Adapter(ops)
+        self.options = set(pyfuse3.default_options) | set(options)
+        if allow_other:
+            self.options.add("allow_other")
+        if read_only:
+            self.options.add("ro")  # the kernel answers EROFS to every change
+        self.done = trio.Event()  # pyfuse3.main returned: unmounted, or stopped
+
+    def mount(self) -> None:
+        """Mount through libfuse (fusermount3); pyfuse3 raises RuntimeError if it cannot."""
+        pyfuse3.init(self.adapter, self.mountpoint, self.options)
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Report started, then serve until unmounted (`fusermount3 -u`) or `stop()`."""
+        try:
+            await self.ops.init()
+            task_status.started()
+            await pyfuse3.main()
+        finally:
+            self.done.set()
+
+    async def stop(self) -> None:
+        """Stop serving (if an unmount has not already stopped it), then unmount."""
+        if not self.done.is_set():
+            pyfuse3.terminate()
+            await self.done.wait()
+        pyfuse3.close(unmount=True)
+
+
 @asynccontextmanager
 async def mounted(ops: Operations, mountpoint: str, options: Iterable[str] = ()) -> AsyncIterator[Pyfuse3Adapter]:
     """Mount `ops` with pyfuse3 (one mount per process: pyfuse3 keeps global state), serve it
     in the background, unmount on exit."""
-    adapter = Pyfuse3Adapter(ops)
-    pyfuse3.init(adapter, mountpoint, set(pyfuse3.default_options) | set(options))
-    done = trio.Event()
-
-    async def main() -> None:
-        try:
-            await pyfuse3.main()
-        finally:
-            done.set()
-
+    session = LibfuseSession(ops, mountpoint, options=options)
+    session.mount()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(main)
-            await ops.init()
+            await nursery.start(session.serve)
             try:
-                yield adapter
+                yield session.adapter
             finally:
                 pyfuse3.terminate()
                 with trio.CancelScope(shield=True), trio.move_on_after(10):
-                    await done.wait()
+                    await session.done.wait()
     finally:
         pyfuse3.close(unmount=True)

@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .manifest import node_name, now_iso
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from .context import Context
 
 AUDIT_DIR = ".ckptfs/audit/"
 
 
-async def record(lc: "Lifecycle", action: str, path: str, who: dict[str, Any], reason: str, **details: Any) -> dict[str, Any]:
+async def record(lc: Context, action: str, path: str, who: dict[str, Any], reason: str, **details: Any) -> dict[str, Any]:
     now = time.time()
     event = {"action": action, "path": path, "reason": reason, "who": who, "node": node_name(), "at": now, "at_iso": now_iso(now),
              **details}
@@ -33,7 +31,7 @@ async def record(lc: "Lifecycle", action: str, path: str, who: dict[str, Any], r
     return event
 
 
-async def read(lc: "Lifecycle", path: str = "") -> list[dict[str, Any]]:
+async def read(lc: Context, path: str = "") -> list[dict[str, Any]]:
     """Every audit event (about checkpoints at or under `path`), oldest first."""
     prefix = lc.keys.of(AUDIT_DIR)
     listing = await lc.io(lambda: lc.store.list(prefix, recursive=True))

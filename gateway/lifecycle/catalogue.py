@@ -16,20 +16,17 @@ without touching the network.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Awaitable, Callable
 
 from ..namespace.keys import is_reserved
-from ..store import Listing, NO_OBJECT, StoreError
-from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, read_manifest
-from .patterns import Checkpoint
-from .coldmove import label as moved_label
-from .tiers import class_label
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..patterns import Checkpoint, Patterns
+from ..storageclass import class_label
+from ..objects import Listing
+from ..store import Store
+from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_json, read_manifest, stored_bytes
+from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +35,7 @@ STATES = ("writing", "draining", "committed", "protected", "expiring")
 
 
 class Catalogue:
-    def __init__(self, lc: "Lifecycle") -> None:
+    def __init__(self, lc: Context) -> None:
         self.lc = lc
         self.protected: dict[str, dict[str, Any]] = {}  # checkpoint path -> what its protection object says
         self._manifests: dict[str, Manifest] = {}  # manifest key -> last one read (by ETag)
@@ -79,25 +76,11 @@ class Catalogue:
         if ck is not None:
             found[ck.path] = ck  # `path` is a checkpoint or inside one
         else:
-            await self._walk(path, 0, found)
+            found.update(await walk(lc.store, lc.keys.prefix, lc.patterns, lc.io, path))
         for local in lc.tracker.local_checkpoints():
             if (ck is not None and local.path == ck.path) or (ck is None and _under(path, local.path)):
                 found.setdefault(local.path, local)
         return sorted(found.values(), key=lambda c: (c.path.rsplit("/", 1)[0] if "/" in c.path else "", c.step, c.path))
-
-    async def _walk(self, path: str, depth: int, found: dict[str, Checkpoint]) -> None:
-        lc = self.lc
-        prefix = lc.keys.of(path + "/" if path else "")
-        listing = await lc.io(lc.store.list, prefix)
-        for name in listing.dirs:
-            if not name or is_reserved(name):
-                continue
-            child = f"{path}/{name}" if path else name
-            step = lc.patterns.step(name)
-            if step is not None:
-                found[child] = Checkpoint(child, step)
-            elif depth + 1 < MAX_DEPTH:
-                await self._walk(child, depth + 1, found)
 
     # --------------------------------------------------------------- describing
     async def manifest(self, ck: Checkpoint) -> Manifest | None:
@@ -106,17 +89,8 @@ class Catalogue:
         return await lc.io(read_manifest, lc.store, key)
 
     async def _json(self, key: str) -> dict[str, Any] | None:
-        try:
-            body, _ = await self.lc.io(self.lc.store.get_bytes, key)
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None
-            raise
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
+        doc, _ = await self.lc.io(read_json, self.lc.store, key)
+        return doc or None  # missing, or not a JSON object
 
     async def describe(self, ck: Checkpoint) -> dict[str, Any]:
         """One checkpoint as `ckptfs checkpoints --json` shows it."""
@@ -159,9 +133,11 @@ class Catalogue:
         else:
             state = "writing"  # not committed: still being written, not quiet yet, or written without ckptfs
         hot_files = len(files_of(top, base))
-        where = moved_label(moved)
+        where = label(moved)
+        stored = size
         if where is not None and moved and moved.get("state") != "moving":
-            classes[where] = int(moved.get("bytes") or 0)  # its files are on the cold target, not here
+            stored = stored_bytes(moved)
+            classes[where] = stored  # its files are on the cold target, not here (compressed: cold_compression)
         if verified is not None and manifest is not None and verified.get("generation") != manifest.generation:
             verified = {**verified, "stale": True}  # verified an earlier generation of the manifest
         return {
@@ -170,6 +146,8 @@ class Catalogue:
             "state": state,
             "files": files,
             "bytes": size,
+            "original_bytes": size,  # its files' bytes
+            "stored_bytes": stored,  # what they take where they are: less on a compressed cold target
             "protected": protection is not None,
             "protection": protection,
             "committed": manifest is not None,
@@ -188,6 +166,27 @@ class Catalogue:
             "location": (moved or {}).get("target") if where else None,
             "hot_files": hot_files,  # files of it in this bucket
         }
+
+
+async def walk(store: Store, prefix: str, patterns: Patterns, io: Callable[..., Awaitable[Any]], path: str = "",
+               depth: int = 0) -> dict[str, Checkpoint]:
+    """The checkpoints in the bucket under key prefix `prefix` at or below directory `path`, by path.
+
+    One listing (with delimiter) per directory, down to MAX_DEPTH levels; a directory whose name
+    matches checkpoint_patterns is a checkpoint and is not entered. The primary's catalogue and the
+    replicator (on each target) walk with it."""
+    found: dict[str, Checkpoint] = {}
+    listing = await io(store.list, prefix + (path + "/" if path else ""))
+    for name in listing.dirs:
+        if not name or is_reserved(name):
+            continue
+        child = f"{path}/{name}" if path else name
+        step = patterns.step(name)
+        if step is not None:
+            found[child] = Checkpoint(child, step)
+        elif depth + 1 < MAX_DEPTH:
+            found.update(await walk(store, prefix, patterns, io, child, depth + 1))
+    return found
 
 
 def _under(path: str, other: str) -> bool:

@@ -11,10 +11,12 @@ endpoint) the node holding the `tier-move` lease moves them there itself, every 
   that keeps them safe (docs/lifecycle.md);
 * how (`Mover.move`), so that a move killed at any point leaves the checkpoint whole on the primary:
   1. the record `<checkpoint>/.ckptfs-moved.json` is written `moving` (conditionally);
-  2. every file is copied with the replication copy code (replication/copy.py: server-side on the
-     same endpoint, else streamed, skipped when the target already has it), the target's manifest last;
+  2. every file is copied with the copy code replication uses too (lifecycle/copier.py: server-side on the
+     same endpoint, else streamed, skipped when the target already has it), compressed on the way as
+     `cold_compression` says (coldcopy.py: FILE.ckptfs-z), the target's manifest last;
   3. the copy is verified on the target against the manifest: listing (size, ETag) and every byte
-     read back (xxh3-128);
+     read back, decoded, against its xxh3-128; a compressed copy that does not give its file back is
+     copied again as it is;
   4. the record becomes `moved` (If-Match on the `moving` one: a restore or retention in between wins);
   5. only then are the checkpoint's files deleted from the primary. Its manifest and record stay:
      `ckptfs checkpoints` shows it `moved:NAME`, `usage` counts it under that class, retention judges
@@ -22,7 +24,7 @@ endpoint) the node holding the `tier-move` lease moves them there itself, every 
   The next pass resumes a `moving` record (copies already there are skipped) and finishes a `moved`
   one whose hot files were not all deleted.
 * back (`Mover.restore`, `ckptfs restore PATH`): record `restoring`, every file copied back from the
-  target, the hot copy verified deep, the primary manifest rewritten with the new ETags (same
+  target (decoded), the hot copy verified deep, the primary manifest rewritten with the new ETags (same
   generation), record `restored` (the age counts again from then), and the cold copy deleted.
 """
 
@@ -31,29 +33,26 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..store import NO_OBJECT, PRECONDITION, StoreError
+from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from . import audit, tiers
 from .lease import Lease, kept
-from .manifest import MANIFEST, MOVED, LifecycleError, Manifest, files_of, node_name, now_iso, read_manifest
-from .patterns import Checkpoint
+from .manifest import FORMAT, MANIFEST, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, node_name, now_iso, read_json, read_manifest
+from ..patterns import Checkpoint
 from .verify import verify
-
-if TYPE_CHECKING:
-    from ..replication.service import Target
-    from .service import Lifecycle
+from .context import Bucket, Context
+from .copier import CopyError, Destination, Job, TargetView, copy_checkpoint, copy_file, one_error
+from . import codec, coldcopy
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "tier-move"
-FORMAT = "ckptfs-moved/1"
 WHO = {"user": "ckptfs tier move", "uid": None}
-MOVING, MOVED_STATE, RESTORING, RESTORED = "moving", "moved", "restoring", "restored"
 
 
 class MoveError(Exception):
@@ -103,31 +102,15 @@ def plan(entries: list[dict[str, Any]], cfg: Any, now: float, busy: dict[str, st
     return out
 
 
-def moved_away(body: bytes) -> bool:
-    """Whether a move record (the object's body) says the checkpoint's files are, or are going, elsewhere."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("state") in (MOVING, MOVED_STATE, RESTORING)
-
-
-def label(record: dict[str, Any] | None) -> str | None:
-    """The storage-class label of a checkpoint with a move record (None: as its objects say)."""
-    if not record or record.get("state") not in (MOVING, MOVED_STATE, RESTORING):
-        return None
-    return f"{record['state']}:{record.get('target', '?')}"
-
-
 # ----------------------------------------------------------------------- mover
 class Mover:
-    def __init__(self, lc: "Lifecycle") -> None:
+    def __init__(self, lc: Context) -> None:
         self.lc = lc
         cfg = lc.cfg
         self.name = cfg.tier_move_target
-        self.targets: dict[str, "Target"] = {}
+        self.targets: dict[str, Destination] = {}
         self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl) if self.name else None
-        self.moved_total = self.moved_bytes_total = self.restored_total = self.errors_total = 0
+        self.moved_total = self.moved_bytes_total = self.moved_stored_bytes_total = self.restored_total = self.errors_total = 0
         self.last_error: str | None = None
         self.last_error_at: float | None = None
         self.moving: str | None = None
@@ -139,9 +122,8 @@ class Mover:
     def enabled(self) -> bool:
         return bool(self.name) and self.lc.patterns.enabled and not self.lc.cfg.read_only
 
-    def target(self, name: str | None = None) -> "Target":
+    def target(self, name: str | None = None) -> Destination:
         """The cold target `name` (default: tier_move_target) as a replication Target (its own store client)."""
-        from ..replication.service import Target
 
         name = name or self.name
         replica = self.lc.cfg.replica.get(name) if name else None
@@ -149,7 +131,7 @@ class Mover:
             raise LifecycleError(f"cold target {name!r} is not configured here: add its [replica.{name}] table and "
                                  f"tier_move_target = \"{name}\" to the config file (docs/lifecycle.md)")
         if name not in self.targets:
-            self.targets[name] = Target(replica, self.lc.cfg)
+            self.targets[name] = Destination(replica, self.lc.cfg)
         return self.targets[name]
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -201,8 +183,6 @@ class Mover:
         return out
 
     async def _work(self) -> None:
-        from ..replication.copy import CopyError, one_error
-
         entries = await self.lc.scan("")
         decisions = plan(entries, self.lc.cfg, time.time(), self.busy())
         self.last_plan = decisions
@@ -240,18 +220,7 @@ class Mover:
     # ----------------------------------------------------------------- record
     async def record(self, path: str) -> tuple[dict[str, Any] | None, str | None]:
         """The move record of checkpoint `path` and its ETag; (None, None) if it has none."""
-        key = self.lc.keys.of(f"{path}/{MOVED}")
-        try:
-            body, etag = await self.io(self.lc.store.get_bytes, key)
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None, None
-            raise
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            doc = {}
-        return (doc if isinstance(doc, dict) else {}), etag
+        return await self.io(read_json, self.lc.store, self.lc.keys.of(f"{path}/{MOVED}"))  # type: ignore[no-any-return]
 
     async def _write_record(self, path: str, doc: dict[str, Any], etag: str | None) -> str:
         """Write the record: If-Match `etag`, or If-None-Match when there was none. MoveError if it changed meanwhile."""
@@ -261,10 +230,10 @@ class Mover:
             return await self.io(lambda: self.lc.store.put_bytes(key, body, if_none_match=etag is None, if_match=etag))
         except StoreError as e:
             if e.kind in (PRECONDITION, NO_OBJECT):
-                raise MoveError(f"its move record changed meanwhile (a restore, retention or another node): left as it is") from None
+                raise MoveError("its move record changed meanwhile (a restore, retention or another node): left as it is") from None
             raise
 
-    def _doc(self, state: str, t: "Target", manifest: Manifest, **extra: Any) -> dict[str, Any]:
+    def _doc(self, state: str, t: Destination, manifest: Manifest, **extra: Any) -> dict[str, Any]:
         now = time.time()
         return {"state": state, "target": t.replica.name, "target_url": t.replica.url,
                 "endpoint_url": t.replica.endpoint_url, "manifest_etag": manifest.etag, "generation": manifest.generation,
@@ -273,9 +242,6 @@ class Mover:
 
     # ------------------------------------------------------------------- move
     async def move(self, ck: Checkpoint, finish_only: bool = False) -> None:
-        from ..replication.copy import Job, copy_checkpoint
-        from ..replication.service import _TargetView
-
         lc, cfg = self.lc, self.lc.cfg
         base = lc.keys.of(ck.path + "/")
         rec, rec_etag = await self.record(ck.path)
@@ -312,27 +278,40 @@ class Mover:
         if not (rec and rec.get("state") == MOVING and rec.get("manifest_etag") == metag and rec.get("target") == t.replica.name):
             self._check()
             rec_etag = await self._write_record(ck.path, self._doc(MOVING, t, manifest), rec_etag)
-        # 2. every file, the target's manifest last (replication/copy.py)
+        # 2. every file (compressed as cold_compression says: coldcopy.py), the target's manifest last (copier.py)
         job = Job(lc.store, store, cfg.bucket, t.replica.key_prefix + ck.path + "/", t.same_endpoint, cfg.replication_part_size,
                   cfg.copy_multipart_threshold, t.slots, self.io, t.counters, self._check)
         before = t.counters.copied_objects, t.counters.skipped_objects
-        doc = await copy_checkpoint(job, manifest, body, None, False)
-        # 3. verified on the target: listing (size, ETag), every byte read back (xxh3-128)
-        view = _TargetView(cfg, store, t.replica.key_prefix, self.io)
-        result = await verify(view, ck, Manifest.from_json(json.dumps(doc).encode()), True, _no_progress)  # type: ignore[arg-type]
+
+        async def copy(job: Job, f: dict[str, Any]) -> dict[str, Any]:
+            return await coldcopy.compress(job, f, cfg.cold_compression, cfg.cold_compression_threshold)
+
+        doc = await copy_checkpoint(job, manifest, body, None, False, copy)
+        # 3. verified on the target: listing (size, ETag), every byte read back (and decoded) against its xxh3-128; a file
+        # whose compressed copy does not give its bytes back is copied again as it is (a codec bug costs ratio, not data)
+        view = TargetView(cfg, store, t.replica.key_prefix, self.io)
+        result = await verify(view, ck, Manifest.from_json(json.dumps(doc).encode()), True, _no_progress)
+        bad = [p for p in result["changed"] if any(e["path"] == p and codec.is_compressed(e) for e in doc["files"])]
+        if bad and result["outcome"] != "whole":
+            doc = await coldcopy.as_is_instead(job, doc, {f["path"]: f for f in manifest.files}, bad)
+            result = await verify(view, ck, Manifest.from_json(json.dumps(doc).encode()), True, _no_progress)
         if result["outcome"] != "whole" or result["counts"]["unchecked"]:
             raise MoveError(f"its copy on {t.replica.name} did not verify ({result['counts']}): the hot copy is kept")
+        stored = sum(codec.stored_size(f) for f in doc["files"])
         # 4. the record says `moved`: from here on the cold copy is the checkpoint's
         self._check()
-        await self._write_record(ck.path, self._doc(MOVED_STATE, t, manifest), rec_etag)
+        await self._write_record(ck.path, self._doc(MOVED_STATE, t, manifest, stored_bytes=stored, compression=cfg.cold_compression),
+                                 rec_etag)
         # 5. the hot files go
         await self._delete_hot(ck, manifest)
         self.moved_total += 1
         self.moved_bytes_total += manifest.bytes
+        self.moved_stored_bytes_total += stored
         await audit.record(lc, "move", ck.path, WHO, f"committed more than tier_move_after ({cfg.tier_move_after:g} s) ago",
-                           step=ck.step, target=t.replica.name, target_url=t.replica.url, files=len(manifest.files), bytes=manifest.bytes)
-        log.info("tier move: %s moved to %s (%d files, %d bytes; %d copied, %d already there; verified deep)", ck.path,
-                 t.replica.url, len(manifest.files), manifest.bytes, t.counters.copied_objects - before[0],
+                           step=ck.step, target=t.replica.name, target_url=t.replica.url, files=len(manifest.files), bytes=manifest.bytes,
+                           stored_bytes=stored)
+        log.info("tier move: %s moved to %s (%d files, %d bytes stored in %d; %d copied, %d already there; verified deep)", ck.path,
+                 t.replica.url, len(manifest.files), manifest.bytes, stored, t.counters.copied_objects - before[0],
                  t.counters.skipped_objects - before[1])
 
     async def _delete_hot(self, ck: Checkpoint, manifest: Manifest) -> None:
@@ -363,16 +342,28 @@ class Mover:
     async def verify(self, ck: Checkpoint, deep: bool, progress: Callable[[dict[str, Any]], Awaitable[None]],
                      name: str | None = None) -> dict[str, Any]:
         """`ckptfs verify PATH --target NAME` for the cold target."""
-        from ..replication.service import _TargetView
-
         t = self.target(name)
         store = t.open()
         manifest = await self.io(read_manifest, store, t.replica.key_prefix + ck.path + "/" + MANIFEST)
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on cold target {t.replica.name} ({t.replica.url}): it was not moved there")
-        view = _TargetView(self.lc.cfg, store, t.replica.key_prefix, self.io)
-        result = await verify(view, ck, manifest, deep, progress)  # type: ignore[arg-type]
+        view = TargetView(self.lc.cfg, store, t.replica.key_prefix, self.io)
+        result = await verify(view, ck, manifest, deep, progress)
         return {**result, "target": t.replica.name}
+
+    async def source(self, ck: Checkpoint, manifest: Manifest) -> tuple[Bucket | None, Manifest]:
+        """Where a drill reads checkpoint `ck` from: (None, its manifest) if its files are here, else (the cold target, the
+        manifest there: compressed files are decoded on the way)."""
+        rec, _ = await self.record(ck.path)
+        if not rec or rec.get("state") not in (MOVED_STATE, RESTORING):
+            return None, manifest
+        t = self.target(str(rec.get("target") or ""))
+        store = t.open()
+        tman = await self.io(read_manifest, store, t.replica.key_prefix + ck.path + "/" + MANIFEST)
+        if tman is None:
+            raise LifecycleError(f"{ck.path} was moved to {t.replica.name} ({t.replica.url}), but the copy there has no manifest: "
+                                 f"`ckptfs verify {ck.path} --target {t.replica.name}` says what it holds")
+        return TargetView(self.lc.cfg, store, t.replica.key_prefix, self.io), tman
 
     async def delete_cold(self, path: str, rec: dict[str, Any]) -> int:
         """Delete the cold copy of `path` (retention let it go): its manifest first, then the rest; returns objects deleted."""
@@ -395,8 +386,6 @@ class Mover:
     # ----------------------------------------------------------------- restore
     async def restore(self, ck: Checkpoint, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any] | None:
         """Bring a moved checkpoint back to the primary (None: it has no move record to act on)."""
-        from ..replication.copy import CopyError, Job, _copy_file, one_error
-
         lc, cfg = self.lc, self.lc.cfg
         rec, rec_etag = await self.record(ck.path)
         if not rec or rec.get("state") not in (MOVING, MOVED_STATE, RESTORING):
@@ -422,15 +411,18 @@ class Mover:
         done = {"files": 0, "bytes": 0}
         etags: dict[str, str] = {}
         limit = trio.CapacityLimiter(4)
+        sending = trio.Lock()  # files finishing together: one progress line at a time on the control socket
 
         async def one(f: dict[str, Any]) -> None:
             async with limit:
-                etags[f["path"]] = await _copy_file(job, f)
+                etags[f["path"]] = await (coldcopy.copy_back if codec.is_compressed(f) else copy_file)(job, f)
                 done["files"] += 1
                 done["bytes"] += int(f["size"])
-                await send({"ok": True, **out, "state": RESTORING, "done_files": done["files"], "done_bytes": done["bytes"]})
+                async with sending:
+                    await send({"ok": True, **out, "state": RESTORING, "done_files": done["files"], "done_bytes": done["bytes"]})
 
         await send({"ok": True, **out, "state": RESTORING, "done_files": 0, "done_bytes": 0})
+        started = time.monotonic()
         try:
             async with trio.open_nursery() as nursery:
                 for f in tman.files:
@@ -443,6 +435,8 @@ class Mover:
                                  f"run `ckptfs restore {ck.path}` again (files already back are not copied again)") from None
         except CopyError as e:
             raise LifecycleError(f"{ck.path}: copying back from {t.replica.name} failed ({e}): run `ckptfs restore {ck.path}` again") from None
+        log.info("restore: %s: %d files (%d bytes, %d stored) copied back from %s in %.1f s; verifying them", ck.path, done["files"],
+                 done["bytes"], sum(codec.stored_size(f) for f in tman.files), t.replica.url, time.monotonic() - started)
         files = [{**f, "key": base + f["path"], "etag": etags[f["path"]]} for f in manifest.files]
         hot = Manifest(**{**manifest.__dict__, "files": files})
         result = await verify(lc, ck, hot, True, _no_progress)
@@ -480,6 +474,7 @@ class Mover:
             "after_seconds": self.lc.cfg.tier_move_after if self.name else None,
             "moved_total": self.moved_total,
             "moved_bytes_total": self.moved_bytes_total,
+            "moved_stored_bytes_total": self.moved_stored_bytes_total,
             "restored_total": self.restored_total,
             "errors_total": self.errors_total,
             "last_error": self.last_error,
@@ -506,6 +501,8 @@ class MoveCollector(Collector):
         for name, value, text in (
             ("ckptfs_tier_moved_checkpoints", m.moved_total, "Checkpoints this node moved to the cold target (tier_move_target)."),
             ("ckptfs_tier_moved_bytes", m.moved_bytes_total, "Bytes of the checkpoints this node moved to the cold target."),
+            ("ckptfs_tier_moved_stored_bytes", m.moved_stored_bytes_total,
+             "Bytes those checkpoints take on the cold target (compressed: cold_compression)."),
             ("ckptfs_tier_move_errors", m.errors_total, "Moves to the cold target that failed on this node (each is retried at the next pass)."),
             ("ckptfs_tier_restored_checkpoints", m.restored_total, "Moved checkpoints this node brought back with `ckptfs restore`."),
         ):

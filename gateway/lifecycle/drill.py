@@ -31,18 +31,16 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 import xxhash
 
-from ..store import NETWORK, NO_OBJECT, PRECONDITION, StoreError
-from . import ranges
-from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..objects import NETWORK, PRECONDITION, StoreError
+from . import codec, coldcopy, ranges
+from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso, read_json
+from ..patterns import Checkpoint
+from .context import Bucket, Context
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +50,11 @@ HASH_CHUNK = 1 << 20
 LIST_LIMIT = 100
 
 
-def drills_root(lc: "Lifecycle") -> Path:
+def drills_root(lc: Context) -> Path:
     return Path(lc.cfg.cache_dir) / "drills"
 
 
-def clean_leftovers(lc: "Lifecycle", keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+def clean_leftovers(lc: Context, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
     """Remove restored directories no running drill owns (a CLI that died before `drill_done`)."""
     root = drills_root(lc)
     if not root.is_dir():
@@ -66,7 +64,7 @@ def clean_leftovers(lc: "Lifecycle", keep: set[str] = frozenset()) -> None:  # t
             shutil.rmtree(child, ignore_errors=True)
 
 
-async def choose(lc: "Lifecycle", path: str) -> tuple[Checkpoint, Manifest]:
+async def choose(lc: Context, path: str) -> tuple[Checkpoint, Manifest]:
     """The checkpoint `path` is, or the newest committed one at or below it."""
     ck = lc.patterns.checkpoint_of(path)
     if ck is not None and ck.path != path:
@@ -83,7 +81,7 @@ async def choose(lc: "Lifecycle", path: str) -> tuple[Checkpoint, Manifest]:
     return ck, manifest
 
 
-async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: Path,
+async def restore(lc: Bucket, ck: Checkpoint, manifest: Manifest, target: Path,
                   progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
     """Download the manifest's files into `target` and check each one's xxh3-128; the result (not recorded yet)."""
     started = time.time()
@@ -102,7 +100,14 @@ async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: P
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                digest = await _download(lc, f["key"], f["etag"], int(f["size"]), fd, done)
+                if codec.is_compressed(f):
+                    digest = await _expand(lc, f, fd, done)
+                else:
+                    digest = await _download(lc, f["key"], f["etag"], int(f["size"]), fd, done)
+            except codec.CodecError as e:
+                log.warning("drill %s: %s does not decode: %s", ck.path, f["path"], e)
+                changed.append(f["path"])
+                return
             except StoreError as e:
                 ranges.sort_read_error(e, f["path"], missing, changed)
                 return
@@ -125,7 +130,7 @@ async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: P
                 await trio.sleep_forever()
     seconds = time.monotonic() - t0
     listing = await lc.io(lambda: lc.store.list(base, recursive=True))
-    expected = {f["path"] for f in manifest.files}
+    expected = {codec.stored_path(f) for f in manifest.files}
     unexpected = sorted(f.path for f in files_of(listing, base) if f.path not in expected)
     whole = not (missing or changed or unexpected)
     return {
@@ -138,7 +143,7 @@ async def restore(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, target: P
     }
 
 
-async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
+async def _download(lc: Bucket, key: str, etag: str, size: int, fd: int, done: dict[str, int]) -> str:
     """Ranged GETs of the object (pinned to `etag`) written into `fd`; its xxh3-128, hashed in order.
 
     Each range goes from the response straight into the file (store.read_range, one 1 MiB buffer per
@@ -162,8 +167,27 @@ async def _download(lc: "Lifecycle", key: str, etag: str, size: int, fd: int, do
         await trio.to_thread.run_sync(hash_range, start, length)
         done["bytes"] += length
 
-    await ranges.in_order(lc, key, etag, size, fetch, consume)
+    await ranges.in_order(lc.io, lc.store, key, etag, size, fetch, consume, lc.cfg.read_range_size, lc.cfg.read_concurrency)
     return h.hexdigest()
+
+
+async def _expand(lc: Bucket, f: dict[str, Any], fd: int, done: dict[str, int]) -> str:
+    """A compressed file (a moved checkpoint's on its cold target) decoded into `fd`; the xxh3-128 of what was written."""
+    at = 0
+
+    async def write(chunk: Any) -> None:
+        nonlocal at
+        await trio.to_thread.run_sync(_pwrite_all, fd, chunk, at)
+        at += len(chunk)
+
+    return await coldcopy.expand(lc.io, lc.store, f, write, done)
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def finish(result: dict[str, Any], exec_result: dict[str, Any] | None) -> dict[str, Any]:
@@ -176,7 +200,7 @@ def finish(result: dict[str, Any], exec_result: dict[str, Any] | None) -> dict[s
     return result
 
 
-async def record(lc: "Lifecycle", result: dict[str, Any]) -> None:
+async def record(lc: Context, result: dict[str, Any]) -> None:
     """Keep the drill (and, if it succeeded, as the last success) in the bucket, for every node's metrics."""
     key = lc.keys.of(RECORD)
     for _ in range(5):
@@ -199,22 +223,13 @@ async def record(lc: "Lifecycle", result: dict[str, Any]) -> None:
     raise LifecycleError("the drill finished but other nodes kept rewriting its record: its outcome is not recorded")
 
 
-async def read_record(lc: "Lifecycle", with_etag: bool = False) -> Any:
-    try:
-        body, etag = await lc.io(lc.store.get_bytes, lc.keys.of(RECORD))
-    except StoreError as e:
-        if e.kind != NO_OBJECT:
-            raise
-        return ({}, None) if with_etag else {}
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = {}
-    doc = doc if isinstance(doc, dict) else {}
+async def read_record(lc: Context, with_etag: bool = False) -> Any:
+    doc, etag = await lc.io(read_json, lc.store, lc.keys.of(RECORD))
+    doc = doc or {}
     return (doc, etag) if with_etag else doc
 
 
-def new_target(lc: "Lifecycle", parent: str) -> Path:
+def new_target(lc: Context, parent: str) -> Path:
     root = Path(parent) if parent else drills_root(lc)
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"drill-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"

@@ -39,8 +39,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from ..store import NO_OBJECT, PRECONDITION, Store, StoreError
-from .manifest import node_name, now_iso
+from ..objects import PRECONDITION, StoreError
+from ..store import Store
+from .manifest import node_name, now_iso, read_json
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +90,10 @@ class Lease:
 
     def read(self) -> tuple[Holder | None, str | None]:
         """(holder in the bucket or None if free or unreadable, ETag or None if there is no object)."""
+        doc, etag = read_json(self.store, self.key)
+        if doc is None:
+            return None, None
         try:
-            body, etag = self.store.get_bytes(self.key)
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None, None
-            raise
-        try:
-            doc = json.loads(body)
             h = doc["holder"]
             holder = Holder(str(h["node"]), int(h["pid"]), str(h["token"]), float(doc["taken_at"]), float(doc["renewed_at"]),
                             float(doc["expires_at"]))

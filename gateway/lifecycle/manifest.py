@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..store import Listing, PRECONDITION, NO_OBJECT, Store, StoreError
+from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError
+from ..store import Store
 from ..namespace.keys import is_reserved
 
 FORMAT = "ckptfs-manifest/1"
@@ -140,6 +141,25 @@ class Manifest:
             raise LifecycleError(f"the manifest is not one ckptfs can read ({e}): remove it with an S3 tool and commit again") from None
 
 
+def read_json(store: Store, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON object stored at `key` and its ETag; (None, None) if there is no such object.
+
+    A body that is not a JSON object reads as {} with its ETag: the object is there (written by
+    another version, or damaged), and a conditional write over it needs that ETag. A blocking
+    store call: run it in a worker thread. Other store errors propagate."""
+    try:
+        body, etag = store.get_bytes(key)
+    except StoreError as e:
+        if e.kind == NO_OBJECT:
+            return None, None
+        raise
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = {}
+    return (doc if isinstance(doc, dict) else {}), etag
+
+
 def read_manifest(store: Store, key: str) -> Manifest | None:
     """The manifest at `key`, or None if there is none. Blocking (run in a thread)."""
     try:
@@ -196,3 +216,31 @@ def next_manifest(existing: Manifest | None, path: str, step: int, files: list[F
 def now_iso(t: float | None = None) -> str:
     t = time.time() if t is None else t
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
+
+
+# ------------------------------------------------ the move record (coldmove.py writes it; the catalogue, the
+# tracker and the replicator read it)
+FORMAT = "ckptfs-moved/1"
+MOVING, MOVED_STATE, RESTORING, RESTORED = "moving", "moved", "restoring", "restored"
+
+
+def moved_away(body: bytes) -> bool:
+    """Whether a move record (the object's body) says the checkpoint's files are, or are going, elsewhere."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("state") in (MOVING, MOVED_STATE, RESTORING)
+
+
+def stored_bytes(record: dict[str, Any]) -> int:
+    """What a moved checkpoint's files take on its cold target (compressed, or as they are: a record of an older
+    version says only `bytes`)."""
+    return int(record.get("stored_bytes", record.get("bytes")) or 0)
+
+
+def label(record: dict[str, Any] | None) -> str | None:
+    """The storage-class label of a checkpoint with a move record (None: as its objects say)."""
+    if not record or record.get("state") not in (MOVING, MOVED_STATE, RESTORING):
+        return None
+    return f"{record['state']}:{record.get('target', '?')}"

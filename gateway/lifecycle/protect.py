@@ -19,42 +19,34 @@ import errno
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ..journal import Journal
 from ..namespace.keys import is_reserved
-from ..store import NO_OBJECT, StoreError
+from ..objects import NO_OBJECT, StoreError
 from . import audit, tiers
-from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
-    from .catalogue import Catalogue
+from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso, read_json
+from ..patterns import Checkpoint
+from .catalogue import Catalogue
+from .context import Context
 
 log = logging.getLogger(__name__)
 
 
 class Guard:
-    """The one check fs.py's changing operations call: EPERM for ckptfs's own names and protected checkpoints.
+    """The guard (fs.Guard) fs.py's changing operations call: EPERM for ckptfs's own names and protected checkpoints.
 
     Synchronous and local: it asks the catalogue's knowledge (kept fresh by the
     mount's own listings), never the network.
     """
 
-    def __init__(self, journal: Journal | None, catalogue: "Catalogue | None") -> None:
+    def __init__(self, journal: Journal, catalogue: Catalogue) -> None:
         self.journal, self.catalogue = journal, catalogue
         self.refused_total = 0
 
-    @classmethod
-    def none(cls) -> "Guard":
-        """A guard without a catalogue: only ckptfs's own names are refused."""
-        return cls(None, None)
-
     def _refuse(self, path: str, subtree: bool) -> None:
-        assert self.catalogue is not None
         ck = self.catalogue.protected_at(path, subtree)
         if ck is not None:
             self.refused_total += 1
@@ -65,7 +57,7 @@ class Guard:
         """Before creating, removing or renaming `name` in directory `parent` (`subtree`: it may be a directory moving or going)."""
         if is_reserved(name):
             raise OSError(errno.EPERM, f"{name}: names beginning with .ckptfs are reserved for ckptfs")
-        if self.journal is None or self.catalogue is None or not self.catalogue.protected:
+        if not self.catalogue.protected:
             return
         base = self.journal.path_of(parent)
         if base is not None:
@@ -73,26 +65,26 @@ class Guard:
 
     def check_inode(self, ino: int) -> None:
         """Before changing the bytes or attributes of inode `ino`."""
-        if self.journal is None or self.catalogue is None or not self.catalogue.protected:
+        if not self.catalogue.protected:
             return
         path = self.journal.path_of(ino)
         if path is not None:
             self._refuse(path, False)
 
 
-def _files_to_hold(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest) -> list[tuple[str, str]]:
+def _files_to_hold(lc: Context, ck: Checkpoint, manifest: Manifest) -> list[tuple[str, str]]:
     """(key, ETag) of every object that gets a legal hold: the manifest's files and the manifest itself."""
     return [(f["key"], f["etag"]) for f in manifest.files] + [(lc.keys.of(f"{ck.path}/{MANIFEST}"), manifest.etag)]
 
 
-async def protect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
+async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
     base = lc.keys.of(ck.path + "/")
     manifest = await lc.catalogue.manifest(ck)
     if manifest is None:
         raise LifecycleError(f"{ck.path} is not committed (no manifest yet): wait for it, or run `ckptfs checkpoint commit {ck.path}` first")
     state = lc.tracker.local_state(ck.path)
     if state is not None:
-        raise LifecycleError(f"{ck.path} is being changed on this node ({state}): let the job finish (ckptfs flush) and try again")
+        raise LifecycleError(f"{ck.path} is being changed on this node ({state}): let the job finish (`ckptfs flush {ck.path}` waits for it) and try again")
     existing = await _protection(lc, base)
     if existing is not None:
         lc.catalogue.set_protected(ck.path, existing)
@@ -122,7 +114,7 @@ async def protect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str, A
     return {"path": ck.path, "changed": True, "protection": info, "message": message}
 
 
-async def unprotect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
+async def unprotect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any]) -> dict[str, Any]:
     base = lc.keys.of(ck.path + "/")
     existing = await _protection(lc, base)
     if existing is None:
@@ -144,21 +136,12 @@ async def unprotect(lc: "Lifecycle", ck: Checkpoint, reason: str, who: dict[str,
     return {"path": ck.path, "changed": True, "message": f"{ck.path} is no longer protected{note}"}
 
 
-async def _protection(lc: "Lifecycle", base: str) -> dict[str, Any] | None:
-    try:
-        body, _ = await lc.io(lc.store.get_bytes, base + PROTECTED)
-    except StoreError as e:
-        if e.kind == NO_OBJECT:
-            return None
-        raise
-    try:
-        info = json.loads(body)
-    except ValueError:
-        info = {}
-    return info if isinstance(info, dict) else {}
+async def _protection(lc: Context, base: str) -> dict[str, Any] | None:
+    info, _ = await lc.io(read_json, lc.store, base + PROTECTED)
+    return info  # type: ignore[no-any-return]
 
 
-async def _holds(lc: "Lifecycle", objects: list[tuple[str, str]], on: bool) -> list[dict[str, str]]:
+async def _holds(lc: Context, objects: list[tuple[str, str]], on: bool) -> list[dict[str, str]]:
     """Put a legal hold on each (key, ETag), on the version with that ETag, and read it back."""
     held: list[dict[str, str]] = []
     problems: list[str] = []
@@ -186,7 +169,7 @@ async def _holds(lc: "Lifecycle", objects: list[tuple[str, str]], on: bool) -> l
     return sorted(held, key=lambda h: h["key"])
 
 
-async def _release(lc: "Lifecycle", held: list[tuple[str, str]]) -> None:
+async def _release(lc: Context, held: list[tuple[str, str]]) -> None:
     problems: list[str] = []
 
     async def one(key: str, version_id: str) -> None:

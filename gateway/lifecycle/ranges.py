@@ -1,6 +1,7 @@
-"""Reading an object back in parallel ranges, in order: what verify and drills both do.
+"""Reading an object back in parallel ranges, in order: what verify, drills and the cold tier's codec do.
 
-At most `read_concurrency` ranges of `read_range_size` are in flight (so memory is bounded),
+At most `concurrency` ranges of `range_size` are in flight (`read_concurrency` and `read_range_size`
+for verify and drills; so memory is bounded),
 each pinned to the object's ETag; the caller's `consume` sees them in order, so a hash can
 follow. Ranges fail together (the object changed or vanished): the first StoreError is raised
 alone, for the caller to classify.
@@ -8,28 +9,27 @@ alone, for the caller to classify.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 import trio
 
-from ..store import CHANGED, NO_OBJECT, StoreError
+from ..objects import CHANGED, NO_OBJECT, StoreError
+from ..store import Store
 from .manifest import first_store_error
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
 
 T = TypeVar("T")
 
 
-async def in_order(lc: "Lifecycle", key: str, etag: str, size: int,
-                   fetch: Callable[[int, int], Awaitable[T]], consume: Callable[[int, int, T], Awaitable[None]]) -> None:
+async def in_order(io: Callable[..., Awaitable[Any]], store: Store, key: str, etag: str, size: int,
+                   fetch: Callable[[int, int], Awaitable[T]], consume: Callable[[int, int, T], Awaitable[None]],
+                   range_size: int, concurrency: int) -> None:
     """fetch(start, length) every range of the object, consume(start, length, result) them in order."""
     if size == 0:
-        await lc.io(lc.store.get_range, key, etag, 0, 0)  # the object is still there, with that ETag
+        await io(store.get_range, key, etag, 0, 0)  # the object is still there, with that ETag
         return
-    rs = lc.cfg.read_range_size
+    rs = range_size
     n = -(-size // rs)
-    slots = trio.Semaphore(lc.cfg.read_concurrency)
+    slots = trio.Semaphore(concurrency)
     results: dict[int, T] = {}
     events = [trio.Event() for _ in range(n)]
 

@@ -42,20 +42,18 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ..config import Config
-from ..store import NO_OBJECT, PRECONDITION, StoreError
+from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from . import audit
 from .lease import Lease, kept
-from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso
-from .patterns import Checkpoint
+from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso, read_json
+from ..patterns import Checkpoint
 from .verify import verify
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +135,9 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
     for _, group in sorted(series.items()):
         committed = sorted((e for e in group if e.get("committed")), key=lambda e: (e["step"], e["path"]))
         rules: dict[str, list[str]] = {e["path"]: [] for e in group}
-        for p, kept in keep_rules(committed, cfg.retention_keep_last, cfg.retention_keep_every_steps,
-                                  cfg.retention_keep_every_seconds).items():
-            rules[p] += kept
+        for p, by in keep_rules(committed, cfg.retention_keep_last, cfg.retention_keep_every_steps,
+                                cfg.retention_keep_every_seconds).items():
+            rules[p] += by
         for e in group:
             if e.get("protected"):
                 rules[e["path"]].append("protected")
@@ -187,7 +185,7 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
 
 
 # --------------------------------------------------------------------- acting
-async def apply(lc: "Lifecycle", path: str, who: dict[str, Any], lease: Lease | None = None,
+async def apply(lc: Context, path: str, who: dict[str, Any], lease: Lease | None = None,
                 only: str | None = None) -> list[Decision]:
     """Carry out the plan for the checkpoints under `path` (or only checkpoint `only` of them): expire, delete after
     the grace period, undo expiries kept again."""
@@ -239,7 +237,7 @@ async def _no_progress(_: dict[str, Any]) -> None:
     return None
 
 
-async def _busy(lc: "Lifecycle", d: Decision) -> str | None:
+async def _busy(lc: Context, d: Decision) -> str | None:
     """Why `d.path` must not be touched now (uploads in progress, local work), or None."""
     if lc.tracker.local_state(d.path):
         return f"being changed on this node ({lc.tracker.local_state(d.path)})"
@@ -248,7 +246,7 @@ async def _busy(lc: "Lifecycle", d: Decision) -> str | None:
     return None
 
 
-async def _expire(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str, Any]) -> None:
+async def _expire(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, Any]) -> None:
     busy = await _busy(lc, d)
     if busy:
         d.action, d.reason = "keep", busy
@@ -274,14 +272,14 @@ async def _expire(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     log.info("retention: %s is expiring, deleted after %s", d.path, mark["delete_after_iso"])
 
 
-async def _unexpire(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str, Any]) -> None:
+async def _unexpire(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, Any]) -> None:
     """A rule keeps an expiring checkpoint again (a policy change, protection): lift the mark."""
     await lc.io(lc.store.delete, lc.keys.of(f"{d.path}/{RETENTION}"))
     await audit.record(lc, "unexpire", d.path, who, d.reason, step=d.step)
     d.done = "no longer expiring"
 
 
-async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str, Any], lease: Lease | None) -> None:
+async def _remove(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, Any], lease: Lease | None) -> None:
     busy = await _busy(lc, d)
     if busy:
         d.action, d.reason, d.done = "keep", busy + "; deleted on a later run", "postponed"
@@ -293,10 +291,10 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
         d.action, d.reason, d.done = "keep", "protected meanwhile", "skipped"
         return
     try:  # read the mark again: restored meanwhile (from another node) means kept
-        mark = json.loads((await lc.io(lc.store.get_bytes, base + RETENTION))[0])
-    except (StoreError, ValueError):
+        mark = (await lc.io(read_json, lc.store, base + RETENTION))[0] or {}
+    except StoreError:
         mark = {}
-    if not isinstance(mark, dict) or mark.get("state") != "expiring":
+    if mark.get("state") != "expiring":
         d.action, d.reason, d.done = "keep", "no longer expiring (restored meanwhile)", "skipped"
         return
     moved = None
@@ -347,7 +345,7 @@ async def _remove(lc: "Lifecycle", d: Decision, e: dict[str, Any], who: dict[str
     log.info("retention: deleted %s (%d objects, %d bytes)", d.path, len(files) + len(own) + 1, size)
 
 
-async def _delete_all(lc: "Lifecycle", keys: list[str]) -> None:
+async def _delete_all(lc: Context, keys: list[str]) -> None:
     limit = trio.CapacityLimiter(DELETES_AT_ONCE)
 
     async def one(key: str) -> None:
@@ -363,18 +361,11 @@ async def _delete_all(lc: "Lifecycle", keys: list[str]) -> None:
             nursery.start_soon(one, key)
 
 
-async def restore(lc: "Lifecycle", ck: Checkpoint, who: dict[str, Any], reason: str) -> dict[str, Any]:
+async def restore(lc: Context, ck: Checkpoint, who: dict[str, Any], reason: str) -> dict[str, Any]:
     """Take an expiring checkpoint back: it is kept by retention from now on (reason `restored`)."""
     key = lc.keys.of(f"{ck.path}/{RETENTION}")
-    try:
-        body, etag = await lc.io(lc.store.get_bytes, key)
-        mark = json.loads(body)
-    except StoreError as e:
-        if e.kind != NO_OBJECT:
-            raise
-        mark, etag = {}, None
-    except ValueError:
-        mark = {}
+    found, etag = await lc.io(read_json, lc.store, key)
+    mark = found or {}
     if mark.get("state") != "expiring":
         return {"path": ck.path, "changed": False, "message": f"{ck.path} is not expiring; nothing changed"}
     now = time.time()
@@ -398,7 +389,7 @@ def lease_ttl(cfg: Config) -> float:
     return max(2 * cfg.retention_interval, 30.0)
 
 
-async def apply_leased(lc: "Lifecycle", path: str, who: dict[str, Any], only: str | None = None) -> list[Decision]:
+async def apply_leased(lc: Context, path: str, who: dict[str, Any], only: str | None = None) -> list[Decision]:
     """`apply` holding the retention lease (the node's scheduled one, or one taken for this run), so nodes never race."""
     lease = lc.retention_lease
     temporary = lease is None
@@ -426,7 +417,7 @@ async def apply_leased(lc: "Lifecycle", path: str, who: dict[str, Any], only: st
     return decisions
 
 
-async def schedule(lc: "Lifecycle", lease: Lease) -> None:
+async def schedule(lc: Context, lease: Lease) -> None:
     """Every `retention_interval`: if this node holds (or can take) the lease, apply retention to the whole mount."""
     who = {"user": "retention schedule", "uid": None}
     while True:

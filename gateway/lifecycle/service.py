@@ -6,28 +6,28 @@ import functools
 import logging
 import shutil
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
 from .. import threads
 from ..config import Config
-from ..store import Store, StoreError
+from ..namespace import Namespace
+from ..remote import Remote
+from ..objects import StoreError
+from ..store import Store
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease
-from .manifest import OWN_OBJECTS, LifecycleError, first_store_error
-from .patterns import Checkpoint, Patterns
+from .manifest import MOVING, OWN_OBJECTS, LifecycleError, first_store_error, label
+from ..patterns import Checkpoint, Patterns
 from .protect import Guard, protect, unprotect
 from .tracker import Tracker
 from .stats import SCAN_SECONDS, LifecycleCollector, summarize
+from .usage import usage
 from .verify import verify
 
-if TYPE_CHECKING:
-    from ..namespace import Namespace
-    from ..remote import Remote
-
-__all__ = ["Lifecycle", "LifecycleError", "Guard", "STATES"]
+__all__ = ["Lifecycle", "LifecycleError", "STATES"]
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,11 @@ DRILL_EXEC_LIMIT = 6 * 3600.0  # a restored directory waiting for its CLI's comm
 STORE_THREADS = 16  # requests to the bucket in flight for lifecycle work (verify's ranges, HEADs)
 PROGRESS_INTERVAL = 0.2
 COMMANDS = ("checkpoints", "checkpoint_commit", "verify", "protect", "unprotect", "audit",
-            "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done", *tiers.COMMANDS)
+            "retention_plan", "retention_apply", "retention_restore", "drill", "drill_done", "usage", *tiers.COMMANDS)
 
 
 class Lifecycle:
-    def __init__(self, cfg: Config, ns: "Namespace", store: Store, remote: "Remote") -> None:
+    def __init__(self, cfg: Config, ns: Namespace, store: Store, remote: Remote) -> None:
         self.cfg, self.ns, self.store, self.remote = cfg, ns, store, remote
         self.keys = ns.keys
         self.patterns = Patterns(cfg.checkpoint_patterns)
@@ -129,6 +129,7 @@ class Lifecycle:
         """One control-socket request (see control.py); errors become {"ok": false, "error": ...}."""
         cmd = request["cmd"]
         path = str(request.get("path", "")).strip("/")
+        self.tracker.refresh()  # every answer below judges local work as it is now
         try:
             if cmd == "checkpoints":
                 if path and await self.remote.resolve(path) is None:
@@ -137,6 +138,7 @@ class Lifecycle:
             elif cmd == "checkpoint_commit":
                 ck = await self._checkpoint(path)
                 await self._wait_durable(path, send)
+                self.tracker.refresh()  # drained now: no longer `draining` in what the next request sees
                 manifest, wrote = await self.tracker.commit(ck, None, "command", dict(request.get("metadata") or {}))
                 await send({"ok": True, "done": True, "written": wrote, "path": ck.path, "step": ck.step,
                             "generation": manifest.generation, "changed": manifest.changed,
@@ -152,7 +154,7 @@ class Lifecycle:
             elif cmd == "verify":
                 ck = await self._checkpoint(path)
                 record, _ = await self.mover.record(ck.path)
-                if coldmove.label(record) and record["state"] != coldmove.MOVING:  # type: ignore[index]
+                if label(record) and record["state"] != MOVING:  # type: ignore[index]
                     assert record is not None
                     raise LifecycleError(f"{ck.path} is {record['state']} to cold target {record.get('target')} ({record.get('target_url')}) "
                                          f"since {record.get('at_iso')}: its files are not in this bucket; verify it there with "
@@ -202,6 +204,9 @@ class Lifecycle:
             elif cmd == "retention_restore":
                 ck = await self._checkpoint(path)
                 await send({"ok": True, **await retention.restore(self, ck, dict(request.get("who") or {}), str(request.get("reason", "")))})
+            elif cmd == "usage":
+                await self._exists(path)
+                await send({"ok": True, **await usage(self, path)})
             elif cmd in tiers.COMMANDS:
                 await tiers.handle(self, cmd, path, request, send)
             else:
@@ -234,8 +239,9 @@ class Lifecycle:
         async def progress(p: dict[str, Any]) -> None:
             await send({"ok": True, **p})
 
+        source, manifest = await self.mover.source(ck, manifest)  # a moved checkpoint: from its cold target
         try:
-            result = await drill.restore(self, ck, manifest, target, progress)
+            result = await drill.restore(source or self, ck, manifest, target, progress)
         except BaseException:
             if not keep_dir:
                 shutil.rmtree(target, ignore_errors=True)

@@ -9,15 +9,13 @@ daemon's Prometheus registry; every metric is in docs/metrics.md.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .catalogue import STATES
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from .context import Context
 
 SCAN_SECONDS = 60.0
 
@@ -41,7 +39,7 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class LifecycleCollector(Collector):
-    def __init__(self, lc: "Lifecycle") -> None:
+    def __init__(self, lc: Context) -> None:
         self.lc = lc
 
     def collect(self):  # type: ignore[no-untyped-def]

@@ -21,66 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
-from ..storageclass import ARCHIVE_CLASSES, ONGOING, may_need_restore  # noqa: F401 (ARCHIVE_CLASSES: for callers of tiers)
-from ..store import StoreError
+from ..storageclass import ARCHIVE_CLASSES, AWS_MIN_DAYS, ONGOING, may_need_restore, parse_transitions  # noqa: F401 (ARCHIVE_CLASSES: for callers of tiers)
+from ..namespace.keys import is_reserved
+from ..objects import StoreError
 from .manifest import MANIFEST, LifecycleError, Manifest
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..patterns import Checkpoint
+from .context import Context
 
 log = logging.getLogger(__name__)
 
-STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
-                   "GLACIER", "DEEP_ARCHIVE", "EXPRESS_ONEZONE")
-# AWS's minimum object age for a transition into these classes (other stores may accept less)
-AWS_MIN_DAYS = {"STANDARD_IA": 30, "ONEZONE_IA": 30}
 TAG_STATE, TAG_PROTECTED, TAG_STEP = "ckptfs-state", "ckptfs-protected", "ckptfs-step"
 TAGS_AT_ONCE = 8
 RESTORE_POLL = 30.0
-COMMANDS = ("lifecycle_plan", "lifecycle_apply", "restore", "usage")
-
-
-class TierError(ValueError):
-    """A tier or price setting cannot be used; one line naming it and the fix."""
-
-
-# -------------------------------------------------------------------- settings
-def parse_transitions(entries: list[str]) -> list[tuple[int, str]]:
-    """`["30:STANDARD_IA", "90:GLACIER_IR"]` -> [(30, "STANDARD_IA"), (90, "GLACIER_IR")], days strictly ascending."""
-    out: list[tuple[int, str]] = []
-    for e in entries:
-        m = re.fullmatch(r"\s*(\d+)\s*[:=]\s*([A-Z_]+)\s*", e)
-        if not m:
-            raise TierError(f"tier_transitions entry {e!r} is not DAYS:CLASS (for example 30:STANDARD_IA)")
-        days, cls = int(m.group(1)), m.group(2)
-        if cls not in STORAGE_CLASSES or cls == "STANDARD":
-            raise TierError(f"tier_transitions entry {e!r}: {cls} is not a storage class to move to; use one of "
-                            f"{', '.join(c for c in STORAGE_CLASSES if c != 'STANDARD')}")
-        if out and days <= out[-1][0]:
-            raise TierError(f"tier_transitions entry {e!r}: days must grow from one entry to the next ({out[-1][0]} before it)")
-        out.append((days, cls))
-    return out
-
-
-def parse_prices(entries: list[str]) -> dict[str, float]:
-    """`["STANDARD:0.023", ...]` -> {"STANDARD": 0.023, ...} (per GiB-month)."""
-    out: dict[str, float] = {}
-    for e in entries:
-        cls, sep, price = e.rpartition(":")  # the class may hold ':' itself (moved:NAME, coldmove.py)
-        try:
-            value = float(price)
-        except ValueError:
-            value = -1.0
-        if not sep or not cls.strip() or value < 0:
-            raise TierError(f"storage_prices entry {e!r} is not CLASS:PRICE (for example STANDARD:0.023)")
-        out[cls.strip()] = value
-    return out
+COMMANDS = ("lifecycle_plan", "lifecycle_apply", "restore")
 
 
 # ------------------------------------------------------------------------ tags
@@ -88,7 +45,7 @@ def checkpoint_tags(state: str, protected: bool, step: int) -> dict[str, str]:
     return {TAG_STATE: state, TAG_PROTECTED: "true" if protected else "false", TAG_STEP: str(step)}
 
 
-async def tag(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, state: str, protected: bool) -> int:
+async def tag(lc: Context, ck: Checkpoint, manifest: Manifest, state: str, protected: bool) -> int:
     """Set ckptfs's tags on the checkpoint's objects (its files and manifest); returns how many failed.
 
     A failure is logged, never raised: tags drive bucket lifecycle rules, which catch up at the next change.
@@ -206,7 +163,7 @@ def plan(cfg: Any, current: list[dict[str, Any]], versioning: str = "") -> dict[
             "keep": keep, "changes": bool(add or change or remove), "warnings": warnings}
 
 
-async def apply(lc: "Lifecycle") -> dict[str, Any]:
+async def apply(lc: Context) -> dict[str, Any]:
     current = await lc.io(lc.store.lifecycle_rules)
     p = plan(lc.cfg, current, await versioning_status(lc))
     if not p["changes"]:
@@ -231,7 +188,7 @@ async def apply(lc: "Lifecycle") -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------- restores
-async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any]:
+async def restore(lc: Context, rel: str, wait: bool, send: Callable[[Any], Awaitable[None]]) -> dict[str, Any]:
     """Restore every archived object at or under mount-relative `rel`; progress lines until done (or once unless `wait`)."""
     mover = getattr(lc, "mover", None)
     ck = lc.patterns.checkpoint_of(rel) if rel and mover is not None else None
@@ -249,6 +206,8 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
         objects = [(base + o.name, o.storage_class) for o in listing.objects if not o.name.endswith("/")]
     if not objects:
         raise LifecycleError(f"{rel or '/'}: no objects in the bucket to restore")
+    # the user's files, as `ls` shows them: not the manifest, markers and other objects ckptfs keeps beside them
+    files = sum(1 for key, _ in objects if not any(is_reserved(part) for part in lc.keys.path(key).split("/")))
     states: dict[str, str] = {}
     requested = 0
     for key, cls in objects:
@@ -267,7 +226,7 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
         states[key] = state
     while True:
         done = sum(1 for s in states.values() if s == "restored")
-        progress = {"objects": len(objects), "archived": len(states), "requested": requested, "restored": done,
+        progress = {"objects": len(objects), "files": files, "archived": len(states), "requested": requested, "restored": done,
                     "ongoing": len(states) - done}
         if done == len(states) or not wait:
             return progress
@@ -280,7 +239,7 @@ async def restore(lc: "Lifecycle", rel: str, wait: bool, send: Callable[[Any], A
                 states[key] = st.restore or ONGOING
 
 
-async def versioning_status(lc: "Lifecycle") -> str:
+async def versioning_status(lc: Context) -> str:
     """The bucket's versioning status, or "" when the store will not say (a warning is all it feeds)."""
     try:
         return await lc.io(lc.store.versioning)
@@ -289,7 +248,7 @@ async def versioning_status(lc: "Lifecycle") -> str:
         return ""
 
 
-async def _is_object(lc: "Lifecycle", key: str) -> bool:
+async def _is_object(lc: Context, key: str) -> bool:
     try:
         await lc.io(lc.store.storage_state, key)
     except StoreError:
@@ -297,26 +256,13 @@ async def _is_object(lc: "Lifecycle", key: str) -> bool:
     return True
 
 
-def class_label(by_class: dict[str, int]) -> str:
-    """The storage class of a checkpoint: its one class, or the classes it spans (most bytes first)."""
-    if not by_class:
-        return "-"
-    return "+".join(c for c, _ in sorted(by_class.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
-async def handle(lc: "Lifecycle", cmd: str, path: str, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
+async def handle(lc: Context, cmd: str, path: str, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
     """The control-socket commands of this module (called by Lifecycle.handle, which turns errors into one line)."""
     if cmd == "lifecycle_plan":
         current = await lc.io(lc.store.lifecycle_rules)
         await send({"ok": True, "bucket": lc.store.bucket, "current": current, **plan(lc.cfg, current, await versioning_status(lc))})
     elif cmd == "lifecycle_apply":
         await send({"ok": True, "bucket": lc.store.bucket, **await apply(lc)})
-    elif cmd == "usage":
-        from .usage import usage
-
-        if path and await lc.remote.resolve(path) is None:
-            raise LifecycleError(f"{path}: no such file or directory in the mount")
-        await send({"ok": True, **await usage(lc, path)})
     elif cmd == "restore":
         if path and await lc.remote.resolve(path) is None:
             raise LifecycleError(f"{path}: no such file or directory in the mount")

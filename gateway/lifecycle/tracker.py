@@ -19,18 +19,16 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ..journal import ROOT_INODE
-from ..store import StoreError
-from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, next_manifest, write_manifest
+from ..objects import StoreError
+from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, write_manifest
 from . import tiers
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..patterns import Checkpoint
+from .context import Context
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +44,7 @@ class Active:
 
 
 class Tracker:
-    def __init__(self, lc: "Lifecycle", cache_dir: str) -> None:
+    def __init__(self, lc: Context, cache_dir: str) -> None:
         self.lc = lc
         self.state_path = Path(cache_dir) / STATE_FILE
         self.active: dict[str, Active] = {}
@@ -137,13 +135,21 @@ class Tracker:
             await self.tick()
             await trio.sleep(tick)
 
-    async def tick(self) -> None:
+    def refresh(self) -> None:
+        """Learn which checkpoints have local work now rather than at the next tick (up to 5 s away): a request
+        right after a commit (`checkpoints`, `protect`, `ckptfs.latest`) must not see that checkpoint as draining."""
         before = set(self.active)
         self.work = self.scan()
         now = time.time()
-        quiet = self.lc.cfg.checkpoint_quiet_seconds
         for path in self.work:
             self.active[path].last_work = now
+        self._unsaved = self._unsaved or set(self.active) != before
+
+    async def tick(self) -> None:
+        before = set(self.active)
+        self.refresh()
+        now = time.time()
+        quiet = self.lc.cfg.checkpoint_quiet_seconds
         for path, a in list(self.active.items()):
             if path in self.work or now - a.last_work < quiet or now < a.next_check:
                 continue
@@ -220,8 +226,6 @@ class Tracker:
         """Whether the checkpoint's files are (going) on its cold target (lifecycle/coldmove.py): never committed from here then."""
         if not any(o.name == MOVED for o in listing.objects):
             return False
-        from .coldmove import label
-
         record, _ = await self.lc.mover.record(path)
         return label(record) is not None
 

@@ -4,7 +4,9 @@
 and the catalogue (checkpoints and their states), and sums bytes and objects per checkpoint,
 per run (the directory holding the checkpoints), per state and per storage class. Objects
 outside checkpoints (other files, ckptfs's audit log) count under the state `none`. A checkpoint moved to
-a cold target (coldmove.py) counts its manifest's files and bytes under the class `moved:NAME`. The
+a cold target (coldmove.py) counts its manifest's files under the class `moved:NAME`, with the bytes they
+take there (`bytes`, `stored_bytes`: compressed, cold_compression) and before (`original_bytes`); each
+checkpoint and that class say both, and what compression saved. The
 monthly cost estimate multiplies the bytes of each class by `storage_prices` (per GiB-month,
 examples by default, not quotes); it leaves out requests, retrievals, minimum storage durations
 and minimum object sizes. On a versioned bucket the noncurrent versions under the path (what deletes
@@ -17,16 +19,16 @@ The metrics (`UsageCollector`) come from the catalogue walk the lifecycle alread
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .catalogue import STATES
-from .tiers import class_label, parse_prices, versioning_status
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from .manifest import stored_bytes
+from ..storageclass import class_label, parse_prices
+from .tiers import versioning_status
+from .context import Context
 
 GiB = float(1 << 30)
 NONE = "none"  # objects outside any checkpoint
@@ -47,6 +49,20 @@ def _add(d: dict[str, dict[str, Any]], key: str, size: int, n: int = 1) -> dict[
     return e
 
 
+def _add_stored(d: dict[str, dict[str, Any]], key: str, size: int, n: int = 1, original: int | None = None) -> dict[str, Any]:
+    """_add, and what those bytes are before compression (`original`, default the same) and what compression saved."""
+    e = _add(d, key, size, n)
+    e["stored_bytes"] = e.get("stored_bytes", 0) + size
+    e["original_bytes"] = e.get("original_bytes", 0) + (size if original is None else original)
+    e["saved_bytes"] = e["original_bytes"] - e["stored_bytes"]
+    return e
+
+
+def _checkpoint(per_ck: dict[str, dict[str, Any]], entry: dict[str, Any]) -> dict[str, Any]:
+    return per_ck.setdefault(entry["path"], {"path": entry["path"], "step": entry["step"], "state": entry["state"], "bytes": 0,
+                                             "objects": 0, "stored_bytes": 0, "original_bytes": 0, "by_class": {}})
+
+
 def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[dict[str, Any]], patterns: Any,
               prices: dict[str, float]) -> dict[str, Any]:
     """`objects`: (mount-relative path, size, storage class); `checkpoints`: catalogue entries (describe)."""
@@ -55,11 +71,11 @@ def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[
     by_run: dict[str, dict[str, Any]] = {}
     by_state: dict[str, dict[str, Any]] = {s: {"bytes": 0, "objects": 0} for s in (*STATES, NONE)}
     by_class: dict[str, dict[str, Any]] = {}
-    total = count = 0
+    total = count = saved = 0
     for rel, size, cls in objects:
         total += size
         count += 1
-        _add(by_class, cls, size)
+        _add_stored(by_class, cls, size)
         ck = patterns.checkpoint_of(rel)
         entry = cks.get(ck.path) if ck is not None else None
         if entry is None:
@@ -69,28 +85,33 @@ def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[
         run = entry["path"].rsplit("/", 1)[0] if "/" in entry["path"] else "/"
         r = _add(by_run, run, size)
         r.setdefault("checkpoints", set()).add(entry["path"])
-        c = per_ck.setdefault(entry["path"], {"path": entry["path"], "step": entry["step"], "state": entry["state"], "bytes": 0,
-                                              "objects": 0, "by_class": {}})
+        c = _checkpoint(per_ck, entry)
         c["bytes"] += size
+        c["stored_bytes"] += size
+        c["original_bytes"] += size
         c["objects"] += 1
         c["by_class"][cls] = c["by_class"].get(cls, 0) + size
     for entry in checkpoints:  # moved to a cold target (coldmove.py): its files count there, under the class moved:NAME
         rec = entry.get("moved") or {}
         if rec.get("state") != "moved":
             continue
-        cls, size, n = f"moved:{rec.get('target')}", int(rec.get("bytes") or 0), int(rec.get("files") or 0)
+        # billed: what the cold target stores (compressed: cold_compression); saved: what compression took off its files
+        cls, size, n, original = f"moved:{rec.get('target')}", stored_bytes(rec), int(rec.get("files") or 0), int(rec.get("bytes") or 0)
         total += size
         count += n
-        _add(by_class, cls, size, n)
+        saved += original - size
+        _add_stored(by_class, cls, size, n, original)
         _add(by_state, entry["state"], size, n)
         run = entry["path"].rsplit("/", 1)[0] if "/" in entry["path"] else "/"
         _add(by_run, run, size, n).setdefault("checkpoints", set()).add(entry["path"])
-        c = per_ck.setdefault(entry["path"], {"path": entry["path"], "step": entry["step"], "state": entry["state"], "bytes": 0,
-                                              "objects": 0, "by_class": {}})
+        c = _checkpoint(per_ck, entry)
         c["bytes"] += size
+        c["stored_bytes"] += size
+        c["original_bytes"] += original
         c["objects"] += n
         c["by_class"][cls] = c["by_class"].get(cls, 0) + size
     for c in per_ck.values():
+        c["saved_bytes"] = c["original_bytes"] - c["stored_bytes"]
         c["storage_class"] = class_label(c["by_class"])
         c["monthly_cost"] = round(cost(prices, c["by_class"]), 4)
     for run, r in by_run.items():
@@ -103,6 +124,7 @@ def summarize(path: str, objects: list[tuple[str, int, str]], checkpoints: list[
     return {
         "path": path or "/",
         "bytes": total,
+        "saved_bytes": saved,
         "objects": count,
         "by_checkpoint": sorted(per_ck.values(), key=lambda c: (c["path"].rsplit("/", 1)[0] if "/" in c["path"] else "", c["step"], c["path"])),
         "by_run": dict(sorted(by_run.items())),
@@ -123,7 +145,7 @@ def add_noncurrent(summary: dict[str, Any], versioning: str, nc: Any, prices: di
     return summary
 
 
-async def usage(lc: "Lifecycle", path: str) -> dict[str, Any]:
+async def usage(lc: Context, path: str) -> dict[str, Any]:
     base = lc.keys.of(path + "/" if path else "")
     listing = await lc.io(lambda: lc.store.list(base, recursive=True))
     rel0 = f"{path}/" if path else ""
@@ -140,7 +162,7 @@ async def usage(lc: "Lifecycle", path: str) -> dict[str, Any]:
 class UsageCollector(Collector):
     """Storage and cost metrics from the last catalogue walk (checkpoint objects)."""
 
-    def __init__(self, lc: "Lifecycle") -> None:
+    def __init__(self, lc: Context) -> None:
         self.lc = lc
         self.prices = parse_prices(lc.cfg.storage_prices)
 
@@ -156,6 +178,17 @@ class UsageCollector(Collector):
         g = GaugeMetricFamily("ckptfs_storage_bytes", "Bytes of checkpoint objects in the bucket under the mount, by storage class and "
                               "checkpoint state (from the last catalogue walk).", labels=["storage_class", "state"])
         for (cls, state), n in sorted(size.items()):
+            g.add_metric([cls, state], float(n))
+        yield g
+        saved: dict[tuple[str, str], int] = {}
+        for e in entries:
+            if (e.get("moved") or {}).get("state") == "moved":
+                key = (e["storage_class"], e["state"])
+                saved[key] = saved.get(key, 0) + int(e.get("original_bytes", 0)) - int(e.get("stored_bytes", 0))
+        g = GaugeMetricFamily("ckptfs_storage_saved_bytes", "Bytes that compression on the cold target (cold_compression) saves: "
+                              "the moved checkpoints' files less what they take there, by storage class and state.",
+                              labels=["storage_class", "state"])
+        for (cls, state), n in sorted(saved.items()):
             g.add_metric([cls, state], float(n))
         yield g
         g = GaugeMetricFamily("ckptfs_storage_monthly_cost_estimate", "Estimated monthly storage cost of those bytes, by storage "

@@ -6,7 +6,10 @@ aside). Deep: also read every file back (ranged GETs, `read_concurrency` in
 flight per file, two files at once, each range pinned to the manifest's ETag
 with If-Match) and compare its xxh3-128 with the manifest's. Memory is bounded
 by ranges in flight x range size; the hash is computed in order as ranges
-arrive.
+arrive. A file stored compressed (a cold target's copy, coldcopy.py) is checked
+under its object's name and size, and read back decoded: a damaged chunk is
+found by its xxh3-64 (or a frame that does not decode), the file by its
+xxh3-128, and it counts as changed.
 
 The outcome ("whole" or "broken", with the lists) is written next to the
 manifest as `.ckptfs-verify.json`, so `ckptfs checkpoints` on any node shows
@@ -19,19 +22,17 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 import xxhash
 
 from ..storageclass import may_need_restore
-from ..store import ARCHIVED, StoreError
-from . import ranges
+from ..objects import ARCHIVED, StoreError
+from . import codec, coldcopy, ranges
 from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
-from .patterns import Checkpoint
-
-if TYPE_CHECKING:
-    from .service import Lifecycle
+from ..patterns import Checkpoint
+from .context import Bucket
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +40,25 @@ FILES_AT_ONCE = 2
 LIST_LIMIT = 100  # names listed per kind in the recorded result
 
 
-async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool,
+async def verify(lc: Bucket, ck: Checkpoint, manifest: Manifest, deep: bool,
                  progress: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
     base = lc.keys.of(ck.path + "/")
     started = time.time()
     listing = await lc.io(lambda: lc.store.list(base, recursive=True))
     present = {f.path: f for f in files_of(listing, base)}
     expected = {f["path"]: f for f in manifest.files}
-    missing = sorted(p for p in expected if p not in present)
-    unexpected = sorted(p for p in present if p not in expected)
+    stored = {codec.stored_path(f): p for p, f in expected.items()}  # a compressed copy's object has its own name
+    missing = sorted(p for p, f in expected.items() if codec.stored_path(f) not in present)
+    unexpected = sorted(p for p in present if p not in stored)
     changed: list[str] = []
     for p, f in expected.items():
-        got = present.get(p)
-        if got is not None and (got.size != int(f["size"]) or got.etag != f["etag"]):
+        got = present.get(codec.stored_path(f))
+        if got is not None and (got.size != codec.stored_size(f) or got.etag != f["etag"]):
             changed.append(p)
     unchecked: list[str] = []
     checked_bytes = 0
     if deep:
-        todo = [f for p, f in sorted(expected.items()) if p in present and p not in changed]
+        todo = [f for p, f in sorted(expected.items()) if p not in missing and p not in changed]
         await _refuse_archived(lc, ck, listing, base, todo)
         archived: list[str] = []
         total = sum(int(f["size"]) for f in todo)
@@ -68,7 +70,14 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
                 if not f.get("xxh3"):
                     unchecked.append(f["path"])
                 try:
-                    digest = await _xxh3(lc, f["key"], f["etag"], int(f["size"]), done)
+                    if codec.is_compressed(f):
+                        digest = await coldcopy.expand(lc.io, lc.store, f, None, done)
+                    else:
+                        digest = await _xxh3(lc, f["key"], f["etag"], int(f["size"]), done)
+                except codec.CodecError as e:
+                    log.warning("verify %s: %s does not decode: %s", ck.path, f["path"], e)
+                    changed.append(f["path"])
+                    return
                 except StoreError as e:
                     if e.kind == ARCHIVED:
                         archived.append(f["path"])  # archived after the listing (or in a tier only a GET tells)
@@ -108,14 +117,14 @@ async def verify(lc: "Lifecycle", ck: Checkpoint, manifest: Manifest, deep: bool
     return result
 
 
-def restore_message(lc: "Lifecycle", ck: Checkpoint, count: int, where: str) -> str:
+def restore_message(lc: Bucket, ck: Checkpoint, count: int, where: str) -> str:
     path = os.path.join(os.path.abspath(lc.cfg.mountpoint), ck.path)
     return (f"{ck.path}: {count} of its files {'is' if count == 1 else 'are'} archived in {where} and not restored, so a deep verify "
             f"cannot read {'it' if count == 1 else 'them'}: run ckptfs restore {path}, and verify again once it reports them restored "
             "(a shallow verify needs no restore)")
 
 
-async def _refuse_archived(lc: "Lifecycle", ck: Checkpoint, listing: Any, base: str, todo: list[dict[str, Any]]) -> None:
+async def _refuse_archived(lc: Bucket, ck: Checkpoint, listing: Any, base: str, todo: list[dict[str, Any]]) -> None:
     """Before reading anything: files the listing shows in an archive class and HeadObject says are not restored."""
     classes = {base + o.name: o.storage_class for o in listing.objects}
     keys = [f["key"] for f in todo if may_need_restore(classes.get(f["key"]))]
@@ -128,7 +137,7 @@ async def _refuse_archived(lc: "Lifecycle", ck: Checkpoint, listing: Any, base: 
         raise LifecycleError(restore_message(lc, ck, len(where), "/".join(sorted(set(where)))))
 
 
-async def _xxh3(lc: "Lifecycle", key: str, etag: str, size: int, done: dict[str, int]) -> str:
+async def _xxh3(lc: Bucket, key: str, etag: str, size: int, done: dict[str, int]) -> str:
     """xxh3-128 of the object read back with parallel ranged GETs, at most `read_concurrency` ranges held at once."""
     h = xxhash.xxh3_128()
 
@@ -139,5 +148,5 @@ async def _xxh3(lc: "Lifecycle", key: str, etag: str, size: int, done: dict[str,
         h.update(data)
         done["bytes"] += len(data)
 
-    await ranges.in_order(lc, key, etag, size, fetch, consume)
+    await ranges.in_order(lc.io, lc.store, key, etag, size, fetch, consume, lc.cfg.read_range_size, lc.cfg.read_concurrency)
     return h.hexdigest()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 
-from ..config import S3_MAX_KEY_BYTES
+from ..sizes import S3_MAX_KEY_BYTES
 
 log = logging.getLogger(__name__)
 

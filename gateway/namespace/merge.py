@@ -17,19 +17,16 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import TYPE_CHECKING
 
 from ..cache import Cache
 from ..journal import DURABLE, ROOT_INODE, Journal, Row
+from ..objects import Listing
 from .archive import Archive
 from .files import OpenFiles
 from .keys import Keys, is_reserved
 from .space import Space
 from .tree import Tree, valid_name
 from .uploads import UploadQueue
-
-if TYPE_CHECKING:
-    from ..store import Listing
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ class ListingMerge:
         self.remote_removed_total = 0  # entries gone from the bucket (deleted by another node)
         self.remote_changed_total = 0  # objects replaced in the bucket by another node
 
-    def merge(self, dir_ino: int, started_at: float, listing: "Listing") -> None:
+    def merge(self, dir_ino: int, started_at: float, listing: Listing) -> None:
         """Overlay one directory's bucket listing (taken from `started_at`) on the journal."""
         j = self.journal
         dpath = j.path_of(dir_ino)

@@ -25,14 +25,13 @@ so it never holds up the mount, the drain or the lifecycle on the primary.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -40,19 +39,16 @@ from prometheus_client.registry import Collector
 
 from ..config import Config, Replica
 from ..lifecycle import audit, drill
-from ..lifecycle.catalogue import MAX_DEPTH
-from ..lifecycle.coldmove import moved_away
+from ..lifecycle.catalogue import walk
 from ..lifecycle.lease import Lease, kept
-from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, node_name, read_manifest
-from ..lifecycle.patterns import Checkpoint
+from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, moved_away, node_name, read_json, read_manifest
+from ..patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
-from ..namespace.keys import Keys, is_reserved
-from ..store import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, Store, StoreError
-from .copy import CopyError, Counters, Job, PartBuffers, Slots, copy_checkpoint, one_error
-
-if TYPE_CHECKING:
-    from ..lifecycle.service import Lifecycle
+from ..objects import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, StoreError
+from ..store import Store
+from ..lifecycle.copier import CopyError, Destination, Job, TargetView, copy_checkpoint, one_error
+from ..lifecycle.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +75,11 @@ class Primary:
         return self.manifest.etag + (":protected" if self.protection is not None else "")
 
 
-class Target:
+class Target(Destination):
+    """A replica target: where copies go (Destination) and what the surveys learnt of it."""
+
     def __init__(self, replica: Replica, cfg: Config) -> None:
-        self.replica = replica
-        self.cfg = cfg
-        self.store: Store | None = None
-        self.same_endpoint = (replica.endpoint_url or "") == (cfg.endpoint_url or "") and replica.profile == cfg.profile
+        super().__init__(replica, cfg)
         self.known: dict[str, str] = {}  # checkpoint path -> signature the target was seen (or made) to hold
         self.selected: dict[str, Primary] = {}
         self.failed: dict[str, str] = {}  # checkpoint path -> why its last copy failed
@@ -93,26 +88,9 @@ class Target:
         self.surveyed_at = 0.0
         self.reached_at = 0.0
         self.copying: str | None = None
-        self.counters = Counters()
         self.errors_total = 0
         self.deleted_total = 0  # checkpoints deleted on the target after retention deleted them on the primary
         self.kept_by_policy: dict[str, list[str]] = {}  # deleted on the primary, kept by the replica's own retention: rules
-        self.object_lock: bool | None = None
-        self.slots = Slots(cfg.replication_parts_in_flight)
-        self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
-
-    def open(self) -> Store:
-        """The target's store client (made once; a bad profile is a target error, not a crash)."""
-        if self.store is None:
-            r = self.replica
-            tcfg = dataclasses.replace(self.cfg, bucket=r.bucket, prefix=r.prefix, endpoint_url=r.endpoint_url, region=r.region,
-                                       profile=r.profile, read_timeout=self.cfg.replication_read_timeout,
-                                       max_parts_in_flight=self.cfg.replication_parts_in_flight, replica={})
-            try:
-                self.store = Store(tcfg)
-            except Exception as e:  # noqa: BLE001 - botocore's ProfileNotFound and kin: one line, no secrets in them
-                raise StoreError(AUTH, f"cannot set up a client for {r.url} ({type(e).__name__}: {e}): check profile and region") from None
-        return self.store
 
     def pending(self) -> dict[str, Primary]:
         return {p: v for p, v in self.selected.items() if self.known.get(p) != v.signature}
@@ -156,17 +134,8 @@ class Target:
         }
 
 
-class _TargetView:
-    """The lifecycle seen through a target: what verify.verify needs (keys, store, io, cfg)."""
-
-    def __init__(self, cfg: Config, store: Store, prefix: str, io: Callable[..., Awaitable[Any]]) -> None:
-        self.cfg, self.store, self.keys, self.io = cfg, store, Keys(prefix), io
-        self.last_verify: dict[str, Any] | None = None
-        self.drill_record: dict[str, Any] = {}
-
-
 class Replicator:
-    def __init__(self, cfg: Config, lc: "Lifecycle") -> None:
+    def __init__(self, cfg: Config, lc: Context) -> None:
         self.cfg, self.lc = cfg, lc
         # the cold target of tier_move_target is the mover's (lifecycle/coldmove.py), not a replica
         self.targets = {name: Target(r, cfg) for name, r in cfg.replica.items() if name != cfg.tier_move_target}
@@ -308,14 +277,8 @@ class Replicator:
                 own = {o.name for o in top.objects}
                 if MANIFEST not in own:
                     continue
-                try:
-                    body, _ = await self.io(store.get_bytes, base + MANIFEST)
-                    doc = json.loads(body)
-                except StoreError as e:
-                    if e.kind != NO_OBJECT:
-                        raise
-                    continue
-                except ValueError:
+                doc, _ = await self.io(read_json, store, base + MANIFEST)
+                if not doc:
                     continue
                 if doc.get("replicated_from", {}).get("etag") == v.manifest.etag and (PROTECTED in own) == (v.protection is not None):
                     t.known[path] = v.signature
@@ -337,9 +300,9 @@ class Replicator:
     async def _read_failures(self, t: Target) -> None:
         """Failures the lease holder recorded in the primary bucket (this node does not copy)."""
         try:
-            body, _ = await self.io(self.lc.store.get_bytes, self._status_key(t))
-            doc = json.loads(body)
-            t.failed = {str(k): str(v) for k, v in dict(doc.get("failures") or {}).items()}
+            doc, _ = await self.io(read_json, self.lc.store, self._status_key(t))
+            if doc:
+                t.failed = {str(k): str(v) for k, v in dict(doc.get("failures") or {}).items()}
         except (StoreError, ValueError, TypeError, AttributeError):
             pass
 
@@ -392,18 +355,6 @@ class Replicator:
         await self._write_failures(t)
 
     # --------------------------------------------------------------- retention
-    async def _walk(self, store: Store, prefix: str, path: str, depth: int, found: set[str]) -> None:
-        """Checkpoints on a target (as catalogue.find walks the primary)."""
-        listing = await self.io(store.list, prefix + (path + "/" if path else ""))
-        for name in listing.dirs:
-            if not name or is_reserved(name):
-                continue
-            child = f"{path}/{name}" if path else name
-            if self.lc.patterns.step(name) is not None:
-                found.add(child)
-            elif depth + 1 < MAX_DEPTH:
-                await self._walk(store, prefix, child, depth + 1, found)
-
     async def _own_policy_keeps(self, store: Store, t: Target, on_target: set[str], series: set[str]) -> dict[str, list[str]]:
         """The replica's own retention (`[replica.NAME] keep_*`) over the committed checkpoints on it, in `series`:
         path -> the rules that keep it."""
@@ -437,8 +388,7 @@ class Replicator:
             return
         try:
             store = t.open()
-            on_target: set[str] = set()
-            await self._walk(store, t.replica.key_prefix, "", 0, on_target)
+            on_target = set(await walk(store, t.replica.key_prefix, self.lc.patterns, self.io))
             gone = sorted(on_target - self.primary_paths)
             if not gone:
                 t.kept_by_policy = {}
@@ -512,7 +462,7 @@ class Replicator:
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on replica {name} ({t.replica.url}): not replicated (yet); "
                                  f"see `ckptfs replicate status`")
-        view = _TargetView(self.cfg, store, prefix, self.io)
+        view = TargetView(self.cfg, store, prefix, self.io)
         result = await verify(view, ck, manifest, deep, progress)  # type: ignore[arg-type]
         return {**result, "target": name}
 
@@ -574,7 +524,7 @@ class Replicator:
             if not held:
                 raise LifecycleError(f"no checkpoint under {path or '/'} is on replica {name} yet: see `ckptfs replicate status`")
             ck = max(held, key=lambda v: (v.manifest.committed_at, v.ck.step)).ck
-        view = _TargetView(self.cfg, store, t.replica.key_prefix, self.io)
+        view = TargetView(self.cfg, store, t.replica.key_prefix, self.io)
         manifest = await self.io(read_manifest, store, view.keys.of(ck.path + "/" + MANIFEST))
         if manifest is None:
             raise LifecycleError(f"{ck.path} has no manifest on replica {name} ({t.replica.url}): not replicated (yet); "
@@ -607,7 +557,7 @@ class Replicator:
         if not keep_dir:
             shutil.rmtree(result["dir"], ignore_errors=True)
         result["kept"] = keep_dir
-        view = _TargetView(self.cfg, t.open(), t.replica.key_prefix, self.io)
+        view = TargetView(self.cfg, t.open(), t.replica.key_prefix, self.io)
         try:
             await drill.record(view, result)  # type: ignore[arg-type]
         except (StoreError, LifecycleError) as e:

@@ -27,9 +27,10 @@ MOVED = ".ckptfs-moved.json"
 
 
 def move_options(**extra: Any) -> dict[str, Any]:
-    # the age is set per test; passes every second; a lease a restarted node takes over soon
+    # the age is set per test; passes every second; a lease a restarted node takes over soon; files copied as they are
+    # (these tests read them back byte for byte on the target; test_coldcompress.py moves them compressed)
     return {"metadata_ttl": 0, "tier_move_target": "cold", "tier_move_interval": 1, "replication_lease_ttl": 10,
-            "replication_read_timeout": 5, "checkpoint_quiet_seconds": 3600, **extra}
+            "replication_read_timeout": 5, "checkpoint_quiet_seconds": 3600, "cold_compression": "none", **extra}
 
 
 def entries(m: Mount) -> dict[str, dict[str, Any]]:
@@ -101,7 +102,7 @@ def test_old_checkpoint_moves_verified_protected_and_young_stay_and_restore_brin
     assert sorted(os.listdir(a.path / "run" / "step_2")) == ["model.bin", "optim"]
     # the checkpoints table, usage, verify, status
     table = a.cli("checkpoints", str(a.path)).stdout
-    assert f"run/step_1: moved to cold target cold (s3://{second_bucket}/c) since" in table and "ckptfs restore run/step_1" in table, table
+    assert f"run/step_1: moved to cold target cold (s3://{second_bucket}/c) since" in table and f"`ckptfs restore {a.path / 'run/step_1'}`" in table, table  # pasteable from here
     u = json.loads(a.cli("usage", str(a.path), "--json").stdout)
     moved_bytes = sum(len(v) for p in ("run/step_1", "run/step_3") for v in want[p].values())
     assert u["by_class"]["moved:cold"]["bytes"] == moved_bytes and u["by_class"]["moved:cold"]["objects"] == 4

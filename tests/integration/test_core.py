@@ -228,6 +228,22 @@ def test_status_json(make_mount) -> None:  # type: ignore[no-untyped-def]
     assert table.returncode == 0 and "nothing dirty" in table.stdout, table.stdout
 
 
+def test_status_names_the_fuse_protocol_and_workers(mount: Mount) -> None:
+    """`fuse_protocol` is the version settled at INIT: 7.31 (Linux 5.4) to 7.40, ours; 7.38 on
+    Debian 12's 6.1 (`make test-vm`). pyfuse3 does not tell it."""
+    st = mount.status()
+    if st["fuse_transport"] == "libfuse":
+        assert (st["fuse_protocol"], st["fuse_workers"]) == (None, 1)
+        return
+    major, minor = (int(x) for x in st["fuse_protocol"].split("."))
+    assert major == 7 and 31 <= minor <= 40, st["fuse_protocol"]
+    if os.uname().release.startswith("6.1."):
+        assert (minor, st["passthrough"]) == (38, False)
+    assert st["fuse_workers"] >= 1
+    table = mount.cli("status", str(mount.path))
+    assert f"kernel (FUSE {st['fuse_protocol']})" in table.stdout, table.stdout
+
+
 def test_flush_timeout(make_mount) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount()
     step = m.path / "step_9"

@@ -316,6 +316,18 @@ def test_error_cache_dir_not_writable(plain: Mount, tmp_path: Path) -> None:
     one_line_error(proc, "is not writable by this user")
 
 
+@pytest.mark.one_transport
+def test_error_cache_dir_on_a_read_only_file_system(plain: Mount, tmp_path: Path) -> None:
+    """As root, access() fails with EROFS too: the message must name the read-only file system, not permissions."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        one_line_error(mount_with(plain, cache_dir=ro), "is on a read-only file system")
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
 def mount_with_args(m: Mount, cache_dir: Path) -> list[str]:
     return ["mount", f"s3://{m.bucket}/ckpt", str(m.path), "--cache-dir", str(cache_dir), "--endpoint-url", m.s3.endpoint_url, "--daemon"]
 

@@ -27,7 +27,7 @@ import trio
 
 from ckptfs.fuse import kernel
 from ckptfs.fuse.ops import Attr, OpenReply, Operations, RequestContext, SetattrFields, StatFs
-from ckptfs.fuse.protocol import Op
+from ckptfs.fuse.abi import Op
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.access("/dev/fuse", os.R_OK | os.W_OK),

@@ -22,6 +22,7 @@ from tests.support.seaweed import SeaweedServer
 
 MiB = 1 << 20
 NOBODY = 65534
+OTHER_GROUP = 65533  # a group nobody is given as a supplementary one
 
 
 def err(fn, *args) -> int:  # type: ignore[no-untyped-def]
@@ -192,6 +193,33 @@ def test_write_by_another_user_clears_setuid_and_setgid(make_mount, direct_io: b
     m.stop()
     m.start()
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o0777  # in the journal, not only in memory
+
+
+def test_chown_by_the_owner_clears_setuid_and_setgid_as_a_local_file_system_does(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """With HANDLE_KILLPRIV_V2 the kernel leaves clearing them on chown/chgrp to the daemon (found by a POSIX conformance run)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    m: Mount = make_mount(allow_other="true")
+    local = tmp_path / "local"
+    local.mkdir()
+    modes = {}
+    for where in (local, m.path):
+        os.chmod(where, 0o777)
+        p = where / "tool"
+        p.write_bytes(b"#!/bin/sh\n")
+        os.chown(p, NOBODY, NOBODY)
+        os.chmod(p, 0o6555)
+        # chgrp to another group of the owner's (a non-root owner may give the file to a group it is in)
+        proc = subprocess.run(["chgrp", str(OTHER_GROUP), "tool"], cwd=where, user=NOBODY, group=NOBODY, extra_groups=[OTHER_GROUP],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        modes[where] = stat.S_IMODE(os.stat(p).st_mode)
+    assert modes[local] == 0o555, oct(modes[local])  # what Linux does; the mount must do the same
+    assert modes[m.path] == modes[local], (oct(modes[m.path]), oct(modes[local]))
+    m.stop()
+    m.start()
+    st = os.stat(m.path / "tool")
+    assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o555, OTHER_GROUP)  # in the journal
 
 
 # ------------------------------------------------------------------ fallocate

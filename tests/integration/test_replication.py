@@ -24,7 +24,7 @@ import xxhash
 
 from ckptfs.config import Config
 from ckptfs.lifecycle.manifest import read_manifest
-from ckptfs.replication.copy import Job, PartBuffers, Slots, copy_checkpoint
+from ckptfs.lifecycle.copier import Job, PartBuffers, Slots, copy_checkpoint
 from ckptfs.store import Store
 
 from tests.conftest import Mount, delete_bucket, mount_is_dead, run_cli, wait_for, write_random
@@ -526,7 +526,7 @@ def test_a_replica_with_its_own_longer_retention_keeps_what_the_primary_deleted(
 def test_a_file_past_the_part_limit_is_copied_in_larger_parts_streamed_and_server_side(make_mount, s3, second_s3, second_bucket,
                                                                                        monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """S3 takes at most 10,000 parts: a file above 10,000 x replication_part_size must be copied in larger parts, as the
-    drain uploads it. The limit is lowered to 3 (config.S3_MAX_PARTS, read when a copy starts) so a 16 MiB file stands
+    drain uploads it. The limit is lowered to 3 (sizes.S3_MAX_PARTS, read when a copy starts) so a 16 MiB file stands
     for a 160 GiB one: 5 MiB parts would need 4. Both copies, streamed (to the second server) and inside the store (to
     another bucket of the first), must use at most 3 parts and give the same bytes; the streamed one, whose 6 MiB parts
     hold 2 of its 2 slots of 5 MiB, one part at a time, within the same 10 MiB of part buffers."""
@@ -547,7 +547,7 @@ def test_a_file_past_the_part_limit_is_copied_in_larger_parts_streamed_and_serve
         manifest = read_manifest(src, key)
         assert manifest is not None
         manifest_body = src.get_bytes(key)[0]
-        monkeypatch.setattr("ckptfs.config.S3_MAX_PARTS", 3)
+        monkeypatch.setattr("ckptfs.sizes.S3_MAX_PARTS", 3)
         part, in_flight = 5 * MiB, 2
         buffers = PartBuffers(part, in_flight)  # take() beyond 10 MiB in use raises
 

@@ -89,7 +89,7 @@ def test_restore_of_objects_in_no_archive_class_says_so(make_mount: Any) -> None
     (m.path / "step_1" / "a.bin").write_bytes(b"a" * 100)
     m.flush()
     out = ok(m.cli("restore", str(m.path / "step_1")))
-    assert "none of its 1 objects is in an archive class" in out
+    assert "step_1: its file is not in an archive class: nothing to restore" in out  # the file, not its objects
     assert json.loads(ok(m.cli("restore", str(m.path / "step_1" / "a.bin"), "--json")))["archived"] == 0
     proc = m.cli("restore", str(m.path / "nope"))
     assert proc.returncode != 0 and "no such file" in proc.stderr

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from ckptfs.config import ConfigError, load_config
-from ckptfs.lifecycle.coldmove import label, moved_away, plan
-from ckptfs.lifecycle.patterns import Patterns
-from ckptfs.lifecycle.tiers import parse_prices
+from ckptfs.lifecycle.coldmove import plan
+from ckptfs.lifecycle.manifest import label, moved_away
+from ckptfs.patterns import Patterns
+from ckptfs.storageclass import parse_prices
 from ckptfs.lifecycle.usage import summarize
 
 BASE = dict(bucket="ckpt", mountpoint="/mnt/ckpt", cache_dir="/var/cache/ckptfs", endpoint_url="http://127.0.0.1:1", prefix="runs")

@@ -26,6 +26,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     [
         ("part_size = [", "is not valid TOML"),
         ("bogus = 1", "unknown option 'bogus'"),
+        ("chache_capacity = 1", "c.toml (did you mean cache_capacity?)"),
         ('part_size = "4MiB"', "below the S3 minimum of 5 MiB"),
         ("cache_capacity = -5", "is negative"),
         ("upload_delay = -1", "is negative"),
@@ -33,6 +34,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ('max_parts_in_flight = "many"', "is not a valid int"),
         ('metrics_addr = "nohost"', "is not HOST:PORT"),
         ('log_level = "loud"', "log_level"),
+        ('cold_compression = "lz4"', "give auto, zstd or none"),
+        ("cold_compression_threshold = 1.5", "give a fraction from 0 to below 1"),
     ],
 )
 def test_bad_values_are_one_clear_line(tmp_path: Path, content: str, message: str) -> None:
@@ -139,3 +142,8 @@ def test_a_cache_dir_too_long_for_the_control_socket_is_one_clear_line(tmp_path:
         load_config(str(f), environ={}, overrides=dict(mountpoint="/m", cache_dir=ok + "c"))
     assert "is too long: the control socket in it would be a path of 108 bytes, and a Unix socket's is at most 107" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_cold_compression_is_auto_by_default() -> None:
+    cfg = load_config(None, environ={}, overrides=BASE)
+    assert (cfg.cold_compression, cfg.cold_compression_threshold) == ("auto", 0.03)

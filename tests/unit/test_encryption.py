@@ -16,7 +16,8 @@ from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 
 from ckptfs.config import ConfigError, load_config
-from ckptfs.store import AUTH, OTHER, Store, StoreError
+from ckptfs.objects import AUTH, OTHER, StoreError
+from ckptfs.store import Store
 
 BASE = dict(bucket="ckpt", mountpoint="/mnt/ckpt", cache_dir="/var/cache/ckptfs", endpoint_url="http://127.0.0.1:1")
 KEY = bytes(range(32))

@@ -208,7 +208,7 @@ def _uploaded_tree(ns: Namespace) -> tuple[int, int]:
 def test_listing_started_before_a_finished_rm_rf_does_not_bring_the_tree_back(tmp_path: Path) -> None:
     import time
 
-    from ckptfs.store import Listing, RemoteObject
+    from ckptfs.objects import Listing, RemoteObject
 
     ns = make_ns(tmp_path)
     t, d = _uploaded_tree(ns)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from ckptfs.cli.errors import CliError
 from ckptfs.cli.lifecycle import parse_meta
-from ckptfs.cli.main import CliError
 from ckptfs.config import ConfigError, load_config
 from ckptfs.lifecycle.manifest import FileEntry, Manifest, next_manifest, write_manifest
-from ckptfs.lifecycle.patterns import Checkpoint, Patterns
-from ckptfs.store import NO_OBJECT, PRECONDITION, StoreError
+from ckptfs.objects import NO_OBJECT, PRECONDITION, StoreError
+from ckptfs.patterns import Checkpoint, Patterns
 
 DEFAULTS = ["step_{step}", "step-{step}", "checkpoint-{step}", "global_step{step}", "iter_{step}", "{step}"]
 

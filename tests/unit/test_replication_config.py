@@ -22,7 +22,7 @@ def test_targets_parsed_with_defaults(tmp_path: Path) -> None:
                          '[replica.vault]\nsource = "s3://vault"\nselect = "protected"\n')
     dr, vault = cfg.replica["dr"], cfg.replica["vault"]
     assert (dr.bucket, dr.key_prefix, dr.endpoint_url, dr.profile, dr.region, dr.select) == ("dr", "runs/", "http://10.0.0.2:9000", "dr", "us-east-1", "all")
-    assert (vault.bucket, vault.key_prefix, vault.endpoint_url, vault.select) == ("vault", "", "", "protected")
+    assert (vault.bucket, vault.key_prefix, vault.endpoint_url, vault.select) == ("vault", "", "http://127.0.0.1:8333", "protected")  # the mount's endpoint
     assert load(tmp_path, "").replica == {}
 
 
@@ -108,3 +108,13 @@ def test_own_retention_that_would_delete_what_the_primary_keeps_is_refused(tmp_p
     with pytest.raises(ConfigError) as e:
         load(tmp_path, primary + '[replica.dr]\nsource = "s3://dr"\n' + keys)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_target_without_endpoint_inherits_the_mounts_however_given(tmp_path: Path) -> None:
+    """An endpoint from --endpoint-url (an override), not the file: a target left without one must not go to AWS."""
+    path = tmp_path / "c.toml"
+    path.write_text('source = "s3://primary/runs"\nmountpoint = "/mnt/x"\ncache_dir = "/tmp"\nregion = "eu-west-1"\n'
+                    '[replica.cold]\nsource = "s3://cold/runs"\n')
+    cfg = load_config(str(path), {}, {"endpoint_url": "http://127.0.0.1:8333"})
+    cold = cfg.replica["cold"]
+    assert (cold.endpoint_url, cold.region) == ("http://127.0.0.1:8333", "eu-west-1")

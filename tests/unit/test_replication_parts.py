@@ -1,4 +1,4 @@
-"""Part size and parts in flight of a replica copy for files past S3's 10,000 parts (replication/copy.py):
+"""Part size and parts in flight of a replica copy for files past S3's 10,000 parts (lifecycle/copier.py):
 the part grows as the drain's does, a larger part holds more of the target's slots (fewer in flight, same
 memory bound), and the part buffers follow the sizes without passing the bound."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ckptfs import config
-from ckptfs.config import GiB, MiB, TiB, part_size_for
-from ckptfs.replication.copy import PartBuffers, Slots, part_slots
+from ckptfs import sizes
+from ckptfs.sizes import GiB, MiB, TiB, part_size_for
+from ckptfs.lifecycle.copier import PartBuffers, Slots, part_slots
 
 UNIT, SLOTS = 16 * MiB, 8  # the defaults: replication_part_size, replication_parts_in_flight: 128 MiB of buffers
 
@@ -29,7 +29,7 @@ def test_a_larger_part_holds_more_slots_so_fewer_are_in_flight_within_the_bound(
 
 def test_the_part_limit_is_read_when_called(monkeypatch: pytest.MonkeyPatch) -> None:
     assert part_size_for(16 * MiB + 5, 5 * MiB) == 5 * MiB
-    monkeypatch.setattr(config, "S3_MAX_PARTS", 3)
+    monkeypatch.setattr(sizes, "S3_MAX_PARTS", 3)
     assert part_size_for(16 * MiB + 5, 5 * MiB) == 6 * MiB
 
 

@@ -15,10 +15,12 @@ import trio
 from botocore.stub import Stubber
 
 from ckptfs.config import ConfigError, load_config
-from ckptfs.lifecycle.tiers import TierError, class_label, parse_prices, parse_transitions, plan, restore
+from ckptfs.lifecycle.tiers import plan, restore
+from ckptfs.storageclass import TierError, class_label, parse_prices, parse_transitions
 from ckptfs.namespace.archive import Archive
 from ckptfs.namespace.keys import Keys
-from ckptfs.store import ARCHIVED, Store, StoreError
+from ckptfs.objects import ARCHIVED, StoreError
+from ckptfs.store import Store
 
 BASE = dict(bucket="ckpt", mountpoint="/mnt/ckpt", cache_dir="/var/cache/ckptfs", endpoint_url="http://127.0.0.1:1", prefix="runs")
 
@@ -145,7 +147,7 @@ def test_restore_requests_archived_objects_and_reports_progress() -> None:
         raise AssertionError("no progress lines without --wait")
 
     result = trio.run(restore, lc, "step_1", False, send)
-    assert result == {"objects": 4, "archived": 3, "requested": 1, "restored": 1, "ongoing": 2}
+    assert result == {"objects": 4, "files": 4, "archived": 3, "requested": 1, "restored": 1, "ongoing": 2}
     # what opens and user.ckptfs.state of those files say from now on
     assert {k: (st.label or "readable") for k, (st, _) in archive.states.items()} == {
         "runs/step_1/a.bin": "restoring", "runs/step_1/b.bin": "restoring", "runs/step_1/d.bin": "readable"}

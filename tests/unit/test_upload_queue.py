@@ -402,7 +402,7 @@ def test_removing_an_uploaded_file_costs_the_same_however_many_deletes_are_queue
 def test_the_tracker_sees_checkpoints_with_local_work_from_the_backlog_and_the_delete_queue(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from ckptfs.lifecycle.patterns import Patterns
+    from ckptfs.patterns import Patterns
     from ckptfs.lifecycle.tracker import Tracker
 
     ns = make_ns(tmp_path)
@@ -421,3 +421,12 @@ def test_the_tracker_sees_checkpoints_with_local_work_from_the_backlog_and_the_d
     assert tracker.scan() == {"step_1": "writing", "step_2": "draining", "step_3": "draining"}
     assert {p: a.step for p, a in tracker.active.items()} == {"step_1": 1, "step_2": 2, "step_3": 3}
     close_file(ns, writing, fd)
+    assert tracker.scan() == {"step_1": "draining", "step_2": "draining", "step_3": "draining"}
+    ns.tree.rename(ROOT_INODE, "step_2", ROOT_INODE, "step_5", False)  # the backlog follows the directory
+    assert tracker.scan() == {"step_1": "draining", "step_5": "draining", "step_3": "draining"}
+    for e in ns.backlog.entries():
+        upload(ns, e.ino)
+    for delete_id, key, _ in list(ns.deletes):
+        ns.uploads.delete_done(delete_id, key)
+    assert tracker.scan() == {}
+    assert_in_step(ns)

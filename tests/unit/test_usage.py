@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptfs.lifecycle.patterns import Patterns
+from ckptfs.patterns import Patterns
 from ckptfs.lifecycle.usage import summarize
 
 GiB = 1 << 30
@@ -44,7 +44,7 @@ def test_sums_and_cost() -> None:
 
 def test_noncurrent_versions_are_counted_and_priced() -> None:
     from ckptfs.lifecycle.usage import add_noncurrent
-    from ckptfs.store import NoncurrentVersions
+    from ckptfs.objects import NoncurrentVersions
 
     u = summarize("", [("run1/step_1/a", GiB, "STANDARD")], [], Patterns(["step_{step}"]), PRICES)
     nc = NoncurrentVersions(objects=3, bytes=3 * GiB, delete_markers=2, by_class={"STANDARD": GiB, "GLACIER_IR": 2 * GiB})
@@ -53,3 +53,36 @@ def test_noncurrent_versions_are_counted_and_priced() -> None:
     assert u["noncurrent"] == {"objects": 3, "bytes": 3 * GiB, "delete_markers": 2, "monthly_cost": round(0.02 + 2 * 0.004, 4),
                                "by_class": {"GLACIER_IR": 2 * GiB, "STANDARD": GiB}}
     assert u["monthly_cost_estimate"] == round(0.02 + 0.02 + 2 * 0.004, 4)  # they are billed: in the estimate
+
+
+def test_a_compressed_cold_copy_counts_what_it_stores_and_what_it_saved() -> None:
+    from ckptfs.lifecycle.usage import UsageCollector
+
+    pats = Patterns(["step_{step}"])
+    moved = {"state": "moved", "target": "cold", "files": 3, "bytes": 10 * GiB, "stored_bytes": 7 * GiB}
+    older = {"state": "moved", "target": "cold", "files": 1, "bytes": GiB}  # a record from before compression: as it is
+    checkpoints = [{"path": "r/step_1", "step": 1, "state": "committed", "moved": moved},
+                   {"path": "r/step_2", "step": 2, "state": "committed", "moved": older},
+                   {"path": "r/step_3", "step": 3, "state": "committed"}]
+    objects = [("r/step_1/.ckptfs-manifest.json", 100, "STANDARD"), ("r/step_3/a", GiB, "STANDARD")]
+    u = summarize("", objects, checkpoints, pats, {"STANDARD": 0.02, "moved:cold": 0.004})
+    ck = {c["path"]: c for c in u["by_checkpoint"]}
+    assert (ck["r/step_1"]["stored_bytes"], ck["r/step_1"]["original_bytes"]) == (7 * GiB + 100, 10 * GiB + 100)
+    assert ck["r/step_1"]["bytes"] == 7 * GiB + 100 and ck["r/step_1"]["saved_bytes"] == 3 * GiB
+    assert (ck["r/step_2"]["stored_bytes"], ck["r/step_2"]["saved_bytes"]) == (GiB, 0)
+    assert (ck["r/step_3"]["stored_bytes"], ck["r/step_3"]["original_bytes"]) == (GiB, GiB)
+    cold = u["by_class"]["moved:cold"]
+    assert (cold["bytes"], cold["stored_bytes"], cold["original_bytes"], cold["saved_bytes"]) == (8 * GiB, 8 * GiB, 11 * GiB, 3 * GiB)
+    assert cold["monthly_cost"] == round(8 * 0.004, 4)  # billed: what the cold target stores
+    assert u["saved_bytes"] == 3 * GiB and u["by_class"]["STANDARD"]["saved_bytes"] == 0
+
+    class Lc:  # what the collector reads: the last catalogue walk (catalogue.describe's entries)
+        tag_errors_total = 0
+        cfg = type("Cfg", (), {"storage_prices": []})()
+        entries = [{"state": "committed", "storage_class": "moved:cold", "storage_classes": {"moved:cold": 7 * GiB}, "moved": moved,
+                    "original_bytes": 10 * GiB, "stored_bytes": 7 * GiB}]
+
+    samples = {(m.name, tuple(sorted(s.labels.items()))): s.value for m in UsageCollector(Lc()).collect() for s in m.samples}  # type: ignore[arg-type]
+    labels = (("state", "committed"), ("storage_class", "moved:cold"))
+    assert samples[("ckptfs_storage_saved_bytes", labels)] == 3 * GiB
+    assert samples[("ckptfs_storage_bytes", labels)] == 7 * GiB

@@ -37,6 +37,7 @@ Order, so that a checkpoint on a target is either complete or visibly incomplete
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import mmap
@@ -49,8 +50,11 @@ import trio
 import xxhash
 
 from .. import config
-from ..store import NO_OBJECT, Store, StoreError
-from ..lifecycle.manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
+from ..config import Config, Replica
+from ..namespace.keys import Keys
+from ..objects import AUTH, NO_OBJECT, StoreError
+from ..store import Store
+from .manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +211,45 @@ class Job:
             self.buffers = PartBuffers(self.part_size)
 
 
+class Destination:
+    """A bucket that checkpoints are copied to ([replica.NAME]): its store client, made once, and the copy's bounds.
+
+    The replicator's targets and the cold mover's target are both one (replication/service.Target adds
+    what its surveys learn)."""
+
+    def __init__(self, replica: Replica, cfg: Config) -> None:
+        self.replica = replica
+        self.cfg = cfg
+        self.store: Store | None = None
+        self.same_endpoint = (replica.endpoint_url or "") == (cfg.endpoint_url or "") and replica.profile == cfg.profile
+        self.counters = Counters()
+        self.object_lock: bool | None = None
+        self.slots = Slots(cfg.replication_parts_in_flight)
+        self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
+
+    def open(self) -> Store:
+        """The target's store client (made once; a bad profile is a target error, not a crash)."""
+        if self.store is None:
+            r = self.replica
+            tcfg = dataclasses.replace(self.cfg, bucket=r.bucket, prefix=r.prefix, endpoint_url=r.endpoint_url, region=r.region,
+                                       profile=r.profile, read_timeout=self.cfg.replication_read_timeout,
+                                       max_parts_in_flight=self.cfg.replication_parts_in_flight, replica={})
+            try:
+                self.store = Store(tcfg)
+            except Exception as e:  # noqa: BLE001 - botocore's ProfileNotFound and kin: one line, no secrets in them
+                raise StoreError(AUTH, f"cannot set up a client for {r.url} ({type(e).__name__}: {e}): check profile and region") from None
+        return self.store
+
+
+class TargetView:
+    """The lifecycle seen through a target: what verify.verify needs (keys, store, io, cfg)."""
+
+    def __init__(self, cfg: Config, store: Store, prefix: str, io: Callable[..., Awaitable[Any]]) -> None:
+        self.cfg, self.store, self.keys, self.io = cfg, store, Keys(prefix), io
+        self.last_verify: dict[str, Any] | None = None
+        self.drill_record: dict[str, Any] = {}
+
+
 def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
     """A nursery's group of copy failures as its first StoreError or CopyError (the caller reports one line);
     the group itself if anything else is in it (a bug, or a cancellation)."""
@@ -216,13 +259,18 @@ def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-
     return group
 
 
-def _crc32(data: bytes) -> str:
+def crc32(data: bytes | memoryview) -> str:
+    """A part's CRC32 as S3's checksum header wants it."""
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
 
 async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, protection: bytes | None,
-                          object_lock: bool) -> dict[str, Any]:
-    """Copy the checkpoint `manifest` describes; returns the manifest written on the target (as a dict)."""
+                          object_lock: bool, copy: Callable[[Job, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """Copy the checkpoint `manifest` describes; returns the manifest written on the target (as a dict).
+
+    `copy(job, file)` copies one file and returns its entry in the target's manifest (default
+    `copy_entry`: as it is; the cold mover's compresses, coldcopy.py, under another key)."""
+    copy = copy or copy_entry
     dst = job.dst
     base = job.dst_base
     # 1. an older generation's manifest goes first: visibly incomplete from here until the new one is written
@@ -240,13 +288,13 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
     for key, upload_id, _ in await job.io(dst.list_uploads, base):
         await job.io(dst.abort, key, upload_id)
     # 3. the files
-    etags: dict[str, str] = {}
+    entries: dict[str, dict[str, Any]] = {}
     limit = trio.CapacityLimiter(FILES_AT_ONCE)
 
     async def one(f: dict[str, Any]) -> None:
         async with limit:
             job.check()
-            etags[f["path"]] = await _copy_file(job, f)
+            entries[f["path"]] = await copy(job, f)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -256,48 +304,61 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
         raise one_error(group) from None
     # 4. leftovers of an earlier generation, and protection
     listing = await job.io(lambda: dst.list(base, recursive=True))
-    wanted = {f["path"] for f in manifest.files}
+    wanted = {e["key"] for e in entries.values()}
     for f in files_of(listing, base):
-        if f.path not in wanted:
+        if f.key not in wanted:
             job.check()
             await job.io(dst.delete, f.key)
     job.check()
     if protection is not None:
         await job.io(dst.put_bytes, base + PROTECTED, protection)
         if object_lock:
-            for f in manifest.files:
-                key = base + f["path"]
-                await job.io(dst.set_legal_hold, key, True)
-                if not await job.io(dst.legal_hold, key):
-                    raise CopyError(f"{key}: the target did not keep the legal hold")
+            for e in entries.values():
+                await job.io(dst.set_legal_hold, e["key"], True)
+                if not await job.io(dst.legal_hold, e["key"]):
+                    raise CopyError(f"{e['key']}: the target did not keep the legal hold")
     elif any(o.name == PROTECTED for o in listing.objects):
         if object_lock:  # unprotected on the primary: lift the holds placed with the protection
-            for f in manifest.files:
-                await job.io(dst.set_legal_hold, base + f["path"], False)
+            for e in entries.values():
+                await job.io(dst.set_legal_hold, e["key"], False)
         await job.io(dst.delete, base + PROTECTED)
     # 5. the manifest, last
     doc = json.loads(manifest_body)
-    doc["files"] = [{**f, "key": base + f["path"], "etag": etags[f["path"]]} for f in manifest.files]
+    doc["files"] = [entries[f["path"]] for f in manifest.files]
     doc["replicated_from"] = {"bucket": job.src_bucket, "path": manifest.path, "etag": manifest.etag, "generation": manifest.generation, "at": time.time(), "at_iso": now_iso()}
     job.check()
     await job.io(dst.put_bytes, base + MANIFEST, json.dumps(doc, indent=1, sort_keys=True).encode())
     return doc
 
 
-async def _copy_file(job: Job, f: dict[str, Any]) -> str:
+async def copy_entry(job: Job, f: dict[str, Any]) -> dict[str, Any]:
+    """Copy one file of the manifest as it is (copy_file); its entry in the target's manifest."""
+    return {**f, "key": job.dst_base + f["path"], "etag": await copy_file(job, f)}
+
+
+async def already_there(job: Job, key: str, size: int, source_etag: str, xxh3: str) -> str | None:
+    """The ETag of `key` on the target if a copy of the source (`source_etag`) finished there: the size, the source's
+    ETag and the xxh3-128 in its metadata (a resumed copy skips it); None if not."""
+    try:
+        info = await job.io(job.dst.head_object, key)
+    except StoreError as e:
+        if e.kind != NO_OBJECT:
+            raise
+        return None
+    if info.size == size and info.metadata.get(SOURCE_ETAG_META) == source_etag and (not xxh3 or info.metadata.get(XXH3_META) == xxh3):
+        job.counters.skipped_objects += 1
+        return info.etag
+    return None
+
+
+async def copy_file(job: Job, f: dict[str, Any]) -> str:
     """Copy one file of the manifest unless the target has it already; the target's ETag."""
     key = job.dst_base + f["path"]
     size = int(f["size"])
     want_xxh3 = f.get("xxh3") or ""
-    try:
-        info = await job.io(job.dst.head_object, key)
-        if (info.size == size and info.metadata.get(SOURCE_ETAG_META) == f["etag"]
-                and (not want_xxh3 or info.metadata.get(XXH3_META) == want_xxh3)):
-            job.counters.skipped_objects += 1
-            return info.etag
-    except StoreError as e:
-        if e.kind != NO_OBJECT:
-            raise
+    done = await already_there(job, key, size, f["etag"], want_xxh3)
+    if done is not None:
+        return done
     if job.same_endpoint and want_xxh3:
         metadata = {XXH3_META: want_xxh3, SOURCE_ETAG_META: f["etag"]}
         async with job.slots:
@@ -349,7 +410,7 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
             await job.io(src.get_range_into, f["key"], f["etag"], 0, view)
             h.update(view)
             digest = check_digest()
-            return await job.io(dst.put_object_from, key, view, _crc32(view), {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]})
+            return await job.io(dst.put_object_from, key, view, crc32(view), {XXH3_META: digest, SOURCE_ETAG_META: f["etag"]})
 
         await job.slots.acquire(weight)
         try:
@@ -374,7 +435,7 @@ async def _stream(job: Job, f: dict[str, Any], key: str, size: int, want_xxh3: s
                     await job.io(src.get_range_into, f["key"], f["etag"], start, view)
                     held[i] = view
                     fetched[i].set()
-                    crc = _crc32(view)
+                    crc = crc32(view)
                     etag = await job.io(dst.upload_part_from, key, upload_id, i + 1, view, crc)
                     parts[i] = (etag, crc)
                     await hashed[i].wait()  # the buffer is reused only once the in-order hash has read it
