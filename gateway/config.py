@@ -74,6 +74,11 @@ class Config:
         [".metadata", "*.index.json", "latest", "COMMIT"],
         "File name patterns (fnmatch) of commit markers: a marker is uploaded only after every other file under its directory written on this node is durable.",
     )
+    temporary_dir_patterns: list[str] = _opt(
+        ["*.orbax-checkpoint-tmp*", "*.tmp", "tmp-*", ".tmp*"],
+        "Directory name patterns (fnmatch) that mark a directory temporary (docs/semantics.md, \"Temporary directories\"): files at any depth below one are not uploaded until the directory is renamed to a name that matches none (they then go straight to their final keys), or until `temporary_hold_seconds` after their last close (then under the name they have). Empty `dir/` markers of such directories wait the same way. An empty list holds nothing back.",
+    )
+    temporary_hold_seconds: float = _opt(3600.0, "Longest a file under a temporary directory (`temporary_dir_patterns`) waits after its last close for the directory to be renamed; past it the file is uploaded under its temporary name, so a writer that crashed mid-save still has its bytes in the bucket. `ckptfs flush` does not wait for it. 0 holds nothing back.", "seconds")
 
     # namespace and reads
     metadata_ttl: float = _opt(5.0, "Seconds a directory's bucket listing is trusted: files written, changed or deleted by other nodes show up after their upload plus at most this long. 0 lists on every lookup.", "seconds")
@@ -184,7 +189,8 @@ class Config:
         for name in ("upload_delay", "shutdown_timeout", "retry_max_backoff",
                      "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds",
                      "listing_timeout", "read_range_timeout",
-                     "retention_keep_every_seconds", "retention_min_age", "retention_grace", "retention_interval"):
+                     "retention_keep_every_seconds", "retention_min_age", "retention_grace", "retention_interval",
+                     "temporary_hold_seconds"):
             if not getattr(self, name) >= 0:  # NaN too
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
         for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity", "cache_min_free"):
@@ -228,6 +234,9 @@ class Config:
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:
             parse_hostport(self.metrics_addr)
+        for pattern in self.temporary_dir_patterns:
+            if not pattern or "/" in pattern:
+                raise ConfigError(f"temporary_dir_patterns: {pattern!r} is not a directory name pattern: give fnmatch patterns of one name each, without '/'")
         try:
             compile_patterns(self.checkpoint_patterns)
         except PatternError as e:

@@ -10,11 +10,15 @@ the requests in flight: `max_parts_in_flight` parts (and copies), and
 more of them; deletes and `dir/` markers count among them); at most
 `max_parts_in_flight` multipart files at once.
 
-Correctness rests on one check: before an upload is published (PutObject
-returns, or before CompleteMultipartUpload) the file's version and path must
-still be what the upload started from. Otherwise the upload is abandoned
-(aborted) and the file re-queued, so a reader of the bucket never sees bytes
-the file no longer has, under a name it no longer has.
+Correctness rests on one check: while an upload runs (before each part, and
+before CompleteMultipartUpload) the file's version must still be the one the
+upload started from. Otherwise the upload is abandoned (aborted) and the file
+re-queued, so a reader of the bucket never sees bytes the file no longer has.
+A file only renamed meanwhile keeps its upload, under the key it started with
+(a multipart upload cannot change its key; one interrupted is resumed under
+it too); once complete, the namespace has it copied inside the store to the
+new key and the old one deleted (`UploadQueue.finish_upload`): no byte
+already sent is sent again.
 
 Failed requests are retried forever for acknowledged data, with exponential
 backoff and jitter per file, capped at `retry_max_backoff`.
@@ -240,21 +244,27 @@ class Drainer:
                 fd = self.cache.open(p.ino)
             except FileNotFoundError:
                 return
+            key = ticket.key
             try:
                 etag, xxh3 = await self._upload(ticket, fd)
             finally:
                 os.close(fd)
+                if ticket.key != key:  # resumed under the key it had before a rename (_multipart)
+                    self.busy_keys.discard(ticket.key)
             if self.ns.uploads.finish_upload(ticket, etag, xxh3):
                 self.backoff.pop(p.ino, None)
                 self.metrics.uploaded_files.inc()
                 log.info("durable: %s (%d bytes, etag %s)", ticket.key, ticket.size, etag)
+            elif self.ns.uploads.bytes_current(ticket):
+                self.backoff.pop(p.ino, None)
+                log.info("uploaded %s, renamed meanwhile: copied to its new key inside the store next", ticket.key)
             else:
                 self.metrics.abandoned_uploads.inc()
         except Abandoned as e:
             self._abandoned(p, str(e))
         except (StoreError, OSError) as e:
-            if ticket is not None and not self.ns.uploads.still_current(ticket):
-                # the file was rewritten, truncated, moved or removed under the upload (a part whose
+            if ticket is not None and not self.ns.uploads.bytes_current(ticket):
+                # the file was rewritten, truncated or removed under the upload (a part whose
                 # CRC32 no longer matches, a cache file that shrank): not the store's fault, and the
                 # new version goes out at once, without the error backoff
                 self._abandoned(p, f"file changed while it uploaded ({e})")
@@ -316,8 +326,9 @@ class Drainer:
             log.info("durable: %s (copied from %s, %d bytes)", ticket.key, ticket.copy_from, ticket.size)
 
     def _check(self, ticket: UploadTicket) -> None:
-        if not self.ns.uploads.still_current(ticket):
-            raise Abandoned("file changed, moved or was removed")
+        """Raise Abandoned if the file's bytes are no longer the ticket's, or its old name another file's (a rename alone does not)."""
+        if not self.ns.uploads.publishable(ticket):
+            raise Abandoned("file changed or was removed, or another file took the name it uploads under")
 
     async def _upload(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
         size = ticket.size
@@ -361,9 +372,16 @@ class Drainer:
         count = len(crcs)
         done: dict[int, str] = {}
         rec = journal.upload_of(ticket.ino)
-        if rec and (rec.key, rec.size, rec.xxh3, rec.part_size) == (ticket.key, ticket.size, xxh3, part_size):
+        taken = rec is not None and rec.key != ticket.key and (
+            rec.key in self.busy_keys or journal.resolve(self.ns.keys.path(rec.key)) is not None)  # another file's name now
+        if rec and not taken and (rec.size, rec.xxh3, rec.part_size) == (ticket.size, xxh3, part_size):
             try:
                 remote = await threads.call(functools.partial(self.store.list_parts, rec.key, rec.upload_id))
+                # the same bytes, perhaps under a name the file had before a rename: resumed under that key
+                # (finish_upload then has the object copied to the file's key), which is busy meanwhile
+                if rec.key != ticket.key:
+                    ticket.key = rec.key
+                    self.busy_keys.add(rec.key)  # _send_file lets it go
                 for n, (etag, crc) in rec.parts.items():
                     r = remote.get(n)
                     if r is not None and r.etag == etag and n <= count and crc == crcs[n - 1]:

@@ -42,7 +42,7 @@ class Namespace:
         self.cfg, self.journal, self.cache = cfg, journal, cache
         self.on_change: Callable[[], None] = lambda: None  # the drainer's wake-up
         self.keys = Keys(cfg.key_prefix)
-        self.backlog = Backlog(journal, cfg.commit_markers, cfg.upload_delay)
+        self.backlog = Backlog(journal, cfg.commit_markers, cfg.upload_delay, cfg.temporary_dir_patterns, cfg.temporary_hold_seconds)
         self.files = OpenFiles(cfg, journal, cache, self.backlog)
         self.space = Space(cfg, journal, cache, self.backlog, self.files, self._changed)
         self.deletes = DeleteQueue(journal)

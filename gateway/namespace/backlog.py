@@ -15,6 +15,13 @@ directory counts the files waiting below it and how many of them are not commit 
 directory rename moves nothing here but the entries of the files it moves (each re-counted
 under its new chain when reconciled).
 
+Temporary directories (`temporary_dir_patterns`, docs/semantics.md): a file with a directory
+of such a name anywhere in its chain is *held*: due `temporary_hold_seconds` after its last
+close rather than `upload_delay`, so that the writer's rename of the directory comes first and
+the file goes straight to its final key. A rename marks every file it moves changed (see
+`UploadQueue.requeue_moved`), and reconciling one reads the names along its chain again, so
+the hold ends with the rename that ends it.
+
 Order: a file becomes *due* `upload_delay` after its last close (at once when urgent), and not
 before its retry time after a failure; due files go oldest close first. Two heaps with lazy
 deletion (an entry's `seq` names its one live heap item): `_due` by the time a file becomes due,
@@ -48,6 +55,7 @@ class Waiting:
     size: int  # the journal's size (an open file's in-memory size is newer)
     state: str  # dirty | uploading
     cached: bool
+    temporary: bool = False  # a directory of its chain has a temporary name: held back (see the module's docstring)
     urgent: bool = False  # a flush asked for it: no upload delay, open writers do not hold it
     retry_at: float = 0.0  # wall time before which it is not tried again (the drainer's backoff)
     seq: int = 0  # its live heap item
@@ -57,16 +65,19 @@ class Waiting:
         return self.chain[0]
 
 
-def marker_matcher(patterns: Iterable[str]) -> re.Pattern[str]:
-    """One compiled pattern for the commit markers' fnmatch patterns (matched once per file change)."""
+def name_matcher(patterns: Iterable[str]) -> re.Pattern[str]:
+    """One compiled pattern for fnmatch patterns of names (commit markers, temporary directories): matched once per file change."""
     return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns) or r"(?!)")
 
 
 class Backlog:
-    def __init__(self, journal: Journal, commit_markers: Iterable[str], upload_delay: float) -> None:
+    def __init__(self, journal: Journal, commit_markers: Iterable[str], upload_delay: float,
+                 temporary_dir_patterns: Iterable[str] = (), temporary_hold_seconds: float = 0.0) -> None:
         self.journal = journal
         self.upload_delay = upload_delay
-        self._markers = marker_matcher(commit_markers)
+        self.temporary_hold = temporary_hold_seconds
+        self._markers = name_matcher(commit_markers)
+        self._temporary = name_matcher(temporary_dir_patterns if temporary_hold_seconds > 0 else ())
         self._entries: dict[int, Waiting] = {}
         self._dirs: dict[int, list[int]] = {}  # directory -> [files waiting below it, of those not markers]
         self._changed: dict[int, None] = {}  # inodes whose rows changed since the last reconcile, in order
@@ -79,6 +90,14 @@ class Backlog:
 
     def is_marker(self, name: str) -> bool:
         return self._markers.fullmatch(name) is not None
+
+    def is_temporary(self, name: str) -> bool:
+        """`name` is a directory name that holds the files below it back."""
+        return self._temporary.fullmatch(name) is not None
+
+    def in_temporary(self, path: str) -> bool:
+        """A directory of mount-relative `path` (the last part included) has a temporary name."""
+        return any(self.is_temporary(part) for part in path.split("/") if part)
 
     # ------------------------------------------------------------ keeping in step
     def changed(self, ino: int) -> None:
@@ -95,7 +114,7 @@ class Backlog:
         self._due.clear()
         self._ready.clear()
         self._loaded = True
-        parents: dict[int, int | None] = {}
+        parents: dict[int, tuple[int | None, bool]] = {}
         for row in self.journal.pending_files():
             if row.parent is not None:
                 self._add(row, parents)
@@ -107,12 +126,12 @@ class Backlog:
             return
         if not self._changed:
             return
-        parents: dict[int, int | None] = {}  # the journal does not change while this runs
+        parents: dict[int, tuple[int | None, bool]] = {}  # the journal does not change while this runs
         changed, self._changed = self._changed, {}
         for ino in changed:
             self._sync(ino, parents)
 
-    def _sync(self, ino: int, parents: dict[int, int | None]) -> None:
+    def _sync(self, ino: int, parents: dict[int, tuple[int | None, bool]]) -> None:
         row = self.journal.get(ino)
         waiting = row is not None and row.kind == "file" and row.parent is not None and row.state in (DIRTY, UPLOADING)
         e = self._entries.get(ino)
@@ -127,36 +146,44 @@ class Backlog:
             del self._entries[ino]
             return
         assert row is not None and row.parent is not None
-        chain = self._chain(row.parent, parents)
+        chain, temporary = self._chain(row.parent, parents)
         marker = self.is_marker(row.name or "")
         if chain != e.chain or marker != e.marker:
             self._count(e, -1)
             e.chain, e.marker = chain, marker
             self._count(e, +1)
         e.name, e.closed_at, e.size, e.state, e.cached = row.name or "", row.closed_at or 0.0, row.size, row.state or DIRTY, bool(row.cached)
+        e.temporary = temporary
         if ino not in self._taken:
             self._place(e)
 
-    def _add(self, row: Row, parents: dict[int, int | None]) -> None:
+    def _add(self, row: Row, parents: dict[int, tuple[int | None, bool]]) -> None:
         assert row.parent is not None
-        e = Waiting(row.ino, row.name or "", self._chain(row.parent, parents), self.is_marker(row.name or ""),
-                    row.closed_at or 0.0, row.size, row.state or DIRTY, bool(row.cached))
+        chain, temporary = self._chain(row.parent, parents)
+        e = Waiting(row.ino, row.name or "", chain, self.is_marker(row.name or ""),
+                    row.closed_at or 0.0, row.size, row.state or DIRTY, bool(row.cached), temporary)
         self._entries[row.ino] = e
         self._count(e, +1)
         if row.ino not in self._taken:
             self._place(e)
 
-    def _chain(self, parent: int, parents: dict[int, int | None]) -> tuple[int, ...]:
+    def _chain(self, parent: int, parents: dict[int, tuple[int | None, bool]]) -> tuple[tuple[int, ...], bool]:
+        """The directories from `parent` up to the root, and whether one of them has a temporary name.
+
+        `parents` caches each directory's (parent, temporary name) for one reconcile."""
         out = []
+        temporary = False
         cur: int | None = parent
         while cur is not None:
             out.append(cur)
             if cur == ROOT_INODE:
                 break
             if cur not in parents:
-                parents[cur] = self.journal.parent_of(cur)
-            cur = parents[cur]
-        return tuple(out)
+                row = self.journal.get(cur)
+                parents[cur] = (None, False) if row is None else (row.parent, self.is_temporary(row.name or ""))
+            cur, held = parents[cur]
+            temporary = temporary or held
+        return tuple(out), temporary
 
     def _count(self, e: Waiting, sign: int) -> None:
         """Count `e` under (+1) or take it out of (-1) every directory of its chain."""
@@ -201,7 +228,9 @@ class Backlog:
         return ino in self._entries
 
     def due_at(self, e: Waiting) -> float:
-        return max(e.retry_at, 0.0 if e.urgent else e.closed_at + self.upload_delay)
+        if e.urgent:
+            return e.retry_at
+        return max(e.retry_at, e.closed_at + (max(self.upload_delay, self.temporary_hold) if e.temporary else self.upload_delay))
 
     def is_taken(self, ino: int) -> bool:
         return ino in self._taken

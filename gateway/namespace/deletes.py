@@ -34,6 +34,7 @@ class DeleteQueue:
         self.journal = journal
         self._rows: dict[int, tuple[str, int | None]] = {}  # id -> (key, after_ino), in id order
         self._below: dict[str, int] = {}  # directory key -> deletes queued for keys below it
+        self._keys: dict[str, int] = {}  # key -> deletes of it queued
         self._last_id = 0
         self._dropped: set[int] = set()  # dropped since the last sync: checked against the journal
         self._loaded = False
@@ -46,6 +47,7 @@ class DeleteQueue:
         for delete_id, key, after_ino in self.journal.deletes_after(self._last_id):
             self._rows[delete_id] = (key, after_ino)
             self._last_id = delete_id
+            self._keys[key] = self._keys.get(key, 0) + 1
             for parent in _parents(key):
                 self._below[parent] = self._below.get(parent, 0) + 1
         if self._dropped:
@@ -55,6 +57,10 @@ class DeleteQueue:
                 row = self._rows.pop(delete_id, None)
                 if row is None:
                     continue
+                if self._keys[row[0]] > 1:
+                    self._keys[row[0]] -= 1
+                else:
+                    del self._keys[row[0]]
                 for parent in _parents(row[0]):
                     left = self._below[parent] - 1
                     if left:
@@ -75,6 +81,11 @@ class DeleteQueue:
     def __len__(self) -> int:
         self.sync()
         return len(self._rows)
+
+    def queued(self, key: str) -> bool:
+        """True while a delete of `key` is queued (synced first)."""
+        self.sync()
+        return key in self._keys
 
     def any_below(self, dir_key: str) -> bool:
         """True while a delete of a key below directory key `dir_key` ('a/b/') is queued (as of the last sync)."""

@@ -12,6 +12,10 @@ flush waits for. The rules:
 * a file renamed before its upload goes straight to its final key; a durable
   file renamed is copied inside the store (or uploaded again if it changed),
   and its old object is deleted only once the new one is complete;
+* a file renamed while it uploads, its bytes unchanged, keeps its upload: it
+  completes under the key it started with, is then copied inside the store to
+  the new key and the old object deleted (`finish_upload`), so no byte already
+  sent is sent again (a multipart upload cannot change its key);
 * deleting an object waits while another live file owns the same key and is
   not yet durable (its upload will replace the object).
 
@@ -116,6 +120,11 @@ class UploadQueue:
         if row.state == DIRTY and not row.remote_key and not row.copy_from:
             return  # not uploaded yet: it will go straight to the final key
         live = self.files.get(row.ino)
+        if row.state == UPLOADING and not row.copy_from and not live.modified:
+            if row.remote_key:  # an older version's object at the old key goes once the new one is complete
+                self.journal.queue_delete(row.remote_key, after_ino=row.ino)
+                self.journal.update(row.ino, remote_key=None)
+            return  # its upload goes on under the old key and is copied when done (finish_upload)
         live.version += 1  # an upload under the old key in flight is abandoned
         unchanged = row.state == DURABLE and not live.modified
         copy_from = row.remote_key if unchanged else row.copy_from if not live.modified else None
@@ -219,20 +228,38 @@ class UploadQueue:
         version = live.version if live is not None else row.version
         return UploadTicket(ino, version, row.size, self.keys.of(path), row.closed_at or time.time(), row.copy_from, row.xxh3)
 
-    def still_current(self, ticket: UploadTicket) -> bool:
-        """True if publishing `ticket` now would publish the file's current bytes at its current key."""
+    def bytes_current(self, ticket: UploadTicket) -> bool:
+        """True while the file still exists with the bytes `ticket` uploads, wherever it is now."""
         row = self.journal.get(ticket.ino)
         if row is None or row.parent is None:
             return False
         live = self.files.live.get(ticket.ino)
-        version = live.version if live is not None else row.version
-        if version != ticket.version:
+        return (live.version if live is not None else row.version) == ticket.version
+
+    def publishable(self, ticket: UploadTicket) -> bool:
+        """True if the upload of `ticket` may go on: the file's bytes unchanged, and ticket.key its name or a
+        name nothing here has now (a file renamed while it uploads keeps its upload; one whose old name was
+        taken by another file does not: that file's upload owns the key)."""
+        if not self.bytes_current(ticket):
             return False
-        return self.journal.path_of(ticket.ino) == self.keys.path(ticket.key)
+        path = self.keys.path(ticket.key)
+        owner = self.journal.resolve(path)
+        return owner is None or owner.ino == ticket.ino
+
+    def still_current(self, ticket: UploadTicket) -> bool:
+        """True if publishing `ticket` now would publish the file's current bytes at its current key."""
+        return self.bytes_current(ticket) and self.journal.path_of(ticket.ino) == self.keys.path(ticket.key)
 
     def finish_upload(self, ticket: UploadTicket, etag: str, xxh3: str) -> bool:
-        """The object at ticket.key is complete. Make the file durable, or clean up if it moved on."""
+        """The object at ticket.key is complete. Make the file durable (True), or clean up if it moved on.
+
+        A file that was only renamed meanwhile has its bytes in that object: it is queued to be
+        copied inside the store to its new key (`moved_meanwhile`); a file changed or removed
+        has its upload dropped."""
         j = self.journal
+        if not self.still_current(ticket) and self.publishable(ticket):
+            self.moved_meanwhile(ticket, xxh3)
+            return False
         if self.still_current(ticket):
             with j.transaction():
                 j.update(ticket.ino, state=DURABLE, etag=etag, xxh3=xxh3 or None, remote_key=ticket.key, copy_from=None, seen_at=time.time())
@@ -257,6 +284,29 @@ class UploadQueue:
         self.backlog.changed(ticket.ino)
         self._on_change()
         return False
+
+    def moved_meanwhile(self, ticket: UploadTicket, xxh3: str) -> None:
+        """The file's bytes are complete at ticket.key, an old name: copy them to the new one, then delete the old key.
+
+        Also the `dir/` keys of the old name's directories that no longer exist here: some stores
+        (SeaweedFS) list a directory whose last object went until its `dir/` key is deleted too."""
+        j = self.journal
+        parts = self.keys.path(ticket.key).split("/")[:-1]
+        old_dirs = []  # deepest first, up to the first that still exists here
+        for depth in range(len(parts), 0, -1):
+            row = j.resolve("/".join(parts[:depth]))
+            if row is not None and row.is_dir:
+                break
+            old_dirs.append(self.keys.of("/".join(parts[:depth])) + "/")
+        old_dirs = [key for key in old_dirs if not self.deletes.queued(key)]  # synced outside the transaction
+        with j.transaction():
+            j.update(ticket.ino, state=DIRTY, remote_key=None, copy_from=ticket.key, xxh3=xxh3 or None)
+            j.forget_upload(ticket.ino)
+            j.queue_delete(ticket.key, after_ino=ticket.ino)
+            for key in old_dirs:
+                j.queue_delete(key)
+        self.backlog.changed(ticket.ino)
+        self._on_change()
 
     def upload_failed(self, ino: int) -> None:
         row = self.journal.get(ino)
@@ -317,7 +367,8 @@ class UploadQueue:
         """Queued `dir/` markers that may be put now, and when the next one will be due.
 
         Drops those made moot (directory gone, no longer empty, or marked already).
-        They wait `upload_delay` like files, so a `step.tmp/` renamed at once never reaches the bucket.
+        They wait `upload_delay` like files (a marker under a temporary directory as long as a file there,
+        `temporary_hold_seconds`), so a `step.tmp/` renamed in time never reaches the bucket.
         """
         out = []
         next_at: float | None = None
@@ -328,7 +379,8 @@ class UploadQueue:
             if row is None or not row.is_dir or self.journal.has_children(row.ino):
                 self.drop_delete(marker_id)
                 continue
-            due = queued_at + self.cfg.upload_delay
+            path = self.keys.path(key).rstrip("/")
+            due = queued_at + (max(self.cfg.upload_delay, self.backlog.temporary_hold) if self.backlog.in_temporary(path) else self.cfg.upload_delay)
             if due <= now or time.monotonic() < self.urgent_until:
                 out.append((marker_id, key))
             else:
@@ -370,6 +422,7 @@ class UploadQueue:
         dirty_bytes = 0
         oldest = 0.0
         uploading = 0
+        held = 0  # under a temporary directory, not yet due
         in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
         for e in waiting:
             size = self._size(e)
@@ -378,12 +431,16 @@ class UploadQueue:
                 in_cache[e.state] += size
             if e.state == UPLOADING:
                 uploading += 1
+            elif e.temporary and self.backlog.due_at(e) > now:
+                held += 1
+                continue  # not lagging: waiting for its directory's rename, as asked
             if e.closed_at:
                 oldest = max(oldest, now - e.closed_at)
         return {
             "dirty_files": len(waiting),
             "dirty_bytes": dirty_bytes,
             "uploading_files": uploading,
+            "temporary_held_files": held,
             "oldest_dirty_age_seconds": round(oldest, 3),
             "cache_dirty_bytes": in_cache[DIRTY],
             "cache_uploading_bytes": in_cache[UPLOADING],

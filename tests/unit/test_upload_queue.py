@@ -23,19 +23,19 @@ from tests.unit.test_journal import make_ns, write_file
 def snapshot(b: Backlog) -> tuple[dict[int, tuple[object, ...]], dict[int, tuple[int, int]]]:
     """What the backlog holds: each file's fields, each directory's counts (white box: the invariant)."""
     b.reconcile()
-    files = {ino: (e.name, e.chain, e.marker, e.closed_at, e.size, e.state, e.cached) for ino, e in b._entries.items()}
+    files = {ino: (e.name, e.chain, e.marker, e.closed_at, e.size, e.state, e.cached, e.temporary) for ino, e in b._entries.items()}
     return files, {d: (c[0], c[1]) for d, c in b._dirs.items()}
 
 
 def fresh(ns: Namespace) -> Backlog:
-    b = Backlog(ns.journal, ns.cfg.commit_markers, ns.cfg.upload_delay)
+    b = Backlog(ns.journal, ns.cfg.commit_markers, ns.cfg.upload_delay, ns.cfg.temporary_dir_patterns, ns.cfg.temporary_hold_seconds)
     b.load()
     return b
 
 
 def deletes(q: DeleteQueue) -> tuple[list[tuple[int, str, int | None]], dict[str, int]]:
     rows = list(q)
-    return rows, dict(q._below)
+    return rows, dict(q._below) | {f"key:{k}": n for k, n in q._keys.items()}
 
 
 def assert_in_step(ns: Namespace) -> None:
@@ -159,6 +159,69 @@ def test_a_file_renamed_into_a_marker_name_becomes_a_marker(tmp_path: Path) -> N
     assert [p.ino for p in ns.uploads.candidates(1e12, set())[0]] == [tmp]
 
 
+# ------------------------------------------------------------ temporary directories
+HOLD = 600.0
+
+
+def test_files_under_a_temporary_directory_wait_for_its_rename_and_go_under_the_final_name(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path, temporary_hold_seconds=HOLD)
+    tmp = ns.tree.mkdir(ROOT_INODE, "step_1.tmp", 0o755, 0, 0)
+    sub = ns.tree.mkdir(tmp.ino, "sub", 0o755, 0, 0)
+    write_file(ns, tmp.ino, "a", b"1")
+    write_file(ns, sub.ino, "b", b"2")
+    write_file(ns, ROOT_INODE, "other", b"3")
+    now = time.time()
+    taken, next_at = ns.uploads.take(now + 1, 10, set())
+    assert [p.key for p in taken] == ["p/other"] and next_at is not None and next_at >= now + HOLD - 5
+    assert ns.uploads.stats()["temporary_held_files"] == 2
+    ns.tree.rename(ROOT_INODE, "step_1.tmp", ROOT_INODE, "step_1", noreplace=False)
+    assert sorted(take_all(ns, time.time() + 1)) == ["p/step_1/a", "p/step_1/sub/b"]
+    assert ns.uploads.stats()["temporary_held_files"] == 0
+    assert_in_step(ns)
+
+
+def test_a_file_under_a_temporary_directory_goes_under_its_name_once_the_hold_passes(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path, temporary_hold_seconds=HOLD)
+    for name in ("7.orbax-checkpoint-tmp-1732", "tmp-x", ".tmp_ab", "step.tmp"):
+        d = ns.tree.mkdir(ROOT_INODE, name, 0o755, 0, 0)
+        write_file(ns, d.ino, "f", b"1")
+    kept = ns.tree.mkdir(ROOT_INODE, "step.tmpl", 0o755, 0, 0)  # a name near a pattern, matching none
+    other = write_file(ns, kept.ino, "f", b"1")
+    closed = time.time()
+    assert take_all(ns, closed + 1) == ["p/step.tmpl/f"]
+    upload(ns, other)
+    assert sorted(take_all(ns, closed + HOLD + 1)) == ["p/.tmp_ab/f", "p/7.orbax-checkpoint-tmp-1732/f", "p/step.tmp/f", "p/tmp-x/f"]
+
+
+def test_renaming_a_directory_to_a_temporary_name_holds_its_files_and_a_flush_does_not_wait(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path, temporary_hold_seconds=HOLD, upload_delay=1)
+    d = ns.tree.mkdir(ROOT_INODE, "d", 0o755, 0, 0)
+    write_file(ns, d.ino, "f", b"1")
+    ns.tree.rename(ROOT_INODE, "d", ROOT_INODE, "d.tmp", noreplace=False)
+    assert take_all(ns, time.time() + 2) == []
+    ns.uploads.mark_urgent("d.tmp")
+    assert take_all(ns, time.time()) == ["p/d.tmp/f"]
+
+
+def test_no_hold_when_the_hold_is_zero_or_the_patterns_empty(tmp_path: Path) -> None:
+    for i, opts in enumerate(({"temporary_hold_seconds": 0}, {"temporary_dir_patterns": []})):
+        ns = make_ns(tmp_path / str(i), **opts) if (tmp_path / str(i)).mkdir() is None else None
+        assert ns is not None
+        d = ns.tree.mkdir(ROOT_INODE, "d.tmp", 0o755, 0, 0)
+        write_file(ns, d.ino, "f", b"1")
+        assert take_all(ns, time.time() + 1) == ["p/d.tmp/f"]
+
+
+def test_the_marker_of_an_empty_temporary_directory_waits_like_its_files(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path, temporary_hold_seconds=HOLD)
+    ns.tree.mkdir(ROOT_INODE, "empty.tmp", 0o755, 0, 0)
+    now = time.time()
+    ready, next_at = ns.uploads.ready_markers(now + 1, set())
+    assert ready == [] and next_at is not None and next_at >= now + HOLD - 5
+    ns.tree.rename(ROOT_INODE, "empty.tmp", ROOT_INODE, "empty", noreplace=False)
+    assert [key for _, key in ns.uploads.ready_markers(time.time() + 1, set())[0]] == ["p/empty/"]
+
+
 # ------------------------------------------------------------ what a file operation costs
 def _statements(ns: Namespace, op: callable) -> int:  # type: ignore[valid-type]
     count = 0
@@ -208,7 +271,7 @@ def test_the_backlog_stays_in_step_with_the_journal_through_random_changes(tmp_p
         op = rnd.choice(["mkdir", "create", "create", "close", "reopen", "rename", "rename_dir", "unlink", "rmdir",
                          "upload", "upload", "fail", "abandon", "flush", "delete"])
         if op == "mkdir":
-            dirs.append(ns.tree.mkdir(rnd.choice(dirs), f"d{rnd.randrange(10**6)}", 0o755, 0, 0).ino)
+            dirs.append(ns.tree.mkdir(rnd.choice(dirs), rnd.choice(["d", "tmp-d", "d.tmp"]).replace("d", f"d{rnd.randrange(10**6)}", 1), 0o755, 0, 0).ino)
         elif op == "create":
             name = rnd.choice(["COMMIT", ".metadata", f"f{rnd.randrange(10**6)}"])
             if ns.journal.lookup(parent := rnd.choice(dirs), name) is None:
@@ -231,7 +294,7 @@ def test_the_backlog_stays_in_step_with_the_journal_through_random_changes(tmp_p
                 assert row is not None
                 if row.parent is not None:
                     try:
-                        ns.tree.rename(row.parent, row.name or "", rnd.choice(dirs), rnd.choice(["COMMIT", f"r{rnd.randrange(10**6)}"]),
+                        ns.tree.rename(row.parent, row.name or "", rnd.choice(dirs), rnd.choice(["COMMIT", f"r{rnd.randrange(10**6)}", f"r{rnd.randrange(10**6)}.tmp"]),
                                        noreplace=False)
                     except OSError:
                         pass  # into itself, over a non-empty directory...
@@ -429,4 +492,52 @@ def test_the_tracker_sees_checkpoints_with_local_work_from_the_backlog_and_the_d
     for delete_id, key, _ in list(ns.deletes):
         ns.uploads.delete_done(delete_id, key)
     assert tracker.scan() == {}
+    assert_in_step(ns)
+
+
+# ------------------------------------------------- a rename while the upload runs keeps what was sent
+def test_a_file_renamed_while_it_uploads_is_published_under_the_old_key_then_copied(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path, temporary_hold_seconds=HOLD)
+    tmp = ns.tree.mkdir(ROOT_INODE, "step_1.tmp", 0o755, 0, 0)
+    a = write_file(ns, tmp.ino, "a", b"1")
+    [p] = ns.uploads.take(time.time() + HOLD + 1, 10, set())[0]  # the hold passed: it uploads under the temporary name
+    t = ns.uploads.begin_upload(a)
+    assert t is not None and t.key == "p/step_1.tmp/a"
+    ns.tree.rename(ROOT_INODE, "step_1.tmp", ROOT_INODE, "step_1", noreplace=False)
+    assert ns.uploads.publishable(t) and not ns.uploads.still_current(t)  # the upload goes on
+    assert not ns.uploads.finish_upload(t, "e", "h")
+    ns.uploads.upload_ended(a)
+    row = ns.journal.get(a)
+    assert row is not None and row.state == DIRTY and row.copy_from == "p/step_1.tmp/a" and row.xxh3 == "h"
+    assert ns.uploads.ready_deletes(set()) == []  # the old key goes once the copy is complete
+    [c] = ns.uploads.take(time.time() + 1, 10, set())[0]
+    copy = ns.uploads.begin_upload(a)
+    assert c.key == "p/step_1/a" and copy is not None and copy.copy_from == "p/step_1.tmp/a"
+    assert ns.uploads.finish_upload(copy, "e", "h")
+    ns.uploads.upload_ended(a)
+    assert [key for _, key in ns.uploads.ready_deletes(set())] == ["p/step_1.tmp/a"]  # then its directory's key
+    for delete_id, key in ns.uploads.ready_deletes(set()):
+        ns.uploads.delete_done(delete_id, key)
+    assert [key for _, key in ns.uploads.ready_deletes(set())] == ["p/step_1.tmp/"]
+    assert_in_step(ns)
+
+
+def test_an_upload_whose_old_name_another_file_took_or_whose_bytes_changed_is_dropped(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    a = write_file(ns, ROOT_INODE, "a", b"1")
+    b = write_file(ns, ROOT_INODE, "b", b"2")
+    ta, tb = ns.uploads.begin_upload(a), ns.uploads.begin_upload(b)
+    assert ta is not None and tb is not None
+    ns.tree.rename(ROOT_INODE, "a", ROOT_INODE, "a2", noreplace=False)
+    write_file(ns, ROOT_INODE, "a", b"another file")
+    assert not ns.uploads.publishable(ta) and ns.uploads.bytes_current(ta)
+    ns.tree.rename(ROOT_INODE, "b", ROOT_INODE, "b2", noreplace=False)
+    fd = open_file(ns, b)
+    ns.files.write(b, fd, 0, b"changed")
+    close_file(ns, b, fd)
+    assert not ns.uploads.publishable(tb) and not ns.uploads.bytes_current(tb)
+    for t in (ta, tb):
+        assert not ns.uploads.finish_upload(t, "e", "h")
+        row = ns.journal.get(t.ino)
+        assert row is not None and row.state == DIRTY and row.copy_from is None  # uploaded again from the cache
     assert_in_step(ns)
