@@ -150,6 +150,16 @@ class CkptfsMount(Mounted):
         st = self.status()
         return {"fuse_transport": st.get("fuse_transport") or "libfuse", "passthrough": bool(st.get("passthrough"))}
 
+    def metric(self, name: str) -> float | None:
+        """One unlabelled sample of the daemon's /metrics (`ckptfs_uploaded_bytes_total`...), None if not served."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
     def fuse_requests(self) -> dict[str, float]:
         """The daemon's `ckptfs_fuse_requests_total` by operation: under passthrough no `write` or
         `read` reaches it (the kernel does them on the cache file), in copy mode every one does."""

@@ -224,6 +224,19 @@ SMALL_FIGURES: list[Figure] = [
 ]
 
 
+# ------------------------------------------------ a checkpoint in a temporary directory (bench/temporary_dir.py)
+TD = ("temporary_dir.ckptfs",)
+TEMPORARY_DIR_FIGURES: list[Figure] = [
+    Figure("tmpdir_sent", "Temporary directory (3 x 512 MiB into step_N.tmp/, renamed): bytes sent to the store (ckptfs_uploaded_bytes_total) / bytes written",
+           "x", "<=", 1.01, lambda run, meta: _ratio(_get(run, "temporary_dir", "ckptfs", "sent_bytes"), _get(run, "temporary_dir", "ckptfs", "bytes")),
+           False, TD),
+    Figure("tmpdir_keys", "Temporary directory: keys with the temporary name ever listed in the bucket (listed over and over from the first write to the flush)",
+           "keys", "<=", 0.0, lambda run, meta: _get(run, "temporary_dir", "ckptfs", "temporary_keys_seen"), False, TD),
+    Figure("tmpdir_durable", "Temporary directory: rename to all durable (ckptfs flush), seconds", "s", "", None,
+           lambda run, meta: _get(run, "temporary_dir", "ckptfs", "durable_from_rename_s"), False, TD),
+]
+
+
 # ------------------------------------------------------- the compressed cold tier (bench/compression.py)
 def _cz_ratio(*names: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
     """Stored / original bytes of the cold tier's codec over the files `names`."""
@@ -361,6 +374,7 @@ FIGURES: list[Figure] = [
     Figure("cpu_boto3", "boto3 transfer manager CPU seconds per GiB uploaded (both workloads)", "s/GiB", "", None,
            lambda run, meta: _cpu_per_gib(run, meta, "boto3")),
     *SMALL_FIGURES,
+    *TEMPORARY_DIR_FIGURES,
     # absolute throughputs, for reading the ratios
     Figure("mibps_raw_single", "raw disk, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "raw", "single", "ack_s")),
     Figure("mibps_ckptfs_single", "ckptfs, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "ckptfs", "single", "ack_s")),

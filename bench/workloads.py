@@ -22,6 +22,7 @@ from bench.env import (BenchServer, copy_requests, counters_delta, cpu_seconds, 
                        wait_for_objects)
 from bench.mounts import CkptfsMount, Mounted, RcloneMount, S3fsMount
 from bench.small_files import small_files
+from bench.temporary_dir import temporary_dir
 
 SINGLE = "single.bin"
 SHARD = "shard_{}.bin"
@@ -515,6 +516,9 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
         if "small" in want and plan.small_files:
             run["small_files"] = guarded(lambda: small_files(server, plan.work, tag, log, plan.small_files,
                                                              compare_root=plan.compare_root))
+        if "tmpdir" in want:
+            run["temporary_dir"] = guarded(lambda: temporary_dir(server, plan.work, tag, log, plan.shard_size,
+                                                                 compare_root=plan.compare_root))
 
         for peer in ("rclone", "s3fs"):
             if peer not in want:
