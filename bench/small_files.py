@@ -24,7 +24,6 @@ before/after in one run).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -34,8 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import report
-from bench.env import ROOT, BenchServer, cpu_seconds, guarded, venv_bin
-from bench.mounts import CkptfsMount
+from bench.env import ROOT, BenchServer, alone_arguments, cpu_seconds, guarded, log, run_alone, venv_bin
+from bench.mounts import CkptfsMount, fresh_mount
 
 COUNT = 5000
 SIZE = 64 << 10
@@ -107,47 +106,28 @@ def _cpu(mount: CkptfsMount) -> float:
 
 def through_mount(server: BenchServer, bucket: str, state: Path, count: int, size: int, code_root: Path = ROOT) -> dict[str, Any]:
     """A fresh mount with default settings: write the files, then `ckptfs flush` until all are durable."""
-    shutil.rmtree(state, ignore_errors=True)
-    server.make_bucket(bucket)
-    mount = CkptfsMount(server, bucket, state / "mnt", state, code_root=code_root)
-    mount.start()
-    try:
+    with fresh_mount(server, bucket, state, code_root) as mount:
         cpu0 = _cpu(mount)
         w = write_files(mount.path / "small", count, size)
         cpu1 = _cpu(mount)
-        r = mount._cli("flush", str(mount.path), timeout=3600)
-        durable = time.monotonic()
-        if r.returncode != 0:
-            raise RuntimeError(f"ckptfs flush failed: {(r.stderr or r.stdout).strip()[:300]}")
+        durable = mount.flush()
         cpu2 = _cpu(mount)
         in_bucket = count_objects(server, bucket, "small/")
         if in_bucket != count:
             raise RuntimeError(f"flush returned with {in_bucket} of {count} objects in the bucket")
         return {**w, "durable_from_start_s": durable - w["started"], "flush_s": durable - w["ended"],
                 "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_drain_s": cpu2 - cpu1}}
-    finally:
-        mount.stop()
-        shutil.rmtree(state, ignore_errors=True)
-        server.drop_bucket(bucket)
 
 
 def held_back(server: BenchServer, bucket: str, state: Path, count: int, size: int, code_root: Path = ROOT) -> dict[str, Any]:
     """A fresh mount that uploads nothing (upload_delay=3600): write the files, then `rm -rf` them."""
-    shutil.rmtree(state, ignore_errors=True)
-    server.make_bucket(bucket)
-    mount = CkptfsMount(server, bucket, state / "mnt", state, code_root=code_root, **HELD_BACK)
-    mount.start()
-    try:
+    with fresh_mount(server, bucket, state, code_root, **HELD_BACK) as mount:
         cpu0 = _cpu(mount)
         w = write_files(mount.path / "small", count, size)
         cpu1 = _cpu(mount)
         rm = remove_tree(mount.path / "small")
         cpu2 = _cpu(mount)
         return {**w, **rm, "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_rm_s": cpu2 - cpu1}}
-    finally:
-        mount.stop()
-        shutil.rmtree(state, ignore_errors=True)
-        server.drop_bucket(bucket)
 
 
 def small_files(server: BenchServer, work: Path, tag: str, log: Callable[[str], None], count: int = COUNT,
@@ -181,29 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.small_files", description=__doc__.split("\n\n")[0])
     p.add_argument("--count", type=int, default=COUNT)
     p.add_argument("--size", type=int, default=SIZE, help="bytes per file")
-    p.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "tmp",
-                   help="scratch directory for the server, the caches and the local copy (e.g. /dev/shm/x)")
-    p.add_argument("--compare", type=Path, default=None, help="another ckptfs checkout, run as ckptfs_base too")
-    p.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
+    alone_arguments(p, "scratch directory for the server, the caches and the local copy (e.g. /dev/shm/x)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    work = args.work.absolute() / f"small-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
-    server = BenchServer(work / "seaweed")
-
-    def log(msg: str) -> None:
-        print(f"bench {time.strftime('%H:%M:%S')} {msg}", flush=True)
-
-    try:
-        server.start()
-        result = small_files(server, work, f"s{os.getpid()}", log, args.count, args.size,
-                             args.compare.absolute() if args.compare else None)
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"ckptfs": figures(result), **({"ckptfs_base": figures(result, "ckptfs_base")} if args.compare else {})}, indent=1))
-    return 0
+    return run_alone(args, "small", lambda server, work, tag, compare: small_files(server, work, tag, log, args.count, args.size, compare),
+                     figures)
 
 
 if __name__ == "__main__":

@@ -19,50 +19,21 @@ bench.small_files).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from bench import report
-from bench.env import ROOT, BenchServer, guarded
-from bench.mounts import CkptfsMount
+from bench.env import ROOT, BenchServer, alone_arguments, guarded, log, run_alone
+from bench.mounts import fresh_mount
+from tests.support.watch import BucketWatcher
 
 FILES = 3
 SIZE = 512 << 20
 TEMPORARY = "step_1.tmp"
 FINAL = "step_1"
-
-
-class BucketWatcher:
-    """Lists the bucket until stopped; keeps every key seen with the temporary name."""
-
-    def __init__(self, server: BenchServer, bucket: str) -> None:
-        self.client = server.client()
-        self.bucket = bucket
-        self.temporary: set[str] = set()
-        self.listings = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
-                self.temporary.update(o["Key"] for o in page.get("Contents", []) if TEMPORARY in o["Key"])
-            self.listings += 1
-            time.sleep(0.05)
-
-    def __enter__(self) -> "BucketWatcher":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def write_file(path: Path, size: int, chunk: int = 8 << 20) -> None:
@@ -78,33 +49,22 @@ def write_file(path: Path, size: int, chunk: int = 8 << 20) -> None:
 
 
 def through_mount(server: BenchServer, bucket: str, state: Path, files: int, size: int, code_root: Path = ROOT) -> dict[str, Any]:
-    shutil.rmtree(state, ignore_errors=True)
-    server.make_bucket(bucket)
-    mount = CkptfsMount(server, bucket, state / "mnt", state, code_root=code_root)
-    mount.start()
-    try:
-        with BucketWatcher(server, bucket) as watcher:
-            tmp = mount.path / TEMPORARY
-            tmp.mkdir()
-            started = time.monotonic()
-            for i in range(files):
-                write_file(tmp / f"shard_{i}.bin", size)
-            written = time.monotonic()
-            tmp.rename(mount.path / FINAL)
-            renamed = time.monotonic()
-            r = mount._cli("flush", str(mount.path), timeout=3600)
-            durable = time.monotonic()
-            if r.returncode != 0:
-                raise RuntimeError(f"ckptfs flush failed: {(r.stderr or r.stdout).strip()[:300]}")
-            listings = watcher.listings
+    with fresh_mount(server, bucket, state, code_root) as mount, BucketWatcher(server.client(), bucket) as watcher:
+        tmp = mount.path / TEMPORARY
+        tmp.mkdir()
+        started = time.monotonic()
+        for i in range(files):
+            write_file(tmp / f"shard_{i}.bin", size)
+        written = time.monotonic()
+        tmp.rename(mount.path / FINAL)
+        renamed = time.monotonic()
+        durable = mount.flush()
+        listings = watcher.listings
         sent = mount.metric("ckptfs_uploaded_bytes_total")
-        return {"files": files, "bytes": files * size, "sent_bytes": sent, "write_s": written - started,
-                "durable_from_rename_s": durable - renamed, "listings": listings,
-                "temporary_keys": sorted(watcher.temporary)[:20], "temporary_keys_seen": len(watcher.temporary)}
-    finally:
-        mount.stop()
-        shutil.rmtree(state, ignore_errors=True)
-        server.drop_bucket(bucket)
+    temporary = sorted(k for k in watcher.seen if TEMPORARY in k)
+    return {"files": files, "bytes": files * size, "sent_bytes": sent, "write_s": written - started,
+            "durable_from_rename_s": durable - renamed, "listings": listings,
+            "temporary_keys": temporary[:20], "temporary_keys_seen": len(temporary)}
 
 
 def temporary_dir(server: BenchServer, work: Path, tag: str, log: Callable[[str], None], size: int = SIZE,
@@ -127,28 +87,10 @@ def figures(result: dict[str, Any], name: str = "ckptfs") -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.temporary_dir", description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=SIZE, help="bytes per file")
-    p.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "tmp",
-                   help="scratch directory for the server and the cache (e.g. /dev/shm/x)")
-    p.add_argument("--compare", type=Path, default=None, help="another ckptfs checkout, run as ckptfs_base too")
-    p.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
+    alone_arguments(p, "scratch directory for the server and the cache (e.g. /dev/shm/x)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    work = args.work.absolute() / f"tmpdir-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
-    server = BenchServer(work / "seaweed")
-
-    def log(msg: str) -> None:
-        print(f"bench {time.strftime('%H:%M:%S')} {msg}", flush=True)
-
-    try:
-        server.start()
-        result = temporary_dir(server, work, f"t{os.getpid()}", log, args.size, args.compare.absolute() if args.compare else None)
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"ckptfs": figures(result), **({"ckptfs_base": figures(result, "ckptfs_base")} if args.compare else {})}, indent=1))
-    return 0
+    return run_alone(args, "tmpdir", lambda server, work, tag, compare: temporary_dir(server, work, tag, log, args.size, compare),
+                     figures)
 
 
 if __name__ == "__main__":

@@ -9,50 +9,21 @@ a user would check: the keys, their bytes against what was written, and the byte
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable
 
 import pytest
 
 from tests.conftest import Mount, wait_for, write_random
 from tests.support.faultproxy import FaultProxy
+from tests.support.watch import BucketWatcher
 
 pytestmark = pytest.mark.one_transport
 
 MiB = 1 << 20
 
 
-class Watcher:
-    """Lists the bucket over and over in a thread; remembers every key it ever saw."""
-
-    def __init__(self, m: Mount) -> None:
-        self.m = m
-        self.seen: set[str] = set()
-        self.listings = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.seen.update(self.m.keys())
-            self.listings += 1
-
-    def __enter__(self) -> "Watcher":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def listed_once_more(self) -> None:
-        """Wait until a listing that started after this call has ended."""
-        start = self.listings
-        wait_for("the bucket to be listed again", lambda: self.listings >= start + 2)
-
-
-def temporary(keys: Iterator[str] | set[str] | list[str]) -> list[str]:
+def temporary(keys: Iterable[str]) -> list[str]:
     return sorted(k for k in keys if ".tmp" in k or "tmp-" in k)
 
 
@@ -60,7 +31,7 @@ def test_a_step_written_into_a_temporary_directory_is_uploaded_once_under_its_fi
     m: Mount = make_mount(part_size="5MiB", multipart_threshold="5MiB")
     files = {"model.safetensors": 12 * MiB, "optim/shard_0.bin": 7 * MiB, "optim/shard_1.bin": 64 * 1024, "meta.json": 300}
     written: dict[str, str] = {}
-    with Watcher(m) as watcher:
+    with BucketWatcher(m.s3.client(), m.bucket) as watcher:
         (m.path / "run" / "step_3.tmp" / "optim").mkdir(parents=True)
         for i, (name, size) in enumerate(files.items()):
             written[name] = write_random(m.path / "run" / "step_3.tmp" / name, size, seed=i)
