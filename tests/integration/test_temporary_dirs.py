@@ -9,12 +9,14 @@ a user would check: the keys, their bytes against what was written, and the byte
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Iterable
 
 import pytest
 
-from tests.conftest import Mount, wait_for, write_random
+from tests.conftest import Mount, mount_is_dead, wait_for, write_random
 from tests.support.faultproxy import FaultProxy
 from tests.support.watch import BucketWatcher
 
@@ -85,6 +87,28 @@ def test_a_directory_renamed_while_its_file_uploads_keeps_the_parts_sent(make_mo
     assert m.object_sha256("step_5/model.bin") == digest
     # the upload went on under the old key and was copied inside the store: each byte sent once
     assert m.status()["uploaded_bytes_total"] == size
+    assert m.s3.client().list_multipart_uploads(Bucket=m.bucket).get("Uploads", []) == []
+
+
+def test_an_upload_interrupted_by_a_crash_resumes_under_its_old_key_after_a_rename(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
+    proxy.set_mode("pass", rate=8 * MiB)  # slow enough to kill it half way
+    m: Mount = make_mount(endpoint_url=proxy.url, part_size="5MiB", multipart_threshold="5MiB", max_parts_in_flight=2,
+                          temporary_hold_seconds=0)
+    size = 40 * MiB
+    (m.path / "step_7.tmp").mkdir()
+    digest = write_random(m.path / "step_7.tmp" / "model.bin", size, seed=4)
+    wait_for("half the upload to reach the bucket", lambda: proxy.bytes_up >= 20 * MiB)
+    os.kill(m.status()["pid"], signal.SIGKILL)
+    wait_for("the mount to be dead", lambda: mount_is_dead(m.path))
+    proxy.set_mode("pass", rate=0)
+    m.options["upload_delay"] = 3600  # nothing starts on its own after the restart: the rename comes first
+    m.start()
+    (m.path / "step_7.tmp").rename(m.path / "step_7")
+    proxy.bytes_up = 0
+    m.flush()  # the upload resumes under step_7.tmp/, then the object is copied to step_7/
+    wait_for("the old key to be deleted", lambda: m.keys() == [m.key("step_7/model.bin")])
+    assert m.object_sha256("step_7/model.bin") == digest
+    assert proxy.bytes_up < 0.7 * size, proxy.bytes_up  # the parts in the bucket were not sent again
     assert m.s3.client().list_multipart_uploads(Bucket=m.bucket).get("Uploads", []) == []
 
 
