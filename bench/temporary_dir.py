@@ -5,7 +5,8 @@ Why a workload of its own: writers that stage a step in a temporary directory (O
 drain that started on those files sent their bytes under the temporary name, then again (or
 copied them) under the final one, and readers of the bucket saw the temporary keys (issue 24).
 Measured through a fresh mount with default settings, the files written one after another (each
-fsynced and closed), the directory renamed, then `ckptfs flush`:
+fsynced and closed; `PAUSE` seconds apart, as a trainer serialising its next state takes longer than
+`upload_delay`), the directory renamed, then `ckptfs flush`:
 
 * bytes sent to the store (the daemon's `ckptfs_uploaded_bytes_total`) / bytes written;
 * keys with the temporary name ever listed: a thread lists the bucket over and over from the first
@@ -34,6 +35,7 @@ FILES = 3
 SIZE = 512 << 20
 TEMPORARY = "step_1.tmp"
 FINAL = "step_1"
+PAUSE = 2.0  # seconds between two files, as a trainer serialising the next state: longer than upload_delay (0.5 s)
 
 
 def write_file(path: Path, size: int, chunk: int = 8 << 20) -> None:
@@ -54,6 +56,8 @@ def through_mount(server: BenchServer, bucket: str, state: Path, files: int, siz
         tmp.mkdir()
         started = time.monotonic()
         for i in range(files):
+            if i:
+                time.sleep(PAUSE)
             write_file(tmp / f"shard_{i}.bin", size)
         written = time.monotonic()
         tmp.rename(mount.path / FINAL)
