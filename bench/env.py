@@ -17,7 +17,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tests.support.seaweed import SeaweedServer, free_port
 
@@ -86,6 +86,14 @@ def counters_delta(after: dict[str, float], before: dict[str, float]) -> dict[st
 
 def copy_requests(delta: dict[str, float]) -> int:
     return int(sum(v for k, v in delta.items() if k.startswith("requests_") and "COPY" in k.upper()))
+
+
+def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a workload; a failure becomes its result ({"error": ...}), not the end of the run."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a failed workload is a result, not the end of the run
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
 
 
 # ---------------------------------------------------------------------- tools
@@ -199,3 +207,35 @@ def loadavg() -> list[float]:
 def disk_free(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def log(msg: str) -> None:
+    """A progress line of the harness, timestamped."""
+    print(f"bench {time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def alone_arguments(p: Any, work_help: str) -> None:
+    """The options of a workload run alone (`python -m bench.small_files`, `bench.temporary_dir`): --work, --compare, --out."""
+    p.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "tmp", help=work_help)
+    p.add_argument("--compare", type=Path, default=None, help="another ckptfs checkout, run as ckptfs_base too")
+    p.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
+
+
+def run_alone(args: Any, name: str, workload: Callable[[BenchServer, Path, str, Path | None], dict[str, Any]],
+              figures: Callable[[dict[str, Any], str], dict[str, Any]]) -> int:
+    """One workload on a SeaweedFS server of its own in a scratch directory under --work (removed afterwards);
+    prints its figures (and with --compare the other checkout's), writes the raw results to --out."""
+    work = args.work.absolute() / f"{name}-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    server = BenchServer(work / "seaweed")
+    compare = args.compare.absolute() if args.compare else None
+    try:
+        server.start()
+        result = workload(server, work, f"{name[0]}{os.getpid()}", compare)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"ckptfs": figures(result, "ckptfs"), **({"ckptfs_base": figures(result, "ckptfs_base")} if compare else {})}, indent=1))
+    return 0

@@ -7,15 +7,18 @@ is of designs, not of defaults; everything else is their default.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 from bench.env import ROOT, BenchServer, venv_bin
 
@@ -150,6 +153,23 @@ class CkptfsMount(Mounted):
         st = self.status()
         return {"fuse_transport": st.get("fuse_transport") or "libfuse", "passthrough": bool(st.get("passthrough"))}
 
+    def flush(self) -> float:
+        """`ckptfs flush` of the whole mount; the monotonic time it returned (all durable)."""
+        r = self._cli("flush", str(self.path), timeout=3600)
+        if r.returncode != 0:
+            raise RuntimeError(f"ckptfs flush failed: {(r.stderr or r.stdout).strip()[:300]}")
+        return time.monotonic()
+
+    def metric(self, name: str) -> float | None:
+        """One unlabelled sample of the daemon's /metrics (`ckptfs_uploaded_bytes_total`...), None if not served."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
     def fuse_requests(self) -> dict[str, float]:
         """The daemon's `ckptfs_fuse_requests_total` by operation: under passthrough no `write` or
         `read` reaches it (the kernel does them on the cache file), in copy mode every one does."""
@@ -162,6 +182,21 @@ class CkptfsMount(Mounted):
         for m in re.finditer(r'^ckptfs_fuse_requests_total\{op="([a-z_]+)"\} (\S+)$', text, re.M):
             out[m.group(1)] = float(m.group(2))
         return out
+
+
+@contextlib.contextmanager
+def fresh_mount(server: BenchServer, bucket: str, state: Path, code_root: Path = ROOT, **options: object) -> Iterator[CkptfsMount]:
+    """A ckptfs mount of a new bucket, its cache and mount point in `state`: all of it gone afterwards."""
+    shutil.rmtree(state, ignore_errors=True)
+    server.make_bucket(bucket)
+    mount = CkptfsMount(server, bucket, state / "mnt", state, code_root=code_root, **options)
+    try:
+        mount.start()
+        yield mount
+    finally:
+        mount.stop()
+        shutil.rmtree(state, ignore_errors=True)
+        server.drop_bucket(bucket)
 
 
 def _free_port() -> int:

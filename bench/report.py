@@ -43,7 +43,7 @@ class Figure:
     target: float | None
     compute: Callable[[dict[str, Any], dict[str, Any]], float | None]
     chart: bool = False  # drawn in the PNG (ratios where higher is better)
-    parts: tuple[str, ...] = ()  # the parts of a run it reads, to say why it is missing
+    parts: tuple[str, ...] = ()  # the parts of a run it reads, to say why it is missing ("a.b": run["a"]["b"])
     # why a run's numbers are not what the label says (say, no passthrough was granted); None if they are
     check: Callable[[dict[str, Any]], str | None] | None = None
 
@@ -177,6 +177,64 @@ def _cpu_per_gib(run: dict[str, Any], meta: dict[str, Any], tool: str) -> float 
     if a is None or b is None:
         return None
     return (a + b) / ((meta["sizes"]["single"] + meta["sizes"]["sharded"]) / (1 << 30))
+
+
+# ------------------------------------------------------------ many small files (bench/small_files.py)
+LOCAL, S5CMD, DRAINING, HELD = "small_files.local", "small_files.s5cmd", "small_files.ckptfs", "small_files.ckptfs_held"
+
+
+def _small(*path: str) -> Any:
+    return lambda run: _get(run, "small_files", *path)
+
+
+def _small_ratio(a: Callable[[dict[str, Any]], Any], b: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: _ratio(a(run), b(run))
+
+
+def _small_cpu_ms(part: str, phase: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: (lambda c, n: 1000 * c / n if c is not None and n else None)(
+        _get(run, "small_files", part, "daemon", phase), _get(run, "small_files", "count"))
+
+
+SMALL_FIGURES: list[Figure] = [
+    Figure("small_ack", "Small files (64 KiB each, create+write+close): ckptfs / local disk files per second", "x", ">=", 0.25,
+           _small_ratio(_small("ckptfs", "files_per_s"), _small("local", "files_per_s")), True, (DRAINING, LOCAL)),
+    Figure("small_last_first", "Small files, uploads held back: per-file time of the last tenth (500 of 5,000) / of the first tenth (ckptfs)", "x", "<=", 1.0,
+           _small_ratio(_small("ckptfs_held", "last_ms"), _small("ckptfs_held", "first_ms")), False, (HELD,)),
+    Figure("small_last_first_draining", "Small files, draining meanwhile: per-file time of the last tenth / of the first tenth (ckptfs)",
+           "x", "", None, _small_ratio(_small("ckptfs", "last_ms"), _small("ckptfs", "first_ms")), False, (DRAINING,)),
+    Figure("small_durable", "Small files: first write to all durable (ckptfs flush) / s5cmd cp of the same directory", "x", "<=", 1.5,
+           _small_ratio(_small("ckptfs", "durable_from_start_s"), _small("s5cmd", "upload_s")), False, (DRAINING, S5CMD)),
+    Figure("small_rm", "Small files never uploaded: rm -rf through ckptfs / rm -rf on the local disk", "x", "<=", 10.0,
+           _small_ratio(_small("ckptfs_held", "rm_s"), _small("local", "rm_s")), False, (HELD, LOCAL),
+           lambda run: (lambda e: f"rm -rf through ckptfs failed ({e['lines']} lines, first: {e['first']})" if e else None)(
+               _get(run, "small_files", "ckptfs_held", "rm_errors"))),
+    Figure("small_cpu_write", "Small files: ckptfs daemon CPU ms per file written (draining meanwhile)", "ms", "", None,
+           _small_cpu_ms("ckptfs", "cpu_write_s"), False, (DRAINING,)),
+    Figure("small_cpu_held", "Small files: ckptfs daemon CPU ms per file written (uploads held back)", "ms", "", None,
+           _small_cpu_ms("ckptfs_held", "cpu_write_s"), False, (HELD,)),
+    Figure("small_cpu_rm", "Small files: ckptfs daemon CPU ms per file removed (rm -rf, never uploaded)", "ms", "", None,
+           _small_cpu_ms("ckptfs_held", "cpu_rm_s"), False, (HELD,)),
+    Figure("small_files_per_s_local", "Small files: local disk, files per second", "files/s", "", None,
+           lambda run, meta: _get(run, "small_files", "local", "files_per_s"), False, (LOCAL,)),
+    Figure("small_files_per_s_ckptfs", "Small files: ckptfs (draining meanwhile), files per second", "files/s", "", None,
+           lambda run, meta: _get(run, "small_files", "ckptfs", "files_per_s"), False, (DRAINING,)),
+    Figure("small_files_per_s_held", "Small files: ckptfs (uploads held back), files per second", "files/s", "", None,
+           lambda run, meta: _get(run, "small_files", "ckptfs_held", "files_per_s"), False, (HELD,)),
+]
+
+
+# ------------------------------------------------ a checkpoint in a temporary directory (bench/temporary_dir.py)
+TD = ("temporary_dir.ckptfs",)
+TEMPORARY_DIR_FIGURES: list[Figure] = [
+    Figure("tmpdir_sent", "Temporary directory (3 x 512 MiB into step_N.tmp/, renamed): bytes sent to the store (ckptfs_uploaded_bytes_total) / bytes written",
+           "x", "<=", 1.01, lambda run, meta: _ratio(_get(run, "temporary_dir", "ckptfs", "sent_bytes"), _get(run, "temporary_dir", "ckptfs", "bytes")),
+           False, TD),
+    Figure("tmpdir_keys", "Temporary directory: keys with the temporary name ever listed in the bucket (listed over and over from the first write to the flush)",
+           "keys", "<=", 0.0, lambda run, meta: _get(run, "temporary_dir", "ckptfs", "temporary_keys_seen"), False, TD),
+    Figure("tmpdir_durable", "Temporary directory: rename to all durable (ckptfs flush), seconds", "s", "", None,
+           lambda run, meta: _get(run, "temporary_dir", "ckptfs", "durable_from_rename_s"), False, TD),
+]
 
 
 # ------------------------------------------------------- the compressed cold tier (bench/compression.py)
@@ -315,6 +373,8 @@ FIGURES: list[Figure] = [
            lambda run, meta: _cpu_per_gib(run, meta, "s5cmd")),
     Figure("cpu_boto3", "boto3 transfer manager CPU seconds per GiB uploaded (both workloads)", "s/GiB", "", None,
            lambda run, meta: _cpu_per_gib(run, meta, "boto3")),
+    *SMALL_FIGURES,
+    *TEMPORARY_DIR_FIGURES,
     # absolute throughputs, for reading the ratios
     Figure("mibps_raw_single", "raw disk, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "raw", "single", "ack_s")),
     Figure("mibps_ckptfs_single", "ckptfs, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "ckptfs", "single", "ack_s")),
@@ -354,10 +414,11 @@ def _why_missing(runs: list[dict[str, Any]], fig: Figure) -> str:
     """The first error, skip or 'not available' reason among the parts of a run a figure reads."""
     for run in runs:
         for part in fig.parts:
-            node = run.get(part)
-            if not isinstance(node, dict):
-                continue
-            for where in (node, node.get("mount"), node.get("cached_read")):
+            path = part.split(".")
+            node = _get(run, *path)
+            inside = (node.get("mount"), node.get("cached_read")) if isinstance(node, dict) else ()
+            # the part, what it holds (a cold read's mount...), and what holds it (a workload that failed whole)
+            for where in (node, *inside, *(_get(run, *path[:i]) for i in range(1, len(path)))):
                 if isinstance(where, dict):
                     for key in ("error", "skipped", "not_available"):
                         if key in where:
@@ -365,9 +426,9 @@ def _why_missing(runs: list[dict[str, Any]], fig: Figure) -> str:
     return "not measured in this run"
 
 
-def summarise(runs: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+def summarise(runs: list[dict[str, Any]], meta: dict[str, Any], figures: list[Figure] | None = None) -> list[dict[str, Any]]:
     out = []
-    for fig in FIGURES:
+    for fig in FIGURES if figures is None else figures:
         values = []
         problems = []
         for run in runs:
@@ -419,7 +480,8 @@ def markdown(result: dict[str, Any], chart_name: str | None) -> str:
     lines = [
         f"Recorded {meta['finished']} on {meta['machine']}: {meta['runs']} run(s), "
         f"1 file of {sizes['single'] / MiB:.0f} MiB, {sizes['shards']} writers of {sizes['shard'] / MiB:.0f} MiB, "
-        f"writes of {sizes['chunk'] / MiB:.0f} MiB (scale {meta['scale']:g}). "
+        f"writes of {sizes['chunk'] / MiB:.0f} MiB (scale {meta['scale']:g})"
+        + (f", {meta['small_files']:,} small files of 64 KiB. " if meta.get("small_files") else ". ") +
         f"Load average before/after: {meta['loadavg_before']} / {meta['loadavg_after']}. "
         f"Raw data: `{meta['results_file']}`.",
         "",

@@ -17,9 +17,10 @@ from bench import report
 from bench.env import GiB, MiB, ROOT, BenchServer, disk_free, loadavg, tool_version, venv_bin
 from bench.compression import compression
 from bench.replication import replication
+from bench.small_files import COUNT as SMALL_FILES
 from bench.workloads import Plan, guarded, one_run
 
-ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression")
+ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression", "small", "tmpdir")
 SINGLE_SIZE = 4 * GiB
 SHARD_SIZE = 512 * MiB
 SHARDS = 8
@@ -29,7 +30,8 @@ QUICK_SCALE = 1 / 32
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--scale", type=float, default=1.0,
-                   help="multiply the sizes (1 file of 4 GiB, 8 of 512 MiB) by this; each stays at least 1 MiB")
+                   help=f"multiply the sizes (1 file of 4 GiB, 8 of 512 MiB) and the number of small files ({SMALL_FILES}) by this; "
+                        "each size stays at least 1 MiB, the small files at least 100")
     p.add_argument("--quick", action="store_true", help=f"a quick run: --scale {QUICK_SCALE:g} --runs 1")
     p.add_argument("--runs", type=int, default=3, help="repetitions; figures are medians over them (default 3)")
     p.add_argument("--chunk-mib", type=int, default=4, help="size of each write() the writers make (default 4 MiB)")
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         targets=args.only.split(","),
         profile_dir=args.profile.absolute() if args.profile else None,
         compare_root=args.compare.absolute() if args.compare else None,
+        small_files=max(100, int(SMALL_FILES * args.scale)),
         scale=args.scale,
     )
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": plan.targets,
         "sizes": {"single": plan.single_size, "shard": plan.shard_size, "shards": plan.shards,
                   "sharded": plan.shards * plan.shard_size, "chunk": plan.chunk},
+        "small_files": plan.small_files if "small" in plan.targets else 0,
         "loadavg_before": loadavg(),
         "disk_free_before": disk_free(plan.work),
     }

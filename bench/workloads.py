@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.env import BenchServer, copy_requests, counters_delta, cpu_seconds, peak_rss_bytes, run_writers, venv_bin, wait_for_objects
+from bench.env import (BenchServer, copy_requests, counters_delta, cpu_seconds, guarded, peak_rss_bytes, run_writers, venv_bin,
+                       wait_for_objects)
 from bench.mounts import CkptfsMount, Mounted, RcloneMount, S3fsMount
+from bench.small_files import small_files
+from bench.temporary_dir import temporary_dir
 
 SINGLE = "single.bin"
 SHARD = "shard_{}.bin"
@@ -37,6 +40,7 @@ class Plan:
     targets: list[str]
     profile_dir: Path | None = None
     compare_root: Path | None = None  # a second ckptfs checkout, run as "ckptfs_base" next to this one
+    small_files: int = 0  # how many 64 KiB files the small-files workload writes (bench/small_files.py)
     notes: list[str] = field(default_factory=list)
     scale: float = 1.0  # --scale: what the compression workload sizes its trained model by
 
@@ -46,13 +50,6 @@ class Plan:
 
     def shard_names(self) -> list[str]:
         return [SHARD.format(i) for i in range(self.shards)]
-
-
-def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - a failed workload is a result, not the end of the run
-        return {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
 
 
 def _fresh(path: Path) -> Path:
@@ -515,6 +512,13 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
             base()
         transports(plan, server, run, tag, raw_single, log)
         shutil.rmtree(raw_dir, ignore_errors=True)
+
+        if "small" in want and plan.small_files:
+            run["small_files"] = guarded(lambda: small_files(server, plan.work, tag, log, plan.small_files,
+                                                             compare_root=plan.compare_root))
+        if "tmpdir" in want:
+            run["temporary_dir"] = guarded(lambda: temporary_dir(server, plan.work, tag, log, plan.shard_size,
+                                                                 compare_root=plan.compare_root))
 
         for peer in ("rclone", "s3fs"):
             if peer not in want:

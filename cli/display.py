@@ -109,6 +109,7 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
             "drain",
             Text(f"{plural(dirty_files, 'dirty file')} ({fmt_bytes(dirty_bytes)}) not in the bucket", style="yellow"),
             f"{g('uploading_files')} uploading" if dirty_files else None,
+            f"{g('temporary_held_files')} held in temporary directories" if g("temporary_held_files") else None,
             f"lag {fmt_duration(lag)}" if dirty_files else None,
             f"{writing} open for writing" if writing else None,
             plural(deletes, "deletion") + " queued" if deletes else None,

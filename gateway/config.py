@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 from .encryption import Encryption, EncryptionError
 from .patterns import PatternError, compile_patterns
 from .sizes import (GiB, KiB, MiB, S3_MAX_KEY_BYTES, S3_MAX_PART_SIZE, S3_MAX_PARTS, S3_MIN_PART_SIZE, TiB,  # noqa: F401 (for callers)
-                    fmt_bytes, part_size_for)
+                    SMALL_OBJECTS_PER_PART, fmt_bytes, part_size_for, small_objects_in_flight)
 from .storageclass import TierError, parse_prices, parse_transitions
 
 UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108 with its NUL): the control socket's
@@ -70,12 +70,17 @@ class Config:
     upload_delay: float = _opt(0.5, "Seconds a closed file waits before its upload starts, so that `write tmp, close, rename` renames before any byte is sent.", "seconds")
     multipart_threshold: int = _opt(16 * MiB, "Files at least this large are uploaded as multipart uploads; smaller ones with one PutObject.", "bytes")
     part_size: int = _opt(64 * MiB, "Multipart part size. Between 5 MiB and 5 GiB, and large enough that `max_file_size` needs at most 10,000 parts. Parts are streamed from the cache file, so this does not set memory use.", "bytes")
-    max_parts_in_flight: int = _opt(8, "Parts (or small objects) uploaded at once across all files.")
+    max_parts_in_flight: int = _opt(8, f"Parts of multipart uploads (and server-side copies) sent at once across all files. Files below `multipart_threshold`, one PutObject each, go {SMALL_OBJECTS_PER_PART} times as many at once: a small request waits on the store's latency rather than on the bandwidth.")
     max_file_size: int = _opt(0, "Largest file the mount accepts; writes beyond it fail with EFBIG. 0 means part_size x 10,000 (the most one multipart upload can hold). Under FUSE passthrough the daemon does not see each write: a file at or past the limit is opened in copy mode (where a write beyond it gets EFBIG), but a handle opened with passthrough below the limit is not stopped at it.", "bytes")
     commit_markers: list[str] = _opt(
         [".metadata", "*.index.json", "latest", "COMMIT"],
         "File name patterns (fnmatch) of commit markers: a marker is uploaded only after every other file under its directory written on this node is durable.",
     )
+    temporary_dir_patterns: list[str] = _opt(
+        ["*.orbax-checkpoint-tmp*", "*.tmp", "tmp-*", ".tmp*"],
+        "Directory name patterns (fnmatch) that mark a directory temporary (docs/semantics.md, \"Temporary directories\"): files at any depth below one are not uploaded until the directory is renamed to a name that matches none (they then go straight to their final keys), or until `temporary_hold_seconds` after their last close (then under the name they have). Empty `dir/` markers of such directories wait the same way. An empty list holds nothing back.",
+    )
+    temporary_hold_seconds: float = _opt(3600.0, "Longest a file under a temporary directory (`temporary_dir_patterns`) waits after its last close for the directory to be renamed; past it the file is uploaded under its temporary name, so a writer that crashed mid-save still has its bytes in the bucket. `ckptfs flush` does not wait for it. 0 holds nothing back.", "seconds")
 
     # namespace and reads
     metadata_ttl: float = _opt(5.0, "Seconds a directory's bucket listing is trusted: files written, changed or deleted by other nodes show up after their upload plus at most this long. 0 lists on every lookup.", "seconds")
@@ -187,7 +192,8 @@ class Config:
         for name in ("upload_delay", "shutdown_timeout", "retry_max_backoff",
                      "retry_auth_backoff", "write_stall_timeout", "abort_stale_uploads_after", "checkpoint_quiet_seconds",
                      "listing_timeout", "read_range_timeout",
-                     "retention_keep_every_seconds", "retention_min_age", "retention_grace", "retention_interval"):
+                     "retention_keep_every_seconds", "retention_min_age", "retention_grace", "retention_interval",
+                     "temporary_hold_seconds"):
             if not getattr(self, name) >= 0:  # NaN too
                 raise ConfigError(f"{name} = {getattr(self, name)} is negative: give a number of seconds >= 0")
         for name in ("multipart_threshold", "part_size", "max_file_size", "cache_capacity", "cache_min_free"):
@@ -233,6 +239,9 @@ class Config:
             parse_hostport(self.metrics_addr)
         if self.ui_enabled and not self.metrics_addr:
             raise ConfigError("ui_enabled = true needs metrics_addr: the catalogue page is served there under /ui")
+        for pattern in self.temporary_dir_patterns:
+            if not pattern or "/" in pattern:
+                raise ConfigError(f"temporary_dir_patterns: {pattern!r} is not a directory name pattern: give fnmatch patterns of one name each, without '/'")
         try:
             compile_patterns(self.checkpoint_patterns)
         except PatternError as e:

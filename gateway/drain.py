@@ -2,14 +2,23 @@
 
 Scheduling: files become eligible `upload_delay` seconds after their last
 close (so `write tmp, close, rename` renames first), oldest close first;
-commit markers wait for every other file under their directory. A global
-`CapacityLimiter` bounds parts in flight across all files.
+commit markers wait for every other file under their directory. The upload
+queue keeps them in memory (namespace/backlog.py): a wake costs what changed
+since the last one, not the files waiting. Global `CapacityLimiter`s bound
+the requests in flight: `max_parts_in_flight` parts (and copies), and
+`small_objects_in_flight` PutObjects of whole small files (latency-bound, so
+more of them; deletes and `dir/` markers count among them); at most
+`max_parts_in_flight` multipart files at once.
 
-Correctness rests on one check: before an upload is published (PutObject
-returns, or before CompleteMultipartUpload) the file's version and path must
-still be what the upload started from. Otherwise the upload is abandoned
-(aborted) and the file re-queued, so a reader of the bucket never sees bytes
-the file no longer has, under a name it no longer has.
+Correctness rests on one check: while an upload runs (before each part, and
+before CompleteMultipartUpload) the file's version must still be the one the
+upload started from. Otherwise the upload is abandoned (aborted) and the file
+re-queued, so a reader of the bucket never sees bytes the file no longer has.
+A file only renamed meanwhile keeps its upload, under the key it started with
+(a multipart upload cannot change its key; one interrupted is resumed under
+it too); once complete, the namespace has it copied inside the store to the
+new key and the old one deleted (`UploadQueue.finish_upload`): no byte
+already sent is sent again.
 
 Failed requests are retried forever for acknowledged data, with exponential
 backoff and jitter per file, capped at `retry_max_backoff`.
@@ -33,7 +42,7 @@ import xxhash
 
 from . import threads
 from .cache import Cache
-from .config import MiB, Config, part_size_for
+from .config import MiB, Config, part_size_for, small_objects_in_flight
 from .journal import UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
@@ -129,7 +138,14 @@ class Drainer:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
-        self.max_files = max(2, cfg.max_parts_in_flight)
+        self.multipart_files = trio.CapacityLimiter(max(2, cfg.max_parts_in_flight))
+        small = small_objects_in_flight(cfg.max_parts_in_flight)
+        self.small = trio.CapacityLimiter(small)  # small requests: PutObjects of small files, deletes, `dir/` markers
+        # their worker threads: a limiter of their own, so they never take trio's default threads from parts and the rest
+        self.small_threads = trio.CapacityLimiter(small)
+        # twice the small slots: the next small file is ready (ticket taken, cache file open) when a slot frees
+        self.max_files = max(2, cfg.max_parts_in_flight) + 2 * small
+        self.max_object_ops = small  # deletes and `dir/` markers at once (each a small request)
         self.busy: set[int] = set()
         self.busy_keys: set[str] = set()
         self.deleting: set[int] = set()
@@ -170,13 +186,8 @@ class Drainer:
 
     def _schedule(self, nursery: trio.Nursery) -> float | None:
         now_mono = time.monotonic()
-        waiting = {ino for ino, b in self.backoff.items() if b.next_at > now_mono}
-        ready, next_at = self.ns.uploads.candidates(time.time(), self.busy | waiting)
+        ready, next_at = self.ns.uploads.take(time.time(), self.max_files - len(self.busy), self.busy_keys)
         for p in ready:
-            if len(self.busy) >= self.max_files:
-                break
-            if p.key in self.busy_keys:
-                continue
             self.busy.add(p.ino)
             self.busy_keys.add(p.key)
             nursery.start_soon(self._upload_file, p)
@@ -190,14 +201,14 @@ class Drainer:
             self.deleting.add(marker_id)
             self.busy_keys.add(key)
             nursery.start_soon(self._put_marker, marker_id, key)
-        for delete_id, key in self.ns.uploads.ready_deletes(self.busy_keys):
-            b = self.delete_backoff.get(delete_id)
-            if delete_id in self.deleting or (b and b.next_at > now_mono):
-                continue
+        held = {i for i, b in self.delete_backoff.items() if b.next_at > now_mono}
+        for delete_id, key in self.ns.uploads.ready_deletes(self.busy_keys, self.max_object_ops - len(self.deleting),
+                                                             self.deleting | held):
             self.deleting.add(delete_id)
             self.busy_keys.add(key)
             nursery.start_soon(self._delete, delete_id, key)
-        pending_retry = [b.next_at for b in (*self.backoff.values(), *self.delete_backoff.values()) if b.next_at > now_mono]
+        # a file's retry time is in the upload queue (`upload_ended`); the deletes' are here
+        pending_retry = [b.next_at for b in self.delete_backoff.values() if b.next_at > now_mono]
         if pending_retry:
             retry_at = time.time() + (min(pending_retry) - now_mono)
             next_at = retry_at if next_at is None else min(next_at, retry_at)
@@ -205,6 +216,23 @@ class Drainer:
 
     # ----------------------------------------------------------------- upload
     async def _upload_file(self, p: Pending) -> None:
+        """Upload `p` (taken from the queue), then hand it back: durable, or queued again (after a backoff if it failed)."""
+        try:
+            if p.size < self.cfg.multipart_threshold:
+                await self._send_file(p)
+            else:
+                async with self.multipart_files:
+                    await self._send_file(p)
+        finally:
+            self.sent.pop(p.ino, None)
+            self.busy.discard(p.ino)
+            self.busy_keys.discard(p.key)
+            b = self.backoff.get(p.ino)
+            wait = b.next_at - time.monotonic() if b is not None else 0.0
+            self.ns.uploads.upload_ended(p.ino, time.time() + wait if wait > 0 else 0.0)
+            self.wake()
+
+    async def _send_file(self, p: Pending) -> None:
         ticket = self.ns.uploads.begin_upload(p.ino)
         try:
             if ticket is None:
@@ -216,21 +244,27 @@ class Drainer:
                 fd = self.cache.open(p.ino)
             except FileNotFoundError:
                 return
+            key = ticket.key
             try:
                 etag, xxh3 = await self._upload(ticket, fd)
             finally:
                 os.close(fd)
+                if ticket.key != key:  # resumed under the key it had before a rename (_multipart)
+                    self.busy_keys.discard(ticket.key)
             if self.ns.uploads.finish_upload(ticket, etag, xxh3):
                 self.backoff.pop(p.ino, None)
                 self.metrics.uploaded_files.inc()
                 log.info("durable: %s (%d bytes, etag %s)", ticket.key, ticket.size, etag)
+            elif self.ns.uploads.bytes_current(ticket):
+                self.backoff.pop(p.ino, None)
+                log.info("uploaded %s, renamed meanwhile: copied to its new key inside the store next", ticket.key)
             else:
                 self.metrics.abandoned_uploads.inc()
         except Abandoned as e:
             self._abandoned(p, str(e))
         except (StoreError, OSError) as e:
-            if ticket is not None and not self.ns.uploads.still_current(ticket):
-                # the file was rewritten, truncated, moved or removed under the upload (a part whose
+            if ticket is not None and not self.ns.uploads.bytes_current(ticket):
+                # the file was rewritten, truncated or removed under the upload (a part whose
                 # CRC32 no longer matches, a cache file that shrank): not the store's fault, and the
                 # new version goes out at once, without the error backoff
                 self._abandoned(p, f"file changed while it uploaded ({e})")
@@ -244,11 +278,6 @@ class Drainer:
             self._error(f"internal error uploading {p.key}: {e!r}")
             log.exception("upload of %s failed (retry in %.1fs)", p.key, delay)
             self.ns.uploads.upload_failed(p.ino)
-        finally:
-            self.sent.pop(p.ino, None)
-            self.busy.discard(p.ino)
-            self.busy_keys.discard(p.key)
-            self.wake()
 
     def _abandoned(self, p: Pending, why: str) -> None:
         log.info("upload of %s abandoned: %s", p.key, why)
@@ -297,39 +326,62 @@ class Drainer:
             log.info("durable: %s (copied from %s, %d bytes)", ticket.key, ticket.copy_from, ticket.size)
 
     def _check(self, ticket: UploadTicket) -> None:
-        if not self.ns.uploads.still_current(ticket):
-            raise Abandoned("file changed, moved or was removed")
+        """Raise Abandoned if the file's bytes are no longer the ticket's, or its old name another file's (a rename alone does not)."""
+        if not self.ns.uploads.publishable(ticket):
+            raise Abandoned("file changed or was removed, or another file took the name it uploads under")
 
     async def _upload(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
         size = ticket.size
-        multipart = size >= self.cfg.multipart_threshold
-        part_size = part_size_for(size, self.cfg.part_size) if multipart else max(size, 1)
+        if size < self.cfg.multipart_threshold:
+            return await self._put(ticket, fd)
+        part_size = part_size_for(size, self.cfg.part_size)
         async with self.hashing:
             xxh3, crcs = await trio.to_thread.run_sync(file_digests, fd, size, part_size)
         self._check(ticket)
-        metadata = {XXH3_META: xxh3}
-        if not multipart:
-            async with self.parts:
-                self.metrics.parts_in_flight.inc()
-                self.throughput.started()
-                try:
-                    etag = await threads.call_with_fd(fd, lambda own: self.store.put_object(ticket.key, own, size, crcs[0], metadata))
-                finally:
-                    self.metrics.parts_in_flight.dec()
-                    self.throughput.stopped()
-            self.metrics.uploaded_bytes.inc(size)
-            self.throughput.add(size)
-            return etag, xxh3
-        return await self._multipart(ticket, fd, part_size, xxh3, crcs, metadata), xxh3
+        return await self._multipart(ticket, fd, part_size, xxh3, crcs, {XXH3_META: xxh3}), xxh3
+
+    async def _put(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
+        """A file below `multipart_threshold`: one PutObject, its digests computed in the same worker thread.
+
+        One thread hop per file instead of two, and `small_objects_in_flight` of them at once: enough
+        requests to keep the store busy, as a small request waits on its latency, not on the bandwidth.
+        A change after the check below is caught as with every upload: the bytes no longer match the
+        CRC32 sent (the store refuses them), or `finish_upload` finds the version moved on.
+        """
+        size = ticket.size
+
+        def put(own: int) -> tuple[str, str]:
+            xxh3, crcs = file_digests(own, size, max(size, 1))
+            return self.store.put_object(ticket.key, own, size, crcs[0], {XXH3_META: xxh3}), xxh3
+
+        async with self.small:
+            self._check(ticket)
+            self.metrics.parts_in_flight.inc()
+            self.throughput.started()
+            try:
+                etag, xxh3 = await threads.call_with_fd(fd, put, limiter=self.small_threads)
+            finally:
+                self.metrics.parts_in_flight.dec()
+                self.throughput.stopped()
+        self.metrics.uploaded_bytes.inc(size)
+        self.throughput.add(size)
+        return etag, xxh3
 
     async def _multipart(self, ticket: UploadTicket, fd: int, part_size: int, xxh3: str, crcs: list[str], metadata: dict[str, str]) -> str:
         journal = self.ns.journal
         count = len(crcs)
         done: dict[int, str] = {}
         rec = journal.upload_of(ticket.ino)
-        if rec and (rec.key, rec.size, rec.xxh3, rec.part_size) == (ticket.key, ticket.size, xxh3, part_size):
+        taken = rec is not None and rec.key != ticket.key and (
+            rec.key in self.busy_keys or journal.resolve(self.ns.keys.path(rec.key)) is not None)  # another file's name now
+        if rec and not taken and (rec.size, rec.xxh3, rec.part_size) == (ticket.size, xxh3, part_size):
             try:
                 remote = await threads.call(functools.partial(self.store.list_parts, rec.key, rec.upload_id))
+                # the same bytes, perhaps under a name the file had before a rename: resumed under that key
+                # (finish_upload then has the object copied to the file's key), which is busy meanwhile
+                if rec.key != ticket.key:
+                    ticket.key = rec.key
+                    self.busy_keys.add(rec.key)  # _send_file lets it go
                 for n, (etag, crc) in rec.parts.items():
                     r = remote.get(n)
                     if r is not None and r.etag == etag and n <= count and crc == crcs[n - 1]:
@@ -442,9 +494,13 @@ class Drainer:
             log.info("deleted object %s", key)
 
     async def _object_op(self, op_id: int, key: str, what: str, call: Callable[[str], None]) -> bool:
-        """One queued delete or marker put, with the drain's backoff; True once it succeeded."""
+        """One queued delete or marker put, with the drain's backoff; True once it succeeded.
+
+        A small request like a small file's PutObject: they share `small_objects_in_flight` (and so the
+        store's connection pool, sized for them)."""
         try:
-            await threads.call(functools.partial(call, key))
+            async with self.small:
+                await threads.call(functools.partial(call, key), limiter=self.small_threads)
             self.delete_backoff.pop(op_id, None)
             return True
         except StoreError as e:
@@ -452,7 +508,7 @@ class Drainer:
             if e.denied and call == self.store.delete:
                 # valid credentials without the permission to delete (a writer role, docs/security.md): retrying cannot
                 # help, so the delete is dropped and reported; the object stays in the bucket and shows again
-                self.ns.journal.drop_delete(op_id)
+                self.ns.uploads.drop_delete(op_id)
                 self.delete_backoff.pop(op_id, None)
                 self.deletes_not_permitted_total += 1
                 self.last_error = f"delete of {key} not permitted by the store (AccessDenied): the object stays in the bucket"

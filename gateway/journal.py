@@ -89,6 +89,7 @@ CREATE TABLE IF NOT EXISTS inodes(
     UNIQUE(parent, name)
 );
 CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
+CREATE INDEX IF NOT EXISTS inodes_subdirs ON inodes(parent) WHERE kind = 'dir';
 CREATE TABLE IF NOT EXISTS uploads(
     ino        INTEGER PRIMARY KEY,
     key        TEXT NOT NULL,
@@ -411,12 +412,15 @@ class Journal:
         r = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? AND name = ?", (parent, name)).fetchone()
         return Row(*r) if r else None
 
-    def children(self, parent: int) -> list[Row]:
-        rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? ORDER BY name", (parent,)).fetchall()
+    def children(self, parent: int, offset: int = 0, limit: int = -1) -> list[Row]:
+        """`parent`'s entries by name: all, or `limit` of them from the `offset`-th (a page of a readdir)."""
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent = ? ORDER BY name LIMIT ? OFFSET ?",
+                               (parent, limit, offset)).fetchall()
         return [Row(*r) for r in rows]
 
     def subdirs(self, parent: int) -> int:
-        """How many directories `parent` holds (a directory's link count is 2 plus this)."""
+        """How many directories `parent` holds (a directory's link count is 2 plus this): counted on an
+        index of directories alone, so a getattr of a directory of many files costs no more than of an empty one."""
         return self.db.execute("SELECT COUNT(*) FROM inodes WHERE parent = ? AND kind = 'dir'", (parent,)).fetchone()[0]
 
     def has_children(self, parent: int) -> bool:
@@ -456,14 +460,18 @@ class Journal:
         ).fetchall()
         return [Row(*r) for r in rows]
 
+    def parent_of(self, ino: int) -> int | None:
+        """The directory holding `ino`; None for the root, an orphan or an inode that is gone."""
+        r = self.db.execute("SELECT parent FROM inodes WHERE ino = ?", (ino,)).fetchone()
+        return r[0] if r else None
+
     def is_ancestor(self, ancestor: int, ino: int) -> bool:
         """True if `ancestor` is `ino` or one of its parents."""
         cur: int | None = ino
         while cur is not None:
             if cur == ancestor:
                 return True
-            r = self.db.execute("SELECT parent FROM inodes WHERE ino = ?", (cur,)).fetchone()
-            cur = r[0] if r else None
+            cur = self.parent_of(cur)
         return False
 
     def path_of(self, ino: int) -> str | None:
@@ -550,7 +558,20 @@ class Journal:
         self.db.execute("INSERT INTO deletes(key, op, queued_at) VALUES (?, 'marker', ?)", (key, time.time()))
 
     def pending_deletes(self) -> list[tuple[int, str, int | None]]:
-        return list(self.db.execute("SELECT id, key, after_ino FROM deletes WHERE op = 'delete' ORDER BY id"))
+        return self.deletes_after(0)
+
+    def deletes_after(self, last_id: int) -> list[tuple[int, str, int | None]]:
+        """Object deletions queued with an id above `last_id`, oldest first."""
+        return list(self.db.execute("SELECT id, key, after_ino FROM deletes WHERE op = 'delete' AND id > ? ORDER BY id", (last_id,)))
+
+    def deletes_present(self, ids: set[int]) -> set[int]:
+        """Which of `ids` are still queued (deletes or markers)."""
+        found: set[int] = set()
+        batch = list(ids)
+        for i in range(0, len(batch), 500):
+            chunk = batch[i:i + 500]
+            found.update(r[0] for r in self.db.execute(f"SELECT id FROM deletes WHERE id IN ({', '.join('?' * len(chunk))})", chunk))
+        return found
 
     def pending_markers(self) -> list[tuple[int, str, float]]:
         return list(self.db.execute("SELECT id, key, queued_at FROM deletes WHERE op = 'marker' ORDER BY id"))

@@ -135,7 +135,8 @@ class Remote:
                 return
             # a listing that keeps answering (page after page of a large directory) is waited for
             deadline = max(arrived, job.progress_at) + self.bound
-            with trio.move_on_after(deadline - time.monotonic()):
+            # never negative (trio refuses it): the deadline may be past already, after an earlier round or a busy loop
+            with trio.move_on_after(max(0.0, deadline - time.monotonic())):
                 await job.attempt_done.wait()
                 continue  # succeeded (fresh), failed (stale), or started before this request: look again
             if time.monotonic() - job.progress_at < self.bound:

@@ -28,6 +28,15 @@ def part_size_for(size: int, configured: int) -> int:
     return -(-need // MiB) * MiB
 
 
+SMALL_OBJECTS_PER_PART = 4  # files below multipart_threshold (one PutObject each) in flight per part slot
+
+
+def small_objects_in_flight(max_parts_in_flight: int) -> int:
+    """PutObjects of whole small files at once: a small request waits on the store's latency, not on the bandwidth,
+    so it takes more of them than parts to keep the store busy (the drain's limit, and the store's connection pool)."""
+    return SMALL_OBJECTS_PER_PART * max_parts_in_flight
+
+
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

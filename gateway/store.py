@@ -31,6 +31,7 @@ from .objects import (
     ARCHIVED, AUTH, CHANGED, NETWORK, NO_BUCKET, NO_OBJECT, NO_UPLOAD, OTHER, PRECONDITION, SERVER,
     Listing, NoncurrentVersions, ObjectInfo, RemoteObject, RemotePart, StoreError,
 )
+from .sizes import small_objects_in_flight
 from .storageclass import ArchiveState, from_head
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class BucketConnection:
                 ),
             )
 
-        self.client = client(cfg.read_timeout, 3, cfg.max_parts_in_flight + 8)
+        self.client = client(cfg.read_timeout, 3, cfg.max_parts_in_flight + small_objects_in_flight(cfg.max_parts_in_flight) + 8)
         # the mount's check has its own bound: with read_timeout x 3 attempts a store that accepts
         # connections and never answers held `ckptfs mount` for minutes, past systemd's start timeout
         self._check_client = client(cfg.mount_check_timeout / 3, 3, 1)

@@ -91,12 +91,17 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert cz["daemon_auto"]["stored_bytes"] < cz["daemon_auto"]["original_bytes"] == cz["daemon_none"]["stored_bytes"]
     assert cz["daemon_auto"]["restore_s"] > 0 and cz["daemon_none"]["restore_s"] > 0
 
+    # a checkpoint staged in step_1.tmp/ and renamed: each byte sent once, no temporary key listed
+    td = run["temporary_dir"]["ckptfs"]
+    assert "error" not in td, td
+    assert td["sent_bytes"] == td["bytes"] == 3 * MiB and td["temporary_keys_seen"] == 0 and td["listings"] > 0, td
+
     figures = {f["id"]: f for f in result["figures"]}
     assert set(figures) == {f.id for f in report.FIGURES}
     fids = ["ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
             "rss_peak", "cpu_written", "cpu_drained", "ack_copy_single", "ack_libfuse_single", "ack_libfuse_sharded",
             "cached_read_copy", "cached_read_libfuse", "cold_read", "cold_read_libfuse", "replication_rss",
-            "cz_bf16", "cz_training", "cz_vs_zstd3", "cz_compress_gbps", "cz_restore"]
+            "cz_bf16", "cz_training", "cz_vs_zstd3", "cz_compress_gbps", "cz_restore", "small_ack", "tmpdir_sent", "tmpdir_keys"]
     if pt["passthrough"]:
         fids += ["ack_passthrough_single", "ack_passthrough_sharded", "cpu_passthrough_ack", "cached_read_passthrough"]
     else:  # never labelled passthrough when it was not

@@ -97,15 +97,16 @@ class Tracker:
                 if ck.path not in self.active:
                     self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
 
-        for row in j.pending_files():
-            if row.parent is None:
-                continue
-            live = files.live.get(row.ino)
-            note(path_of(row.ino), False, "writing" if live is not None and live.writers else "draining")
+        # the namespace's in-memory backlog and delete queue: a path lookup per directory, not per file waiting
+        for e in lc.ns.backlog.entries():
+            parent = path_of(e.parent)
+            live = files.live.get(e.ino)
+            note(None if parent is None else f"{parent}/{e.name}".lstrip("/"), False,
+                 "writing" if live is not None and live.writers else "draining")
         for ino, live in files.live.items():
             if live.writers:
                 note(path_of(ino), False, "writing")
-        for _, key, _ in j.pending_deletes():
+        for _, key, _ in lc.ns.deletes:
             note(lc.keys.path(key).rstrip("/"), key.endswith("/"), "draining")
         return out
 

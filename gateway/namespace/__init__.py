@@ -3,6 +3,8 @@
 One room per concern, each owning its state, built in this order (each may
 use only the ones before it):
 
+* `backlog` Backlog      the files not yet durable, in memory: counts per directory, the drain's order
+* `deletes` DeleteQueue  the object deletions queued in the journal, in memory
 * `files`   OpenFiles    in-memory state of files in use (size, version, handles)
 * `space`   Space        eviction of clean copies, writers waiting for room
 * `uploads` UploadQueue  what is uploaded, copied, deleted or marked when; flush
@@ -23,6 +25,8 @@ from ..cache import Cache
 from ..config import Config
 from ..journal import DIRTY, Journal
 from .archive import Archive
+from .backlog import Backlog
+from .deletes import DeleteQueue
 from .files import Live, OpenFiles
 from .keys import Keys
 from .merge import ListingMerge
@@ -38,10 +42,12 @@ class Namespace:
         self.cfg, self.journal, self.cache = cfg, journal, cache
         self.on_change: Callable[[], None] = lambda: None  # the drainer's wake-up
         self.keys = Keys(cfg.key_prefix)
-        self.files = OpenFiles(cfg, journal, cache)
-        self.space = Space(cfg, journal, cache, self.files, self._changed)
-        self.uploads = UploadQueue(cfg, journal, self.keys, self.files, self.space, self._changed)
-        self.tree = Tree(journal, cache, self.files, self.space, self.uploads, self._changed)
+        self.backlog = Backlog(journal, cfg.commit_markers, cfg.upload_delay, cfg.temporary_dir_patterns, cfg.temporary_hold_seconds)
+        self.files = OpenFiles(cfg, journal, cache, self.backlog)
+        self.space = Space(cfg, journal, cache, self.backlog, self.files, self._changed)
+        self.deletes = DeleteQueue(journal)
+        self.uploads = UploadQueue(cfg, journal, self.keys, self.backlog, self.deletes, self.files, self.space, self._changed)
+        self.tree = Tree(journal, cache, self.backlog, self.files, self.space, self.uploads, self._changed)
         self.archive = Archive()
         self.merge = ListingMerge(journal, self.keys, cache, self.files, self.space, self.tree, self.uploads, self.archive)
 
@@ -66,6 +72,7 @@ class Namespace:
             uncached = [r[0] for r in j.db.execute("SELECT ino FROM inodes WHERE kind = 'file' AND cached = 0")]
         j.sync()
         self.cache.scan(set(j.all_inodes()) - set(uncached))
+        self.backlog.load()  # the one read of every file not yet durable; kept up to date in memory from here
 
     def stats(self) -> dict[str, float]:
         return {**self.uploads.stats(), **self.merge.stats(), **self.space.stats()}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..cache import Cache
 from ..config import Config
 from ..journal import DIRTY, Journal, Row
+from .backlog import Backlog
 
 RELATIME_NS = 24 * 3600 * 10**9  # an atime older than this is updated on open even if newer than the mtime
 
@@ -41,8 +42,8 @@ class Live:
 
 
 class OpenFiles:
-    def __init__(self, cfg: Config, journal: Journal, cache: Cache) -> None:
-        self.cfg, self.journal, self.cache = cfg, journal, cache
+    def __init__(self, cfg: Config, journal: Journal, cache: Cache, backlog: Backlog) -> None:
+        self.cfg, self.journal, self.cache, self.backlog = cfg, journal, cache, backlog
         self.live: dict[int, Live] = {}
         self.fetching: set[int] = set()  # being read in from the bucket: never evicted meanwhile
 
@@ -118,6 +119,7 @@ class OpenFiles:
                 # a durable file that changes must never be taken for durable after a crash,
                 # nor published by copying the object that holds its old bytes
                 self.journal.update(ino, state=DIRTY, version=live.version, copy_from=None)
+                self.backlog.changed(ino)
 
     def changed_behind(self, ino: int, size: int | None, mtime_ns: int | None) -> None:
         """A change no WRITE told us of: under FUSE passthrough the kernel writes the cache file
@@ -175,6 +177,7 @@ class OpenFiles:
             fields["closed_at"] = time.time()
             live.unclosed = False
         self.journal.update(ino, **fields)
+        self.backlog.changed(ino)
         live.modified = False
 
     async def fsync(self, ino: int) -> None:
@@ -200,6 +203,8 @@ class OpenFiles:
         live.handles -= 1
         if write:
             live.writers -= 1
+            if live.writers == 0:
+                self.backlog.changed(ino)  # no writer holds it back any more
         if live.writers == 0 and (live.modified or live.unclosed):
             self.persist(ino, closed=True)
             return True

@@ -15,6 +15,7 @@ import trio
 from ..cache import Cache, CacheFull
 from ..config import Config, fmt_bytes
 from ..journal import Journal, Row
+from .backlog import Backlog
 from .files import OpenFiles
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,9 @@ def under(prefix_path: str, path: str) -> bool:
 
 
 class Space:
-    def __init__(self, cfg: Config, journal: Journal, cache: Cache, files: OpenFiles, on_change: Callable[[], None]) -> None:
-        self.cfg, self.journal, self.cache, self.files = cfg, journal, cache, files
+    def __init__(self, cfg: Config, journal: Journal, cache: Cache, backlog: Backlog, files: OpenFiles,
+                 on_change: Callable[[], None]) -> None:
+        self.cfg, self.journal, self.cache, self.backlog, self.files = cfg, journal, cache, backlog, files
         self._on_change = on_change  # wakes the drainer
         self._freed = trio.Event()
         self.evicted_files_total = 0
@@ -142,7 +144,8 @@ class Space:
                 size += row.size
             else:
                 skipped += 1
-        skipped += sum(1 for r in self.journal.pending_files() if under(path, self.journal.path_of(r.ino) or "\0"))
+        at = self.journal.resolve(path)
+        skipped += len(self.backlog.under(at.ino)) if at is not None else 0
         if size:
             self.freed()
         return files, size, skipped

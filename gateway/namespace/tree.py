@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..cache import Cache
 from ..journal import DIRTY, ROOT_INODE, Journal, Row
+from .backlog import Backlog
 from .files import OpenFiles
 from .keys import PROBE_NAME_PREFIX
 from .space import Space
@@ -35,9 +36,9 @@ def valid_name(name: str) -> bool:
 
 
 class Tree:
-    def __init__(self, journal: Journal, cache: Cache, files: OpenFiles, space: Space, uploads: UploadQueue,
+    def __init__(self, journal: Journal, cache: Cache, backlog: Backlog, files: OpenFiles, space: Space, uploads: UploadQueue,
                  on_change: Callable[[], None]) -> None:
-        self.journal, self.cache, self.files, self.space, self.uploads = journal, cache, files, space, uploads
+        self.journal, self.cache, self.backlog, self.files, self.space, self.uploads = journal, cache, backlog, files, space, uploads
         self._on_change = on_change
         self.lookups: dict[int, int] = {}
 
@@ -48,8 +49,9 @@ class Tree:
             raise OSError(errno.ENOENT, name)
         return self.files.row(row.ino)
 
-    def children(self, parent: int) -> list[Row]:
-        return [self.files.row(r.ino) if r.ino in self.files.live else r for r in self.journal.children(parent)]
+    def children(self, parent: int, offset: int = 0, limit: int = -1) -> list[Row]:
+        """Entries of `parent` by name (a page: `limit` from the `offset`-th), files in use with their in-memory state."""
+        return [self.files.row(r.ino) if r.ino in self.files.live else r for r in self.journal.children(parent, offset, limit)]
 
     def ref(self, ino: int, n: int = 1) -> None:
         """The kernel now holds `n` more references to `ino` (lookup count)."""
@@ -73,7 +75,6 @@ class Tree:
             self.files.forget_if_idle(ino)
             return
         self.files.live.pop(ino, None)
-        self.uploads.forget(ino)
         if row.kind == "file":
             self.cache.remove(ino, row.size)
             self.space.freed()
@@ -121,6 +122,7 @@ class Tree:
             self._touch_dir(parent)
             if closed:
                 self.journal.update(row.ino, closed_at=time.time())
+        self.backlog.changed(row.ino)
         if not closed:
             self.files.started(row)
         else:
@@ -174,6 +176,7 @@ class Tree:
         """Take `row` out of the tree; its inode lives on until the kernel and its handles let go."""
         now = time.time_ns()  # its link count changed
         self.journal.update(row.ino, parent=None, name=None, remote_key=None, state=None, ctime_ns=now)
+        self.backlog.changed(row.ino)
         self.files.set_times(row.ino, now)
 
     def unlink(self, parent: int, name: str) -> None:

@@ -2,7 +2,8 @@
 
 Everything that leaves the node goes through here: files ready to upload
 (after `upload_delay`, no writer left, commit markers after the rest of their
-directory, oldest close first), the tickets that snapshot a file for an upload,
+directory, oldest close first; taken from the in-memory `Backlog`, so choosing costs
+the same however many files wait), the tickets that snapshot a file for an upload,
 the object deletions and `dir/` markers queued in the journal, and what a
 flush waits for. The rules:
 
@@ -11,6 +12,10 @@ flush waits for. The rules:
 * a file renamed before its upload goes straight to its final key; a durable
   file renamed is copied inside the store (or uploaded again if it changed),
   and its old object is deleted only once the new one is complete;
+* a file renamed while it uploads, its bytes unchanged, keeps its upload: it
+  completes under the key it started with, is then copied inside the store to
+  the new key and the old object deleted (`finish_upload`), so no byte already
+  sent is sent again (a multipart upload cannot change its key);
 * deleting an object waits while another live file owns the same key and is
   not yet durable (its upload will replace the object).
 
@@ -19,14 +24,15 @@ Synchronous, on the trio thread; the drainer (drain.py) does the I/O.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Container
 
 from ..config import Config
 from ..journal import DIRTY, DURABLE, ROOT_INODE, UPLOADING, Journal, Row
+from .backlog import Backlog, Waiting
+from .deletes import DeleteQueue
 from .files import OpenFiles
 from .keys import Keys
 from .space import Space, under
@@ -58,12 +64,13 @@ class UploadTicket:
 
 
 class UploadQueue:
-    def __init__(self, cfg: Config, journal: Journal, keys: Keys, files: OpenFiles, space: Space, on_change: Callable[[], None]) -> None:
-        self.cfg, self.journal, self.keys, self.files, self.space = cfg, journal, keys, files, space
+    def __init__(self, cfg: Config, journal: Journal, keys: Keys, backlog: Backlog, deletes: DeleteQueue, files: OpenFiles,
+                 space: Space, on_change: Callable[[], None]) -> None:
+        self.cfg, self.journal, self.keys, self.backlog, self.files, self.space = cfg, journal, keys, backlog, files, space
+        self.deletes = deletes
         self._on_change = on_change
         self.on_durable: Callable[[float], None] = lambda seconds: None
         self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
-        self.urgent: set[int] = set()  # flush asked for these: skip upload_delay and open writers
         self.urgent_until = 0.0  # a flush is running until then: directory markers go out at once
         # keys this node deleted lately, with when: a listing that started before must not resurrect them
         self.recently_deleted: dict[str, float] = {}
@@ -71,9 +78,6 @@ class UploadQueue:
         self.own_objects: Callable[[str], list[str]] = lambda path: []
 
     # ------------------------------------------------- what a tree change queues
-    def is_marker(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, pat) for pat in self.cfg.commit_markers)
-
     def marker_if_empty(self, ino: int) -> None:
         """An empty directory exists in the bucket only as a `dir/` marker object: queue one."""
         if ino == ROOT_INODE or self.journal.has_children(ino):
@@ -112,9 +116,15 @@ class UploadQueue:
         deleted only once the new one is complete, so a crash in between leaves
         both, never neither, and the next mount finishes the job.
         """
+        self.backlog.changed(row.ino)  # counted under its new directories from now
         if row.state == DIRTY and not row.remote_key and not row.copy_from:
             return  # not uploaded yet: it will go straight to the final key
         live = self.files.get(row.ino)
+        if row.state == UPLOADING and not row.copy_from and not live.modified:
+            if row.remote_key:  # an older version's object at the old key goes once the new one is complete
+                self.journal.queue_delete(row.remote_key, after_ino=row.ino)
+                self.journal.update(row.ino, remote_key=None)
+            return  # its upload goes on under the old key and is copied when done (finish_upload)
         live.version += 1  # an upload under the old key in flight is abandoned
         unchanged = row.state == DURABLE and not live.modified
         copy_from = row.remote_key if unchanged else row.copy_from if not live.modified else None
@@ -124,51 +134,79 @@ class UploadQueue:
         self.journal.update(row.ino, state=DIRTY, version=live.version, remote_key=None, copy_from=copy_from, closed_at=time.time())
         self.journal.forget_upload(row.ino)
 
-    def forget(self, ino: int) -> None:
-        self.urgent.discard(ino)
-
     # ------------------------------------------------------------------ files
-    def _ancestors(self, ino: int, memo: dict[int, int | None]) -> list[int]:
+    def _ancestors(self, ino: int) -> list[int]:
         out = []
-        cur: int | None = ino
-        while cur is not None and cur != ROOT_INODE:
-            if cur not in memo:
-                row = self.journal.get(cur)
-                memo[cur] = row.parent if row else None
-            cur = memo[cur]
-            if cur is not None:
-                out.append(cur)
+        cur = self.journal.parent_of(ino)
+        while cur is not None:
+            out.append(cur)
+            cur = self.journal.parent_of(cur) if cur != ROOT_INODE else None
         return out
 
+    def _size(self, e: Waiting) -> int:
+        live = self.files.live.get(e.ino)
+        return live.size if live is not None else e.size
+
+    def _writers_hold(self, e: Waiting) -> bool:
+        """Open for writing, and no flush asked for it: it goes once its last writer closes it."""
+        live = self.files.live.get(e.ino)
+        return live is not None and live.writers > 0 and not e.urgent
+
+    def _as_pending(self, e: Waiting) -> Pending | None:
+        path = self.journal.path_of(e.ino)
+        return None if path is None else Pending(e.ino, self.keys.of(path), self._size(e), e.closed_at)
+
+    def take(self, now: float, limit: int, busy_keys: set[str]) -> tuple[list[Pending], float | None]:
+        """Up to `limit` files ready to upload, oldest close first, and when the next one becomes due.
+
+        Each file returned is the drainer's until it hands it back (`upload_ended`). Costs
+        the files changed since the last call plus the files returned, not the files waiting.
+        """
+        b = self.backlog
+        b.reconcile()
+        b.release_due(now)
+        out: list[Pending] = []
+        busy: list[Waiting] = []
+        while len(out) < limit and (e := b.pop_ready()) is not None:
+            if self._writers_hold(e):
+                continue  # queued again when its last writer closes it (or a flush asks for it)
+            if e.marker and b.blocking_in(e.parent):
+                b.hold_marker(e)  # queued again once nothing else waits under its directory
+                continue
+            p = self._as_pending(e)
+            if p is None:
+                continue
+            if p.key in busy_keys:
+                busy.append(e)  # a delete or upload of the same key runs: after it
+                continue
+            b.take(e.ino)
+            out.append(p)
+        for e in busy:
+            b.put_back(e)
+        return out, b.next_due()
+
+    def upload_ended(self, ino: int, retry_at: float = 0.0) -> None:
+        """The drainer is done with `ino` (durable, failed, abandoned or gone); a failed one waits until `retry_at`."""
+        self.backlog.give_back(ino, retry_at)
+
     def candidates(self, now: float, busy: set[int]) -> tuple[list[Pending], float | None]:
-        """Files ready to upload, oldest close first, and when the next one becomes ready."""
-        rows = [r for r in self.journal.pending_files() if r.parent is not None]
-        memo: dict[int, int | None] = {}
-        # directories that still hold a non-marker file which is not durable
-        blocking_dirs: set[int] = set()
-        for r in rows:
-            if not self.is_marker(r.name or ""):
-                blocking_dirs.update(self._ancestors(r.ino, memo))
+        """Every file ready to upload now, oldest close first, and when the next one becomes ready.
+
+        A scan of the whole backlog that changes nothing, for inspection and tests; the drainer uses `take`.
+        """
+        b = self.backlog
         ready: list[Pending] = []
         next_at: float | None = None
-        for r in rows:
-            if r.ino in busy:
+        for e in b.entries():
+            if e.ino in busy or b.is_taken(e.ino) or self._writers_hold(e) or (e.marker and b.blocking_in(e.parent)):
                 continue
-            live = self.files.live.get(r.ino)
-            urgent = r.ino in self.urgent
-            if live is not None and live.writers and not urgent:
-                continue
-            if self.is_marker(r.name or "") and r.parent in blocking_dirs:
-                continue
-            closed_at = r.closed_at or 0.0  # never closed but no writer left: due now
-            due = closed_at + self.cfg.upload_delay
-            if due > now and not urgent:
+            due = b.due_at(e)
+            if due > now:
                 next_at = due if next_at is None else min(next_at, due)
                 continue
-            path = self.journal.path_of(r.ino)
-            if path is None:
-                continue
-            ready.append(Pending(r.ino, self.keys.of(path), self.files.size_of(r), closed_at))
+            p = self._as_pending(e)
+            if p is not None:
+                ready.append(p)
         ready.sort(key=lambda p: p.closed_at)
         return ready, next_at
 
@@ -186,31 +224,50 @@ class UploadQueue:
         if path is None:
             return None
         self.journal.update(ino, state=UPLOADING)
+        self.backlog.changed(ino)
         version = live.version if live is not None else row.version
         return UploadTicket(ino, version, row.size, self.keys.of(path), row.closed_at or time.time(), row.copy_from, row.xxh3)
 
-    def still_current(self, ticket: UploadTicket) -> bool:
-        """True if publishing `ticket` now would publish the file's current bytes at its current key."""
+    def bytes_current(self, ticket: UploadTicket) -> bool:
+        """True while the file still exists with the bytes `ticket` uploads, wherever it is now."""
         row = self.journal.get(ticket.ino)
         if row is None or row.parent is None:
             return False
         live = self.files.live.get(ticket.ino)
-        version = live.version if live is not None else row.version
-        if version != ticket.version:
+        return (live.version if live is not None else row.version) == ticket.version
+
+    def publishable(self, ticket: UploadTicket) -> bool:
+        """True if the upload of `ticket` may go on: the file's bytes unchanged, and ticket.key its name or a
+        name nothing here has now (a file renamed while it uploads keeps its upload; one whose old name was
+        taken by another file does not: that file's upload owns the key)."""
+        if not self.bytes_current(ticket):
             return False
-        return self.journal.path_of(ticket.ino) == self.keys.path(ticket.key)
+        path = self.keys.path(ticket.key)
+        owner = self.journal.resolve(path)
+        return owner is None or owner.ino == ticket.ino
+
+    def still_current(self, ticket: UploadTicket) -> bool:
+        """True if publishing `ticket` now would publish the file's current bytes at its current key."""
+        return self.bytes_current(ticket) and self.journal.path_of(ticket.ino) == self.keys.path(ticket.key)
 
     def finish_upload(self, ticket: UploadTicket, etag: str, xxh3: str) -> bool:
-        """The object at ticket.key is complete. Make the file durable, or clean up if it moved on."""
+        """The object at ticket.key is complete. Make the file durable (True), or clean up if it moved on.
+
+        A file that was only renamed meanwhile has its bytes in that object: it is queued to be
+        copied inside the store to its new key (`moved_meanwhile`); a file changed or removed
+        has its upload dropped."""
         j = self.journal
+        if not self.still_current(ticket) and self.publishable(ticket):
+            self.moved_meanwhile(ticket, xxh3)
+            return False
         if self.still_current(ticket):
             with j.transaction():
                 j.update(ticket.ino, state=DURABLE, etag=etag, xxh3=xxh3 or None, remote_key=ticket.key, copy_from=None, seen_at=time.time())
-                for ancestor in self._ancestors(ticket.ino, {}):
+                for ancestor in self._ancestors(ticket.ino):
                     if ancestor != ROOT_INODE:
                         j.update(ancestor, state=DURABLE)  # the bucket now holds something under it
                 j.forget_upload(ticket.ino)
-            self.urgent.discard(ticket.ino)
+            self.backlog.changed(ticket.ino)
             self.on_durable(max(0.0, time.time() - ticket.closed_at))
             self.on_settled(ticket.key)
             self.space.freed()  # a durable file can be evicted to make room
@@ -224,54 +281,94 @@ class UploadQueue:
             if row is not None and row.state == UPLOADING:
                 j.update(ticket.ino, state=DIRTY)
             j.forget_upload(ticket.ino)
+        self.backlog.changed(ticket.ino)
         self._on_change()
         return False
+
+    def moved_meanwhile(self, ticket: UploadTicket, xxh3: str) -> None:
+        """The file's bytes are complete at ticket.key, an old name: copy them to the new one, then delete the old key.
+
+        Also the `dir/` keys of the old name's directories that no longer exist here: some stores
+        (SeaweedFS) list a directory whose last object went until its `dir/` key is deleted too."""
+        j = self.journal
+        parts = self.keys.path(ticket.key).split("/")[:-1]
+        old_dirs = []  # deepest first, up to the first that still exists here
+        for depth in range(len(parts), 0, -1):
+            row = j.resolve("/".join(parts[:depth]))
+            if row is not None and row.is_dir:
+                break
+            old_dirs.append(self.keys.of("/".join(parts[:depth])) + "/")
+        old_dirs = [key for key in old_dirs if not self.deletes.queued(key)]  # synced outside the transaction
+        with j.transaction():
+            j.update(ticket.ino, state=DIRTY, remote_key=None, copy_from=ticket.key, xxh3=xxh3 or None)
+            j.forget_upload(ticket.ino)
+            j.queue_delete(ticket.key, after_ino=ticket.ino)
+            for key in old_dirs:
+                j.queue_delete(key)
+        self.backlog.changed(ticket.ino)
+        self._on_change()
 
     def upload_failed(self, ino: int) -> None:
         row = self.journal.get(ino)
         if row is not None and row.state == UPLOADING:
             self.journal.update(ino, state=DIRTY)
+            self.backlog.changed(ino)
 
     # --------------------------------------------------- deletions and markers
-    def ready_deletes(self, busy_keys: set[str]) -> list[tuple[int, str]]:
-        """Queued object deletions that may run now; drops those a live file has made moot."""
-        out = []
-        pending = self.journal.pending_deletes()
-        for delete_id, key, after_ino in pending:
-            if key in busy_keys:
+    def drop_delete(self, delete_id: int) -> None:
+        """A queued delete or marker is done, moot or refused."""
+        self.journal.drop_delete(delete_id)
+        self.deletes.dropped(delete_id)
+
+    def ready_deletes(self, busy_keys: set[str], limit: int | None = None, skip: Container[int] = ()) -> list[tuple[int, str]]:
+        """Queued object deletions that may run now, oldest first, at most `limit`; drops those a live file has made moot.
+
+        `skip`: ids the caller is running or holding back. Looks at the queued deletes up to the
+        `limit`-th that may run, each in memory but for the one lookup of its key's owner.
+        """
+        out: list[tuple[int, str]] = []
+        self.backlog.reconcile()
+        for delete_id, key, after_ino in self.deletes:
+            if limit is not None and len(out) >= limit:
+                break
+            if key in busy_keys or delete_id in skip:
                 continue
-            if after_ino is not None:
-                waited = self.journal.get(after_ino)
-                if waited is not None and waited.parent is not None and waited.state != DURABLE:
-                    continue
+            if after_ino is not None and self.backlog.waiting(after_ino):
+                continue  # the new object first (a rename): the old one goes once it is complete
             owner = self.journal.resolve(self.keys.path(key))
             if key.endswith("/"):
                 if owner is not None and owner.is_dir:
-                    self.journal.drop_delete(delete_id)  # the directory exists again: its marker stays
+                    self.drop_delete(delete_id)  # the directory exists again: its marker stays
                     continue
-                if any(k != key and k.startswith(key) for _, k, _ in pending):
+                if self.deletes.any_below(key):
                     continue  # objects under it go first
             if owner is not None and owner.kind == "file":
                 if owner.state == DURABLE and owner.remote_key == key:
-                    self.journal.drop_delete(delete_id)  # the live file's upload replaced the object
+                    self.drop_delete(delete_id)  # the live file's upload replaced the object
                 continue  # its upload will replace the object; wait and see
             out.append((delete_id, key))
         return out
 
     def delete_done(self, delete_id: int, key: str) -> None:
-        self.journal.drop_delete(delete_id)
+        self.drop_delete(delete_id)
         now = time.time()
-        self.recently_deleted[key] = now
+        self.recently_deleted.pop(key, None)
+        self.recently_deleted[key] = now  # oldest first, so expired ones are found at the front
         self.on_settled(key)
-        for k, at in list(self.recently_deleted.items()):
-            if now - at > RECENT_DELETE_SECONDS:
-                del self.recently_deleted[k]
+        expired = []
+        for k, at in self.recently_deleted.items():
+            if now - at <= RECENT_DELETE_SECONDS:
+                break
+            expired.append(k)
+        for k in expired:
+            del self.recently_deleted[k]
 
     def ready_markers(self, now: float, busy_keys: set[str]) -> tuple[list[tuple[int, str]], float | None]:
         """Queued `dir/` markers that may be put now, and when the next one will be due.
 
         Drops those made moot (directory gone, no longer empty, or marked already).
-        They wait `upload_delay` like files, so a `step.tmp/` renamed at once never reaches the bucket.
+        They wait `upload_delay` like files (a marker under a temporary directory as long as a file there,
+        `temporary_hold_seconds`), so a `step.tmp/` renamed in time never reaches the bucket.
         """
         out = []
         next_at: float | None = None
@@ -280,9 +377,10 @@ class UploadQueue:
                 continue
             row = self.journal.resolve(self.keys.path(key))
             if row is None or not row.is_dir or self.journal.has_children(row.ino):
-                self.journal.drop_delete(marker_id)
+                self.drop_delete(marker_id)
                 continue
-            due = queued_at + self.cfg.upload_delay
+            path = self.keys.path(key).rstrip("/")
+            due = queued_at + (max(self.cfg.upload_delay, self.backlog.temporary_hold) if self.backlog.in_temporary(path) else self.cfg.upload_delay)
             if due <= now or time.monotonic() < self.urgent_until:
                 out.append((marker_id, key))
             else:
@@ -291,7 +389,7 @@ class UploadQueue:
 
     def marker_done(self, marker_id: int, key: str) -> None:
         with self.journal.transaction():
-            self.journal.drop_delete(marker_id)
+            self.drop_delete(marker_id)
             row = self.journal.resolve(self.keys.path(key))
             if row is not None and row.is_dir:
                 self.journal.update(row.ino, state=DURABLE, seen_at=time.time())
@@ -300,49 +398,52 @@ class UploadQueue:
                 self.journal.queue_delete(key)
 
     # ------------------------------------------------------------------ flush
+    def _waiting_under(self, path: str) -> list[Waiting]:
+        row = self.journal.resolve(path)
+        return [] if row is None else self.backlog.under(row.ino)
+
     def pending_under(self, path: str) -> tuple[int, int, int]:
         """(files, bytes, deletes) not yet durable at or below `path` (mount-relative)."""
-        files = size = 0
-        for r in self.journal.pending_files():
-            p = self.journal.path_of(r.ino)
-            if p is not None and under(path, p):
-                files += 1
-                size += self.files.size_of(r)
-        deletes = sum(1 for _, key, _ in self.journal.pending_deletes() if under(path, self.keys.path(key)))
+        waiting = self._waiting_under(path)
+        files, size = len(waiting), sum(self._size(e) for e in waiting)
+        deletes = sum(1 for _, key, _ in self.deletes if under(path, self.keys.path(key)))
         deletes += sum(1 for _, key, _ in self.journal.pending_markers() if under(path, self.keys.path(key).rstrip("/")))
         return files, size, deletes
 
     def mark_urgent(self, path: str) -> None:
         self.urgent_until = time.monotonic() + 2.0
-        for r in self.journal.pending_files():
-            p = self.journal.path_of(r.ino)
-            if p is not None and under(path, p):
-                self.urgent.add(r.ino)
+        for e in self._waiting_under(path):
+            self.backlog.make_urgent(e)
         self._on_change()
 
     def stats(self) -> dict[str, float]:
-        rows = self.journal.pending_files()
+        waiting = self.backlog.entries()
         now = time.time()
         dirty_bytes = 0
         oldest = 0.0
         uploading = 0
+        held = 0  # under a temporary directory, not yet due
         in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
-        for r in rows:
-            size = self.files.size_of(r)
+        for e in waiting:
+            size = self._size(e)
             dirty_bytes += size
-            if r.cached:
-                in_cache[r.state or DIRTY] += size
-            if r.state == UPLOADING:
+            if e.cached:
+                in_cache[e.state] += size
+            if e.state == UPLOADING:
                 uploading += 1
-            if r.closed_at:
-                oldest = max(oldest, now - r.closed_at)
+            elif e.temporary and self.backlog.due_at(e) > now:
+                held += 1
+                continue  # not lagging: waiting for its directory's rename, as asked
+            if e.closed_at:
+                oldest = max(oldest, now - e.closed_at)
         return {
-            "dirty_files": len(rows),
+            "dirty_files": len(waiting),
             "dirty_bytes": dirty_bytes,
             "uploading_files": uploading,
+            "temporary_held_files": held,
             "oldest_dirty_age_seconds": round(oldest, 3),
             "cache_dirty_bytes": in_cache[DIRTY],
             "cache_uploading_bytes": in_cache[UPLOADING],
-            "pending_deletes": len(self.journal.pending_deletes()),
+            "pending_deletes": len(self.deletes),
             "pending_markers": len(self.journal.pending_markers()),
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import os
 import random
@@ -10,7 +11,8 @@ import time
 import pytest
 
 from ckptfs.fs import ATTR_TIMEOUT
-from tests.conftest import Mount, sha256_file, write_random
+from tests.conftest import Mount, sha256_file, wait_for, write_random
+from tests.support.faultproxy import FaultProxy
 
 MiB = 1 << 20
 
@@ -49,11 +51,23 @@ def test_full_of_dirty_data_gives_enospc_then_recovers(make_mount) -> None:  # t
     assert sha256_file(m.path / "fresh.bin") == fresh
 
 
-def test_writers_wait_for_the_drain_instead_of_failing(make_mount) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount(cache_capacity="40MiB", cache_min_free=0, upload_delay=0.1, write_stall_timeout=300)
-    digests = {}
-    for i in range(6):  # 72 MiB through a 40 MiB cache
-        digests[f"c{i}.bin"] = write_random(m.path / f"c{i}.bin", 12 * MiB, seed=100 + i)
+def test_writers_wait_for_the_drain_instead_of_failing(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
+    # the store refuses every connection until a writer waits: whatever the speeds, the drain cannot keep up
+    m: Mount = make_mount(endpoint_url=proxy.url, cache_capacity="40MiB", cache_min_free=0, upload_delay=0.1,
+                          write_stall_timeout=300, retry_max_backoff=1)
+    proxy.set_mode("refuse")
+    digests: dict[str, str] = {}
+
+    def writer() -> None:
+        for i in range(6):  # 72 MiB through a 40 MiB cache
+            digests[f"c{i}.bin"] = write_random(m.path / f"c{i}.bin", 12 * MiB, seed=100 + i)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        done = pool.submit(writer)
+        wait_for("a writer waiting for the drain", lambda: m.status()["stalled_writers"] >= 1 or done.done())
+        assert not done.done(), done.exception()  # 72 MiB cannot fit without the drain
+        proxy.set_mode("pass")  # the drain makes room, the writer goes on
+        done.result()
     st = m.status()
     assert st["write_stalls_total"] >= 1
     assert st["enospc_total"] == 0

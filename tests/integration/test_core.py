@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import subprocess
 import threading
 import time
@@ -146,10 +147,13 @@ def test_commit_marker_uploads_last(make_mount) -> None:  # type: ignore[no-unty
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        for i, s in enumerate(shards):
-            write_random(step / s, 12 * MiB, seed=20 + i, fsync=False)
-        # while any shard is not durable the marker stays dirty
-        assert xattr(step / ".metadata", "state") == "dirty"
+        with open(step / shards[-1], "wb") as last:
+            for i, s in enumerate(shards[:-1]):
+                write_random(step / s, 12 * MiB, seed=20 + i, fsync=False)
+            last.write(random.Random(22).randbytes(12 * MiB))
+            # while any shard is not durable the marker stays dirty: the last one is still open for
+            # writing here, so this holds however fast the others drain
+            assert xattr(step / ".metadata", "state") == "dirty"
         m.flush()
     finally:
         stop.set()

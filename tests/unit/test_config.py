@@ -36,6 +36,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ('log_level = "loud"', "log_level"),
         ('cold_compression = "lz4"', "give auto, zstd or none"),
         ("cold_compression_threshold = 1.5", "give a fraction from 0 to below 1"),
+        ('temporary_dir_patterns = ["ok.tmp", "a/b.tmp"]', "'a/b.tmp' is not a directory name pattern"),
+        ("temporary_hold_seconds = -1", "temporary_hold_seconds = -1.0 is negative"),
     ],
 )
 def test_bad_values_are_one_clear_line(tmp_path: Path, content: str, message: str) -> None:
