@@ -71,7 +71,10 @@ class UploadQueue:
         self._on_change = on_change
         self.on_durable: Callable[[float], None] = lambda seconds: None
         self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
-        self.urgent_until = 0.0  # a flush is running until then: directory markers go out at once
+        # flushes running (each poll renews its entry): path -> (until, monotonic; queued before, wall clock).
+        # Their directory markers go out at once: only those under the path that were queued when it last asked,
+        # so a save that starts right after a flush keeps its own markers (a temporary directory's) held back
+        self.urgent_markers: dict[str, tuple[float, float]] = {}
         # keys this node deleted lately, with when: a listing that started before must not resurrect them
         self.recently_deleted: dict[str, float] = {}
         # objects ckptfs keeps inside a directory (a checkpoint's manifest...): they leave with it
@@ -381,11 +384,20 @@ class UploadQueue:
                 continue
             path = self.keys.path(key).rstrip("/")
             due = queued_at + (max(self.cfg.upload_delay, self.backlog.temporary_hold) if self.backlog.in_temporary(path) else self.cfg.upload_delay)
-            if due <= now or time.monotonic() < self.urgent_until:
+            if due <= now or self._marker_urgent(path, queued_at):
                 out.append((marker_id, key))
             else:
                 next_at = due if next_at is None else min(next_at, due)
         return out, next_at
+
+    def _marker_urgent(self, path: str, queued_at: float) -> bool:
+        mono = time.monotonic()
+        for flushed, (until, queued_before) in list(self.urgent_markers.items()):
+            if mono >= until:
+                del self.urgent_markers[flushed]
+            elif queued_at <= queued_before and under(flushed, path):
+                return True
+        return False
 
     def marker_done(self, marker_id: int, key: str) -> None:
         with self.journal.transaction():
@@ -411,7 +423,7 @@ class UploadQueue:
         return files, size, deletes
 
     def mark_urgent(self, path: str) -> None:
-        self.urgent_until = time.monotonic() + 2.0
+        self.urgent_markers[path] = (time.monotonic() + 2.0, time.time())
         for e in self._waiting_under(path):
             self.backlog.make_urgent(e)
         self._on_change()

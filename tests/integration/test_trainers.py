@@ -31,7 +31,6 @@ from tests.support.seaweed import free_port
 pytestmark = pytest.mark.one_transport
 
 TEMPORARY = ("*.orbax-checkpoint-tmp*", "*.tmp", "tmp-*", ".tmp*")  # temporary_dir_patterns' defaults (issue 24)
-NEEDS_HOLD_BACK = pytest.mark.xfail(strict=False, reason="needs temporary_dir_patterns (drain-incremental)")
 
 
 class BucketWatch:
@@ -90,9 +89,8 @@ def saves_three_times(make_mount: Any, tmp_path: Path, kind: str, run: str, comm
     assert got == result["digests"] and len(got) >= 1
 
 
-# Orbax writes into `N.orbax-checkpoint-tmp/` (files there rewritten and removed before its rename): until those
-# are held back (temporary_dir_patterns, issue 24 item 2) their keys reach the bucket and their bytes travel
-@NEEDS_HOLD_BACK
+# Orbax writes into `N.orbax-checkpoint-tmp/` (files there rewritten and removed before its rename): held back
+# (temporary_dir_patterns), no key of it reaches the bucket and no byte travels twice
 def test_orbax_checkpoint_manager_with_max_to_keep(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("orbax.checkpoint")
     saves_three_times(make_mount, tmp_path, "orbax", "orbax-run", {"jax/2": 2, "jax/3": 3})

@@ -222,6 +222,18 @@ def test_the_marker_of_an_empty_temporary_directory_waits_like_its_files(tmp_pat
     assert [key for _, key in ns.uploads.ready_markers(time.time() + 1, set())[0]] == ["p/empty/"]
 
 
+def test_a_flush_puts_the_markers_queued_under_its_path_before_it_asked_not_a_later_save_s(tmp_path: Path) -> None:
+    # a trainer waits for its save to be durable (a flush), then starts the next save in a temporary directory
+    ns = make_ns(tmp_path, temporary_hold_seconds=HOLD, upload_delay=60)
+    ns.tree.mkdir(ROOT_INODE, "done", 0o755, 0, 0)
+    ns.tree.mkdir(ROOT_INODE, "elsewhere", 0o755, 0, 0)
+    ns.uploads.mark_urgent("done")
+    time.sleep(0.01)  # the next save's markers are queued after the flush last asked
+    ns.tree.mkdir(ROOT_INODE, "next.tmp", 0o755, 0, 0)
+    ready = [key for _, key in ns.uploads.ready_markers(time.time(), set())[0]]
+    assert ready == ["p/done/"]
+
+
 # ------------------------------------------------------------ what a file operation costs
 def _statements(ns: Namespace, op: callable) -> int:  # type: ignore[valid-type]
     count = 0
