@@ -15,7 +15,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import ROOT, Mount, wait_for
 from tests.integration.test_lifecycle import catalogue
 from tests.support.seaweed import free_port
+from tests.support.watch import BucketWatcher
 
 # store-side behaviour and real trainers: the FUSE transport changes nothing here
 pytestmark = pytest.mark.one_transport
@@ -33,30 +33,9 @@ pytestmark = pytest.mark.one_transport
 TEMPORARY = ("*.orbax-checkpoint-tmp*", "*.tmp", "tmp-*", ".tmp*")  # temporary_dir_patterns' defaults (issue 24)
 
 
-class BucketWatch:
-    """Every key under a prefix that a reader listing the bucket over and over saw, while it ran."""
-
-    def __init__(self, m: Mount, prefix: str) -> None:
-        self.client, self.bucket, self.prefix = m.s3.client(), m.bucket, m.key(prefix)
-        self.seen: set[str] = set()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self.stop.is_set():
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
-                self.seen.update(o["Key"] for o in page.get("Contents", []))
-
-    def __enter__(self) -> "BucketWatch":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def temporary(self) -> list[str]:
-        return sorted(k for k in self.seen if any(fnmatch.fnmatchcase(part, pat) for part in k.split("/") for pat in TEMPORARY))
+def temporary(keys: set[str]) -> list[str]:
+    """The keys with a temporary directory name anywhere in them."""
+    return sorted(k for k in keys if any(fnmatch.fnmatchcase(part, pat) for part in k.split("/") for pat in TEMPORARY))
 
 
 def uploaded_bytes(port: int) -> float:
@@ -72,13 +51,13 @@ def saves_three_times(make_mount: Any, tmp_path: Path, kind: str, run: str, comm
     m.start()
     out = tmp_path / f"{kind}.json"
     env = {**m.env, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore", "JAX_PLATFORMS": "cpu"}
-    with BucketWatch(m, run) as watch:
+    with BucketWatcher(m.s3.client(), m.bucket, m.key(run)) as watch:
         proc = subprocess.run([sys.executable, "-m", "tests.support.trainers", kind, str(m.path / run), str(out)],
                               capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert watch.seen, "the reader saw no object at all"
-    assert not watch.temporary(), f"temporary keys reached the bucket: {watch.temporary()[:5]}"
+    assert not temporary(watch.seen), f"temporary keys reached the bucket: {temporary(watch.seen)[:5]}"
     assert uploaded_bytes(m.metrics_port) == result["written"]  # every byte once: none twice, none lost
     wait_for(f"{sorted(committed)} committed", lambda: {p: e["state"] for p, e in catalogue(m, run).items()} == {
         f"{run}/{c}": "committed" for c in committed}, timeout=120)

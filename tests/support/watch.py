@@ -1,6 +1,6 @@
 """A thread that lists a bucket over and over and remembers every key it ever saw.
 
-For the tests and the benchmark of temporary directories (issue 24): a key that was in the bucket
+For the tests and the benchmark of temporary directories and the trainers (issue 24): a key that was in the bucket
 for a moment between two of our checks is still caught. Test support code: a plain thread.
 """
 
@@ -12,9 +12,10 @@ from typing import Any
 
 
 class BucketWatcher:
-    def __init__(self, client: Any, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
         self.client = client
         self.bucket = bucket
+        self.prefix = prefix
         self.seen: set[str] = set()
         self.listings = 0  # complete listings so far
         self._stop = threading.Event()
@@ -22,7 +23,7 @@ class BucketWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
                 self.seen.update(o["Key"] for o in page.get("Contents", []))
             self.listings += 1
             time.sleep(0.02)
