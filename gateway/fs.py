@@ -454,10 +454,6 @@ class CkptFS(Operations):
         await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)))
 
     @_fuse
-    async def flush(self, fh: int) -> None:
-        return None
-
-    @_fuse
     async def fsync(self, fh: int, datasync: bool) -> None:
         # under passthrough too: the kernel does not fsync the cache file, we do
         h = self.handles[fh]
