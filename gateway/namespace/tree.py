@@ -257,6 +257,7 @@ class Tree:
                 raise OSError(errno.ENOTDIR, new_name)
             if dst.is_dir and j.has_children(dst.ino):
                 raise OSError(errno.ENOTEMPTY, new_name)
+        self.uploads.renamed()  # paths move: tickets of uploads in flight look at theirs again
         with j.transaction():
             if dst is not None:
                 if dst.is_dir:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import errno
 import struct
+import time
+from pathlib import Path
 
+import pytest
 import trio
 
 from ckptfs.fs import CkptFS
@@ -18,7 +21,10 @@ from ckptfs.fuse import messages as P
 from ckptfs.fuse.handlers import RequestHandlers
 from ckptfs.fuse.iomode import IoModes
 from ckptfs.fuse.ops import Operations
+from ckptfs.journal import DURABLE, ROOT_INODE, Journal, UploadRecord
 from tests.unit.test_fuse_protocol import request
+from tests.unit.test_journal import make_ns, write_file
+from tests.unit.test_upload_queue import assert_in_step, take_all
 
 
 def _error_of(parts: list[object]) -> int:
@@ -40,3 +46,79 @@ def test_flush_is_answered_enosys_so_the_kernel_stops_sending_it() -> None:
             return e.errno or 0
         return _error_of(parts)
     assert trio.run(flush) == errno.ENOSYS
+
+
+# ------------------------------------------------------------ the drainer's bookkeeping per upload
+def _upload_statements(tmp_path: Path, waiting: int) -> int:
+    """SQL statements the drainer runs on the trio thread for one small file: take, ticket, check, durable."""
+    tmp_path.mkdir()
+    ns = make_ns(tmp_path, upload_delay=0)
+    d = ns.tree.mkdir(ns.tree.mkdir(ROOT_INODE, "a", 0o755, 0, 0).ino, "b", 0o755, 0, 0)
+    for i in range(waiting):
+        write_file(ns, d.ino, f"f{i}", b"x")
+    take_all(ns, time.time() + 10)
+    ino = write_file(ns, d.ino, "new", b"y")
+    count = 0
+
+    def seen(sql: str) -> None:
+        nonlocal count
+        count += 1
+    ns.journal.db.set_trace_callback(seen)
+    try:
+        t = ns.uploads.begin_upload(ino)
+        assert t is not None and ns.uploads.publishable(t)
+        assert ns.uploads.finish_upload(t, "e", "h")
+        ns.uploads.upload_ended(ino)
+    finally:
+        ns.journal.db.set_trace_callback(None)
+    row = ns.journal.get(ino)
+    assert row is not None and row.state == DURABLE
+    assert [r.state for r in (ns.journal.get(d.ino), ns.journal.get(d.parent or 0))] == [DURABLE, DURABLE]
+    assert_in_step(ns)
+    return count
+
+
+def test_an_upload_costs_a_few_statements_however_many_files_wait(tmp_path: Path) -> None:
+    few, many = _upload_statements(tmp_path / "few", 3), _upload_statements(tmp_path / "many", 300)
+    assert few == many
+    # no path walk to check the ticket (no rename since it was taken), one statement for the
+    # directories above, no DELETE of multipart rows a small file never had
+    assert few <= 11
+
+
+def test_a_ticket_whose_key_the_drainer_switched_checks_its_path_again(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    a = write_file(ns, ROOT_INODE, "a", b"1")
+    t = ns.uploads.begin_upload(a)
+    assert t is not None and ns.uploads.still_current(t)
+    t.key = "p/old-name"  # resumed under the key of an upload from before a rename (drain._multipart)
+    assert ns.uploads.publishable(t) and not ns.uploads.still_current(t)
+
+
+def test_a_rename_makes_tickets_taken_before_it_check_their_paths(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    a = write_file(ns, ROOT_INODE, "a", b"1")
+    t = ns.uploads.begin_upload(a)
+    assert t is not None
+    ns.tree.rename(ROOT_INODE, "a", ROOT_INODE, "b", noreplace=False)
+    b = write_file(ns, ROOT_INODE, "a", b"2")  # another file takes the old name
+    assert b != a and not ns.uploads.publishable(t)
+
+
+def test_multipart_rows_are_known_across_a_rollback_and_a_reopen(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    a = write_file(ns, ROOT_INODE, "a", b"1")
+    j = ns.journal
+    j.start_upload(UploadRecord(a, "p/a", "id", 5, 10, "h", 1.0, {}))
+    j.record_part(a, 1, "e1", "c1")
+    with pytest.raises(RuntimeError):
+        with j.transaction():
+            j.forget_upload(a)
+            raise RuntimeError("rolled back")
+    rec = j.upload_of(a)
+    assert rec is not None and rec.parts == {1: ("e1", "c1")}
+    j.close()
+    j2 = Journal(tmp_path / "journal.sqlite3", "ckpt", "p")
+    j2.forget_upload(a)  # known from the rows, not from memory
+    assert j2.upload_of(a) is None and j2.db.execute("SELECT COUNT(*) FROM parts").fetchone()[0] == 0
+    j2.close()
