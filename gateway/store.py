@@ -296,6 +296,15 @@ class Store(BucketGovernance):
         )
         return r["ETag"].strip('"')
 
+    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
+        """PutObject of a small file read into memory: sent without `Expect: 100-continue` (botocore adds
+        it to file-like bodies only), one round trip to the store instead of two."""
+        r = self._call(
+            "PutObject", self.client.put_object, Key=key, Body=body,
+            ContentLength=len(body), ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
+        )
+        return r["ETag"].strip('"')
+
     def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
         r = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=key, Metadata=metadata, ChecksumAlgorithm="CRC32",
                        **self.enc.create())

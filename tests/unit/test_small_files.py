@@ -8,13 +8,16 @@ number of statements whatever the number of files waiting.
 from __future__ import annotations
 
 import errno
+import os
 import struct
+import zlib
 import time
 from pathlib import Path
 
 import pytest
 import trio
 
+from ckptfs.drain import Abandoned, read_whole
 from ckptfs.fs import CkptFS
 from ckptfs.fuse import abi
 from ckptfs.fuse import messages as P
@@ -22,6 +25,8 @@ from ckptfs.fuse.handlers import RequestHandlers
 from ckptfs.fuse.iomode import IoModes
 from ckptfs.fuse.ops import Operations
 from ckptfs.journal import DURABLE, ROOT_INODE, Journal, UploadRecord
+from ckptfs.objects import crc32_b64
+from tests.unit.test_encryption import store
 from tests.unit.test_fuse_protocol import request
 from tests.unit.test_journal import make_ns, write_file
 from tests.unit.test_upload_queue import assert_in_step, take_all
@@ -122,3 +127,28 @@ def test_multipart_rows_are_known_across_a_rollback_and_a_reopen(tmp_path: Path)
     j2.forget_upload(a)  # known from the rows, not from memory
     assert j2.upload_of(a) is None and j2.db.execute("SELECT COUNT(*) FROM parts").fetchone()[0] == 0
     j2.close()
+
+
+# ------------------------------------------------------------ a small file's PutObject
+def test_a_small_file_is_sent_as_the_bytes_it_was_hashed_from_with_the_mounts_encryption(tmp_path: Path) -> None:
+    s, stub = store(sse="aws:kms", sse_kms_key_id="k1")
+    body = os.urandom(1000)
+    crc = crc32_b64(zlib.crc32(body))
+    stub.add_response("put_object", {"ETag": '"e1"'}, {
+        "Bucket": "ckpt", "Key": "a/f", "Body": body, "ContentLength": 1000, "ChecksumCRC32": crc,
+        "Metadata": {"xxh3": "h"}, "ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "k1"})
+    assert s.put_object_body("a/f", body, crc, {"xxh3": "h"}) == "e1"
+    stub.assert_no_pending_responses()
+
+
+def test_read_whole_reads_the_cache_file_and_a_truncated_one_is_abandoned(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 5000)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert read_whole(fd, 5000) == b"x" * 5000
+        assert read_whole(fd, 0) == b""
+        with pytest.raises(Abandoned):
+            read_whole(fd, 6000)
+    finally:
+        os.close(fd)
