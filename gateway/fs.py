@@ -373,7 +373,7 @@ class CkptFS(Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: RequestContext) -> tuple[OpenReply, Attr]:
         self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
-        fd = self.ns.files.open(row.ino, write=True)
+        fd = self.ns.files.open(row.ino, write=True, created=row)
         self.ns.tree.ref(row.ino)
         direct = self.ns.cfg.direct_io_writes
         fh = self._add_handle(row.ino, fd, True, ctx.uid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import struct
 import zlib
 import time
@@ -23,7 +24,7 @@ from ckptfs.fuse import abi
 from ckptfs.fuse import messages as P
 from ckptfs.fuse.handlers import RequestHandlers
 from ckptfs.fuse.iomode import IoModes
-from ckptfs.fuse.ops import Operations
+from ckptfs.fuse.ops import Operations, RequestContext
 from ckptfs.journal import DURABLE, ROOT_INODE, Journal, UploadRecord
 from ckptfs.objects import crc32_b64
 from tests.unit.test_encryption import store
@@ -152,3 +153,44 @@ def test_read_whole_reads_the_cache_file_and_a_truncated_one_is_abandoned(tmp_pa
             read_whole(fd, 6000)
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------ create + write + close through fs.py
+class _Fresh:
+    async def refresh(self, ino: int) -> None:
+        return None  # every listing fresh: the journal alone answers
+
+
+def _create_statements(tmp_path: Path, waiting: int) -> list[str]:
+    """SQL of one LOOKUP (a new name), CREATE, RELEASE and the directory's GETATTR, with `waiting` files not uploaded."""
+    tmp_path.mkdir()
+    ns = make_ns(tmp_path, upload_delay=3600)
+    fs = CkptFS(ns, None, _Fresh(), "")  # type: ignore[arg-type]
+    d = ns.tree.mkdir(ROOT_INODE, "small", 0o755, 0, 0)
+    ctx = RequestContext(0, 0, 1)
+    for i in range(waiting):
+        write_file(ns, d.ino, f"f{i}", b"x")
+    seen: list[str] = []
+    ns.journal.db.set_trace_callback(seen.append)
+    try:
+        with pytest.raises(OSError):
+            trio.run(fs.lookup, d.ino, b"new", ctx)
+        reply, attr = trio.run(fs.create, d.ino, b"new", stat.S_IFREG | 0o644, os.O_WRONLY, ctx)
+        assert reply.passthrough_fd is not None
+        fs.opened(reply.fh, True)
+        os.pwrite(reply.passthrough_fd, b"y", 0)  # the kernel writing the cache file (passthrough)
+        trio.run(fs.release, reply.fh)
+        trio.run(fs.getattr, d.ino, None, ctx)
+    finally:
+        ns.journal.db.set_trace_callback(None)
+    row = ns.journal.get(attr.ino)
+    assert row is not None and row.atime is not None and row.closed_at is not None and row.size == 1
+    return seen
+
+
+def test_a_create_costs_the_same_statements_however_many_files_wait_and_commits_once(tmp_path: Path) -> None:
+    few, many = _create_statements(tmp_path / "few", 3), _create_statements(tmp_path / "many", 300)
+    assert len(few) == len(many)
+    # the create's row, its LRU atime and the directory's times in one commit; the close's size and state in one statement
+    assert [s for s in few if s in ("COMMIT", "BEGIN IMMEDIATE")] == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert len([s for s in few if s.startswith(("UPDATE", "INSERT"))]) == 3
