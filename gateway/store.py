@@ -139,6 +139,9 @@ class BucketConnection:
                     # we send our own CRC32 per part; no second pass by botocore
                     request_checksum_calculation="when_required",
                     response_checksum_validation="when_required",
+                    # our own calls build the parameters; checking them against the model cost ~15% of the
+                    # client's CPU per request (0.2-0.25 ms of ~1.5 ms per small PutObject, measured here)
+                    parameter_validation=False,
                 ),
             )
 

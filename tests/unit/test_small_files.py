@@ -194,3 +194,8 @@ def test_a_create_costs_the_same_statements_however_many_files_wait_and_commits_
     # the create's row, its LRU atime and the directory's times in one commit; the close's size and state in one statement
     assert [s for s in few if s in ("COMMIT", "BEGIN IMMEDIATE")] == ["BEGIN IMMEDIATE", "COMMIT"]
     assert len([s for s in few if s.startswith(("UPDATE", "INSERT"))]) == 3
+
+
+def test_the_store_client_skips_botocores_parameter_validation() -> None:
+    s, _ = store()
+    assert type(s.client._serializer).__name__ != "ParamValidationDecorator"  # botocore wraps the serializer to validate
