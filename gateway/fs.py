@@ -373,7 +373,7 @@ class CkptFS(Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: RequestContext) -> tuple[OpenReply, Attr]:
         self.guard.check_entry(parent_inode, _name(name))
         row = self.ns.tree.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid)
-        fd = self.ns.files.open(row.ino, write=True)
+        fd = self.ns.files.open(row.ino, write=True, created=row)
         self.ns.tree.ref(row.ino)
         direct = self.ns.cfg.direct_io_writes
         fh = self._add_handle(row.ino, fd, True, ctx.uid)
@@ -452,10 +452,6 @@ class CkptFS(Operations):
         if not h.write:
             raise OSError(errno.EBADF, "not open for writing")
         await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)))
-
-    @_fuse
-    async def flush(self, fh: int) -> None:
-        return None
 
     @_fuse
     async def fsync(self, fh: int, datasync: bool) -> None:

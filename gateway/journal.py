@@ -231,6 +231,7 @@ class Journal:
         except sqlite3.DatabaseError as e:
             raise JournalError(f"journal {path} cannot be opened ({e}): move it aside and remount") from None
         self._depth = 0
+        self._load_uploads()
         self._fsyncs = trio.CapacityLimiter(1)  # its own thread: workers stuck on a hung store never delay it
         self._running_round: _Round | None = None  # the fsync running now
         self._next_round: _Round | None = None  # the one that starts after it; callers arriving now share it
@@ -336,6 +337,7 @@ class Journal:
             self._depth = 0
             if self.db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
                 self.db.execute("ROLLBACK")
+            self._load_uploads()  # what the rollback undid
             raise
 
     def sync(self) -> None:
@@ -450,6 +452,15 @@ class Journal:
             self.db.execute("DELETE FROM inodes WHERE ino = ?", (ino,))
             self.forget_upload(ino)
 
+    def ancestors_durable(self, ino: int) -> None:
+        """Mark every directory above `ino` (the root aside) durable, in one statement that writes only those that were not."""
+        self.db.execute(
+            """WITH RECURSIVE up(i) AS (SELECT parent FROM inodes WHERE ino = ?
+                 UNION ALL SELECT inodes.parent FROM inodes JOIN up ON inodes.ino = up.i WHERE inodes.parent IS NOT NULL)
+               UPDATE inodes SET state = ? WHERE ino IN (SELECT i FROM up) AND ino != ? AND state IS NOT ?""",
+            (ino, DURABLE, ROOT_INODE, DURABLE),
+        )
+
     def descendants(self, ino: int) -> list[Row]:
         """Every inode below `ino` (not `ino` itself)."""
         rows = self.db.execute(
@@ -518,15 +529,22 @@ class Journal:
         return [r[0] for r in self.db.execute("SELECT ino FROM inodes")]
 
     # ----------------------------------------------------------------- uploads
+    def _load_uploads(self) -> None:
+        """Which inodes have rows in `uploads` or `parts` (read at open and after a rollback): a file
+        that never had a multipart upload costs no DELETE when it becomes durable or goes away."""
+        self._with_uploads = {r[0] for r in self.db.execute("SELECT ino FROM uploads UNION SELECT ino FROM parts")}
+
     def start_upload(self, rec: UploadRecord) -> None:
         with self.transaction():
             self.forget_upload(rec.ino)
+            self._with_uploads.add(rec.ino)
             self.db.execute(
                 "INSERT INTO uploads(ino, key, upload_id, part_size, size, xxh3, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (rec.ino, rec.key, rec.upload_id, rec.part_size, rec.size, rec.xxh3, rec.started_at),
             )
 
     def record_part(self, ino: int, part_number: int, etag: str, crc32: str) -> None:
+        self._with_uploads.add(ino)
         self.db.execute(
             "INSERT OR REPLACE INTO parts(ino, part_number, etag, crc32) VALUES (?, ?, ?, ?)",
             (ino, part_number, etag, crc32),
@@ -546,8 +564,11 @@ class Journal:
         return [u for u in (self.upload_of(i) for i in inos) if u is not None]
 
     def forget_upload(self, ino: int) -> None:
+        if ino not in self._with_uploads:
+            return
         self.db.execute("DELETE FROM uploads WHERE ino = ?", (ino,))
         self.db.execute("DELETE FROM parts WHERE ino = ?", (ino,))
+        self._with_uploads.discard(ino)
 
     # ----------------------------------------------------------------- deletes
     def queue_delete(self, key: str, after_ino: int | None = None) -> None:

@@ -45,6 +45,10 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
+# A directory in use is listed again in the background once its listing is this share of the TTL old, so a
+# lookup seldom finds it expired and waits (a writer creating files one after another waited for a listing of
+# the directory every `metadata_ttl`, longer as it filled). Listings stay at most `metadata_ttl` old, as before.
+REFRESH_AHEAD = 0.8
 LISTING_THREADS = 8  # listings in flight at once; their own threads, so uploads never starve them (nor they fsync)
 
 
@@ -122,7 +126,12 @@ class Remote:
         """Bring directory `ino` up to date unless its listing is fresh; waits at most `listing_timeout`."""
         row = self.ns.journal.get(ino)
         arrived = time.monotonic()
-        if row is None or not row.is_dir or self._fresh(ino, arrived):
+        if row is None or not row.is_dir:
+            return
+        if self._fresh(ino, arrived):
+            if self._nursery is not None and ino not in self._jobs and ino not in self.stale and self.down_since is None \
+                    and arrived - self.listed_at[ino] >= REFRESH_AHEAD * self.ttl:
+                self._start(ino)  # in the background: this request is answered from the listing still fresh
             return
         while not self._fresh(ino, arrived):
             job = self._jobs.get(ino) or self._start(ino)

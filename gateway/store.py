@@ -139,6 +139,9 @@ class BucketConnection:
                     # we send our own CRC32 per part; no second pass by botocore
                     request_checksum_calculation="when_required",
                     response_checksum_validation="when_required",
+                    # our own calls build the parameters; checking them against the model cost ~15% of the
+                    # client's CPU per request (0.2-0.25 ms of ~1.5 ms per small PutObject, measured here)
+                    parameter_validation=False,
                 ),
             )
 
@@ -293,6 +296,15 @@ class Store(BucketGovernance):
         r = self._call(
             "PutObject", self.client.put_object, Key=key, Body=RangeReader(fd, 0, size),
             ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
+        )
+        return r["ETag"].strip('"')
+
+    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
+        """PutObject of a small file read into memory: sent without `Expect: 100-continue` (botocore adds
+        it to file-like bodies only), one round trip to the store instead of two."""
+        r = self._call(
+            "PutObject", self.client.put_object, Key=key, Body=body,
+            ContentLength=len(body), ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
         )
         return r["ETag"].strip('"')
 

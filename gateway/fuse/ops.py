@@ -186,7 +186,10 @@ class Operations:
         raise _nosys()
 
     async def flush(self, fh: int) -> None:
-        """close(2) of one file descriptor (may come several times per handle)."""
+        """close(2) of one file descriptor (may come several times per handle). Not implemented by
+        default: the kernel takes ENOSYS as "never send FLUSH again" (fc->no_flush), which saves a
+        request per close; a filesystem with something to do at each close overrides it."""
+        raise _nosys()
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         raise _nosys()

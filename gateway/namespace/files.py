@@ -87,8 +87,10 @@ class OpenFiles:
         row = self.journal.get(ino)
         return row is not None and row.kind == "file" and not row.cached
 
-    def open(self, ino: int, write: bool) -> int:
-        row = self.row(ino)
+    def open(self, ino: int, write: bool, created: Row | None = None) -> int:
+        """A handle's fd on the cache file. `created`: the row `Tree.create` just inserted (with its
+        LRU atime), so the open reads and writes no row of its own."""
+        row = created if created is not None else self.row(ino)
         if row.is_dir:
             raise OSError(errno.EISDIR, "is a directory")
         if not row.cached and ino not in self.fetching:
@@ -99,7 +101,8 @@ class OpenFiles:
         shown = row.atime_ns if row.atime_ns is not None else row.mtime_ns
         if not write and (shown <= max(row.mtime_ns, row.ctime_ns) or now - shown > RELATIME_NS):
             fields["atime_ns"] = now  # relatime, as Linux mounts by default: an open for reading updates the atime
-        self.journal.update(ino, **fields)
+        if created is None:
+            self.journal.update(ino, **fields)
         live = self.get(ino)
         live.handles += 1
         if write:

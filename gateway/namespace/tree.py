@@ -117,7 +117,8 @@ class Tree:
         """A new empty file; `closed` if no handle is opened on it (mknod), so it is eligible at once."""
         self._check_name(parent, name)
         with self.journal.transaction():
-            row = self.journal.insert(parent, name, "file", stat.S_IFREG | (mode & 0o7777), uid, gid, DIRTY)
+            # its LRU atime (OpenFiles.open) in the same commit as the row
+            row = self.journal.insert(parent, name, "file", stat.S_IFREG | (mode & 0o7777), uid, gid, DIRTY, atime=time.time())
             self.cache.create(row.ino)
             self._touch_dir(parent)
             if closed:
@@ -257,6 +258,7 @@ class Tree:
                 raise OSError(errno.ENOTDIR, new_name)
             if dst.is_dir and j.has_children(dst.ino):
                 raise OSError(errno.ENOTEMPTY, new_name)
+        self.uploads.renamed()  # paths move: tickets of uploads in flight look at theirs again
         with j.transaction():
             if dst is not None:
                 if dst.is_dir:

@@ -61,6 +61,8 @@ class UploadTicket:
     closed_at: float
     copy_from: str | None = None  # publish by copying this object inside the store, not by uploading
     xxh3: str | None = None  # known digest of the bytes (for a copy)
+    renames: int = -1  # UploadQueue.renames when taken: none since, and `key` is still `named`, so the file is still at it
+    named: str = ""  # the key of the file's path when taken (the drainer may switch `key` to an older upload's)
 
 
 class UploadQueue:
@@ -79,6 +81,17 @@ class UploadQueue:
         self.recently_deleted: dict[str, float] = {}
         # objects ckptfs keeps inside a directory (a checkpoint's manifest...): they leave with it
         self.own_objects: Callable[[str], list[str]] = lambda path: []
+        # renames so far: only a rename moves a file that exists, so a ticket taken since the last one
+        # still names its file's path, and no other file can hold that name (no path walk per upload)
+        self.renames = 0
+
+    def renamed(self) -> None:
+        """A rename is about to move entries (Tree.rename): tickets taken before it check their paths again."""
+        self.renames += 1
+
+    def _unmoved(self, ticket: UploadTicket) -> bool:
+        """No rename since `ticket` was taken, and it still uploads under the key of the path it was taken at."""
+        return ticket.renames == self.renames and ticket.key == ticket.named
 
     # ------------------------------------------------- what a tree change queues
     def marker_if_empty(self, ino: int) -> None:
@@ -138,14 +151,6 @@ class UploadQueue:
         self.journal.forget_upload(row.ino)
 
     # ------------------------------------------------------------------ files
-    def _ancestors(self, ino: int) -> list[int]:
-        out = []
-        cur = self.journal.parent_of(ino)
-        while cur is not None:
-            out.append(cur)
-            cur = self.journal.parent_of(cur) if cur != ROOT_INODE else None
-        return out
-
     def _size(self, e: Waiting) -> int:
         live = self.files.live.get(e.ino)
         return live.size if live is not None else e.size
@@ -229,7 +234,9 @@ class UploadQueue:
         self.journal.update(ino, state=UPLOADING)
         self.backlog.changed(ino)
         version = live.version if live is not None else row.version
-        return UploadTicket(ino, version, row.size, self.keys.of(path), row.closed_at or time.time(), row.copy_from, row.xxh3)
+        key = self.keys.of(path)
+        return UploadTicket(ino, version, row.size, key, row.closed_at or time.time(), row.copy_from, row.xxh3,
+                            renames=self.renames, named=key)
 
     def bytes_current(self, ticket: UploadTicket) -> bool:
         """True while the file still exists with the bytes `ticket` uploads, wherever it is now."""
@@ -245,13 +252,17 @@ class UploadQueue:
         taken by another file does not: that file's upload owns the key)."""
         if not self.bytes_current(ticket):
             return False
+        if self._unmoved(ticket):
+            return True  # the file is at ticket.key: no other file has the name
         path = self.keys.path(ticket.key)
         owner = self.journal.resolve(path)
         return owner is None or owner.ino == ticket.ino
 
     def still_current(self, ticket: UploadTicket) -> bool:
         """True if publishing `ticket` now would publish the file's current bytes at its current key."""
-        return self.bytes_current(ticket) and self.journal.path_of(ticket.ino) == self.keys.path(ticket.key)
+        if not self.bytes_current(ticket):
+            return False
+        return self._unmoved(ticket) or self.journal.path_of(ticket.ino) == self.keys.path(ticket.key)
 
     def finish_upload(self, ticket: UploadTicket, etag: str, xxh3: str) -> bool:
         """The object at ticket.key is complete. Make the file durable (True), or clean up if it moved on.
@@ -260,15 +271,14 @@ class UploadQueue:
         copied inside the store to its new key (`moved_meanwhile`); a file changed or removed
         has its upload dropped."""
         j = self.journal
-        if not self.still_current(ticket) and self.publishable(ticket):
+        current = self.still_current(ticket)
+        if not current and self.publishable(ticket):
             self.moved_meanwhile(ticket, xxh3)
             return False
-        if self.still_current(ticket):
+        if current:
             with j.transaction():
                 j.update(ticket.ino, state=DURABLE, etag=etag, xxh3=xxh3 or None, remote_key=ticket.key, copy_from=None, seen_at=time.time())
-                for ancestor in self._ancestors(ticket.ino):
-                    if ancestor != ROOT_INODE:
-                        j.update(ancestor, state=DURABLE)  # the bucket now holds something under it
+                j.ancestors_durable(ticket.ino)  # the bucket now holds something under them
                 j.forget_upload(ticket.ino)
             self.backlog.changed(ticket.ino)
             self.on_durable(max(0.0, time.time() - ticket.closed_at))

@@ -351,3 +351,29 @@ def test_file_changed_during_upload_is_reuploaded(make_mount) -> None:  # type: 
     assert m.object_sha256("moving.bin") == sha256_file(f)
     assert m.head("moving.bin")["Metadata"]["xxh3"] == xxhash.xxh3_128_hexdigest(f.read_bytes())
     assert m.s3.client().list_multipart_uploads(Bucket=m.bucket).get("Uploads", []) == []
+
+
+def test_many_small_files_land_whole_with_their_digests_then_go(mount: Mount) -> None:
+    """Small files go as one PutObject each (up to 1 MiB read whole and sent as bytes, above that streamed):
+    every object holds the bytes written and their xxh3-128, every file reads `durable`; `rm -rf` then
+    empties the bucket."""
+    d = mount.path / "small"
+    d.mkdir()
+    rnd = random.Random(24)
+    sizes = [0, 1, MiB - 1, MiB, MiB + 1] + [rnd.randrange(64 << 10) for _ in range(60)]
+    written = {}
+    for i, size in enumerate(sizes):
+        data = rnd.randbytes(size)
+        (d / f"f{i:03d}.bin").write_bytes(data)
+        written[f"small/f{i:03d}.bin"] = data
+    mount.flush()
+    client = mount.s3.client()
+    assert sorted(mount.keys()) == sorted(mount.key(rel) for rel in written)
+    for rel, data in written.items():
+        got = client.get_object(Bucket=mount.bucket, Key=mount.key(rel))
+        assert got["Body"].read() == data, rel
+        assert got["Metadata"]["xxh3"] == xxhash.xxh3_128_hexdigest(data), rel
+        assert xattr(mount.path / rel, "state") == "durable"
+    subprocess.run(["rm", "-rf", str(d)], check=True)
+    mount.flush()
+    wait_until(lambda: mount.keys() == [], "every object of the removed tree deleted")
