@@ -436,6 +436,39 @@ class CkptFS(Operations):
             self.ns.tree.kill_priv(h.ino)
         return n
 
+    # ------------------------------------- the copy workers' fast path (fuse/ops.py, fuse/workers.py)
+    def read_fd(self, fh: int) -> int | None:
+        """A READ a copy worker may pread itself: every byte of the file is local (no download
+        under way). Counted here as `read` does; an error of its pread is counted by `io_error`."""
+        h = self.handles.get(fh)
+        if h is None or h.download is not None and not (h.download.finished.is_set() and h.download.error is None):
+            return None
+        FUSE_COUNTERS.requests["read"] += 1
+        return h.fd
+
+    def write_begin(self, fh: int, offset: int, size: int) -> tuple[int, Any] | None:
+        """A WRITE a copy worker may pwrite itself: accounted now (`OpenFiles.reserve`), on the trio
+        thread. No room, EFBIG, a setuid file: None, and `write` does it (waits for room, ENOSPC)."""
+        h = self.handles.get(fh)
+        if h is None or h.kill_priv:
+            return None
+        try:
+            before = self.ns.files.reserve(h.ino, offset, size)
+        except OSError:
+            return None  # CacheFull (backpressure), EFBIG, ENOENT: `write` tries again and answers
+        FUSE_COUNTERS.requests["write"] += 1
+        return h.fd, (h.ino, offset, size, before)
+
+    def write_end(self, fh: int, token: Any, written: int, error: int) -> None:
+        ino, offset, size, before = token
+        self.ns.files.unreserve(ino, offset, size, before, written)
+        if error:
+            FUSE_COUNTERS.error("write", error)
+
+    def io_error(self, op: str, error: int) -> None:
+        """A copy worker's pread failed (`write_end` counts a pwrite's)."""
+        FUSE_COUNTERS.error(op, error)
+
     @_fuse
     async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
         """Mode 0 and FALLOC_FL_KEEP_SIZE on a cached file; punching holes, zeroing ranges and the like: EOPNOTSUPP.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -184,6 +185,25 @@ class Operations:
     async def write(self, fh: int, offset: int, data: memoryview) -> int:
         """`data` is only valid until this returns: copy it if it must outlive the call."""
         raise _nosys()
+
+    # The copy workers' fast path (kernel transport, copy mode): synchronous, on the trio thread,
+    # quick. A worker thread moves the bytes itself with the descriptor these return; None sends
+    # the request the ordinary way (`read`/`write` in a trio task), which may wait and raise.
+    def read_fd(self, fh: int) -> int | None:
+        """The descriptor to pread a READ of handle `fh` from, if its bytes are all local now."""
+        return None
+
+    def write_begin(self, fh: int, offset: int, size: int) -> tuple[int, Any] | None:
+        """Account a WRITE before a worker pwrites it: (descriptor, token for `write_end`), or
+        None when the write must take `write` (no room: backpressure and ENOSPC; EFBIG; ...)."""
+        return None
+
+    def write_end(self, fh: int, token: Any, written: int, error: int) -> None:
+        """The pwrite of a `write_begin` failed (`error`, an errno) or wrote only `written` bytes:
+        take back what it accounted beyond them. Not called for a write that went through."""
+
+    def io_error(self, op: str, error: int) -> None:
+        """A worker's pread for a `read_fd` failed with errno `error` (for the error counts)."""
 
     async def flush(self, fh: int) -> None:
         """close(2) of one file descriptor (may come several times per handle)."""

@@ -399,7 +399,7 @@ def test_copy_mode_direct_io_threads_reader(tmp_path: Any) -> None:
         with open(os.path.join(mnt, "d.bin"), "rb") as f:
             assert f.read() == data
 
-    fs, s = run_mounted(tmp_path, body, passthrough=False, reader="threads",
+    fs, s = run_mounted(tmp_path, body, passthrough=False, reader="workers", workers=3,
                         fs_kwargs={"direct_io": True})
     assert s.counts[Op.WRITE] > 0 and s.counts[Op.READ] > 0
     assert backing_bytes(fs, "d.bin") == data
