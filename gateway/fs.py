@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import trio
 
 from .fetch import Download, Fetcher
-from .fuse.ops import Attr, DirEntry, OpenReply, Operations, RequestContext, SetattrFields, StatFs
+from .fuse.ops import Attr, DirEntry, FastHandle, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 from .journal import DURABLE, ROOT_INODE, Row
 from .metrics import FUSE_COUNTERS
 from .namespace import NAME_MAX, Namespace
@@ -150,6 +150,7 @@ class CkptFS(Operations):
         # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
         self._fsyncs = trio.CapacityLimiter(8)
         self._pt_writers: dict[int, list[int]] = {}  # ino -> fhs of passthrough write handles
+        self.fast_handles: dict[int, FastHandle] = {}  # copy-mode handles the copy workers serve themselves
 
     @property
     def passthrough_handles(self) -> int:
@@ -361,7 +362,10 @@ class CkptFS(Operations):
 
     def opened(self, fh: int, passthrough: bool) -> None:
         h = self.handles.get(fh)
-        if h is None or not passthrough:
+        if h is None:
+            return
+        if not passthrough:
+            self._publish(fh)
             return
         h.passthrough = True
         if h.write:
@@ -434,40 +438,35 @@ class CkptFS(Operations):
         if h.kill_priv:
             h.kill_priv = False
             self.ns.tree.kill_priv(h.ino)
+            if fh in self.handles and not h.passthrough:
+                self._publish(fh)  # later writes may go to the copy workers
         return n
 
     # ------------------------------------- the copy workers' fast path (fuse/ops.py, fuse/workers.py)
-    def read_fd(self, fh: int) -> int | None:
-        """A READ a copy worker may pread itself: every byte of the file is local (no download
-        under way). Counted here as `read` does; an error of its pread is counted by `io_error`."""
-        h = self.handles.get(fh)
-        if h is None or h.download is not None and not (h.download.finished.is_set() and h.download.error is None):
-            return None
-        FUSE_COUNTERS.requests["read"] += 1
-        return h.fd
+    def _publish(self, fh: int) -> None:
+        """Put a copy-mode handle in `fast_handles` for the copy workers: a read handle once every byte
+        is local; a write handle unless its first write must drop setuid/setgid."""
+        h = self.handles[fh]
+        if h.passthrough or h.download is not None or h.write and h.kill_priv:
+            return
+        self.fast_handles[fh] = FastHandle(h.fd, h.ino, h.write, self.ns.cfg.file_size_limit)
 
-    def write_begin(self, fh: int, offset: int, size: int) -> tuple[int, Any] | None:
-        """A WRITE a copy worker may pwrite itself: accounted now (`OpenFiles.reserve`), on the trio
-        thread. No room, EFBIG, a setuid file: None, and `write` does it (waits for room, ENOSPC)."""
-        h = self.handles.get(fh)
-        if h is None or h.kill_priv:
-            return None
-        try:
-            before = self.ns.files.reserve(h.ino, offset, size)
-        except OSError:
-            return None  # CacheFull (backpressure), EFBIG, ENOENT: `write` tries again and answers
+    def lend(self, want: int, need: int) -> int:
+        return self.ns.space.lend(want, need)
+
+    def repay(self, n: int) -> None:
+        self.ns.space.repay(n)
+
+    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
         FUSE_COUNTERS.requests["write"] += 1
-        return h.fd, (h.ino, offset, size, before)
-
-    def write_end(self, fh: int, token: Any, written: int, error: int) -> None:
-        ino, offset, size, before = token
-        self.ns.files.unreserve(ino, offset, size, before, written)
         if error:
             FUSE_COUNTERS.error("write", error)
+        self.ns.files.wrote(ino, offset, lent, written)
 
-    def io_error(self, op: str, error: int) -> None:
-        """A copy worker's pread failed (`write_end` counts a pwrite's)."""
-        FUSE_COUNTERS.error(op, error)
+    def fast_reads(self, count: int, error: int = 0) -> None:
+        FUSE_COUNTERS.requests["read"] += count
+        if error:
+            FUSE_COUNTERS.error("read", error)
 
     @_fuse
     async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
@@ -500,6 +499,7 @@ class CkptFS(Operations):
 
     @_fuse
     async def release(self, fh: int) -> None:
+        self.fast_handles.pop(fh, None)
         h = self.handles[fh]
         try:
             if h.passthrough and h.write:

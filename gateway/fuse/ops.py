@@ -106,6 +106,17 @@ def _nosys() -> OSError:
     return OSError(errno.ENOSYS, "not implemented")
 
 
+@dataclass(slots=True, frozen=True)
+class FastHandle:
+    """A handle a copy worker may serve without asking: its cache file descriptor, its inode, whether
+    WRITEs may be served (else READs only), and the size no write may pass (EFBIG by the ordinary way)."""
+
+    fd: int
+    ino: int
+    write: bool
+    size_limit: int
+
+
 class Operations:
     """Base class: every request answers ENOSYS until a subclass implements it.
 
@@ -186,24 +197,25 @@ class Operations:
         """`data` is only valid until this returns: copy it if it must outlive the call."""
         raise _nosys()
 
-    # The copy workers' fast path (kernel transport, copy mode): synchronous, on the trio thread,
-    # quick. A worker thread moves the bytes itself with the descriptor these return; None sends
-    # the request the ordinary way (`read`/`write` in a trio task), which may wait and raise.
-    def read_fd(self, fh: int) -> int | None:
-        """The descriptor to pread a READ of handle `fh` from, if its bytes are all local now."""
-        return None
+    # The copy workers' fast path (kernel transport, copy mode; fuse/workers.py). Worker threads read
+    # `fast_handles` (the trio thread alone changes it) and move the bytes of READ and WRITE themselves;
+    # the calls below run on the trio thread, quick and synchronous. A handle not in the table, or no
+    # room lent, sends the request the ordinary way (`read`/`write` in a trio task: waits, raises).
+    fast_handles: dict[int, FastHandle]
 
-    def write_begin(self, fh: int, offset: int, size: int) -> tuple[int, Any] | None:
-        """Account a WRITE before a worker pwrites it: (descriptor, token for `write_end`), or
-        None when the write must take `write` (no room: backpressure and ENOSPC; EFBIG; ...)."""
-        return None
+    def lend(self, want: int, need: int) -> int:
+        """Room in the cache for a worker's next writes: up to `want` bytes, at least `need`, or 0."""
+        return 0
 
-    def write_end(self, fh: int, token: Any, written: int, error: int) -> None:
-        """The pwrite of a `write_begin` failed (`error`, an errno) or wrote only `written` bytes:
-        take back what it accounted beyond them. Not called for a write that went through."""
+    def repay(self, n: int) -> None:
+        """Lent room a worker did not use."""
 
-    def io_error(self, op: str, error: int) -> None:
-        """A worker's pread for a `read_fd` failed with errno `error` (for the error counts)."""
+    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
+        """A worker's pwrite of a WRITE: `written` bytes at `offset` (`error`: its errno, 0 if none),
+        on `lent` bytes of lent room. Runs before any request the kernel sends after the reply."""
+
+    def fast_reads(self, count: int, error: int = 0) -> None:
+        """`count` READs a worker served (`error`: one of them failed with this errno)."""
 
     async def flush(self, fh: int) -> None:
         """close(2) of one file descriptor (may come several times per handle)."""

@@ -8,15 +8,19 @@ release the GIL, so made in threads they run on as many cores as there are threa
 How: `workers` threads, each on its own /dev/fuse descriptor (the first is the mount's own, the
 others clones of it, FUSE_DEV_IOC_CLONE: the kernel hands each request to one reader, and a reply
 must go to the descriptor its request came from). Each thread reads requests into its own buffer
-and answers two kinds itself:
-- WRITE: `ops.write_begin` on the trio thread (`trio.from_thread.run_sync`: the handle, EFBIG, room in
-  the cache, size and version: all namespace state stays on the trio thread), then the pwrite into the
-  cache file and the reply here; `ops.write_end` only if the pwrite failed or fell short.
-- READ: `ops.read_fd` on the trio thread (every byte local?), then the pread into the thread's reply
-  buffer and the reply here.
-Anything else (and a WRITE or READ the filesystem declines: no room, a download under way) is
-parsed here and handed to the trio thread (`dispatch`), which runs it in a task of its own as the
-single reader did (INTERRUPT, EINTR, undo) and answers it on the same descriptor.
+and answers two kinds itself, without waiting for the trio thread:
+- WRITE of a handle in `ops.fast_handles` (the table of copy-mode handles the trio thread alone
+  changes): the pwrite into the cache file, then `ops.wrote` posted to the trio thread (size,
+  version, accounting: all namespace state changes there), then the reply. The room it writes into
+  was lent beforehand (`ops.lend`, LEND bytes at a time: the one wait for the trio thread, every few
+  MiB); without room the WRITE goes the ordinary way (backpressure, ENOSPC). What a thread has not
+  used goes back (`ops.repay`) whenever it finds no request waiting.
+- READ of a handle in the table: the pread into the thread's reply buffer and the reply.
+Anything else (and a WRITE or READ of a handle not in the table) is parsed here and handed to the
+trio thread (`dispatch`), which runs it in a task of its own as the single reader did (INTERRUPT,
+EINTR, undo) and answers it on the same descriptor. `ops.wrote` and `dispatch` go through one FIFO
+queue (`TrioToken.run_sync_soon`), and `wrote` is posted before the reply: whatever the kernel asks
+after a reply (GETATTR, FSYNC, RELEASE) is handled after the write was accounted.
 
 Structure: `CopyWorkers.run` is a task of the session's nursery; each thread runs inside
 `trio.to_thread.run_sync` on a limiter of its own (not abandoned). Descriptors are non-blocking and
@@ -38,13 +42,14 @@ import trio
 
 from . import abi
 from .messages import ProtocolError, Request, out_header, parse_header, parse_request, reply_error
-from .ops import Operations
+from .ops import FastHandle, Operations
 
 log = logging.getLogger(__name__)
 
 Parts = list[Any]
 MAX_WORKERS = 64
 AUTO_CAP = 8  # "auto": one per core, at most this many
+LEND = 8 << 20  # room a worker asks the trio thread for at a time: one wait per 8 MiB written
 
 _HDR = abi.IN_HEADER.size
 _RW = abi.RW_IN.size  # fuse_read_in and fuse_write_in: the same 40 bytes since 7.9
@@ -111,6 +116,14 @@ def fast_args(buf: bytearray, n: int) -> tuple[int, int, int, int, int] | None:
     return opcode, unique, fh, offset, size
 
 
+def _logged(fn: Callable[..., object], *args: Any) -> None:
+    """Run a worker's call on the trio thread (`run_sync_soon`): an exception there would end the run."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("copy worker: %s", getattr(fn, "__name__", fn))
+
+
 class CopyWorkers:
     """The threads serving `fds` (the mount's own first). `dispatch(req, buf, fd)` runs on the trio
     thread: it answers `req` on `fd` in a task; `buf`, when given (a WRITE's payload is a view of it),
@@ -127,6 +140,9 @@ class CopyWorkers:
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._limiter = trio.CapacityLimiter(len(fds))
+        fast = getattr(ops, "fast_handles", None)  # read here, changed on the trio thread (the same dict)
+        self.fast: dict[int, FastHandle] = fast if fast is not None else {}
+        self._token: trio.lowlevel.TrioToken | None = None
 
     def give_back(self, buf: bytearray) -> None:
         if len(self._spare) < len(self.fds):
@@ -140,6 +156,7 @@ class CopyWorkers:
 
     async def run(self) -> None:
         """Serve until every thread has ended (unmounted) or until cancelled (then wake them all)."""
+        self._token = trio.lowlevel.current_trio_token()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._wake_on_cancel)
@@ -179,68 +196,83 @@ class CopyWorkers:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        on_trio = trio.from_thread.run_sync
-        ops = self.ops
-        while not self._stopping:
-            try:
-                n = os.readv(fd, [buf])
-            except BlockingIOError:
-                poller.poll()
-                continue
-            except InterruptedError:
-                continue
-            except OSError as e:
-                if e.errno == errno.ENOENT:  # interrupted before we read it
+        assert self._token is not None
+        post = self._token.run_sync_soon
+        ops, fast = self.ops, self.fast
+        lent = reads = 0  # room lent to this thread and not yet used; READs served, not yet counted
+        try:
+            while not self._stopping:
+                try:
+                    n = os.readv(fd, [buf])
+                except BlockingIOError:  # idle: give back what it holds
+                    if lent:
+                        post(_logged, ops.repay, lent)
+                        lent = 0
+                    if reads:
+                        post(_logged, ops.fast_reads, reads)
+                        reads = 0
+                    poller.poll()
                     continue
-                if e.errno in (errno.ENODEV, errno.EBADF):
-                    return  # unmounted
-                raise
-            fast = fast_args(buf, n)
-            if fast is not None:
-                opcode, unique, fh, offset, size = fast
-                if opcode == abi.Op.WRITE:
-                    if self._write(fd, on_trio, view, unique, fh, offset, size):
+                except InterruptedError:
+                    continue
+                except OSError as e:
+                    if e.errno == errno.ENOENT:  # interrupted before we read it
                         continue
-                elif size <= len(out) and self._read(fd, on_trio, out, unique, fh, offset, size):
+                    if e.errno in (errno.ENODEV, errno.EBADF):
+                        return  # unmounted
+                    raise
+                args = fast_args(buf, n)
+                h = fast.get(args[2]) if args is not None else None
+                if h is not None:
+                    opcode, unique, _, offset, size = args  # type: ignore[misc]
+                    if opcode == abi.Op.READ and size <= len(out):
+                        reads += 1
+                        self._read(fd, post, out, unique, h, offset, size)
+                        continue
+                    if opcode == abi.Op.WRITE and h.write and offset + size <= h.size_limit:
+                        if lent < size:
+                            lent += trio.from_thread.run_sync(ops.lend, LEND - lent, size - lent, trio_token=self._token)
+                        if lent >= size:
+                            lent -= size
+                            self._write(fd, post, view, unique, h, offset, size)
+                            continue
+                req = parse_or_eio(view[:n], fd)
+                if req is None:
                     continue
-            req = parse_or_eio(view[:n], fd)
-            if req is None:
-                continue
-            if req.opcode == abi.Op.WRITE:  # its payload is a view of `buf`: the task keeps it
-                on_trio(self.dispatch, req, buf, fd)
-                buf = self._buffer()
-                view = memoryview(buf)
-            else:
-                on_trio(self.dispatch, req, None, fd)
+                if req.opcode == abi.Op.WRITE:  # its payload is a view of `buf`: the task keeps it
+                    post(_logged, self.dispatch, req, buf, fd)
+                    buf = self._buffer()
+                    view = memoryview(buf)
+                else:
+                    post(_logged, self.dispatch, req, None, fd)
+        except trio.RunFinishedError:
+            return
+        finally:
+            if lent or reads:
+                try:
+                    post(_logged, ops.repay, lent)
+                    post(_logged, ops.fast_reads, reads)
+                except trio.RunFinishedError:
+                    pass
 
-    def _write(self, fd: int, on_trio: Any, view: memoryview, unique: int, fh: int, offset: int, size: int) -> bool:
-        begun = on_trio(self.ops.write_begin, fh, offset, size)
-        if begun is None:
-            return False
-        cache_fd, token = begun
+    def _write(self, fd: int, post: Any, view: memoryview, unique: int, h: FastHandle, offset: int, size: int) -> None:
         start = _HDR + _RW
         written, error = 0, 0
         try:
-            written = os.pwrite(cache_fd, view[start:start + size], offset)
+            written = os.pwrite(h.fd, view[start:start + size], offset)
         except OSError as e:
             error = e.errno or errno.EIO
-        if written < size:
-            on_trio(self.ops.write_end, fh, token, written, error)
+        post(_logged, self.ops.wrote, h.ino, offset, size, written, error)  # accounted before the kernel has the reply
         if error:
             send(fd, reply_error(unique, error))
         else:
             send(fd, [abi.OUT_HEADER.pack(_WRITE_REPLY_LEN, 0, unique) + abi.WRITE_OUT.pack(written, 0)])
-        return True
 
-    def _read(self, fd: int, on_trio: Any, out: memoryview, unique: int, fh: int, offset: int, size: int) -> bool:
-        cache_fd = on_trio(self.ops.read_fd, fh)
-        if cache_fd is None:
-            return False
+    def _read(self, fd: int, post: Any, out: memoryview, unique: int, h: FastHandle, offset: int, size: int) -> None:
         try:
-            n = os.preadv(cache_fd, [out[:size]], offset)
+            n = os.preadv(h.fd, [out[:size]], offset)
         except OSError as e:
-            on_trio(self.ops.io_error, "read", e.errno or errno.EIO)
+            post(_logged, self.ops.fast_reads, 0, e.errno or errno.EIO)
             send(fd, reply_error(unique, e.errno or errno.EIO))
-            return True
+            return
         send(fd, [out_header(unique, n), out[:n]])
-        return True

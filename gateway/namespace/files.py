@@ -160,6 +160,20 @@ class OpenFiles:
         self.modified(ino, live, max(before, end))
         return before
 
+    def wrote(self, ino: int, offset: int, lent: int, written: int) -> None:
+        """A copy worker (fuse/workers.py) wrote `written` bytes at `offset` into the cache file, on
+        `lent` bytes of room `Space.lend` set aside: account them. Posted to the trio thread before the
+        reply goes to the kernel, into the queue every request goes through: whatever the kernel sends
+        after the reply sees the new size and version."""
+        self.cache.lent_bytes -= lent
+        if not written:
+            return
+        live = self.get(ino)
+        end = offset + written
+        if end > live.size:
+            self.cache.resized(live.size, end)
+        self.modified(ino, live, max(live.size, end))
+
     def unreserve(self, ino: int, offset: int, length: int, before: int, written: int) -> None:
         """The write `reserve` accounted failed or fell short (`written` bytes): take back the size
         it added, unless a later write grew the file further meanwhile."""

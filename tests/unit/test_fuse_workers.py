@@ -12,7 +12,7 @@ import trio
 
 from ckptfs.fuse import abi
 from ckptfs.fuse.messages import Request
-from ckptfs.fuse.ops import Operations
+from ckptfs.fuse.ops import FastHandle, Operations
 from ckptfs.fuse.workers import CopyWorkers, fast_args, worker_count
 
 
@@ -46,24 +46,33 @@ def test_worker_count() -> None:
 
 
 class Ops(Operations):
-    """Writes into one file; handle 2 declines the fast path (as a full cache does)."""
+    """Handle 1 writes into one file through the workers; handle 2 is not in the table (dispatched);
+    room is lent up to `room` bytes."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.begun: list[tuple[int, int, int]] = []
-        self.ended: list[Any] = []
+    def __init__(self, fd: int, room: int) -> None:
+        self.fast_handles = {1: FastHandle(fd, 5, True, 1 << 30)}
+        self.room = room
+        self.lent = self.used = 0
+        self.wrote_calls: list[tuple[int, int, int, int, int]] = []
+        self.reads = 0
 
-    def write_begin(self, fh: int, offset: int, size: int) -> tuple[int, Any] | None:
-        if fh == 2:
-            return None
-        self.begun.append((fh, offset, size))
-        return self.fd, "token"
+    def lend(self, want: int, need: int) -> int:
+        n = min(want, self.room - self.lent - self.used)
+        if n < need:
+            return 0
+        self.lent += n
+        return n
 
-    def write_end(self, fh: int, token: Any, written: int, error: int) -> None:
-        self.ended.append((token, written, error))
+    def repay(self, n: int) -> None:
+        self.lent -= n
 
-    def read_fd(self, fh: int) -> int | None:
-        return self.fd if fh == 1 else None
+    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
+        self.lent -= lent
+        self.used += written
+        self.wrote_calls.append((ino, offset, lent, written, error))
+
+    def fast_reads(self, count: int, error: int = 0) -> None:
+        self.reads += count
 
 
 def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
@@ -71,7 +80,7 @@ def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
     fd = os.open(path, os.O_CREAT | os.O_RDWR)
     kernel_side, daemon_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     daemon_side.setblocking(False)
-    ops = Ops(fd)
+    ops = Ops(fd, room=6)
     dispatched: list[tuple[int, bool, int]] = []
 
     async def main() -> None:
@@ -80,7 +89,7 @@ def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
         def dispatch(req: Request, buf: bytearray | None, rfd: int) -> None:
             dispatched.append((req.opcode, buf is not None, rfd))
             if buf is not None:
-                assert bytes(req.args.data) == b"later"
+                assert bytes(req.args.data) == b"later"  # the payload stays valid in the handed-over buffer
                 req.args = None
                 workers.give_back(buf)
 
@@ -91,9 +100,10 @@ def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
             for req, answered_by_worker in (
                     (request(abi.Op.WRITE, rw(1, 3, 5) + b"hello", 21), True),
                     (request(abi.Op.READ, rw(1, 0, 100), 22), True),  # 8 bytes there
-                    (request(abi.Op.WRITE, rw(2, 0, 5) + b"later", 23), False),  # declined: dispatched with its buffer
-                    (request(abi.Op.READ, rw(9, 0, 100), 24), False),  # declined: dispatched
-                    (request(abi.Op.GETATTR, b"\0" * 16, 25), False)):  # never a worker's
+                    (request(abi.Op.WRITE, rw(2, 0, 5) + b"later", 23), False),  # not in the table: dispatched with its buffer
+                    (request(abi.Op.WRITE, rw(1, 8, 5) + b"later", 24), False),  # 1 byte of room left: dispatched
+                    (request(abi.Op.READ, rw(9, 0, 100), 25), False),  # not in the table
+                    (request(abi.Op.GETATTR, b"\0" * 16, 26), False)):  # never a worker's
                 kernel_side.send(req)
                 if answered_by_worker:
                     replies.append(kernel_side.recv(1 << 17))
@@ -103,7 +113,7 @@ def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
             nursery.start_soon(workers.run)
             with trio.fail_after(30):
                 replies = await trio.to_thread.run_sync(kernel)
-                while len(dispatched) < 3:
+                while len(dispatched) < 4 or ops.lent:
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()  # wakes the thread: run returns
         out_len, err, unique = abi.OUT_HEADER.unpack_from(replies[0])
@@ -112,9 +122,10 @@ def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
         assert (err, unique) == (0, 22) and replies[1][abi.OUT_HEADER.size:] == b"\0\0\0hello"
 
     trio.run(main)
-    assert ops.begun == [(1, 3, 5)] and ops.ended == []  # a whole write: no write_end
-    assert dispatched == [(abi.Op.WRITE, True, daemon_side.fileno()), (abi.Op.READ, False, daemon_side.fileno()),
-                          (abi.Op.GETATTR, False, daemon_side.fileno())]
+    assert ops.wrote_calls == [(5, 3, 5, 5, 0)]  # accounted on the trio thread, on lent room
+    assert ops.lent == 0 and ops.reads == 1  # what was lent and not used came back when idle
+    fd_ = daemon_side.fileno()
+    assert dispatched == [(abi.Op.WRITE, True, fd_), (abi.Op.WRITE, True, fd_), (abi.Op.READ, False, fd_), (abi.Op.GETATTR, False, fd_)]
     with open(path, "rb") as f:
         assert f.read() == b"\0\0\0hello"
     os.close(fd)
