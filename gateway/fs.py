@@ -16,9 +16,12 @@ still comes here: we fsync the cache file. Not checked per write under passthrou
 cache capacity (hence the room rule), `max_file_size` (a file at or past it gets copy
 mode) and setuid/setgid (a writer who must drop them gets copy mode).
 
-Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
-inline on the trio thread: they hit the page cache and a thread hop would
-cost more than the copy. `fsync` is the one blocking call sent to a thread (the
+Data path: in copy mode under the kernel transport, the copy workers (fuse/workers.py) move
+the bytes themselves, in threads, for the handles this class publishes in `fast_handles`: they
+pwrite/pread the cache file on room lent by `lend`, and each write is accounted by `wrote` on
+the trio thread (size, version, cache bytes) before the kernel has its reply. Otherwise (pyfuse3,
+a handle not published, no room) `write` and `read` are `pwrite`/`pread` on the cache file, done
+inline on the trio thread. `fsync` is the one blocking call sent to a thread (the
 cache file's here, the journal's WAL in `Journal.durable`).
 A file that is only in the bucket is opened at once; its reads wait for the
 ranges they need (`fetch.Download`). Lookups and readdir first let `remote`
