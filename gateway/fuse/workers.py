@@ -24,7 +24,7 @@ after a reply (GETATTR, FSYNC, RELEASE) is handled after the write was accounted
 
 Structure: `CopyWorkers.run` is a task of the session's nursery; each thread runs inside
 `trio.to_thread.run_sync` on a limiter of its own (not abandoned). Descriptors are non-blocking and
-each thread polls its own and a wake pipe: on cancellation (`stop`) the pipe wakes every thread,
+each thread polls its own (epoll, EPOLLEXCLUSIVE: one worker woken per request) and a wake pipe: on cancellation (`stop`) the pipe wakes every thread,
 and an unmount ends them with ENODEV; `run` returns once every thread has.
 """
 
@@ -193,9 +193,11 @@ class CopyWorkers:
         buf = self._buffer()
         view = memoryview(buf)
         out = memoryview(bytearray(self.max_read))
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
+        # every descriptor's poll waits on the connection's one queue: EPOLLEXCLUSIVE wakes one idle
+        # worker per request, not all of them (the wake pipe wakes every one)
+        poller = select.epoll()
+        poller.register(fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        poller.register(self._wake_r, select.EPOLLIN)
         assert self._token is not None
         post = self._token.run_sync_soon
         ops, fast = self.ops, self.fast
@@ -248,6 +250,7 @@ class CopyWorkers:
         except trio.RunFinishedError:
             return
         finally:
+            poller.close()
             if lent or reads:
                 try:
                     post(_logged, ops.repay, lent)
