@@ -405,6 +405,18 @@ def test_copy_mode_direct_io_threads_reader(tmp_path: Any) -> None:
     assert backing_bytes(fs, "d.bin") == data
 
 
+def _released(s: kernel.KernelSession, path: str) -> None:
+    """Wait until the daemon has handled the RELEASE of every handle of `path`: close(2) does not
+    wait for it, and an OPEN that overtakes it (the kernel sends both; the copy workers start each
+    in a task of its own) still finds the inode in its old mode, which is legal but not what the
+    test is about."""
+    ino = os.stat(path).st_ino
+    deadline = time.monotonic() + HANG_GUARD
+    while s.modes.mode_of(ino) is not None:
+        assert time.monotonic() < deadline, "the RELEASE never came"
+        time.sleep(0.01)
+
+
 def test_mode_rule_passthrough_first(tmp_path: Any) -> None:
     """A write handle in passthrough, then a read handle the filesystem wanted in copy mode:
     the inode stays in passthrough (same backing id) until its last release."""
@@ -421,7 +433,8 @@ def test_mode_rule_passthrough_first(tmp_path: Any) -> None:
         assert list(fs.passthrough.values()) == [True, True]
         os.close(w)
         os.close(r)
-        # all closed: the next read-only open decides afresh (copy mode)
+        _released(s, p)
+        # all closed and released: the next read-only open decides afresh (copy mode)
         with open(p, "rb") as f:
             assert f.read() == b"abc"
         assert list(fs.passthrough.values()) == [True, True, False]
@@ -441,6 +454,7 @@ def test_mode_rule_copy_first(tmp_path: Any) -> None:
         p = os.path.join(mnt, "g")
         with open(p, "wb") as f:
             f.write(b"old")
+        _released(s, p)
         r = os.open(p, os.O_RDONLY)
         assert os.read(r, 10) == b"old"
         w = os.open(p, os.O_WRONLY)
