@@ -124,6 +124,10 @@ class KernelSession:
         self._inflight: dict[int, trio.CancelScope] = {}
         # INTERRUPTs read (by another worker) before the request they name was dispatched
         self._early_interrupts: set[int] = set()
+        # RELEASEs dispatched and not yet handled, by inode: an OPEN of that inode waits for them, so it
+        # never overtakes a release the kernel sent before it (each request runs in its own task)
+        self._releasing: dict[int, int] = {}
+        self._released: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ state
@@ -311,6 +315,8 @@ class KernelSession:
         if op == abi.Op.BATCH_FORGET:
             self._nursery.start_soon(self._forget, req.args.items)
             return
+        if op == abi.Op.RELEASE:
+            self._releasing[req.nodeid] = self._releasing.get(req.nodeid, 0) + 1
         scope = trio.CancelScope()
         if self._early_interrupts and req.unique in self._early_interrupts:
             self._early_interrupts.discard(req.unique)
@@ -328,6 +334,8 @@ class KernelSession:
         undo: Undo = None
         try:
             with scope:
+                if req.opcode == abi.Op.OPEN and req.nodeid in self._releasing:
+                    await self._released.setdefault(req.nodeid, trio.Event()).wait()
                 parts, undo = await self.handlers.handle(req)
             if scope.cancelled_caught:
                 parts, undo = reply_error(req.unique, errno.EINTR), None
@@ -338,6 +346,8 @@ class KernelSession:
             parts = reply_error(req.unique, errno.EIO)
         finally:
             self._inflight.pop(req.unique, None)
+            if req.opcode == abi.Op.RELEASE:
+                self._release_done(req.nodeid)
             if buf is not None:
                 req.args = None  # drop the view into the buffer before reusing it
                 if self._copy is not None:
@@ -349,6 +359,16 @@ class KernelSession:
                 await undo()
             except Exception:
                 log.exception("undoing an unwanted %s reply", _opname(req.opcode))
+
+    def _release_done(self, ino: int) -> None:
+        left = self._releasing.get(ino, 1) - 1
+        if left:
+            self._releasing[ino] = left
+            return
+        self._releasing.pop(ino, None)
+        event = self._released.pop(ino, None)
+        if event is not None:
+            event.set()
 
     # ------------------------------------------------------------ notifications
     async def invalidate_inode(self, ino: int, offset: int = 0, length: int = 0) -> None:
