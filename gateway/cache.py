@@ -40,6 +40,7 @@ class Cache:
         self.capacity_bytes = capacity if capacity > 0 else int(fs_size * 0.9)
         self.min_free = auto_min_free(fs_size) if min_free is None else min_free
         self.used_bytes = 0
+        self.lent_bytes = 0  # set aside for the kernel transport's copy workers (`Space.lend`), not yet written
         self._disk_free = 0
         self._sampled_at = -1e9
         self._grown_since_sample = 0
@@ -52,7 +53,7 @@ class Cache:
             self._disk_free = st.f_bavail * st.f_frsize
             self._sampled_at = now
             self._grown_since_sample = 0
-        return min(self.capacity_bytes - self.used_bytes, self._disk_room())
+        return min(self.capacity_bytes - self.used_bytes, self._disk_room()) - self.lent_bytes
 
     def _disk_room(self) -> int:
         return self._disk_free - self._grown_since_sample - self.min_free

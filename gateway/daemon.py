@@ -32,6 +32,7 @@ from .drain import Drainer
 from .fetch import Fetcher
 from .fs import CkptFS
 from .fuse.kernel import KernelSession, choose_transport
+from .fuse.workers import worker_count
 from .fuse.libfuse import LibfuseSession
 from .fuse.session import FuseSession
 from .journal import Journal, JournalError
@@ -512,6 +513,7 @@ class Daemon:
         cfg = self.cfg
         if self.fuse_transport == "kernel":
             kernel = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
+                                   workers=worker_count(cfg.fuse_workers),
                                    allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
             try:
                 kernel.mount()

@@ -16,9 +16,12 @@ still comes here: we fsync the cache file. Not checked per write under passthrou
 cache capacity (hence the room rule), `max_file_size` (a file at or past it gets copy
 mode) and setuid/setgid (a writer who must drop them gets copy mode).
 
-Data path: `write` and `read` are `pwrite`/`pread` on the cache file, done
-inline on the trio thread: they hit the page cache and a thread hop would
-cost more than the copy. `fsync` is the one blocking call sent to a thread (the
+Data path: in copy mode under the kernel transport, the copy workers (fuse/workers.py) move
+the bytes themselves, in threads, for the handles this class publishes in `fast_handles`: they
+pwrite/pread the cache file on room lent by `lend`, and each write is accounted by `wrote` on
+the trio thread (size, version, cache bytes) before the kernel has its reply. Otherwise (pyfuse3,
+a handle not published, no room) `write` and `read` are `pwrite`/`pread` on the cache file, done
+inline on the trio thread. `fsync` is the one blocking call sent to a thread (the
 cache file's here, the journal's WAL in `Journal.durable`).
 A file that is only in the bucket is opened at once; its reads wait for the
 ranges they need (`fetch.Download`). Lookups and readdir first let `remote`
@@ -38,7 +41,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import trio
 
 from .fetch import Download, Fetcher
-from .fuse.ops import Attr, DirEntry, OpenReply, Operations, RequestContext, SetattrFields, StatFs
+from .fuse.ops import Attr, DirEntry, FastHandle, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 from .journal import DURABLE, ROOT_INODE, Row
 from .metrics import FUSE_COUNTERS
 from .namespace import NAME_MAX, Namespace
@@ -150,6 +153,7 @@ class CkptFS(Operations):
         # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
         self._fsyncs = trio.CapacityLimiter(8)
         self._pt_writers: dict[int, list[int]] = {}  # ino -> fhs of passthrough write handles
+        self.fast_handles: dict[int, FastHandle] = {}  # copy-mode handles the copy workers serve themselves
 
     @property
     def passthrough_handles(self) -> int:
@@ -361,7 +365,10 @@ class CkptFS(Operations):
 
     def opened(self, fh: int, passthrough: bool) -> None:
         h = self.handles.get(fh)
-        if h is None or not passthrough:
+        if h is None:
+            return
+        if not passthrough:
+            self._publish(fh)
             return
         h.passthrough = True
         if h.write:
@@ -434,7 +441,35 @@ class CkptFS(Operations):
         if h.kill_priv:
             h.kill_priv = False
             self.ns.tree.kill_priv(h.ino)
+            if fh in self.handles and not h.passthrough:
+                self._publish(fh)  # later writes may go to the copy workers
         return n
+
+    # ------------------------------------- the copy workers' fast path (fuse/ops.py, fuse/workers.py)
+    def _publish(self, fh: int) -> None:
+        """Put a copy-mode handle in `fast_handles` for the copy workers: a read handle once every byte
+        is local; a write handle unless its first write must drop setuid/setgid."""
+        h = self.handles[fh]
+        if h.passthrough or h.download is not None or h.write and h.kill_priv:
+            return
+        self.fast_handles[fh] = FastHandle(h.fd, h.ino, h.write, self.ns.cfg.file_size_limit)
+
+    def lend(self, want: int, need: int) -> int:
+        return self.ns.space.lend(want, need)
+
+    def repay(self, n: int) -> None:
+        self.ns.space.repay(n)
+
+    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
+        FUSE_COUNTERS.requests["write"] += 1
+        if error:
+            FUSE_COUNTERS.error("write", error)
+        self.ns.files.wrote(ino, offset, lent, written)
+
+    def fast_reads(self, count: int, error: int = 0) -> None:
+        FUSE_COUNTERS.requests["read"] += count
+        if error:
+            FUSE_COUNTERS.error("read", error)
 
     @_fuse
     async def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
@@ -463,6 +498,7 @@ class CkptFS(Operations):
 
     @_fuse
     async def release(self, fh: int) -> None:
+        self.fast_handles.pop(fh, None)
         h = self.handles[fh]
         try:
             if h.passthrough and h.write:

@@ -195,6 +195,9 @@ EXPIRE_ONLY = 1 << 0  # notify_inval_entry flags
 DEV_IOC_BACKING_OPEN = 0x4010E501
 DEV_IOC_BACKING_CLOSE = 0x4004E502
 BACKING_MAP = struct.Struct("<iIQ")  # fd, flags, padding
+# _IOR(229, 0, uint32_t), Linux >= 4.2: a new /dev/fuse fd becomes another channel of the
+# connection of the fd whose number it is given; a request read from it is answered on it
+DEV_IOC_CLONE = 0x8004E500
 
 # -------------------------------------------------------------------- layouts
 IN_HEADER = struct.Struct("<IIQQIIIHH")  # len opcode unique nodeid uid gid pid total_extlen padding

@@ -9,10 +9,11 @@ in flight (each request runs in its own trio task, so a slow one does not hold u
 How:
 - `mount()` opens /dev/fuse and mounts it with mount(2); `serve()` answers INIT (asking for
   passthrough when offered), probes FUSE_DEV_IOC_BACKING_OPEN once, then reads requests
-  until the kernel says ENODEV (unmounted) or `stop()` unmounts and cancels it. Reads: one
-  task waiting on the non-blocking fd with `trio.lowlevel.wait_readable` ("poll", the
-  default), or several tasks each reading a blocking fd in a worker thread ("threads");
-  `bench/kernel_transport_probe.py` compares them.
+  until the kernel says ENODEV (unmounted) or `stop()` unmounts and cancels it. Reads:
+  `workers` copy workers (the default, `fuse/workers.py`: threads on cloned descriptors that
+  move the bytes of READ and WRITE themselves and hand every other request to a task here),
+  or one task on the trio thread waiting on the fd with `trio.lowlevel.wait_readable` ("poll",
+  every byte copied on the trio thread); `bench/kernel_transport_probe.py` compares them.
 - Every handler error becomes an errno reply: OSError -> its errno, anything else -> EIO
   (logged). The loop itself never dies of a handler.
 - INTERRUPT cancels the request's task; the request is answered EINTR.
@@ -40,10 +41,9 @@ from . import abi
 from . import mount as _mount
 from .handlers import Parts, RequestHandlers, Undo
 from .iomode import IoModes
-from .messages import (
-    ProtocolError, Request, notify_inval_entry, notify_inval_inode, parse_header, parse_request, reply, reply_error,
-)
+from .messages import ProtocolError, Request, notify_inval_entry, notify_inval_inode, parse_request, reply, reply_error
 from .ops import Operations
+from .workers import CopyWorkers, clone, parse_or_eio, send
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,15 @@ class KernelSession:
         passthrough: bool = True,
         max_stack_depth: int = 1,
         max_pages: int | None = None,
-        reader: str = "poll",
-        readers: int = 4,
+        reader: str = "workers",
+        workers: int = 1,
         max_in_flight: int = 32,
         allow_other: bool = True,
         read_only: bool = False,
         probe_dir: str | None = None,
     ) -> None:
-        if reader not in ("poll", "threads"):
-            raise ValueError("reader must be 'poll' or 'threads'")
+        if reader not in ("poll", "workers"):
+            raise ValueError("reader must be 'poll' or 'workers'")
         self.ops = ops
         self.mountpoint = mountpoint
         self.read_only = read_only  # MS_RDONLY: the kernel itself answers EROFS to every change
@@ -102,14 +102,16 @@ class KernelSession:
         self.max_stack_depth = max_stack_depth
         self.max_pages = min(max_pages or 256, _mount.max_pages_limit())
         self.reader = reader
-        self.readers = readers if reader == "threads" else 1
+        self.want_workers = workers if reader == "workers" else 1
         self.allow_other = allow_other
         self.probe_dir = probe_dir
         # a request is at most max_write + headers; a page more keeps every request whole
         self._buffers = _Buffers(self.max_pages * 4096 + 4096, max_in_flight)
         self.fd = -1
+        self.clones: list[int] = []  # the copy workers' descriptors besides `fd`
         # request workers, each with its /dev/fuse fd, that move data (status: fuse_workers)
         self.workers = 1
+        self._copy: CopyWorkers | None = None
         self.init_out: abi.InitOut | None = None
         self.kernel_flags = 0
         self.passthrough_offered = False
@@ -120,8 +122,13 @@ class KernelSession:
         self.done = trio.Event()
         self._serving = trio.CancelScope()  # cancelled by stop()
         self._inflight: dict[int, trio.CancelScope] = {}
+        # INTERRUPTs read (by another worker) before the request they name was dispatched
+        self._early_interrupts: set[int] = set()
+        # RELEASEs dispatched and not yet handled, by inode: an OPEN of that inode waits for them, so it
+        # never overtakes a release the kernel sent before it (each request runs in its own task)
+        self._releasing: dict[int, int] = {}
+        self._released: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
-        self._limiter = trio.CapacityLimiter(self.readers)
 
     # ------------------------------------------------------------------ state
     @property
@@ -141,7 +148,7 @@ class KernelSession:
     # ------------------------------------------------------------- mount/unmount
     def mount(self) -> None:
         self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-        os.set_blocking(self.fd, self.reader == "threads")
+        os.set_blocking(self.fd, False)
         try:
             flags = _mount.MS_NOSUID | _mount.MS_NODEV | (_mount.MS_RDONLY if self.read_only else 0)
             _mount.mount(self.source, self.mountpoint, self.fstype,
@@ -159,10 +166,11 @@ class KernelSession:
         """Close /dev/fuse: aborts the connection if it is still mounted."""
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
-            if self.reader == "poll":
-                trio.lowlevel.notify_closing(fd)
+            trio.lowlevel.notify_closing(fd)
             self.modes.drop_all()
             os.close(fd)
+        while self.clones:
+            os.close(self.clones.pop())
 
     # ---------------------------------------------------------------- backing ids
     def _backing_open(self, fd: int) -> int:
@@ -186,8 +194,6 @@ class KernelSession:
     async def _read(self, buf: bytearray) -> int:
         while True:
             try:
-                if self.reader == "threads":
-                    return await trio.to_thread.run_sync(os.readv, self.fd, [buf], limiter=self._limiter, abandon_on_cancel=True)
                 return os.readv(self.fd, [buf])
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self.fd)
@@ -200,16 +206,6 @@ class KernelSession:
                     raise Unmounted() from None
                 raise
 
-    def _send(self, parts: Parts) -> bool:
-        """Write one reply; False if the kernel no longer wants it."""
-        try:
-            os.writev(self.fd, parts)
-            return True
-        except OSError as e:
-            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
-                log.error("reply to /dev/fuse failed: %s", e)
-            return False
-
     # ---------------------------------------------------------------- the loop
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Answer INIT, report started, then serve until unmounted or `stop()`. A mount whose
@@ -220,7 +216,10 @@ class KernelSession:
                 task_status.started()
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    for _ in range(self.readers):
+                    if self.reader == "workers":
+                        self._copy = self._start_workers()
+                        nursery.start_soon(self._copy.run)
+                    else:
                         nursery.start_soon(self._reader)
         finally:
             if self.init_out is None:
@@ -252,10 +251,10 @@ class KernelSession:
             out = abi.negotiate(init, passthrough=self.want_passthrough, max_pages=self.max_pages,
                                 max_stack_depth=self.max_stack_depth)
         except abi.InitError:
-            self._send(reply_error(req.unique, errno.EPROTO))
+            send(self.fd, reply_error(req.unique, errno.EPROTO))
             raise
         self.init_out = out
-        self._send(reply(req.unique, abi.encode_init(out)))
+        send(self.fd, reply(req.unique, abi.encode_init(out)))
         if not self.passthrough_offered:
             self.passthrough_error = "the kernel does not offer FUSE_PASSTHROUGH"
         elif not self.want_passthrough:
@@ -275,22 +274,27 @@ class KernelSession:
             except BaseException:
                 self._buffers.put(buf)
                 raise
-            try:
-                req = parse_request(memoryview(buf)[:n])
-            except ProtocolError as e:
-                self._buffers.put(buf)
-                log.error("bad request from the kernel: %s", e)
-                try:
-                    self._send(reply_error(parse_header(memoryview(buf)[:n]).unique, errno.EIO))
-                except ProtocolError:
-                    pass
-                continue
-            held = buf if req.opcode == abi.Op.WRITE else None
+            req = parse_or_eio(memoryview(buf)[:n], self.fd)
+            held = buf if req is not None and req.opcode == abi.Op.WRITE else None
             if held is None:
                 self._buffers.put(buf)
-            self._dispatch(req, held)
+            if req is not None:
+                self._dispatch(req, held, self.fd)
 
-    def _dispatch(self, req: Request, buf: bytearray | None) -> None:
+    def _start_workers(self) -> CopyWorkers:
+        """The copy workers: the mount's descriptor and `want_workers - 1` clones of it (fewer if
+        the kernel refuses a clone: FUSE_DEV_IOC_CLONE exists since Linux 4.2)."""
+        for _ in range(self.want_workers - 1):
+            try:
+                self.clones.append(clone(self.fd))
+            except OSError as e:
+                log.warning("FUSE_DEV_IOC_CLONE refused (%s): %d copy workers", e.strerror, len(self.clones) + 1)
+                break
+        self.workers = 1 + len(self.clones)
+        return CopyWorkers(self.ops, [self.fd, *self.clones], self._buffers.size, self.max_pages * 4096, self._dispatch)
+
+    def _dispatch(self, req: Request, buf: bytearray | None, fd: int) -> None:
+        """Start answering `req` (read from `fd`, where its reply goes) in a task of its own. On the trio thread."""
         assert self._nursery is not None
         op = req.opcode
         self.counts[op] += 1
@@ -298,6 +302,12 @@ class KernelSession:
             scope = self._inflight.get(req.args.unique)
             if scope is not None:
                 scope.cancel()
+            elif self.clones:
+                # read before its request was dispatched by another worker (or after it was answered:
+                # such an entry never matches, uniques are not reused; the set is kept small)
+                if len(self._early_interrupts) > 1024:
+                    self._early_interrupts.clear()
+                self._early_interrupts.add(req.args.unique)
             return
         if op == abi.Op.FORGET:
             self._nursery.start_soon(self._forget, [(req.nodeid, req.args.nlookup)])
@@ -305,9 +315,14 @@ class KernelSession:
         if op == abi.Op.BATCH_FORGET:
             self._nursery.start_soon(self._forget, req.args.items)
             return
+        if op == abi.Op.RELEASE:
+            self._releasing[req.nodeid] = self._releasing.get(req.nodeid, 0) + 1
         scope = trio.CancelScope()
+        if self._early_interrupts and req.unique in self._early_interrupts:
+            self._early_interrupts.discard(req.unique)
+            scope.cancel()
         self._inflight[req.unique] = scope
-        self._nursery.start_soon(self._run, req, buf, scope)
+        self._nursery.start_soon(self._run, req, buf, scope, fd)
 
     async def _forget(self, items: list[tuple[int, int]]) -> None:
         try:
@@ -315,10 +330,12 @@ class KernelSession:
         except Exception:
             log.exception("forget")
 
-    async def _run(self, req: Request, buf: bytearray | None, scope: trio.CancelScope) -> None:
+    async def _run(self, req: Request, buf: bytearray | None, scope: trio.CancelScope, fd: int) -> None:
         undo: Undo = None
         try:
             with scope:
+                if req.opcode == abi.Op.OPEN and req.nodeid in self._releasing:
+                    await self._released.setdefault(req.nodeid, trio.Event()).wait()
                 parts, undo = await self.handlers.handle(req)
             if scope.cancelled_caught:
                 parts, undo = reply_error(req.unique, errno.EINTR), None
@@ -329,14 +346,29 @@ class KernelSession:
             parts = reply_error(req.unique, errno.EIO)
         finally:
             self._inflight.pop(req.unique, None)
+            if req.opcode == abi.Op.RELEASE:
+                self._release_done(req.nodeid)
             if buf is not None:
                 req.args = None  # drop the view into the buffer before reusing it
-                self._buffers.put(buf)
-        if not self._send(parts) and undo is not None:
+                if self._copy is not None:
+                    self._copy.give_back(buf)
+                else:
+                    self._buffers.put(buf)
+        if not send(fd, parts) and undo is not None:
             try:
                 await undo()
             except Exception:
                 log.exception("undoing an unwanted %s reply", _opname(req.opcode))
+
+    def _release_done(self, ino: int) -> None:
+        left = self._releasing.get(ino, 1) - 1
+        if left:
+            self._releasing[ino] = left
+            return
+        self._releasing.pop(ino, None)
+        event = self._released.pop(ino, None)
+        if event is not None:
+            event.set()
 
     # ------------------------------------------------------------ notifications
     async def invalidate_inode(self, ino: int, offset: int = 0, length: int = 0) -> None:

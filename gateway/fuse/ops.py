@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -105,6 +106,17 @@ def _nosys() -> OSError:
     return OSError(errno.ENOSYS, "not implemented")
 
 
+@dataclass(slots=True, frozen=True)
+class FastHandle:
+    """A handle a copy worker may serve without asking: its cache file descriptor, its inode, whether
+    WRITEs may be served (else READs only), and the size no write may pass (EFBIG by the ordinary way)."""
+
+    fd: int
+    ino: int
+    write: bool
+    size_limit: int
+
+
 class Operations:
     """Base class: every request answers ENOSYS until a subclass implements it.
 
@@ -184,6 +196,26 @@ class Operations:
     async def write(self, fh: int, offset: int, data: memoryview) -> int:
         """`data` is only valid until this returns: copy it if it must outlive the call."""
         raise _nosys()
+
+    # The copy workers' fast path (kernel transport, copy mode; fuse/workers.py). Worker threads read
+    # `fast_handles` (the trio thread alone changes it) and move the bytes of READ and WRITE themselves;
+    # the calls below run on the trio thread, quick and synchronous. A handle not in the table, or no
+    # room lent, sends the request the ordinary way (`read`/`write` in a trio task: waits, raises).
+    fast_handles: dict[int, FastHandle]
+
+    def lend(self, want: int, need: int) -> int:
+        """Room in the cache for a worker's next writes: up to `want` bytes, at least `need`, or 0."""
+        return 0
+
+    def repay(self, n: int) -> None:
+        """Lent room a worker did not use."""
+
+    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
+        """A worker's pwrite of a WRITE: `written` bytes at `offset` (`error`: its errno, 0 if none),
+        on `lent` bytes of lent room. Runs before any request the kernel sends after the reply."""
+
+    def fast_reads(self, count: int, error: int = 0) -> None:
+        """`count` READs a worker served (`error`: one of them failed with this errno)."""
 
     async def flush(self, fh: int) -> None:
         """close(2) of one file descriptor (may come several times per handle). Not implemented by

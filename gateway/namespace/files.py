@@ -138,20 +138,55 @@ class OpenFiles:
             live.mtime_ns = mtime_ns
 
     def write(self, ino: int, fd: int, offset: int, data: bytes) -> int:
-        live = self.get(ino)
-        end = offset + len(data)
-        if end > self.cfg.file_size_limit:
-            raise OSError(errno.EFBIG, "file larger than max_file_size")
-        if end > live.size:
-            self.cache.grow(live.size, end)
+        before = self.reserve(ino, offset, len(data))
         try:
             n = os.pwrite(fd, data, offset)
         except OSError:
-            if end > live.size:
-                self.cache.grow(end, live.size)
+            self.unreserve(ino, offset, len(data), before, 0)
             raise
-        self.modified(ino, live, max(live.size, offset + n))
+        if n < len(data):
+            self.unreserve(ino, offset, len(data), before, n)
         return n
+
+    def reserve(self, ino: int, offset: int, length: int) -> int:
+        """A write of `length` bytes at `offset` about to happen: EFBIG past `max_file_size`,
+        CacheFull without room, else the new size accounted and a new version (the bytes land
+        right after, in this thread or a copy worker's; the file has a writer, so no upload
+        snapshots it meanwhile). Returns the size before, for `unreserve`."""
+        live = self.get(ino)
+        end = offset + length
+        if end > self.cfg.file_size_limit:
+            raise OSError(errno.EFBIG, "file larger than max_file_size")
+        before = live.size
+        if end > before:
+            self.cache.grow(before, end)
+        self.modified(ino, live, max(before, end))
+        return before
+
+    def wrote(self, ino: int, offset: int, lent: int, written: int) -> None:
+        """A copy worker (fuse/workers.py) wrote `written` bytes at `offset` into the cache file, on
+        `lent` bytes of room `Space.lend` set aside: account them. Posted to the trio thread before the
+        reply goes to the kernel, into the queue every request goes through: whatever the kernel sends
+        after the reply sees the new size and version."""
+        self.cache.lent_bytes -= lent
+        if not written:
+            return
+        live = self.get(ino)
+        end = offset + written
+        if end > live.size:
+            self.cache.resized(live.size, end)
+        self.modified(ino, live, max(live.size, end))
+
+    def unreserve(self, ino: int, offset: int, length: int, before: int, written: int) -> None:
+        """The write `reserve` accounted failed or fell short (`written` bytes): take back the size
+        it added, unless a later write grew the file further meanwhile."""
+        live = self.live.get(ino)
+        if live is None or live.size != offset + length:
+            return
+        size = max(before, offset + written)
+        if size < live.size:
+            self.cache.resized(live.size, size)
+            live.size = size
 
     def truncate(self, ino: int, size: int) -> None:
         if size > self.cfg.file_size_limit:

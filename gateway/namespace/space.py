@@ -49,6 +49,29 @@ class Space:
         self._freed.set()
         self._freed = trio.Event()
 
+    def lend(self, want: int, need: int) -> int:
+        """Room set aside for a copy worker's next writes (fuse/workers.py): up to `want` bytes, at least
+        `need` (its next write), evicting clean copies for it if need be; each write it makes is then
+        accounted by `OpenFiles.wrote`, what it does not use comes back with `repay`. 0 while writers
+        wait for room (they go first) or when `need` does not fit: the write takes `when_room`."""
+        if self.stalled_writers:
+            return 0
+        room = self.cache.room()
+        if room < need:
+            self.evict(need - room)
+            room = self.cache.room()
+            if room < need:
+                return 0
+        n = max(need, min(want, room))
+        self.cache.lent_bytes += n
+        return n
+
+    def repay(self, n: int) -> None:
+        """Room a copy worker set aside and did not use."""
+        self.cache.lent_bytes -= n
+        if n and self.stalled_writers:
+            self.freed()
+
     async def when_room(self, attempt: Callable[[], T]) -> T:
         """Run `attempt` (a write); when the cache is full evict clean copies, then wait for the drain, then ENOSPC."""
         try:

@@ -38,6 +38,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ("cold_compression_threshold = 1.5", "give a fraction from 0 to below 1"),
         ('temporary_dir_patterns = ["ok.tmp", "a/b.tmp"]', "'a/b.tmp' is not a directory name pattern"),
         ("temporary_hold_seconds = -1", "temporary_hold_seconds = -1.0 is negative"),
+        ("fuse_workers = 0", "fuse_workers = '0': give auto or a number from 1 to 64"),
+        ('fuse_workers = "many"', "give auto or a number from 1 to 64"),
     ],
 )
 def test_bad_values_are_one_clear_line(tmp_path: Path, content: str, message: str) -> None:
@@ -149,3 +151,10 @@ def test_a_cache_dir_too_long_for_the_control_socket_is_one_clear_line(tmp_path:
 def test_cold_compression_is_auto_by_default() -> None:
     cfg = load_config(None, environ={}, overrides=BASE)
     assert (cfg.cold_compression, cfg.cold_compression_threshold) == ("auto", 0.03)
+
+
+def test_fuse_workers_auto_or_a_count(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("fuse_workers = 4\n")
+    assert load_config(str(f), environ={}, overrides=BASE).fuse_workers == "4"
+    assert load_config(None, environ={}, overrides=BASE).fuse_workers == "auto"
