@@ -513,7 +513,7 @@ class Daemon:
         cfg = self.cfg
         if self.fuse_transport == "kernel":
             kernel = KernelSession(fs, cfg.mountpoint, source="ckptfs", fstype="fuse.ckptfs", passthrough=cfg.fuse_passthrough,
-                                   workers=worker_count(cfg.fuse_workers),
+                                   workers=worker_count(cfg.fuse_workers), auto_workers=cfg.fuse_workers == "auto",
                                    allow_other=cfg.allow_other, read_only=cfg.read_only, probe_dir=str(self.cache.data_dir))
             try:
                 kernel.mount()
