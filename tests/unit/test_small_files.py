@@ -28,6 +28,7 @@ from ckptfs.fuse.ops import Operations, RequestContext
 from ckptfs.journal import DURABLE, ROOT_INODE, Journal, UploadRecord
 from ckptfs.objects import crc32_b64
 from tests.unit.test_encryption import store
+from tests.unit.test_upload_queue import _statements
 from tests.unit.test_fuse_protocol import request
 from tests.unit.test_journal import make_ns, write_file
 from tests.unit.test_upload_queue import assert_in_step, take_all
@@ -64,19 +65,13 @@ def _upload_statements(tmp_path: Path, waiting: int) -> int:
         write_file(ns, d.ino, f"f{i}", b"x")
     take_all(ns, time.time() + 10)
     ino = write_file(ns, d.ino, "new", b"y")
-    count = 0
 
-    def seen(sql: str) -> None:
-        nonlocal count
-        count += 1
-    ns.journal.db.set_trace_callback(seen)
-    try:
+    def upload() -> None:
         t = ns.uploads.begin_upload(ino)
         assert t is not None and ns.uploads.publishable(t)
         assert ns.uploads.finish_upload(t, "e", "h")
         ns.uploads.upload_ended(ino)
-    finally:
-        ns.journal.db.set_trace_callback(None)
+    count = _statements(ns, upload)
     row = ns.journal.get(ino)
     assert row is not None and row.state == DURABLE
     assert [r.state for r in (ns.journal.get(d.ino), ns.journal.get(d.parent or 0))] == [DURABLE, DURABLE]
