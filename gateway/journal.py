@@ -447,6 +447,12 @@ class Journal:
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE inodes SET {cols} WHERE ino = ?", (*fields.values(), ino))
 
+    def confirm_seen(self, inos: list[int], at: float) -> None:
+        """The bucket confirmed these entries at `at` (a listing that started then): seen_at becomes at
+        least `at`, in one prepared statement run per row, writing only rows that had an older time."""
+        self.db.executemany("UPDATE inodes SET seen_at = ? WHERE ino = ? AND (seen_at IS NULL OR seen_at < ?)",
+                            ((at, ino, at) for ino in inos))
+
     def delete(self, ino: int) -> None:
         with self.transaction():
             self.db.execute("DELETE FROM inodes WHERE ino = ?", (ino,))

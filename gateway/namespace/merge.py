@@ -64,6 +64,7 @@ class ListingMerge:
         uid, gid = os.getuid(), os.getgid()
         children = {r.name: r for r in j.children(dir_ino)}
         seen: set[str] = set()
+        confirmed: list[int] = []  # entries the listing shows unchanged: seen_at = max(started_at, seen_at)
         with j.transaction():
             if listing.marker and dir_ino != ROOT_INODE:
                 j.update(dir_ino, state=DURABLE, seen_at=max(started_at, j.get(dir_ino).seen_at or 0))  # type: ignore[union-attr]
@@ -77,7 +78,7 @@ class ListingMerge:
                 if row is None:
                     j.insert(dir_ino, name, "dir", stat.S_IFDIR | 0o755, uid, gid, DURABLE, seen_at=started_at)
                 elif row.is_dir:
-                    j.update(row.ino, seen_at=max(started_at, row.seen_at or 0))
+                    confirmed.append(row.ino)
             for obj in listing.objects:
                 if "/" in obj.name or not valid_name(obj.name) or is_reserved(obj.name):
                     continue
@@ -95,7 +96,7 @@ class ListingMerge:
                 if row.is_dir or row.state != DURABLE:
                     continue  # local changes win
                 if row.etag == obj.etag:
-                    j.update(row.ino, seen_at=max(started_at, row.seen_at or 0))
+                    confirmed.append(row.ino)
                     continue
                 if (row.seen_at or 0) > started_at or self.files.in_use(row.ino):
                     continue  # newer than the listing, or open: look again next time
@@ -107,6 +108,9 @@ class ListingMerge:
                          remote_key=key, cached=0, seen_at=started_at, version=row.version + 1)
                 self.files.live.pop(row.ino, None)
                 self.remote_changed_total += 1
+            # a listing merged after a later one (a subtree's recursive listing) must not remove what the
+            # later one confirmed: hence the time per entry (one statement per listing, not one per entry)
+            j.confirm_seen(confirmed, started_at)
             for name, row in children.items():
                 if name in seen or (row.seen_at or 0) > started_at:
                     continue

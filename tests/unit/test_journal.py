@@ -444,3 +444,23 @@ def test_the_first_fsync_of_a_wal_file_also_makes_its_name_and_the_database_dura
     trio.run(j.durable)
     assert synced == ["journal.sqlite3-wal"]  # from then on the WAL alone
     j.close()
+
+
+def test_a_listing_merged_after_a_later_one_keeps_what_the_later_one_confirmed(tmp_path: Path) -> None:
+    from ckptfs.objects import Listing, RemoteObject
+
+    ns = make_ns(tmp_path)
+    older, later = 1000.0, 2000.0
+    # another node's object, first seen by a listing that started at `later` (merged first) ...
+    ns.merge.merge(ROOT_INODE, later - 500, Listing(["sub"], [RemoteObject("x", 1, "e1", 1.0)], False))
+    ns.merge.merge(ROOT_INODE, later, Listing(["sub"], [RemoteObject("x", 1, "e1", 1.0)], False))
+    assert {r.name: r.seen_at for r in ns.journal.children(ROOT_INODE)} == {"sub": later, "x": later}
+    # ... then a recursive listing that started before it answers, without them: they stay
+    ns.merge.merge(ROOT_INODE, older, Listing([], [], False))
+    assert sorted(r.name for r in ns.journal.children(ROOT_INODE)) == ["sub", "x"]
+    # a listing never moves the time back
+    ns.merge.merge(ROOT_INODE, older, Listing(["sub"], [RemoteObject("x", 1, "e1", 1.0)], False))
+    assert {r.name: r.seen_at for r in ns.journal.children(ROOT_INODE)} == {"sub": later, "x": later}
+    # a later listing without them removes them
+    ns.merge.merge(ROOT_INODE, later + 1, Listing([], [], False))
+    assert ns.journal.children(ROOT_INODE) == []
