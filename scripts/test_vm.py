@@ -281,7 +281,7 @@ def selection_args(selection: str, accel: str) -> list[str]:
         selection = "core" if accel == "kvm" else "smoke"
         if selection == "smoke":
             print(f"test-vm: TCG emulation (no KVM guest here): the smoke selection ({len(SMOKE)} test x 2 transports); "
-                  f"make test-vm runs all {len(TESTS)} (about 40 min)", flush=True)
+                  f"make test-vm runs all {len(TESTS)} (17-40 min)", flush=True)
     return ["-v", "-rs", *(TESTS if selection == "core" else SMOKE)]
 
 
