@@ -138,30 +138,20 @@ class OpenFiles:
             live.mtime_ns = mtime_ns
 
     def write(self, ino: int, fd: int, offset: int, data: bytes) -> int:
-        before = self.reserve(ino, offset, len(data))
+        live = self.get(ino)
+        end = offset + len(data)
+        if end > self.cfg.file_size_limit:
+            raise OSError(errno.EFBIG, "file larger than max_file_size")
+        if end > live.size:
+            self.cache.grow(live.size, end)
         try:
             n = os.pwrite(fd, data, offset)
         except OSError:
-            self.unreserve(ino, offset, len(data), before, 0)
+            if end > live.size:
+                self.cache.grow(end, live.size)
             raise
-        if n < len(data):
-            self.unreserve(ino, offset, len(data), before, n)
+        self.modified(ino, live, max(live.size, offset + n))
         return n
-
-    def reserve(self, ino: int, offset: int, length: int) -> int:
-        """A write of `length` bytes at `offset` about to happen: EFBIG past `max_file_size`,
-        CacheFull without room, else the new size accounted and a new version (the bytes land
-        right after, in this thread or a copy worker's; the file has a writer, so no upload
-        snapshots it meanwhile). Returns the size before, for `unreserve`."""
-        live = self.get(ino)
-        end = offset + length
-        if end > self.cfg.file_size_limit:
-            raise OSError(errno.EFBIG, "file larger than max_file_size")
-        before = live.size
-        if end > before:
-            self.cache.grow(before, end)
-        self.modified(ino, live, max(before, end))
-        return before
 
     def wrote(self, ino: int, offset: int, lent: int, written: int) -> None:
         """A copy worker (fuse/workers.py) wrote `written` bytes at `offset` into the cache file, on
@@ -176,17 +166,6 @@ class OpenFiles:
         if end > live.size:
             self.cache.resized(live.size, end)
         self.modified(ino, live, max(live.size, end))
-
-    def unreserve(self, ino: int, offset: int, length: int, before: int, written: int) -> None:
-        """The write `reserve` accounted failed or fell short (`written` bytes): take back the size
-        it added, unless a later write grew the file further meanwhile."""
-        live = self.live.get(ino)
-        if live is None or live.size != offset + length:
-            return
-        size = max(before, offset + written)
-        if size < live.size:
-            self.cache.resized(live.size, size)
-            live.size = size
 
     def truncate(self, ino: int, size: int) -> None:
         if size > self.cfg.file_size_limit:
