@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import stat
 from typing import Any
@@ -28,6 +29,11 @@ SSE_S3 = "AES256"
 SSE_KMS = "aws:kms"
 MODES = ("", SSE_S3, SSE_KMS)
 KEY_BYTES = 32
+_HEADERS = {  # boto3's parameter -> the header it becomes (the S3 API reference)
+    "ServerSideEncryption": "x-amz-server-side-encryption",
+    "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id",
+    "SSECustomerAlgorithm": "x-amz-server-side-encryption-customer-algorithm",
+}
 
 
 class EncryptionError(ValueError):
@@ -109,6 +115,15 @@ class Encryption:
                 kw["SSEKMSKeyId"] = self.kms_key_id
             return kw
         return self.customer()
+
+    def create_headers(self) -> dict[str, str]:
+        """`create()` as HTTP headers, for a PutObject signed and sent without the client (store.SignedPut):
+        what botocore's serializer and its SSE-C handler would put on the wire."""
+        h = {_HEADERS[k]: v for k, v in self.create().items() if k != "SSECustomerKey"}
+        if self.__key:
+            h["x-amz-server-side-encryption-customer-key"] = base64.b64encode(self.__key).decode()
+            h["x-amz-server-side-encryption-customer-key-MD5"] = base64.b64encode(hashlib.md5(self.__key).digest()).decode()
+        return h
 
     def customer(self) -> dict[str, Any]:
         """For requests on an existing object's bytes: GET, HEAD, UploadPart, CompleteMultipartUpload (SSE-C only)."""

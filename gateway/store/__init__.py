@@ -1,4 +1,4 @@
-"""The object store: the only module that imports boto3.
+"""The object store: the only package that imports boto3 (signed.py: the small PutObjects it signs itself).
 
 Every call is blocking and meant to run in a worker thread
 (`trio.to_thread.run_sync`). Part bodies are streamed from the cache file
@@ -17,22 +17,25 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any, Callable
 
 import boto3
 import botocore.exceptions as bexc
+from botocore.awsrequest import AWSRequest
 from botocore.config import Config as BotoConfig
 
-from .bodies import RangeReader, ViewReader
-from .config import Config
-from .encryption import Encryption, EncryptionError
+from ..bodies import RangeReader, ViewReader
+from ..config import Config
+from ..encryption import Encryption, EncryptionError
 # lifecycle/ and replication/ still import StoreError, its kinds and Listing from here
-from .objects import (
+from ..objects import (
     ARCHIVED, AUTH, CHANGED, NETWORK, NO_BUCKET, NO_OBJECT, NO_UPLOAD, OTHER, PRECONDITION, SERVER,
     Listing, NoncurrentVersions, ObjectInfo, RemoteObject, RemotePart, StoreError,
 )
-from .sizes import small_objects_in_flight
-from .storageclass import ArchiveState, from_head
+from ..sizes import small_objects_in_flight
+from ..storageclass import ArchiveState, from_head
+from .signed import EndpointMoved, SignedPut
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +149,7 @@ class BucketConnection:
             )
 
         self.client = client(cfg.read_timeout, 3, cfg.max_parts_in_flight + small_objects_in_flight(cfg.max_parts_in_flight) + 8)
+        self._session = session
         # the mount's check has its own bound: with read_timeout x 3 attempts a store that accepts
         # connections and never answers held `ckptfs mount` for minutes, past systemd's start timeout
         self._check_client = client(cfg.mount_check_timeout / 3, 3, 1)
@@ -299,9 +303,55 @@ class Store(BucketGovernance):
         )
         return r["ETag"].strip('"')
 
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self._signed: SignedPut | None = None
+        self._signed_tried = False
+        self._signed_probe = threading.Lock()  # one PutObject shows boto3's request; the others meanwhile go through boto3
+
     def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
         """PutObject of a small file read into memory: sent without `Expect: 100-continue` (botocore adds
-        it to file-like bodies only), one round trip to the store instead of two."""
+        it to file-like bodies only), one round trip to the store instead of two.
+
+        The first goes through boto3, which shows where and how it signs; the rest through `SignedPut`."""
+        signed = self._signed
+        if signed is not None:
+            headers = {"x-amz-checksum-crc32": crc32, **{f"x-amz-meta-{k}": v for k, v in metadata.items()}, **self.enc.create_headers()}
+            try:
+                return str(self._call("PutObject", lambda Bucket, Key: signed.put(Key, body, headers), Key=key))  # noqa: N803 - _call's keywords
+            except EndpointMoved as e:
+                log.info("the object store answered a PutObject with %s: learning its endpoint again through boto3", e)
+                self._signed, self._signed_tried = None, False
+        if self._signed_tried or not self._signed_probe.acquire(blocking=False):
+            return self._put_body_boto3(key, body, crc32, metadata)
+        try:
+            return self._put_body_learning(key, body, crc32, metadata)
+        finally:
+            self._signed_probe.release()
+
+    def _put_body_learning(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
+        """A PutObject through boto3 that records where and how boto3 signed it (its thread's request only:
+        other threads' PutObjects fire the same event meanwhile), then sets up `SignedPut` from it."""
+        seen: dict[str, Any] = {}
+        me = threading.get_ident()
+
+        def capture(request: AWSRequest, signing_name: str, region_name: str, signature_version: str, **_: Any) -> None:
+            if threading.get_ident() == me:
+                seen.update(url=request.url, signing_name=signing_name, region=region_name, signature_version=signature_version)
+
+        handler = f"ckptfs-signed-put-{id(self)}"
+        self.client.meta.events.register("before-sign.s3.PutObject", capture, unique_id=handler)
+        try:
+            etag = self._put_body_boto3(key, body, crc32, metadata)
+        finally:
+            self.client.meta.events.unregister("before-sign.s3.PutObject", unique_id=handler)
+        self._signed = SignedPut.from_request(self.client, self._session.get_credentials(), key, **seen) if seen else None
+        self._signed_tried = True
+        if self._signed is None:
+            log.info("small PutObjects go through boto3: its request (%s) is not one SignedPut reproduces", seen.get("signature_version"))
+        return etag
+
+    def _put_body_boto3(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(
             "PutObject", self.client.put_object, Key=key, Body=body,
             ContentLength=len(body), ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),

@@ -1,0 +1,87 @@
+"""PutObject of a small body signed here and sent on the boto3 client's own HTTP session (`SignedPut`).
+
+Why: for a 64 KiB body boto3 spent ~1.5 ms of client CPU per request (event hooks, endpoint rules,
+serialising, parsing), all of it holding the GIL the FUSE loop needs, and over plain http it hashes the
+body for the signature, which the store then hashes again; this path costs about half, and over TLS no
+hash at all (docs/benchmarks.md). It reproduces a request boto3 has just sent (`Store.put_object_body`
+learns the URL, signing region and name from the first PutObject), so where a bucket is served stays
+boto3's decision; its failures are raised as botocore's, so `store._classify` reads them alike.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+import botocore.exceptions as bexc
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.utils import percent_encode
+
+
+class _TLSChecksumSigner(S3SigV4Auth):
+    """SigV4 for a PutObject whose body travels with a signed `x-amz-checksum-crc32`: over TLS the body is not
+    hashed into the signature (what botocore does for streamed bodies: TLS and a checksum are enough, and the
+    store is spared a SHA-256 of every body); over plain http it is."""
+
+    def _should_sha256_sign_payload(self, request: AWSRequest) -> bool:
+        return not request.url.startswith("https:")
+
+
+class SignedPut:
+    """PutObjects to the endpoint of one PutObject boto3 sent: virtual-hosted buckets, FIPS or dual-stack
+    endpoints and a custom `endpoint_url` come out as boto3's endpoint rules made them."""
+
+    def __init__(self, client: Any, credentials: Any, base_url: str, region: str, signing_name: str) -> None:
+        self._http = client._endpoint.http_session  # the client's pool, TLS verification, proxies and timeouts
+        self._credentials = credentials
+        self.base_url, self.region, self.signing_name = base_url, region, signing_name
+
+    @classmethod
+    def from_request(cls, client: Any, credentials: Any, key: str, url: str, region: str, signing_name: str,
+                     signature_version: str) -> SignedPut | None:
+        """The signer for the endpoint a PutObject of `key` was sent to, or None if this path cannot reproduce it."""
+        tail = "/" + percent_encode(key, safe="/~")
+        if signature_version not in ("s3v4", "v4") or "?" in url or not url.endswith(tail) or credentials is None \
+                or not hasattr(getattr(client, "_endpoint", None), "http_session"):
+            return None
+        return cls(client, credentials, url[: -len(tail)], region, signing_name)
+
+    def put(self, key: str, body: bytes, headers: dict[str, str]) -> str:
+        """PUT `body` at `key`; the ETag. A connection the server closed while idle in the pool is retried."""
+        url = f"{self.base_url}/{percent_encode(key, safe='/~')}"
+        for attempt in range(3):
+            request = AWSRequest("PUT", url, data=body, headers={**headers, "Content-Length": str(len(body))})
+            _TLSChecksumSigner(self._credentials.get_frozen_credentials(), self.signing_name, self.region).add_auth(request)
+            try:
+                response = self._http.send(request.prepare())
+                break
+            except bexc.ConnectionClosedError:
+                if attempt == 2:
+                    raise
+        if response.status_code == 200:
+            return str(response.headers.get("ETag", "")).strip('"')
+        error = _error_response(response.status_code, response.content)
+        if response.status_code in (301, 307) or error["Error"]["Code"] in MOVED_CODES:
+            raise EndpointMoved(error["Error"]["Code"])
+        raise bexc.ClientError(error, "PutObject")
+
+
+# what S3 answers a request sent to the wrong region or endpoint (boto3 follows them; SignedPut learns again)
+MOVED_CODES = ("PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalformed")
+
+
+class EndpointMoved(Exception):
+    """The store says the bucket is answered elsewhere now: the next PutObject goes through boto3 and is learnt again."""
+
+
+def _error_response(status: int, content: bytes) -> dict[str, Any]:
+    """An S3 error body (`<Error><Code>..</Code><Message>..</Message></Error>`) as botocore's parsed response."""
+    code = message = ""
+    try:
+        root = ET.fromstring(content) if content else None
+    except ET.ParseError:
+        root = None
+    if root is not None:
+        code, message = root.findtext("Code") or "", root.findtext("Message") or ""
+    return {"Error": {"Code": code or str(status), "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
