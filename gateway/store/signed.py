@@ -13,10 +13,16 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+import botocore
 import botocore.exceptions as bexc
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.utils import percent_encode
+
+from ..version import VERSION
+
+# what the store's access log shows for these requests (boto3's say Boto3/...)
+USER_AGENT = f"ckptfs/{VERSION} botocore/{botocore.__version__} (signed PutObject)"
 
 
 class _TLSChecksumSigner(S3SigV4Auth):
@@ -51,7 +57,7 @@ class SignedPut:
         """PUT `body` at `key`; the ETag. A connection the server closed while idle in the pool is retried."""
         url = f"{self.base_url}/{percent_encode(key, safe='/~')}"
         for attempt in range(3):
-            request = AWSRequest("PUT", url, data=body, headers={**headers, "Content-Length": str(len(body))})
+            request = AWSRequest("PUT", url, data=body, headers={**headers, "Content-Length": str(len(body)), "User-Agent": USER_AGENT})
             _TLSChecksumSigner(self._credentials.get_frozen_credentials(), self.signing_name, self.region).add_auth(request)
             try:
                 response = self._http.send(request.prepare())

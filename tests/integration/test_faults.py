@@ -179,6 +179,37 @@ def test_server_errors_are_retried(make_mount, proxy: FaultProxy, status: int, c
 
 
 @pytest.mark.one_transport
+def test_small_files_signed_by_ckptfs_ride_out_the_same_faults(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
+    """Small PutObjects after the first are signed and sent by ckptfs (store/signed.py), not by boto3:
+    server errors, connections the server dropped while idle, a refusal and a store gone silent must end
+    the same way, every byte in the bucket."""
+    m: Mount = make_mount(endpoint_url=proxy.url, connect_timeout=1, read_timeout=2, retry_max_backoff=1, retry_auth_backoff=1)
+    digests = {"first.bin": write_random(m.path / "first.bin", 50_000, seed=60)}
+    m.flush(timeout=300)  # the first small PutObject went through boto3: the rest are ckptfs's own
+    proxy.fail(503, "SlowDown", count=8, methods={"PUT"})
+    digests.update({f"slow{i}.bin": write_random(m.path / f"slow{i}.bin", 30_000 + i, seed=61 + i) for i in range(4)})
+    m.flush(timeout=300)
+    assert proxy.failures_left() == 0
+    proxy.drop_connections()  # the pooled keep-alive connections are dead now
+    digests["after-drop.bin"] = write_random(m.path / "after-drop.bin", 70_000, seed=70)
+    m.flush(timeout=300)
+    proxy.fail(403, "AccessDenied", count=2, methods={"PUT"})
+    digests["denied.bin"] = write_random(m.path / "denied.bin", 10_000, seed=71)
+    st = wait_for("the 403 to be reported", lambda: (s := m.status())["last_error"] and s)
+    assert "access denied" in st["last_error"]
+    m.flush(timeout=300)
+    proxy.set_mode("blackhole")
+    digests["silent.bin"] = write_random(m.path / "silent.bin", 20_000, seed=72)
+    wait_for("a timed-out request", lambda: "in time" in (m.status()["last_error"] or ""))
+    proxy.set_mode("pass")
+    m.flush(timeout=300)
+    for name, digest in digests.items():
+        assert m.object_sha256(name) == digest, name
+    assert m.status()["upload_errors_total"] >= 8
+    assert proxy.put_agents["ckptfs"] >= 8, proxy.put_agents  # the retries went the signed way
+
+
+@pytest.mark.one_transport
 def test_access_denied_is_reported_loudly_and_retried_slowly(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount(endpoint_url=proxy.url, retry_auth_backoff=2)
     proxy.fail(403, "AccessDenied", count=3, methods={"PUT"})

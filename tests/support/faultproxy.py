@@ -23,6 +23,7 @@ Test support code: plain threads, not part of the product.
 
 from __future__ import annotations
 
+import collections
 import socket
 import struct
 import threading
@@ -62,6 +63,7 @@ class FaultProxy:
     injected: int = 0
     archived: dict[str, str] = field(default_factory=dict)  # "/bucket/key" -> archived | ongoing | restored
     restore_requests: int = 0
+    put_agents: collections.Counter[str] = field(default_factory=collections.Counter)  # User-Agent product of each PUT
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -152,6 +154,9 @@ class FaultProxy:
                     return
                 method, target = head.split(b" ", 2)[:2]
                 method = method.decode()
+                if method == "PUT":
+                    with self._lock:
+                        self.put_agents[_user_agent(head).split("/", 1)[0]] += 1
                 failure = self._take_failure(method)
                 archived = self._archived_answer(method, target.decode()) if failure is None else None
                 if failure is not None or archived is not None:
@@ -263,6 +268,14 @@ class FaultProxy:
             server.sendall(piece)
             with self._lock:
                 self.bytes_up += len(piece)
+
+
+def _user_agent(head: bytes) -> str:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"user-agent":
+            return value.strip().decode(errors="replace")
+    return ""
 
 
 def _content_length(head: bytes) -> int:
