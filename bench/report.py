@@ -191,12 +191,8 @@ def _small_ratio(a: Callable[[dict[str, Any]], Any], b: Callable[[dict[str, Any]
     return lambda run, meta: _ratio(a(run), b(run))
 
 
-def _small_cpu_ms(part: str, phase: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
-    return lambda run, meta: (lambda c, n: 1000 * c / n if c is not None and n else None)(
-        _get(run, "small_files", part, "daemon", phase), _get(run, "small_files", "count"))
-
-
 def _small_per_file_ms(*path: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """Seconds at `path` under the small-files result as milliseconds per file."""
     return lambda run, meta: (lambda c, n: 1000 * c / n if c is not None and n else None)(
         _get(run, "small_files", *path), _get(run, "small_files", "count"))
 
@@ -228,11 +224,11 @@ SMALL_FIGURES: list[Figure] = [
            lambda run: (lambda e: f"rm -rf through ckptfs failed ({e['lines']} lines, first: {e['first']})" if e else None)(
                _get(run, "small_files", "ckptfs_held", "rm_errors"))),
     Figure("small_cpu_write", "Small files: ckptfs daemon CPU ms per file written (draining meanwhile)", "ms", "", None,
-           _small_cpu_ms("ckptfs", "cpu_write_s"), False, (DRAINING,)),
+           _small_per_file_ms("ckptfs", "daemon", "cpu_write_s"), False, (DRAINING,)),
     Figure("small_cpu_held", "Small files: ckptfs daemon CPU ms per file written (uploads held back)", "ms", "", None,
-           _small_cpu_ms("ckptfs_held", "cpu_write_s"), False, (HELD,)),
+           _small_per_file_ms("ckptfs_held", "daemon", "cpu_write_s"), False, (HELD,)),
     Figure("small_cpu_rm", "Small files: ckptfs daemon CPU ms per file removed (rm -rf, never uploaded)", "ms", "", None,
-           _small_cpu_ms("ckptfs_held", "cpu_rm_s"), False, (HELD,)),
+           _small_per_file_ms("ckptfs_held", "daemon", "cpu_rm_s"), False, (HELD,)),
     Figure("small_cpu_s5cmd", "Small files: s5cmd cp's own CPU ms per file", "ms", "", None,
            _small_per_file_ms("s5cmd", "cpu_s5cmd_s"), False, (S5CMD,)),
     Figure("small_cpu_server_s5cmd", "Small files: the S3 server's CPU ms per file stored by s5cmd cp", "ms", "", None,
