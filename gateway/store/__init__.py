@@ -296,18 +296,18 @@ class Store(BucketGovernance):
     """Moving bytes: uploads (single and multipart, streamed from the cache file), listings, ranged reads,
     server-side copies, small objects, and the streamed copies of replication."""
 
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self._signed: SignedPut | None = None
+        self._signed_tried = False
+        self._signed_probe = threading.Lock()  # one PutObject shows boto3's request; the others meanwhile go through boto3
+
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
         r = self._call(
             "PutObject", self.client.put_object, Key=key, Body=RangeReader(fd, 0, size),
             ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
         )
         return r["ETag"].strip('"')
-
-    def __init__(self, cfg: Config) -> None:
-        super().__init__(cfg)
-        self._signed: SignedPut | None = None
-        self._signed_tried = False
-        self._signed_probe = threading.Lock()  # one PutObject shows boto3's request; the others meanwhile go through boto3
 
     def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
         """PutObject of a small file read into memory: sent without `Expect: 100-continue` (botocore adds

@@ -48,7 +48,7 @@ class SignedPut:
                      signature_version: str) -> SignedPut | None:
         """The signer for the endpoint a PutObject of `key` was sent to, or None if this path cannot reproduce it."""
         tail = "/" + percent_encode(key, safe="/~")
-        if signature_version not in ("s3v4", "v4") or "?" in url or not url.endswith(tail) or credentials is None \
+        if signature_version not in ("s3v4", "v4") or "?" in url or not url.endswith(tail) or not region or credentials is None \
                 or not hasattr(getattr(client, "_endpoint", None), "http_session"):
             return None
         return cls(client, credentials, url[: -len(tail)], region, signing_name)
@@ -78,7 +78,8 @@ MOVED_CODES = ("PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMal
 
 
 class EndpointMoved(Exception):
-    """The store says the bucket is answered elsewhere now: the next PutObject goes through boto3 and is learnt again."""
+    """The store says the bucket is answered elsewhere now: the PutObject is sent again through boto3, which follows
+    it, and the signed path is learnt again from that request."""
 
 
 def _error_response(status: int, content: bytes) -> dict[str, Any]:

@@ -163,3 +163,32 @@ def test_ca_bundle_reaches_the_client_and_tls_stays_verified(tmp_path: Path) -> 
     assert s.client._endpoint.http_session._verify == str(ca)
     plain = Store(load_config(environ={}, overrides=BASE))
     assert plain.client._endpoint.http_session._verify is not False  # the system's CAs (or AWS_CA_BUNDLE), never off
+
+
+class _EmptyBody:
+    def stream(self, **_: object) -> list[bytes]:
+        return [b""]
+
+
+@pytest.mark.parametrize("opts", [{"sse": "AES256"}, {"sse": "aws:kms", "sse_kms_key_id": "arn:aws:kms:us-east-1:111122223333:key/abcd"},
+                                  {"sse_c_key_file": "KEYFILE"}, {}], ids=["sse-s3", "sse-kms", "sse-c", "none"])
+def test_signed_puts_carry_the_encryption_headers_boto3_sends(tmp_path: Path, opts: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """store/signed.py sends small PutObjects itself with `create_headers()`: the same SSE headers as boto3's own."""
+    from botocore.awsrequest import AWSResponse
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+
+    opts = {k: key_file(tmp_path) if v == "KEYFILE" else v for k, v in opts.items()}
+    s = Store(load_config(environ={}, overrides={**BASE, **opts}))
+    sent: dict[str, str] = {}
+
+    def answer(request: object, **_: object) -> AWSResponse:
+        sent.update({k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()})  # type: ignore[attr-defined]
+        return AWSResponse(request.url, 200, {"ETag": '"e"'}, _EmptyBody())  # type: ignore[attr-defined]
+
+    s.client.meta.events.register("before-send.s3.PutObject", answer)
+    s._put_body_boto3("k", b"abc", "NSRBwg==", {})
+    boto3_sse = {k: v for k, v in sent.items() if k.startswith("x-amz-server-side-encryption")}
+    assert {k.lower(): v for k, v in s.enc.create_headers().items()} == boto3_sse
+    assert bool(boto3_sse) == bool(opts)
