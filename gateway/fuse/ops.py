@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(slots=True)

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import trio
 
 from . import abi
-from .messages import ProtocolError, Request, out_header, parse_header, parse_request, reply_error
+from .messages import ProtocolError, Request, encode_write, parse_header, parse_request, reply, reply_error
 from .ops import FastHandle, Operations
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,6 @@ _HDR = abi.IN_HEADER.size
 _RW = abi.RW_IN.size  # fuse_read_in and fuse_write_in: the same 40 bytes since 7.9
 _FIRST = struct.Struct("<IIQ")  # len opcode unique
 _RW3 = struct.Struct("<QQI")  # fh offset size
-_WRITE_REPLY_LEN = abi.OUT_HEADER.size + abi.WRITE_OUT.size
 
 
 def worker_count(setting: str | int, cores: int | None = None) -> int:
@@ -269,7 +268,7 @@ class CopyWorkers:
         if error:
             send(fd, reply_error(unique, error))
         else:
-            send(fd, [abi.OUT_HEADER.pack(_WRITE_REPLY_LEN, 0, unique) + abi.WRITE_OUT.pack(written, 0)])
+            send(fd, reply(unique, encode_write(written)))
 
     def _read(self, fd: int, post: Any, out: memoryview, unique: int, h: FastHandle, offset: int, size: int) -> None:
         try:
@@ -278,4 +277,4 @@ class CopyWorkers:
             post(_logged, self.ops.fast_reads, 0, e.errno or errno.EIO)
             send(fd, reply_error(unique, e.errno or errno.EIO))
             return
-        send(fd, [out_header(unique, n), out[:n]])
+        send(fd, reply(unique, out[:n]))
