@@ -592,25 +592,20 @@ def test_interrupt_with_copy_workers(tmp_path: Any, workers: int) -> None:
 COPY_MODE = {"fuse_transport": "kernel", "fuse_passthrough": "false", "fuse_workers": "4"}
 
 
-def _write_chunks(path: Any, size: int, seed: int, chunk: int) -> str:
-    from tests.conftest import write_random
-    return write_random(path, size, seed=seed, chunk=chunk)
-
-
 @pytest.mark.one_transport
 def test_copy_workers_parallel_writers_reach_the_bucket_intact(make_mount: Any) -> None:
     """Several writers at once, odd write sizes, through 4 copy workers: the bytes in the bucket and
     read back through the mount are the written ones; the status says copy mode with 4 workers."""
     import concurrent.futures
 
-    from tests.conftest import sha256_file
+    from tests.conftest import sha256_file, write_random
 
     m = make_mount(**COPY_MODE)
     st = m.status()
     assert st["fuse_transport"] == "kernel" and not st["passthrough"] and st["fuse_workers"] == 4
     sizes = {f"w{i}.bin": (9 * MiB + 4097 * i, [MiB, 3 * MiB + 1, 65536 + 17, 2 * MiB][i % 4]) for i in range(6)}
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        futures = {name: pool.submit(_write_chunks, m.path / name, size, i, chunk)
+        futures = {name: pool.submit(write_random, m.path / name, size, seed=i, chunk=chunk)
                    for i, (name, (size, chunk)) in enumerate(sizes.items())}
         digests = {name: f.result() for name, f in futures.items()}
     st = m.status()

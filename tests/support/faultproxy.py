@@ -270,20 +270,21 @@ class FaultProxy:
                 self.bytes_up += len(piece)
 
 
-def _user_agent(head: bytes) -> str:
+def _header(head: bytes, wanted: bytes) -> bytes | None:
+    """The value of header `wanted` (lower case) in a request head, or None."""
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"user-agent":
-            return value.strip().decode(errors="replace")
-    return ""
+        if name.strip().lower() == wanted:
+            return value.strip()
+    return None
+
+
+def _user_agent(head: bytes) -> str:
+    return (_header(head, b"user-agent") or b"").decode(errors="replace")
 
 
 def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value.strip())
-    return 0
+    return int(_header(head, b"content-length") or 0)
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:

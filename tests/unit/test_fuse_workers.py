@@ -14,11 +14,7 @@ from ckptfs.fuse import abi
 from ckptfs.fuse.messages import Request
 from ckptfs.fuse.ops import FastHandle, Operations
 from ckptfs.fuse.workers import CopyWorkers, fast_args, worker_count
-
-
-def request(opcode: int, body: bytes, unique: int) -> bytes:
-    total = abi.IN_HEADER.size + len(body)
-    return abi.IN_HEADER.pack(total, opcode, unique, 5, 0, 0, 1, 0, 0) + body
+from tests.unit.test_fuse_protocol import request
 
 
 def rw(fh: int, offset: int, size: int) -> bytes:
@@ -26,14 +22,14 @@ def rw(fh: int, offset: int, size: int) -> bytes:
 
 
 def test_fast_args_only_whole_reads_and_writes() -> None:
-    w = bytearray(request(abi.Op.WRITE, rw(3, 4096, 5) + b"hello", 9))
+    w = bytearray(request(abi.Op.WRITE, rw(3, 4096, 5) + b"hello", unique=9))
     assert fast_args(w, len(w)) == (abi.Op.WRITE, 9, 3, 4096, 5)
     assert fast_args(w, len(w) - 1) is None  # read short of its length
-    short = bytearray(request(abi.Op.WRITE, rw(3, 0, 10) + b"hello", 9))
+    short = bytearray(request(abi.Op.WRITE, rw(3, 0, 10) + b"hello", unique=9))
     assert fast_args(short, len(short)) is None  # payload shorter than it says: parsed, answered EIO
-    r = bytearray(request(abi.Op.READ, rw(3, 0, 1 << 20), 11))
+    r = bytearray(request(abi.Op.READ, rw(3, 0, 1 << 20), unique=11))
     assert fast_args(r, len(r)) == (abi.Op.READ, 11, 3, 0, 1 << 20)
-    g = bytearray(request(abi.Op.GETATTR, b"\0" * 16, 12))
+    g = bytearray(request(abi.Op.GETATTR, b"\0" * 16, unique=12))
     assert fast_args(g, len(g)) is None
 
 
@@ -98,12 +94,12 @@ def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
         def kernel() -> list[bytes]:
             replies = []
             for req, answered_by_worker in (
-                    (request(abi.Op.WRITE, rw(1, 3, 5) + b"hello", 21), True),
-                    (request(abi.Op.READ, rw(1, 0, 100), 22), True),  # 8 bytes there
-                    (request(abi.Op.WRITE, rw(2, 0, 5) + b"later", 23), False),  # not in the table: dispatched with its buffer
-                    (request(abi.Op.WRITE, rw(1, 8, 5) + b"later", 24), False),  # 1 byte of room left: dispatched
-                    (request(abi.Op.READ, rw(9, 0, 100), 25), False),  # not in the table
-                    (request(abi.Op.GETATTR, b"\0" * 16, 26), False)):  # never a worker's
+                    (request(abi.Op.WRITE, rw(1, 3, 5) + b"hello", unique=21), True),
+                    (request(abi.Op.READ, rw(1, 0, 100), unique=22), True),  # 8 bytes there
+                    (request(abi.Op.WRITE, rw(2, 0, 5) + b"later", unique=23), False),  # not in the table: dispatched with its buffer
+                    (request(abi.Op.WRITE, rw(1, 8, 5) + b"later", unique=24), False),  # 1 byte of room left: dispatched
+                    (request(abi.Op.READ, rw(9, 0, 100), unique=25), False),  # not in the table
+                    (request(abi.Op.GETATTR, b"\0" * 16, unique=26), False)):  # never a worker's
                 kernel_side.send(req)
                 if answered_by_worker:
                     replies.append(kernel_side.recv(1 << 17))

@@ -28,10 +28,9 @@ from ckptfs.fuse.ops import Operations, RequestContext
 from ckptfs.journal import DURABLE, ROOT_INODE, Journal, UploadRecord
 from ckptfs.objects import crc32_b64
 from tests.unit.test_encryption import store
-from tests.unit.test_upload_queue import _statements
 from tests.unit.test_fuse_protocol import request
 from tests.unit.test_journal import make_ns, write_file
-from tests.unit.test_upload_queue import assert_in_step, take_all
+from tests.unit.test_upload_queue import _statements, assert_in_step, take_all
 
 
 def _error_of(parts: list[object]) -> int:
