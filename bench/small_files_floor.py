@@ -19,19 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.env import own_cpu_seconds  # noqa: E402
 from ckptfs.fuse import kernel  # noqa: E402
 from tests.integration.test_kernel_transport import BackingFS  # noqa: E402
 
@@ -62,11 +61,6 @@ def run_writer(directory: Path, count: int, size: int) -> dict[str, float]:
     return json.loads(out)
 
 
-def cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 async def on_mount(base: Path, count: int, size: int, rounds: int) -> tuple[list[dict[str, float]], dict[str, int], bool]:
     backing, mnt = base / "backing", base / "mnt"
     backing.mkdir()
@@ -75,9 +69,9 @@ async def on_mount(base: Path, count: int, size: int, rounds: int) -> tuple[list
     results = []
     async with kernel.mounted(fs, str(mnt), passthrough=True, probe_dir=str(backing)) as s:
         for i in range(rounds):
-            c0 = cpu()
+            c0 = own_cpu_seconds()
             r = await trio.to_thread.run_sync(run_writer, mnt / f"r{i}", count, size)
-            r["daemon_cpu"] = cpu() - c0
+            r["daemon_cpu"] = own_cpu_seconds() - c0
             results.append(r)
         counts = {kernel._opname(op): n for op, n in s.counts.most_common()}
         granted = s.passthrough
