@@ -32,8 +32,10 @@ def ui(
     """Serve a read-only web page of the runs, checkpoints and files under PATH, until Ctrl-C."""
     import trio  # here, not at the top: every other command starts without trio, hypercorn and jinja2
 
+    from ckptfs.config import Config
+    from ckptfs.httpserver import serve
     from ckptfs.ui.app import CatalogueApp
-    from ckptfs.ui.serve import UiError, check_bind, parse_addr, read_token, serve
+    from ckptfs.ui.serve import UiError, check_bind, parse_addr, read_token
     from ckptfs.ui.snapshot import AskError, Snapshots
 
     try:
@@ -57,7 +59,7 @@ def ui(
         async with trio.open_nursery() as nursery:
             await nursery.start(snapshots.run)
             try:
-                bound = await nursery.start(serve, page, host, port)
+                bound = await nursery.start(functools.partial(serve, page, host, port, read_timeout=Config.metrics_read_timeout))
             except OSError as e:
                 raise CliError(f"cannot listen on {addr}: {e.strerror}: choose another --addr", EXIT_USAGE) from None
             shown = f"[{host}]" if ":" in host else host
