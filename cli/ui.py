@@ -34,17 +34,18 @@ def ui(
 
     from ckptfs.config import Config
     from ckptfs.httpserver import serve
-    from ckptfs.ui.app import CatalogueApp
-    from ckptfs.ui.serve import UiError, check_bind, parse_addr, read_token
+    from ckptfs.ui.serve import UiError, check_bind, parse_addr, read_token, require_extra
     from ckptfs.ui.snapshot import AskError, Snapshots
 
     try:
+        require_extra()
         host, port = parse_addr(addr)
         token = read_token(token_file) if token_file else None
         check_bind(host, token)
     except UiError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     root, rel = locate(path)
+    from ckptfs.ui.app import CatalogueApp  # jinja2: the 'ui' extra, checked above
 
     async def ask(request: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -42,8 +42,8 @@ from .lifecycle.service import Lifecycle
 from .lifecycle.usage import UsageCollector
 from .httpserver import serve as serve_http
 from .metrics import Metrics
-from .ui.app import UI_PREFIX, CatalogueApp
-from .ui.serve import UiError, check_bind, read_token
+from .lifecycle import codec
+from .ui.serve import UiError, check_bind, read_token, require_extra
 from .ui.snapshot import Snapshots
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
@@ -64,6 +64,12 @@ class UserError(Exception):
 
 
 # ------------------------------------------------------------------ preflight
+def check_cold_extra(cfg: Config) -> None:
+    """A cold tier that compresses needs numpy and zstandard, the 'cold' extra: one line at start, not an error at the first move."""
+    if cfg.tier_move_target and cfg.cold_compression != "none" and codec.MISSING_EXTRA is not None:
+        raise UserError(f"{codec.NEEDS_EXTRA}, or set cold_compression = \"none\"")
+
+
 def check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse) or, in a container, pass --device /dev/fuse")
@@ -200,6 +206,7 @@ class Daemon:
         check_mountpoint(cfg.mountpoint)
         check_cache_dir(cfg.cache_dir, cfg.mountpoint)
         secure_cache_dir(cfg.cache_dir)
+        check_cold_extra(cfg)
         self.ui_token = self._ui_token() if cfg.ui_enabled else None
         self.lock_fd = lock_cache_dir(cfg.cache_dir)
         try:
@@ -392,6 +399,7 @@ class Daemon:
         cfg = self.cfg
         host, _ = parse_hostport(cfg.metrics_addr)
         try:
+            require_extra()
             token = read_token(cfg.ui_token_file) if cfg.ui_token_file else None
             check_bind(host, token, "metrics_addr")
         except UiError as e:
@@ -406,6 +414,8 @@ class Daemon:
         if not self.cfg.ui_enabled:
             await serve_http(self.metrics.app(), host, port, read_timeout=read_timeout, task_status=task_status)
             return
+        from .ui.app import UI_PREFIX, CatalogueApp  # here: jinja2 is the 'ui' extra, checked by prepare
+
         snapshots = Snapshots(self.control.ask, "")
         page = CatalogueApp(snapshots, self.cfg.mountpoint, self.ui_token, prefix=UI_PREFIX)
         refused: OSError | None = None  # raised bare, after the nursery (not in its group)

@@ -17,6 +17,14 @@ class UiError(Exception):
     """The page cannot be served as asked: one line naming the problem and the fix."""
 
 
+def require_extra() -> None:
+    """The page's templates need jinja2, the 'ui' extra (pyproject.toml): one line if it is not installed."""
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        raise UiError("the catalogue page needs the 'ui' extra (jinja2): pip install 'ckptfs[ui]'") from None
+
+
 def parse_addr(value: str) -> tuple[str, int]:
     """`HOST:PORT` (an IPv6 host in brackets) -> (host, port)."""
     host, sep, port = value.strip().rpartition(":")
