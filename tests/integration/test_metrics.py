@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import Mount, sha256_file, wait_for, write_random
 from tests.support.promql import documented_metrics
 from tests.support.seaweed import free_port
+from tests.unit.test_httpserver import closed_by_server
 
 MiB = 1 << 20
 
@@ -93,18 +94,6 @@ def value_label(text: str, name: str, label: str) -> str:
 
 
 
-def closed_by_daemon(s: socket.socket) -> bool:
-    s.setblocking(False)
-    try:
-        return s.recv(1) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-    finally:
-        s.setblocking(True)
-
-
 @pytest.mark.one_transport
 @pytest.mark.parametrize("page", ["page_off", "page_on"])
 def test_one_server_caps_connections_and_disconnects_a_trickling_client(make_mount, page: str) -> None:  # type: ignore[no-untyped-def]
@@ -129,7 +118,7 @@ def test_one_server_caps_connections_and_disconnects_a_trickling_client(make_mou
         assert len(os.listdir(f"/proc/{pid}/fd")) <= before + 64 + 16  # 16: the store's connections, ...
         digest = write_random(m.path / "during.bin", 1 * MiB, seed=96)
         assert sha256_file(m.path / "during.bin") == digest
-        wait_for("the daemon to close the oldest idle connections", lambda: sum(map(closed_by_daemon, flood)) >= 300 - 64, timeout=120)
+        wait_for("the daemon to close the oldest idle connections", lambda: sum(map(closed_by_server, flood)) >= 300 - 64, timeout=120)
     finally:
         for s in flood:
             s.close()
@@ -149,7 +138,7 @@ def test_one_server_caps_connections_and_disconnects_a_trickling_client(make_mou
             except (BrokenPipeError, ConnectionResetError):
                 break
             sent += 1
-            if closed_by_daemon(s):
+            if closed_by_server(s):
                 break
             time.sleep(1)
     assert sent < 120, f"still connected after trickling {sent} bytes, one a second"
