@@ -36,13 +36,13 @@ from .fuse.kernel import KernelSession, choose_transport
 from .fuse.workers import worker_count
 from .fuse.libfuse import LibfuseSession
 from .fuse.session import FuseSession
+from .httpserver import serve as serve_http
 from .journal import Journal, JournalError
+from .lifecycle import codec
 from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
 from .lifecycle.usage import UsageCollector
-from .httpserver import serve as serve_http
 from .metrics import Metrics
-from .lifecycle import codec
 from .ui.serve import UiError, check_bind, read_token, require_extra
 from .ui.snapshot import Snapshots
 from .namespace import Namespace, under
