@@ -171,8 +171,11 @@ class Metrics:
         metrics = make_asgi_app(self.registry)
 
         async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close"})  # refused before the handshake: 403
+                return
             if scope["type"] != "http":
-                return  # lifespan, websocket: nothing to start, nothing served
+                return  # lifespan: nothing to start
             if scope["path"] in ("/metrics", "/") and scope["method"] in ("GET", "HEAD"):
                 await metrics(scope, receive, send)
             elif page is not None:
