@@ -26,9 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-import numpy as np
 import trio
 import xxhash
 
@@ -39,6 +38,9 @@ from . import codec, ranges
 from .copier import ABORT_SECONDS, SOURCE_ETAG_META, XXH3_META, CopyError, Job, already_there, copy_entry, crc32, part_slots
 from .layout import Planner
 from .manifest import MANIFEST, leaf_errors
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
