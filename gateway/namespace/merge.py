@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import stat
+import time
 
 from ..cache import Cache
 from ..journal import DURABLE, ROOT_INODE, Journal, Row
@@ -63,7 +64,8 @@ class ListingMerge:
     def merge(self, dir_ino: int, started_at: float, listing: Listing) -> None:
         """Overlay one directory's bucket listing (taken from `started_at`) on the journal."""
         j = self.journal
-        if self.merged_at.get(dir_ino, -math.inf) > started_at:
+        # (a newer one "in the future" is a wall clock stepped back: not a reason to drop listings until it catches up)
+        if started_at < self.merged_at.get(dir_ino, -math.inf) <= time.time():
             log.debug("listing of directory %d (started %.3f) dropped: one that started at %.3f was merged", dir_ino,
                       started_at, self.merged_at[dir_ino])
             return
