@@ -12,7 +12,9 @@ or completed upload is gone (NO_UPLOAD). Faults, each armed for the next matchin
 * `fail(op, kind)`: the call raises StoreError(kind) (SERVER is a 5xx or SlowDown, NETWORK a timeout);
 * `hang(op)`: the call blocks (in its worker thread) until `release()`; `hung(op)` tells when one has;
 * `crash(op)`: a crash point: the call blocks for ever, as a daemon killed there would never see its answer
-  (the test then stops the drain, reopens the journal and starts another: what survives is what was committed).
+  (the test then stops the drain, reopens the journal and starts another: what survives is what was committed);
+  with `after=True` the store carries the request out first (the upload is created, the object completed) and
+  only the answer is lost: a crash between that step and the journal's record of it.
 
 Calls are counted in `calls` (op -> list of argument tuples), for assertions on what was sent.
 """
@@ -56,6 +58,7 @@ class _Fault:
     key: str | None = None
     message: str = ""
     skip: int = 0  # matching calls let through first
+    after: bool = False  # a crash point after the store did the work
 
 
 def _etag(body: bytes) -> str:
@@ -74,6 +77,7 @@ class MemoryStore:
         self._release = threading.Event()
         self._hung: dict[str, threading.Event] = {}
         self._next_id = 0
+        self._local = threading.local()  # a crash point after the work, for the call this thread is in
 
     # ------------------------------------------------------------ faults
     def fail(self, op: str, kind: str, times: int = 1, key: str | None = None, message: str = "") -> None:
@@ -84,9 +88,10 @@ class MemoryStore:
         """The `times` calls of `op` after the next `skip` ones block until `release()`."""
         self._faults.append(_Fault(op, "hang", times=times, key=key, skip=skip))
 
-    def crash(self, op: str, key: str | None = None, skip: int = 0) -> None:
-        """The call of `op` after the next `skip` ones never returns (it blocks until `release()`, its caller long gone)."""
-        self._faults.append(_Fault(op, "crash", key=key, skip=skip))
+    def crash(self, op: str, key: str | None = None, skip: int = 0, after: bool = False) -> None:
+        """The call of `op` after the next `skip` ones never returns (it blocks until `release()`, its caller long
+        gone); with `after`, once the store has done what it asked."""
+        self._faults.append(_Fault(op, "crash", key=key, skip=skip, after=after))
 
     def hung(self, op: str) -> threading.Event:
         """Set once a call of `op` blocks on a hang or crash point."""
@@ -113,12 +118,22 @@ class MemoryStore:
             return
         if fault.action == "fail":
             raise StoreError(fault.kind, fault.message)
+        if fault.after:
+            self._local.crash = hung
+            return
         hung.set()
         self._release.wait(300)
         if fault.action == "crash":
             raise StoreError(OTHER, "crashed here: nobody waits for this answer")
 
     def _answered(self) -> None:
+        """The store did the work: the answer goes back (and counts as one), unless a crash point is here."""
+        hung = getattr(self._local, "crash", None)
+        if hung is not None:
+            self._local.crash = None
+            hung.set()
+            self._release.wait(300)
+            raise StoreError(OTHER, "crashed here: nobody waits for this answer")
         self.answered_at = time.monotonic()
 
     # ------------------------------------------------------------ objects

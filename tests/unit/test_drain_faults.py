@@ -187,3 +187,38 @@ def test_a_cache_file_that_cannot_be_read_is_reported_and_retried(tmp_path: Path
     assert sha(store.objects["p/f.bin"].body) == sha(data)
     assert d.last_error.startswith("reading cache file for p/f.bin") and os.strerror(code) in d.last_error
     assert errors(d, "other") == 1
+
+
+# ------------------------------------------------------------ a crash between the store's step and the journal's
+def crash_and_restart(tmp_path: Path, store: MemoryStore, op: str, data: bytes) -> tuple[Namespace, int]:
+    """Upload a new file until the daemon dies with `op` done in the store but not recorded; then the next start."""
+    ns = namespace(tmp_path)
+    ino = write_file(ns, ROOT_INODE, "big.bin", data)
+    store.crash(op, after=True)
+    drain_until(drainer(ns, store), store.hung(op).is_set)
+    ns.journal.close()
+    store.release()
+    return namespace(tmp_path), ino
+
+
+def test_a_crash_after_the_store_completed_an_upload_the_journal_did_not_record_uploads_it_again(tmp_path: Path) -> None:
+    store, data = MemoryStore(), os.urandom(2 * PART + 1)
+    ns, ino = crash_and_restart(tmp_path, store, "complete", data)
+    assert not durable(ns, ino) and ns.journal.upload_of(ino) is not None  # the journal never heard of the completion
+    drain_until(drainer(ns, store), lambda: durable(ns, ino))
+    assert sha(store.objects["p/big.bin"].body) == sha(data)
+    assert len(store.calls["create_multipart"]) == 2  # ListParts found the completed upload gone: a new one
+    assert store.uploads == {} and ns.journal.upload_of(ino) is None
+
+
+def test_a_crash_after_the_store_created_an_upload_the_journal_did_not_record_starts_another(tmp_path: Path) -> None:
+    store, data = MemoryStore(), os.urandom(2 * PART + 1)
+    ns, ino = crash_and_restart(tmp_path, store, "create_multipart", data)
+    [leaked] = store.uploads
+    assert ns.journal.upload_of(ino) is None
+    drain_until(drainer(ns, store), lambda: durable(ns, ino))
+    assert sha(store.objects["p/big.bin"].body) == sha(data)
+    # the upload nobody recorded never got a part (parts follow the journal's record of their upload): it costs
+    # no storage; the sweep at start aborts it, unless the file's new upload had taken the key first, in which
+    # case `abort_stale_uploads_after` does
+    assert set(store.uploads) <= {leaked} and all(not u.parts for u in store.uploads.values())
