@@ -117,3 +117,30 @@ def test_a_failure_of_a_request_sent_before_the_last_answer_is_old_news(tmp_path
     assert not r.store_down()
     r._store_down(time.monotonic() + 1e-6)  # a request sent after that answer fails: down
     assert r.store_down()
+
+
+def test_a_hung_listing_is_waited_for_once_then_the_directory_is_stale_until_the_store_answers(tmp_path: Path) -> None:
+    from tests.support.memstore import MemoryStore
+
+    ns = make_ns(tmp_path)
+    d = ns.tree.mkdir(ROOT_INODE, "d", 0o755, 0, 0)
+    store = MemoryStore()
+    store.hang("list")  # the store takes the request and says nothing
+    r = Remote(ns, store, ns.cfg)  # type: ignore[arg-type]
+    r.bound = 0.2  # listing_timeout
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            r._nursery = nursery
+            await r.refresh(d.ino)  # answered after the bound, from what the node knows
+            assert d.ino in r.stale and r.store_down() and r.listing_timeouts_total == 1
+            await r.refresh(d.ino)  # not waited for a second time
+            assert store.calls["list"] == [("p/d/", False)]
+            await trio.to_thread.run_sync(store.release)  # the store answers the listing it held
+            with trio.fail_after(60):
+                while d.ino in r.stale:
+                    await trio.sleep(0.01)
+            assert not r.store_down() and r.listings_total == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
