@@ -84,7 +84,7 @@ CREATE TABLE IF NOT EXISTS inodes(
     cached     INTEGER NOT NULL DEFAULT 1,   -- 0: the cache copy of a durable file was evicted
     atime      REAL,                         -- last open, for least-recently-used eviction
     copy_from  TEXT,                         -- durable file renamed: its bytes are this object (server-side copy)
-    seen_at    REAL,                         -- wall time the bucket last confirmed this entry (upload or listing)
+    seen_at    REAL,                         -- wall time of the upload or listing that made this entry what it is (a listing confirming it unchanged writes nothing: namespace/merge.py)
     atime_ns   INTEGER,                      -- the POSIX atime (utimensat, relatime on open); NULL: the mtime
     UNIQUE(parent, name)
 );
