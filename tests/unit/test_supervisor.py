@@ -252,3 +252,33 @@ def test_faults_are_injected_only_into_the_services_a_test_named() -> None:
     run_virtual(main)
     assert len(starts) == 4  # drainer 3 times, control once
     assert issubclass(InjectedFault, Exception)
+
+
+def test_only_a_journal_that_cannot_be_used_any_more_is_fatal(tmp_path: Any) -> None:
+    """Real SQLite errors: a database file overwritten with garbage is fatal; a busy or full one is not (restarted)."""
+    from ckptfs.daemon import journal_failed_for_good
+
+    path = tmp_path / "journal.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE t(x)")
+    db.commit()
+    db.close()
+    path.write_bytes(b"this is not a database" * 1000)
+    with pytest.raises(sqlite3.DatabaseError) as corrupt:
+        sqlite3.connect(path).execute("SELECT * FROM t")
+    why = journal_failed_for_good(corrupt.value)
+    assert why is not None and "the journal cannot be used any more (DatabaseError: file is not a database)" == why
+    # wrapped as a service raises it: inside a nursery's group, as the cause of another error
+    try:
+        try:
+            raise corrupt.value
+        except sqlite3.DatabaseError as e:
+            raise RuntimeError("recording an upload failed") from e
+    except RuntimeError as wrapped:
+        assert journal_failed_for_good(ExceptionGroup("nursery", [wrapped])) == why
+
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+    assert journal_failed_for_good(busy) is None
+    assert journal_failed_for_good(OSError(28, "No space left on device")) is None
+    assert journal_failed_for_good(RuntimeError("a bug")) is None
