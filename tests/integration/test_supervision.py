@@ -19,6 +19,7 @@ from typing import Any
 
 from tests.conftest import CKPTFS, ROOT, Mount, mount_is_dead, run_cli, sha256_file, wait_for, write_random
 from tests.integration.test_metrics import scrape, value
+from tests.support.faultproxy import FaultProxy
 from tests.support.seaweed import free_port
 
 MiB = 1 << 20
@@ -70,20 +71,25 @@ def test_a_malformed_control_request_is_answered_and_the_daemon_keeps_serving(ma
     assert "Traceback" not in (m.cache_dir / "ckptfs.log").read_text()
 
 
-def test_a_service_that_fails_is_restarted_counted_and_the_mount_keeps_serving(make_mount) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount(start=False, upload_delay=1.0, part_size="5MiB", multipart_threshold="5MiB", max_parts_in_flight=1)
+def test_a_service_that_fails_is_restarted_counted_and_the_mount_keeps_serving(make_mount, proxy: FaultProxy) -> None:  # type: ignore[no-untyped-def]
+    proxy.set_mode("pass", rate=6 * MiB)  # slow enough to fail the drainer half way through an upload
+    m: Mount = make_mount(start=False, endpoint_url=proxy.url, part_size="5MiB", multipart_threshold="5MiB", max_parts_in_flight=1)
     m.metrics_port = free_port()
     start_with_faults(m)
     st = m.status()
     assert set(st["services"]) >= {"control", "metrics", "fetcher", "listings", "fuse", "drainer", "lifecycle"}
     assert all(s == {"state": "running", "restarts": 0, "last_error": None} for s in st["services"].values()), st["services"]
 
-    # the drainer fails while a file waits for (or is in) its upload: after the restart the upload still happens
-    first = write_random(m.path / "model.bin", 24 * MiB, seed=3)
+    # the drainer fails in the middle of a multipart upload: after its restart the upload resumes and completes
+    size = 30 * MiB
+    first = write_random(m.path / "model.bin", size, seed=3)
+    wait_for("two parts in the bucket", lambda: proxy.bytes_up >= 12 * MiB)
     assert ask(m, b'{"cmd": "inject_fault", "service": "drainer"}\n') == [{"ok": True}]
     wait_for("the drainer to restart", lambda: restarted(m, "drainer", 1), timeout=120)
+    proxy.set_mode("pass", rate=0)
     m.flush()
     assert m.object_sha256("model.bin") == first
+    assert proxy.bytes_up < size + 12 * MiB, proxy.bytes_up  # the parts already sent were kept (ListParts), not sent again
 
     # every other service too, one after another; the mount answers between them
     (m.path / "dir").mkdir()
