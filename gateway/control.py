@@ -123,7 +123,11 @@ class ControlServer:
         async def keep(obj: Any) -> None:
             replies.append(obj)
 
-        await self._dispatch(request, keep)
+        try:
+            await self._dispatch(request, keep)
+        except Exception as e:  # noqa: BLE001 - as on the socket: a handler's bug fails its request, not the page's server
+            log.exception("control request failed unexpectedly")
+            return {"ok": False, "error": f"internal error: {type(e).__name__}: {e} (see the daemon's log)".splitlines()[0]}
         return replies[-1] if replies else {"ok": False, "error": "no answer"}
 
     async def _dispatch(self, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
