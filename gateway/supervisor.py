@@ -159,7 +159,7 @@ class Supervisor:
                 except BaseException as exc:  # noqa: BLE001 - sorted below: only plain Exceptions are restarted
                     if not reported:
                         raise  # failed to start: the caller's start fails (one line for a user error)
-                    if not isinstance(exc, Exception) or (isinstance(exc, BaseExceptionGroup) and exc.split(Exception)[1] is not None):
+                    if not isinstance(exc, Exception):  # a group with a Cancelled in it is a BaseExceptionGroup, not an Exception
                         raise  # cancelled (the daemon stops), KeyboardInterrupt, SystemExit: never an error to restart
                     why = self.fatal(exc) or (None if restart else f"{name} failed: {describe(exc)}")
                     state.state, state.last_error = RESTARTING, describe(exc)
@@ -167,8 +167,8 @@ class Supervisor:
                         log.error("%s failed: %s", name, describe(exc), exc_info=leaf(exc))
                         self.on_fatal(name, why)
                         await trio.sleep_forever()  # the daemon stops: it cancels this
-                    if trio.current_time() - began >= self.reset_after:
-                        state.failures_in_a_row = 0
+                    if trio.current_time() - began >= self.reset_after:  # it ran well a while: a new episode
+                        state.failures_in_a_row, state.last_signature = 0, None
                     state.failures_in_a_row += 1
                     delay = self.backoff(state.failures_in_a_row)
                     self._log_failure(state, exc, delay)
