@@ -52,7 +52,7 @@ from .objects import StoreError
 from .remote import Remote
 from .replication.service import Replicator
 from .store import Store
-from .supervisor import Supervisor, describe, faults_from_environment, leaf
+from .supervisor import Supervisor, describe, faults_from_environment, journal_failed_for_good, leaf
 from .version import VERSION
 
 log = logging.getLogger("ckptfs")
@@ -617,27 +617,6 @@ class Daemon:
                 self.ns.uploads.mark_urgent("")
                 with trio.move_on_after(0.1):
                     await self._stop_now.wait()
-
-
-def journal_failed_for_good(exc: BaseException) -> str | None:
-    """Why a service's error means the journal cannot be used any more (corrupt, replaced), else None.
-
-    A full disk or an I/O error may pass (the service restarts and tries again); a corrupt database does not."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, BaseExceptionGroup):
-            todo.extend(e.exceptions)
-        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
-        code = getattr(e, "sqlite_errorcode", None) if isinstance(e, sqlite3.DatabaseError) else None
-        if code is not None and (code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
-                                 or code == getattr(sqlite3, "SQLITE_READONLY_DBMOVED", -1)):
-            return f"the journal cannot be used any more ({describe(e)})"
-    return None
 
 
 def set_kernel_read_ahead(mountpoint: str, size: int) -> None:

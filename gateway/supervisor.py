@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -207,3 +208,24 @@ class Supervisor:
         state.repeats += 1
         log.warning("service %s failed again with the same error (%d times in a row): %s; restarting it in %.1fs",
                     state.name, state.repeats + 1, describe(exc), delay)
+
+
+def journal_failed_for_good(exc: BaseException) -> str | None:
+    """Why a service's error means the journal cannot be used any more (corrupt, replaced), else None.
+
+    A full disk or an I/O error may pass (the service restarts and tries again); a corrupt database does not."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
+        code = getattr(e, "sqlite_errorcode", None) if isinstance(e, sqlite3.DatabaseError) else None
+        if code is not None and (code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+                                 or code == getattr(sqlite3, "SQLITE_READONLY_DBMOVED", -1)):
+            return f"the journal cannot be used any more ({describe(e)})"
+    return None

@@ -256,7 +256,7 @@ def test_faults_are_injected_only_into_the_services_a_test_named() -> None:
 
 def test_only_a_journal_that_cannot_be_used_any_more_is_fatal(tmp_path: Any) -> None:
     """Real SQLite errors: a database file overwritten with garbage is fatal; a busy or full one is not (restarted)."""
-    from ckptfs.daemon import journal_failed_for_good
+    from ckptfs.supervisor import journal_failed_for_good
 
     path = tmp_path / "journal.sqlite3"
     db = sqlite3.connect(path)
