@@ -317,11 +317,11 @@ class CkptFS(Operations):
             gid=fields.gid,
             atime_ns=fields.atime_ns,
             mtime_ns=fields.mtime_ns,
-        )
-        if fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None):
             # a truncate by a caller who may not keep setuid/setgid, or a chown/chgrp: as local file systems do
-            # (Linux drops them on every chown of a file), and with HANDLE_KILLPRIV_V2 the kernel leaves it to us
-            self.ns.tree.kill_priv(inode)
+            # (Linux drops them on every chown of a file), and with HANDLE_KILLPRIV(_V2) the kernel leaves it to
+            # us; in the same journal write as the new owner, so a chown is never half done
+            kill_priv=fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None),
+        )
         if fields.mode is not None:
             for fh, h in self.handles.items():
                 if h.ino == inode and h.write:
