@@ -17,9 +17,10 @@ cache capacity (hence the room rule), `max_file_size` (a file at or past it gets
 mode) and setuid/setgid (a writer who must drop them gets copy mode).
 
 Data path: in copy mode under the kernel transport, the copy workers (fuse/workers.py) move
-the bytes themselves, in threads, for the handles this class publishes in `fast_handles`: they
-pwrite/pread the cache file on room lent by `lend`, and each write is accounted by `wrote` on
-the trio thread (size, version, cache bytes) before the kernel has its reply. Otherwise (pyfuse3,
+the bytes themselves, in threads, for the handles `FastPath` publishes in `fast_handles` (a write
+handle only while its file is dirty in the journal: a file is dirty there before any byte of it
+changes): they pwrite/pread the cache file on room lent by `lend`, and each write is accounted by
+`wrote` on the trio thread (size, version, cache bytes) before the kernel has its reply. Otherwise (pyfuse3,
 a handle not published, no room) `write` and `read` are `pwrite`/`pread` on the cache file, done
 inline on the trio thread. `fsync` is the one blocking call sent to a thread (the
 cache file's here, the journal's WAL in `Journal.durable`).
