@@ -437,7 +437,7 @@ class CkptFS(Operations):
     @_fuse
     async def write(self, fh: int, off: int, buf: memoryview) -> int:
         h = self.handles[fh]
-        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
+        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf), h.ino)
         if h.kill_priv:
             h.kill_priv = False
             self.ns.tree.kill_priv(h.ino)
@@ -486,7 +486,8 @@ class CkptFS(Operations):
         h = self.handles[fh]
         if not h.write:
             raise OSError(errno.EBADF, "not open for writing")
-        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)))
+        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)),
+                                     h.ino)
 
     @_fuse
     async def fsync(self, fh: int, datasync: bool) -> None:
