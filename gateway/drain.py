@@ -238,6 +238,8 @@ class Drainer:
             else:
                 async with self.multipart_files:
                     await self._send_file(p)
+        except (DiskFull, JournalIOError) as e:  # not even the upload's start could be recorded
+            self._journal_failed(p, e)
         finally:
             self.sent.pop(p.ino, None)
             self.busy.discard(p.ino)

@@ -30,6 +30,7 @@ refresh the directory's listing when it is older than `metadata_ttl`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -414,7 +415,13 @@ class CkptFS(Operations):
         fd = self.ns.files.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
-            self.ns.files.truncate(inode, 0)
+            try:
+                self.ns.files.truncate(inode, 0)
+            except BaseException:  # refused (a full cache disk): the open did not happen, no handle stays behind
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    self.ns.files.release(inode, write)
+                raise
         fh = self._add_handle(inode, fd, write, ctx.uid)
         self.handles[fh].download = download
         # the kernel may keep its cached pages only if they are of the same bytes

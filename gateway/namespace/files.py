@@ -112,20 +112,28 @@ class OpenFiles:
             live.writers += 1
         return fd
 
+    def will_change(self, ino: int, live: Live) -> None:
+        """Before any byte of the file changes: a durable file is dirty in the journal first. If the journal
+        cannot say so (a full or failing cache disk) this raises and the change must not be made: a file
+        marked modified in memory only would have its new bytes taken for the durable ones (and a rename
+        would copy the old object)."""
+        if live.modified:
+            return
+        row = self.journal.get(ino)
+        if row is not None and row.parent is not None and (row.state != DIRTY or row.copy_from):
+            # a durable file that changes must never be taken for durable after a crash,
+            # nor published by copying the object that holds its old bytes
+            self.journal.update(ino, state=DIRTY, version=live.version + 1, copy_from=None)
+            self.backlog.changed(ino)
+        live.modified = True
+
     def modified(self, ino: int, live: Live, new_size: int) -> None:
         """Record that the file's bytes changed: a new version that must be uploaded."""
+        self.will_change(ino, live)  # done before the change by the paths that make it themselves
         live.version += 1
         live.size = new_size
         live.mtime_ns = live.ctime_ns = time.time_ns()
         live.unclosed = True
-        if not live.modified:
-            live.modified = True
-            row = self.journal.get(ino)
-            if row is not None and row.parent is not None and (row.state != DIRTY or row.copy_from):
-                # a durable file that changes must never be taken for durable after a crash,
-                # nor published by copying the object that holds its old bytes
-                self.journal.update(ino, state=DIRTY, version=live.version, copy_from=None)
-                self.backlog.changed(ino)
 
     def changed_behind(self, ino: int, size: int | None, mtime_ns: int | None) -> None:
         """A change no WRITE told us of: under FUSE passthrough the kernel writes the cache file
@@ -148,6 +156,7 @@ class OpenFiles:
         if end > live.size:
             self.cache.grow(live.size, end)
         try:
+            self.will_change(ino, live)
             n = os.pwrite(fd, data, offset)
         except OSError:
             if end > live.size:
@@ -176,6 +185,7 @@ class OpenFiles:
         live = self.get(ino)
         self.cache.grow(live.size, size)
         try:
+            self.will_change(ino, live)
             os.truncate(self.cache.path(ino), size)
         except OSError:
             self.cache.grow(size, live.size)
@@ -248,6 +258,7 @@ class OpenFiles:
             raise OSError(errno.EFBIG, "file larger than max_file_size")
         self.cache.grow(live.size, end)
         try:
+            self.will_change(ino, live)
             os.posix_fallocate(fd, live.size, end - live.size)
         except OSError:
             self.cache.grow(end, live.size)

@@ -10,32 +10,15 @@ import errno
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from ckptfs.journal import JOURNAL_RESERVE
 from tests.conftest import Mount, mount_is_dead, sha256_file, wait_for, write_random
-from tests.support.smallfs import SmallFs, can_mount_tmpfs
+from tests.support.smallfs import SmallFs, small_fs  # noqa: F401 (fixture)
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def small_fs() -> Iterator[Callable[[Path], SmallFs]]:
-    """Mount a 64 MiB tmpfs on a (cache) directory; unmounted (lazily) after the test."""
-    if not can_mount_tmpfs():
-        pytest.skip("needs root to mount a small tmpfs as the cache disk")
-    made: list[SmallFs] = []
-
-    def factory(path: Path) -> SmallFs:
-        fs = SmallFs(path)
-        made.append(fs)
-        return fs
-
-    yield factory
-    for fs in made:
-        fs.close()
 
 
 def spend_the_reserve(m: Mount, disk: SmallFs) -> None:
@@ -125,9 +108,7 @@ def test_a_write_on_a_full_disk_with_nothing_to_drain_fails_at_once_and_works_on
     m: Mount = make_mount(start=False, cache_min_free=0, write_stall_timeout=600)
     disk = small_fs(m.cache_dir)
     m.start()
-    before = write_random(m.path / "before.bin", 4 * MiB, seed=4)
-    m.flush()  # durable: a clean copy, evicted to make room
-    disk.fill()
+    disk.fill()  # nothing dirty to drain, no clean copy to evict
 
     def overflow() -> int:
         try:
@@ -157,6 +138,4 @@ def test_a_write_on_a_full_disk_with_nothing_to_drain_fails_at_once_and_works_on
     for name, digest in written.items():
         assert m.object_sha256(name) == digest
         assert sha256_file(m.path / name) == digest
-    assert m.object_sha256("before.bin") == before
-    assert sha256_file(m.path / "before.bin") == before  # fetched back after its eviction
     assert "overflow.bin" not in {k.rsplit("/", 1)[-1] for k in m.keys()}

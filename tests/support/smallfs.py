@@ -10,6 +10,9 @@ import errno
 import os
 import subprocess
 from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
 
 MiB = 1 << 20
 
@@ -64,3 +67,20 @@ class SmallFs:
     def close(self) -> None:
         # lazily: a daemon of a failed test may still hold files here; the mount goes once it lets go
         subprocess.run(["umount", "-l", str(self.path)], check=False, capture_output=True)
+
+
+@pytest.fixture
+def small_fs() -> Iterator[Callable[[Path], SmallFs]]:
+    """Mount a 64 MiB tmpfs on a (cache) directory; unmounted (lazily) after the test."""
+    if not can_mount_tmpfs():
+        pytest.skip("needs root to mount a small tmpfs as the cache disk")
+    made: list[SmallFs] = []
+
+    def factory(path: Path) -> SmallFs:
+        fs = SmallFs(path)
+        made.append(fs)
+        return fs
+
+    yield factory
+    for fs in made:
+        fs.close()
