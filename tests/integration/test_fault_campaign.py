@@ -106,8 +106,10 @@ class Writer:
         try:
             self.acked.pop(name, None)  # from the first byte on, what was acknowledged before is replaced
             for off in range(0, size, 256 * KiB):
-                chunk = data[off:off + 256 * KiB]
-                t.timed("write", lambda: os.pwrite(fd, chunk, off))
+                chunk = memoryview(data)[off:off + 256 * KiB]
+                while chunk:  # a nearly full disk may take part of a write (POSIX): the rest goes again
+                    n = t.timed("write", lambda: os.pwrite(fd, chunk, off))
+                    chunk, off = chunk[n:], off + n
             t.timed("fsync", lambda: os.fsync(fd))
             self.acked[name] = (hashlib.sha256(data).hexdigest(), size)
             self.note(name, f"fsynced {size} bytes sha256 {self.acked[name][0][:12]}")
