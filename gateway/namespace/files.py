@@ -162,6 +162,8 @@ class OpenFiles:
             if end > live.size:
                 self.cache.grow(end, live.size)
             raise
+        if offset + n < end and end > live.size:  # a short write (the disk filled up meanwhile): account what it took
+            self.cache.grow(end, max(live.size, offset + n))
         self.modified(ino, live, max(live.size, offset + n))
         return n
 
