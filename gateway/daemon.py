@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import platform
@@ -35,14 +36,14 @@ from .fuse.kernel import KernelSession, choose_transport
 from .fuse.workers import worker_count
 from .fuse.libfuse import LibfuseSession
 from .fuse.session import FuseSession
+from .httpserver import serve as serve_http
 from .journal import Journal, JournalError, disk_full_message
+from .lifecycle import codec
 from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
 from .lifecycle.usage import UsageCollector
 from .metrics import Metrics
-from .ui.app import UI_PREFIX, CatalogueApp, with_metrics
-from .ui.serve import UiError, check_bind, read_token
-from .ui.serve import serve as serve_ui
+from .ui.serve import UiError, check_bind, read_token, require_extra
 from .ui.snapshot import Snapshots
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
@@ -63,6 +64,12 @@ class UserError(Exception):
 
 
 # ------------------------------------------------------------------ preflight
+def check_cold_extra(cfg: Config) -> None:
+    """A cold tier that compresses needs numpy and zstandard, the 'cold' extra: one line at start, not an error at the first move."""
+    if cfg.tier_move_target and cfg.cold_compression != "none" and codec.MISSING_EXTRA is not None:
+        raise UserError(f"{codec.NEEDS_EXTRA}, or set cold_compression = \"none\"")
+
+
 def check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse) or, in a container, pass --device /dev/fuse")
@@ -205,6 +212,7 @@ class Daemon:
         check_mountpoint(cfg.mountpoint)
         check_cache_dir(cfg.cache_dir, cfg.mountpoint)
         secure_cache_dir(cfg.cache_dir)
+        check_cold_extra(cfg)
         self.ui_token = self._ui_token() if cfg.ui_enabled else None
         self.lock_fd = lock_cache_dir(cfg.cache_dir)
         try:
@@ -405,20 +413,29 @@ class Daemon:
         cfg = self.cfg
         host, _ = parse_hostport(cfg.metrics_addr)
         try:
+            require_extra()
             token = read_token(cfg.ui_token_file) if cfg.ui_token_file else None
             check_bind(host, token, "metrics_addr")
         except UiError as e:
             raise UserError(f"ui_enabled: {e}") from None
         return token
 
-    async def _serve_ui(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """/metrics and the catalogue page under /ui, on metrics_addr; the page asks the control dispatch itself."""
+    async def _serve_metrics(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """/metrics on metrics_addr, and with ui_enabled the catalogue page under /ui (it asks the control dispatch itself).
+
+        An address it cannot listen on raises the bare OSError, for run's one line."""
+        read_timeout = self.cfg.metrics_read_timeout
+        if not self.cfg.ui_enabled:
+            await serve_http(self.metrics.app(), host, port, read_timeout=read_timeout, task_status=task_status)
+            return
+        from .ui.app import UI_PREFIX, CatalogueApp  # here: jinja2 is the 'ui' extra, checked by prepare
+
         snapshots = Snapshots(self.control.ask, "")
         page = CatalogueApp(snapshots, self.cfg.mountpoint, self.ui_token, prefix=UI_PREFIX)
-        refused: OSError | None = None  # raised bare, after the nursery, for run's one line (a busy port)
+        refused: OSError | None = None  # raised bare, after the nursery (not in its group)
         async with trio.open_nursery() as nursery:
             try:
-                bound = await nursery.start(serve_ui, with_metrics(page, self.metrics.render), host, port)
+                bound = await nursery.start(functools.partial(serve_http, self.metrics.app(page), host, port, read_timeout=read_timeout))
             except OSError as e:
                 refused = e
                 nursery.cancel_scope.cancel()
@@ -437,10 +454,7 @@ class Daemon:
             if cfg.metrics_addr:
                 host, port = parse_hostport(cfg.metrics_addr)
                 try:
-                    if cfg.ui_enabled:  # the catalogue page under /ui: hypercorn serves both (docs/ui.md)
-                        self.metrics_port = await nursery.start(self._serve_ui, host, port)
-                    else:
-                        self.metrics_port = await nursery.start(self.metrics.serve, host, port)
+                    self.metrics_port = await nursery.start(self._serve_metrics, host, port)
                 except OSError as e:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(self.fetcher.run)

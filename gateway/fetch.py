@@ -50,7 +50,7 @@ from .config import Config
 from .namespace import Namespace
 from .objects import ARCHIVED, CHANGED, NETWORK, SERVER, StoreError
 from .storageclass import ONGOING, ArchiveState
-from .store import Store
+from .storeapi import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Download:
 
 
 class Fetcher:
-    def __init__(self, cfg: Config, ns: Namespace, store: Store) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, store: ObjectStore) -> None:
         self.cfg, self.ns, self.store = cfg, ns, store
         self.downloads: dict[int, Download] = {}
         self._nursery: trio.Nursery | None = None

@@ -15,7 +15,7 @@ from ..config import Config
 from ..namespace import Namespace
 from ..remote import Remote
 from ..objects import StoreError
-from ..store import Store
+from ..storeapi import LifecycleStore
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease
@@ -40,7 +40,7 @@ COMMANDS = ("checkpoints", "catalogue", "checkpoint_commit", "verify", "protect"
 
 
 class Lifecycle:
-    def __init__(self, cfg: Config, ns: Namespace, store: Store, remote: Remote) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, store: LifecycleStore, remote: Remote) -> None:
         self.cfg, self.ns, self.store, self.remote = cfg, ns, store, remote
         self.keys = ns.keys
         self.patterns = Patterns(cfg.checkpoint_patterns)

@@ -163,17 +163,3 @@ class CatalogueApp:
                            files=files[(fpage - 1) * FILES_PER_PAGE: fpage * FILES_PER_PAGE], nfiles=len(files),
                            fpage=fpage, fpages=fpages, files_error=files_error, events=view.redact(events),
                            replicas=view.redact(replicas), drills=view.redact(drills), run=view.run_of(path))
-
-
-def with_metrics(page: CatalogueApp, render: Callable[[], bytes]) -> Callable[..., Awaitable[None]]:
-    """The daemon's metrics address with the page: `/metrics` (and `/`) the Prometheus text, the rest the page."""
-
-    async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in ("/metrics", "/") and scope["method"] in ("GET", "HEAD"):
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else render()})
-            return
-        await page(scope, receive, send)
-
-    return app

@@ -43,7 +43,7 @@ def test_executemany_in_a_transaction_on_a_full_journal_rolls_all_of_it_back(tmp
     with pytest.raises(DiskFull):
         with j.transaction():
             j.update(a.ino, state=DIRTY)
-            j.confirm_seen([a.ino], 123.0)
+            j.update(a.ino, seen_at=123.0)
             j.db.executemany(INSERT, ROWS)
     got = j.get(a.ino)
     assert got is not None and got.state == DURABLE and got.seen_at != 123.0
@@ -52,7 +52,7 @@ def test_executemany_in_a_transaction_on_a_full_journal_rolls_all_of_it_back(tmp
 
 def test_executemany_alone_commits_every_row_when_there_is_room(tmp_path: Path) -> None:
     j = Journal(tmp_path / "journal.sqlite3", "ckpt", "p")
-    j.db.executemany(INSERT, (r for r in ROWS[:5]))  # a generator, as confirm_seen passes
+    j.db.executemany(INSERT, (r for r in ROWS[:5]))  # a generator: read once, kept for a retry
     assert len(j.children(ROOT_INODE)) == 5
     assert os.stat(tmp_path / "journal.reserve").st_size == JOURNAL_RESERVE
 
