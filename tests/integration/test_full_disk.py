@@ -105,10 +105,11 @@ def test_a_mount_on_a_full_cache_disk_is_refused_with_one_line(make_mount: Any, 
 
 def test_a_write_on_a_full_disk_with_nothing_to_drain_fails_at_once_and_works_once_space_returns(make_mount: Any, small_fs: Any) -> None:
     # write_stall_timeout 600: a writer that waited for a drain with nothing to drain would hang the test
-    m: Mount = make_mount(start=False, cache_min_free=0, write_stall_timeout=600)
+    m: Mount = make_mount(start=False, cache_min_free="16MiB", write_stall_timeout=600)
     disk = small_fs(m.cache_dir)
     m.start()
-    disk.fill()  # nothing dirty to drain, no clean copy to evict
+    # nearly full: less free than cache_min_free (the journal still has room); nothing to drain or evict
+    disk.fill(leave=8 * MiB)
 
     def overflow() -> int:
         try:

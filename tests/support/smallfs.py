@@ -33,12 +33,12 @@ class SmallFs:
         st = os.statvfs(self.path)
         return st.f_bavail * st.f_frsize
 
-    def fill(self) -> None:
-        """Take every free byte (again, after the daemon freed some): the file system is full."""
+    def fill(self, leave: int = 0) -> None:
+        """Take every free byte but `leave` (again, after the daemon freed some): the file system is full."""
         fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             while True:
-                free = self.free()
+                free = self.free() - leave
                 if free <= 0:
                     break
                 size = os.fstat(fd).st_size
