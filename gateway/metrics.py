@@ -139,6 +139,11 @@ class _StateCollector(Collector):
             c = CounterMetricFamily(f"ckptfs_{name}", doc)
             c.add_metric([], float(values.get(f"{name}_total", 0)))
             yield c
+        restarts = CounterMetricFamily("ckptfs_service_restarts", "Restarts of a background service after an unexpected error "
+                                       "(supervisor.py; its last error is in `ckptfs status`).", labels=["service"])
+        for service, state in sorted((values.get("services") or {}).items()):
+            restarts.add_metric([service], float(state.get("restarts", 0)))
+        yield restarts
 
 
 class Metrics:

@@ -88,10 +88,13 @@ class Remote:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the background listings until cancelled (the daemon stopping abandons those in flight)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None  # closed: until the supervisor restarts this, requests answer from what the node knows
 
     def stats(self) -> dict[str, float]:
         return {
@@ -175,7 +178,9 @@ class Remote:
     def _start(self, ino: int) -> _Job | None:
         if self._prefix(ino) is None:
             return None
-        assert self._nursery is not None, "Remote.run is not running"
+        if self._nursery is None:  # the listings service is restarting after an unexpected error (supervisor.py)
+            self._mark_stale(ino, "the listing service is restarting after an error")
+            return None
         job = self._jobs[ino] = _Job()
         self._nursery.start_soon(self._list_until_listed, ino, job)
         return job

@@ -81,7 +81,8 @@ class Lifecycle:
         return await threads.call(functools.partial(fn, *args), limiter=self.limiter)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        drill.clean_leftovers(self)
+        # the drills still pending keep their directories: this runs again when the supervisor restarts the lifecycle
+        drill.clean_leftovers(self, {r["dir"] for _, r, _ in self.drills_pending.values()})
         async with trio.open_nursery() as nursery:
             await nursery.start(self.tracker.run)
             if self.patterns.enabled:
