@@ -98,7 +98,7 @@ class Config:
     cache_min_free: int | None = _opt(None, "Free space to leave on the cache file system, whatever the capacity says. Empty (or `auto`) means 5% of the cache file system, at most 1 GiB, so a small disk is not reserved whole.", "bytes")
     cache_high_watermark: float = _opt(0.9, "When the cache holds more than this fraction of `cache_capacity`, clean (durable) copies are evicted in the background, least recently used first, down to `cache_low_watermark`.")
     cache_low_watermark: float = _opt(0.75, "Fraction of `cache_capacity` that background eviction brings the cache down to. Dirty or uploading files are never evicted.")
-    write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC.", "seconds")
+    write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC. With nothing left to drain (no other file's bytes on their way to the bucket) it gets ENOSPC at once.", "seconds")
 
     # checkpoints (docs/lifecycle.md)
     checkpoint_patterns: list[str] = _opt(

@@ -38,7 +38,7 @@ from .fuse.workers import worker_count
 from .fuse.libfuse import LibfuseSession
 from .fuse.session import FuseSession
 from .httpserver import serve as serve_http
-from .journal import Journal, JournalError
+from .journal import Journal, JournalError, disk_full_message
 from .lifecycle import codec
 from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
@@ -172,8 +172,14 @@ def lock_cache_dir(path: str) -> int:
         owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise UserError(f"cache directory {path} is in use by a running ckptfs (pid {owner}): unmount it first or use another --cache-dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(disk_full_message(path)) from None
+        raise UserError(f"cannot write the lock file {lock_path}: {e.strerror}: check the cache disk (dmesg)") from None
     return fd
 
 
@@ -223,10 +229,18 @@ class Daemon:
             self.journal = Journal(Path(cfg.cache_dir) / "journal.sqlite3", cfg.bucket, cfg.prefix.strip("/"))
         except JournalError as e:
             raise UserError(str(e)) from None
-        self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity, cfg.cache_min_free)
-        self.ns = Namespace(cfg, self.journal, self.cache)
-        self.ns.keys.refused = refused
-        self.ns.recover()
+        if not self.journal.reserved:  # not even the journal's reserve fits: every change could fail from the start
+            raise UserError(disk_full_message(cfg.cache_dir))
+        try:
+            self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity, cfg.cache_min_free)
+            self.ns = Namespace(cfg, self.journal, self.cache)
+            self.ns.keys.refused = refused
+            self.ns.recover()
+        except OSError as e:  # recovery writes the journal and the cache: a full or failing disk stops it
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise UserError(disk_full_message(cfg.cache_dir)) from None
+            raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
+                            "check that disk (dmesg), then mount again") from None
         self.metrics = Metrics(self.status)
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)

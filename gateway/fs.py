@@ -31,6 +31,7 @@ refresh the directory's listing when it is older than `metadata_ttl`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -486,7 +487,13 @@ class CkptFS(Operations):
         fd = self.ns.files.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
-            self.ns.files.truncate(inode, 0)
+            try:
+                self.ns.files.truncate(inode, 0)
+            except BaseException:  # refused (a full cache disk): the open did not happen, no handle stays behind
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    self.ns.files.release(inode, write)
+                raise
         fh = self._add_handle(inode, fd, write, ctx.uid)
         self.handles[fh].download = download
         # the kernel may keep its cached pages only if they are of the same bytes
@@ -509,7 +516,7 @@ class CkptFS(Operations):
     @_fuse
     async def write(self, fh: int, off: int, buf: memoryview) -> int:
         h = self.handles[fh]
-        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
+        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf), h.ino)
         if h.kill_priv:
             h.kill_priv = False
             self.ns.tree.kill_priv(h.ino)
@@ -547,7 +554,8 @@ class CkptFS(Operations):
         h = self.handles[fh]
         if not h.write:
             raise OSError(errno.EBADF, "not open for writing")
-        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)))
+        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)),
+                                     h.ino)
 
     @_fuse
     async def fsync(self, fh: int, datasync: bool) -> None:

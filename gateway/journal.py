@@ -34,9 +34,20 @@ A full disk: the journal shares the cache's file system, and a FUSE passthrough 
 `JOURNAL_RESERVE` bytes allocated in `journal.reserve`; a write that finds the disk full
 gives the reserve up and is retried once (only where SQLite left nothing half done: a
 statement outside a transaction, or a COMMIT whose transaction is still open), so closes,
-fsyncs, uploads marked durable and unlinks that free space still commit. The reserve is
+fsyncs, uploads marked durable and unlinks that free space still commit. SQLite rolls a
+transaction back when its COMMIT meets a full disk, so the reserve is given up *before* a
+COMMIT once the disk has less than `JOURNAL_LOW_ROOM` free; a COMMIT that still fails
+(something filled the disk faster) fails with `DiskFull`, and the next one has the room. The reserve is
 taken back at the next `durable()` or `sync()` that finds the disk has room. With the reserve gone too,
 the write fails with `DiskFull` (ENOSPC), never a half-applied change.
+
+Every way a statement reaches SQLite goes through `_Connection`, which turns the disk's answers into
+errnos: SQLITE_FULL is `DiskFull` (ENOSPC), SQLITE_IOERR is `JournalIOError` (EIO). A request gets
+that errno; a background service (listing merge, eviction, drain) leaves the change for a later round.
+`executemany` outside a transaction runs in one of its own, so a failure halfway undoes every row.
+SQLite's automatic WAL checkpoint ignores a failed write by design (the WAL then just grows, on the
+reserve); opening the journal on a full or failing disk raises `JournalError` naming the disk, not the
+journal, as the problem.
 """
 
 from __future__ import annotations
@@ -49,9 +60,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import trio
+
+from .dbconnection import Connection, DiskFull, JournalIOError, disk_full_message, open_failure  # noqa: F401 (for callers)
 
 log = logging.getLogger(__name__)
 
@@ -121,42 +134,11 @@ CREATE TABLE IF NOT EXISTS deletes(
 EVICTION_BATCH = 64  # evictable files read at once: an eviction rarely needs more victims than this
 
 JOURNAL_RESERVE = 8 << 20  # room kept for the journal on a full disk: a WAL cycle (~4 MiB) and then some
+JOURNAL_LOW_ROOM = 2 << 20  # less free than this, and the reserve is given up before a COMMIT
 
 
 class JournalError(Exception):
     """The journal cannot be used (corrupt, foreign, newer schema); message is one line."""
-
-
-class DiskFull(OSError):
-    """The cache disk is full and the journal's reserve is spent: the change was not made."""
-
-    def __init__(self) -> None:
-        super().__init__(errno.ENOSPC, "cache disk full: the journal cannot be written")
-
-
-class _Connection(sqlite3.Connection):
-    """A connection that meets a full disk by giving up the journal's reserve and retrying once."""
-
-    release_reserve: Callable[[], bool] = staticmethod(lambda: False)
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        was_open = self.in_transaction
-        try:
-            return super().execute(sql, parameters)
-        except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode != sqlite3.SQLITE_FULL:
-                raise
-            # retry only a write that failed whole: outside a transaction SQLite rolled the statement
-            # back; a COMMIT may be retried while its transaction is still open
-            whole = not was_open or (sql == "COMMIT" and self.in_transaction)
-            if not (whole and self.release_reserve()):
-                raise DiskFull() from None
-        try:
-            return super().execute(sql, parameters)
-        except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode == sqlite3.SQLITE_FULL:
-                raise DiskFull() from None
-            raise
 
 
 @dataclass
@@ -223,7 +205,7 @@ class Journal:
     def __init__(self, path: Path, bucket: str, prefix: str) -> None:
         self.path = path
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, factory=_Connection)
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, factory=Connection)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=OFF")
@@ -232,6 +214,8 @@ class Journal:
                 raise JournalError(f"journal {path} is corrupt ({ok}): move it aside and remount (unuploaded data in it would be lost)")
             self.db.executescript(_SCHEMA)
             self._add_columns()
+        except (DiskFull, JournalIOError) as e:
+            raise JournalError(open_failure(path, e)) from None
         except sqlite3.DatabaseError as e:
             raise JournalError(f"journal {path} cannot be opened ({e}): move it aside and remount") from None
         self._depth = 0
@@ -243,7 +227,11 @@ class Journal:
         self.reserve_path = path.with_name("journal.reserve")
         self.reserved = self._take_reserve()
         self.db.release_reserve = self._release_reserve  # type: ignore[attr-defined]
-        self._bind(bucket, prefix)
+        self.db.before_commit = self._room_for_commit  # type: ignore[attr-defined]
+        try:
+            self._bind(bucket, prefix)
+        except (DiskFull, JournalIOError) as e:
+            raise JournalError(open_failure(path, e)) from None
 
     def _take_reserve(self) -> bool:
         """Allocate JOURNAL_RESERVE bytes in journal.reserve (True), unless the disk cannot spare them."""
@@ -265,6 +253,15 @@ class Journal:
         log.warning("cache disk full: gave up the journal's reserve (%d MiB) so the journal can still be written; "
                     "it is taken back once the disk has room", JOURNAL_RESERVE >> 20)
         return True
+
+    def _room_for_commit(self) -> None:
+        """Give the reserve up before a COMMIT that the disk may not have room for: SQLite answers a COMMIT that
+        meets a full disk by rolling the whole transaction back, which nothing could retry. A statvfs per commit
+        (~2 us) while the reserve is held; none once it is gone."""
+        if self.reserved:
+            st = os.statvfs(self.reserve_path.parent)
+            if st.f_bavail * st.f_frsize < JOURNAL_LOW_ROOM:
+                self._release_reserve()
 
     def _retake_reserve(self) -> None:
         st = os.statvfs(self.reserve_path.parent)
@@ -339,9 +336,12 @@ class Journal:
             self.db.execute("COMMIT")
         except BaseException:
             self._depth = 0
-            if self.db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
-                self.db.execute("ROLLBACK")
-            self._load_uploads()  # what the rollback undid
+            try:
+                if self.db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
+                    self.db.execute("ROLLBACK")
+                self._load_uploads()  # what the rollback undid
+            except (OSError, sqlite3.Error) as e:  # a failing disk: the first error is the one to report
+                log.error("journal: rolling back after a failed change also failed: %s", e)
             raise
 
     def sync(self) -> None:

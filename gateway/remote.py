@@ -210,8 +210,16 @@ class Remote:
                     continue
                 if self._prefix(ino) != prefix or time.time() - started_wall > RECENT_DELETE_SECONDS:
                     continue  # renamed meanwhile, or too old to tell what was deleted since: list again
+                try:
+                    self.ns.merge.merge(ino, started_wall, listing)
+                except OSError as e:  # the journal cannot record it (a full or failing cache disk): list again later
+                    job.failures += 1
+                    self._mark_stale(ino, f"the listing could not be recorded ({e.strerror})")
+                    job.attempt_done.set()
+                    job.attempt_done = trio.Event()
+                    await trio.sleep(min(self.max_backoff, 0.5 * 2 ** min(job.failures, 20)) * random.uniform(0.5, 1.0))
+                    continue
                 self.listings_total += 1
-                self.ns.merge.merge(ino, started_wall, listing)
                 self.listed_at[ino] = started_mono
                 self.on_listing(self.ns.keys.path(prefix).rstrip("/"), listing)
                 self.down_since = None

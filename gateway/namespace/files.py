@@ -108,7 +108,10 @@ class OpenFiles:
         if not write and (shown <= max(row.mtime_ns, row.ctime_ns) or now - shown > RELATIME_NS):
             fields["atime_ns"] = now  # relatime, as Linux mounts by default: an open for reading updates the atime
         if created is None:
-            self.journal.update(ino, **fields)
+            try:
+                self.journal.update(ino, **fields)
+            except OSError:  # a full or failing cache disk: the file still opens, its LRU time and atime stay as they were
+                pass
         live = self.get(ino)
         live.handles += 1
         if write:
@@ -178,6 +181,8 @@ class OpenFiles:
             if end > live.size:
                 self.cache.grow(end, live.size)
             raise
+        if offset + n < end and end > live.size:  # a short write (the disk filled up meanwhile): account what it took
+            self.cache.grow(end, max(live.size, offset + n))
         self.modified(ino, live, max(live.size, offset + n))
         return n
 
