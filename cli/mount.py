@@ -19,18 +19,47 @@ import typer
 
 from ckptfs.cli.app import app, fail
 from ckptfs.cli.errors import EXIT_USAGE, CliError
-from ckptfs.config import ConfigError, load_config, parse_source
+from ckptfs.config import FIELDS, ConfigError, did_you_mean, load_config, parse_source
+
+
+# mount(8)'s words for read-only and read-write, as in `mount -o ro`
+MOUNT_WORDS = {"ro": ("read_only", "true"), "rw": ("read_only", "false")}
 
 
 def parse_options(options: list[str]) -> dict[str, str]:
-    """`-o KEY=VALUE` options as config keys (dashes become underscores)."""
+    """`-o KEY=VALUE` options as config keys (dashes become underscores).
+
+    A boolean option may be given as mount(8) and every FUSE file system take it: `-o allow_other`
+    sets it, `-o noallow_other` clears it; `-o ro` and `-o rw` are `read_only` true and false;
+    `-o allow_other,ro` is a list of such words. A value may hold commas (`commit_markers=a,b`), so
+    a list of KEY=VALUE takes one -o each.
+    """
     out = {}
-    for opt in options:
+    words = [w for opt in options for w in (opt.split(",") if "=" not in opt else [opt])]
+    for opt in words:
         key, sep, value = opt.partition("=")
-        if not sep:
-            raise CliError(f"-o {opt!r} is not KEY=VALUE (for example -o part_size=128MiB)", EXIT_USAGE)
-        out[key.strip().replace("-", "_")] = value.strip()
+        key = key.strip().replace("-", "_")
+        if sep and "," not in key:
+            out[key] = value.strip()
+            continue
+        if key in MOUNT_WORDS:
+            name, value = MOUNT_WORDS[key]
+        elif is_bool_option(key):
+            name, value = key, "true"
+        elif key.startswith("no") and is_bool_option(key[2:]):
+            name, value = key[2:], "false"
+        elif key in FIELDS:
+            raise CliError(f"-o {opt!r} needs a value: -o {key}=VALUE (docs/configuration.md)", EXIT_USAGE)
+        else:
+            hint = " (one option per -o: -o A -o B)" if "," in opt else did_you_mean(key, FIELDS)
+            raise CliError(f"-o {opt!r} is neither KEY=VALUE nor a yes/no option{hint} "
+                           "(for example -o part_size=128MiB, -o allow_other)", EXIT_USAGE)
+        out[name] = value
     return out
+
+
+def is_bool_option(name: str) -> bool:
+    return name in FIELDS and FIELDS[name].type in ("bool", bool)
 
 
 @app.command()
@@ -48,7 +77,7 @@ def mount(
                                                help="Serve Prometheus /metrics there (default: no metrics endpoint)."),
     daemon: bool = typer.Option(False, "--daemon", help="Detach; return once the mount is ready (default: run in the foreground)."),
     option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE", show_default=False,
-                                     help="Any config option (docs/configuration.md); repeatable (default: the --config file's, else each option's default)."),
+                                     help="Any config option (docs/configuration.md); a yes/no one also as NAME or noNAME (-o allow_other), and ro/rw for read_only; repeatable (default: the --config file's, else each option's default)."),
     ready_fd: Optional[int] = typer.Option(None, "--ready-fd", hidden=True),
 ) -> None:
     """Mount a bucket. Foreground by default (for systemd); --daemon detaches.
