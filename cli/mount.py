@@ -8,6 +8,7 @@ commands start fast.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -142,6 +143,7 @@ def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
 
     try:
         check_cache_dir(cache_dir, mountpoint)  # the log goes there: say what is wrong with it, as the daemon would
+        found = set(os.listdir(cache_dir))
         check_cache_dir_free(cache_dir)  # and a running daemon's log is not ours to write a refusal into
     except UserError as e:
         fail(str(e))
@@ -166,7 +168,33 @@ def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
         return
     if line.startswith("ERROR "):
         child.wait(timeout=30)
+        remove_if_created(Path(cache_dir), found)
         fail(line[6:])
     code = child.wait()
     tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
     fail(f"the daemon exited during start-up (status {code}): {tail[0] if tail else 'no log'} (log: {log_path})")
+
+
+def remove_if_created(cache_dir: Path, found: set[str]) -> None:
+    """After a start the daemon refused with one line (the line says why): the log and lock file this command
+    created go, so the cache directory is as it was found (the daemon removed what it created itself).
+
+    The lock file is removed only while we hold its lock: a daemon started meanwhile keeps its lock. A start
+    that failed without its line keeps its log, which the message names.
+    """
+    log_path = cache_dir / "ckptfs.log"
+    if "ckptfs.log" not in found:
+        log_path.unlink(missing_ok=True)
+    if "lock" in found:
+        return
+    try:
+        fd = os.open(cache_dir / "lock", os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(cache_dir / "lock")
+    except OSError:
+        pass  # held by a daemon started meanwhile, or gone: not ours to remove
+    finally:
+        os.close(fd)
