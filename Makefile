@@ -75,7 +75,7 @@ CACHEDIR ?= /var/cache/ckptfs
 DOCDIR ?= /usr/local/share/doc/ckptfs
 DESTDIR ?=
 
-.PHONY: help deps system-deps test-deps bench-deps vm-deps test test-vm run stop bench docs install uninstall clean distclean
+.PHONY: help deps system-deps test-deps bench-deps vm-deps test test-vm run stop bench docs install relocate-venv uninstall clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -172,6 +172,7 @@ docs: $(RUN_STAMP)
 install: system-deps
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
 	$(DESTDIR)$(PREFIX)/bin/pip install -q --upgrade .
+	$(if $(DESTDIR),$(MAKE) --no-print-directory relocate-venv)
 	install -d -m 0755 $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
 	install -d -m 0700 $(DESTDIR)$(CACHEDIR)
 	ln -sfn $(PREFIX)/bin/ckptfs $(DESTDIR)$(BINDIR)/ckptfs
@@ -184,6 +185,14 @@ install: system-deps
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "installed: $(BINDIR)/ckptfs -> $(PREFIX)/bin/ckptfs, $(UNITDIR)/ckptfs@.service, $(CONFDIR)/example.toml.sample"
 	@echo "next: cp $(CONFDIR)/example.toml.sample $(CONFDIR)/NAME.toml, edit it, systemctl enable --now ckptfs@NAME (docs/install.md)"
+
+# a venv names its own path (the scripts' #! lines, activate, pyvenv.cfg, the .pyc files' sources): staged
+# under DESTDIR, make them name PREFIX, where the tree runs once a package puts it there
+relocate-venv:
+	@staged="$(abspath $(DESTDIR)$(PREFIX))"; \
+	grep -rlIZF -- "$$staged" "$$staged/bin" "$$staged/pyvenv.cfg" | xargs -0 -r sed -i "s|$$staged|$(PREFIX)|g"; \
+	"$$staged/bin/python" -m compileall -q -f -s "$(abspath $(DESTDIR))" -p / "$$staged" >/dev/null; \
+	if left=$$(grep -rlF -- "$$staged" "$$staged"); then echo "install: $$staged still named in: $$left"; exit 1; fi
 
 uninstall:
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ] && systemctl list-units --no-legend 'ckptfs@*' | grep -q .; then \

@@ -142,7 +142,7 @@ class Config:
     # object store client
     connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store (more than 0).", "seconds")
     read_timeout: float = _opt(60.0, "Seconds to wait for a response from the object store before retrying (more than 0).", "seconds")
-    mount_check_timeout: float = _opt(30.0, "Seconds the check of the bucket at mount (HeadBucket, 3 attempts) may wait in all for the object store's answers; a store that accepts the connection and does not answer in time fails the mount with one line. Keep it well below systemd's TimeoutStartSec (120 s in the shipped unit), or systemd kills the start before that line is written (more than 0).", "seconds")
+    mount_check_timeout: float = _opt(30.0, "Seconds the check of the bucket at mount (HeadBucket, up to 3 attempts) takes at most, connections, answers and the pauses between attempts included; a store that accepts the connection and does not answer in time fails the mount with one line. Keep it well below systemd's TimeoutStartSec (120 s in the shipped unit), or systemd kills the start before that line is written (more than 0).", "seconds")
     retry_max_backoff: float = _opt(60.0, "Upper bound, in seconds, of the exponential backoff between attempts to upload a file. Attempts never stop for acknowledged data.", "seconds")
     retry_auth_backoff: float = _opt(30.0, "Seconds between attempts while the store answers 403 (credentials, permissions) or 404 (bucket gone): these need an operator, so retry slowly.", "seconds")
     abort_stale_uploads_after: float = _opt(86400.0, "At mount, abort multipart uploads under the prefix started this many seconds ago or more that no journal owns (left by a crashed node). 0 disables.", "seconds")

@@ -215,10 +215,12 @@ class Daemon:
         check_fuse()
         check_mountpoint(cfg.mountpoint)
         check_cache_dir(cfg.cache_dir, cfg.mountpoint)
+        found = set(os.listdir(cfg.cache_dir))
         secure_cache_dir(cfg.cache_dir)
         check_cold_extra(cfg)
         self.ui_token = self._ui_token() if cfg.ui_enabled else None
         self.lock_fd = lock_cache_dir(cfg.cache_dir)
+        self.found_in_cache_dir = found  # held by this daemon from here: what a failed start removes is its own
         try:
             self.store = Store(cfg)
             self.store.check()
@@ -557,16 +559,33 @@ class Daemon:
                 log.warning("stopping: could not %s: %s", what, describe(e))
 
     def unbind_if_never_ready(self) -> None:
-        """A start that failed (a busy metrics port, a refused mount) leaves the cache directory as it found it: a
-        journal this start created and that holds nothing to upload is removed, so the directory is not bound to
-        this bucket and prefix by a mount that never was."""
-        journal: Journal | None = getattr(self, "journal", None)  # None: the start failed before opening it
-        if self.ready or journal is None or not journal.bound_now or journal.holds_work():
+        """A start that failed (a busy metrics port, a wrong bucket, a refused mount) leaves the cache directory as it
+        found it: a journal this start created and that holds nothing to upload is removed, so the directory is not
+        bound to this bucket and prefix by a mount that never was, and so is every other entry this start created
+        (its lock, data/, the control socket). What was there before is left alone, and nothing at all is removed
+        unless this daemon held the directory's lock: another daemon's files are not ours."""
+        found: set[str] | None = getattr(self, "found_in_cache_dir", None)  # None: the lock was never ours
+        if self.ready or found is None:
             return
-        try:
-            journal.discard()
-        except (OSError, sqlite3.Error) as e:
-            log.warning("could not remove the journal of the failed start %s: %s", journal.path, e)
+        journal: Journal | None = getattr(self, "journal", None)  # None: the start failed before opening it
+        if journal is not None and journal.bound_now:
+            if journal.holds_work():
+                return  # never so for a start that never mounted; but then the journal and its data stay together
+            try:
+                journal.discard()
+            except (OSError, sqlite3.Error) as e:
+                log.warning("could not remove the journal of the failed start %s: %s", journal.path, e)
+                return
+        root = Path(self.cfg.cache_dir)
+        for name in sorted(set(os.listdir(root)) - found):
+            path = root / name
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)  # data/: created by this start, which wrote no file into it for anyone
+                else:
+                    path.unlink()
+            except OSError as e:
+                log.warning("could not remove %s, created by the failed start: %s", path, e.strerror)
 
     async def _report_status(self) -> None:
         """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
