@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from ..journal import ROOT_INODE
-from ..objects import StoreError
+from ..objects import StoreError, finite
 from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, signature, write_manifest
 from . import place, tiers
 from ..patterns import Checkpoint
@@ -231,7 +231,10 @@ class Tracker:
             await lc.io(lc.store.delete, place.own_key(lc.keys.prefix, ck, o.name))
 
     async def commit(self, ck: Checkpoint, files: list[FileEntry] | None, how: str, metadata: dict[str, Any] | None) -> tuple[Manifest, bool]:
-        """Write `ck`'s manifest (from `files`, or a fresh listing); (manifest in the bucket, written by this call)."""
+        """Write `ck`'s manifest (from `files`, or a fresh listing); (manifest in the bucket, written by this call).
+
+        A metadata value that is not a finite number (a diverged loss: NaN) is stored as null: JSON has no NaN, and
+        NaN != NaN would make every later commit with the same metadata look like new metadata."""
         lc = self.lc
         base = place.files_base(lc.keys.prefix, ck)
         if files is None:
@@ -245,7 +248,7 @@ class Tracker:
         await self._checksums(ck.path, files)
         manifest, wrote = await lc.io(
             write_manifest, lc.store, place.own_key(lc.keys.prefix, ck, MANIFEST),
-            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, metadata),
+            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, finite(metadata)),
         )
         self.active.pop(ck.path, None)
         if wrote:
