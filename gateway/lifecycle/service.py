@@ -140,7 +140,10 @@ class Lifecycle:
                 ck = await self._checkpoint(path)
                 await self._wait_durable(path, send)
                 self.tracker.refresh()  # drained now: no longer `draining` in what the next request sees
-                manifest, wrote = await self.tracker.commit(ck, None, "command", dict(request.get("metadata") or {}))
+                metadata = request.get("metadata") or {}
+                if not isinstance(metadata, dict):
+                    raise LifecycleError(f"metadata must be a JSON object ({{\"key\": value, ...}}), not {type(metadata).__name__}")
+                manifest, wrote = await self.tracker.commit(ck, None, "command", metadata)
                 await send({"ok": True, "done": True, "written": wrote, "path": ck.path, "step": ck.step,
                             "generation": manifest.generation, "changed": manifest.changed,
                             "files": len(manifest.files), "bytes": manifest.bytes})
@@ -173,7 +176,7 @@ class Lifecycle:
             elif cmd in ("protect", "unprotect"):
                 reason = str(request.get("reason", "")).strip()
                 if not reason:
-                    raise LifecycleError(f"{cmd} needs --reason TEXT: it goes to the audit log")
+                    raise LifecycleError(f"{cmd} needs a non-empty reason: it goes to the audit log")
                 ck = await self._checkpoint(path)
                 who = dict(request.get("who") or {})
                 fn = protect if cmd == "protect" else unprotect
