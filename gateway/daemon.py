@@ -417,6 +417,7 @@ class Daemon:
     async def run(self, ready_fd: int | None = None) -> None:
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
+        fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
         self.fuse_transport = choose_transport(cfg.fuse_transport)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.control.serve)

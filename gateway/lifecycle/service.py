@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import shutil
@@ -107,6 +108,27 @@ class Lifecycle:
             self.entries = entries  # for the storage metrics (usage.py)
             self.drill_record = await drill.read_record(self)
         return entries
+
+    # ------------------------------------------------ user.ckptfs.state of a checkpoint directory (fs.CheckpointStates)
+    def is_checkpoint(self, path: str) -> bool:
+        ck = self.patterns.checkpoint_of(path, is_dir=True)
+        return ck is not None and ck.path == path and not ck.file
+
+    async def checkpoint_state(self, path: str) -> str | None:
+        """The state `ckptfs checkpoints` shows for directory checkpoint `path` (None if it is not one): local work
+        as it is now, else what the bucket says. A store that cannot answer is EIO, not a wrong word."""
+        if not self.is_checkpoint(path):
+            return None
+        ck = self.patterns.checkpoint_of(path, is_dir=True)
+        assert ck is not None
+        self.tracker.refresh()
+        local = self.tracker.local_state(path)
+        if local:
+            return local
+        try:
+            return str((await self.catalogue.describe(ck))["state"])
+        except (StoreError, LifecycleError) as e:
+            raise OSError(errno.EIO, f"{path}: the bucket did not say its state: {e}") from None
 
     def collector(self) -> LifecycleCollector:
         return LifecycleCollector(self)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..sizes import fmt_bytes
+from ..storageclass import fmt_money
 
 STATES = ("writing", "draining", "committed", "protected", "expiring")
 SORT_KEYS = ("step", "path", "state", "bytes", "files", "committed", "cost", "verified")
@@ -214,10 +215,4 @@ def when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if ts else "-"
 
 
-def money(x: float | None) -> str:
-    if not x:
-        return "$0"
-    return f"${x:,.2f}" if x >= 0.01 else f"${x:.4f}"
-
-
-FILTERS = {"fmt_bytes": lambda n: fmt_bytes(n or 0), "when": when, "money": money}
+FILTERS = {"fmt_bytes": lambda n: fmt_bytes(n or 0), "when": when, "money": fmt_money}
