@@ -169,7 +169,9 @@ class Tracker:
         self.work = self.scan()
         now = time.time()
         for path in self.work:
-            self.active[path].last_work = now
+            a = self.active[path]
+            a.last_work = now
+            a.recovered = False  # work seen in this run: judged as any checkpoint being written
 
     async def tick(self) -> None:
         self.refresh()
@@ -203,6 +205,8 @@ class Tracker:
             return False
         listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)
         if await self._moved_away(path, listing):
+            if a.recovered:
+                return True  # moved after its commit, before the restart: nothing written here since
             log.warning("checkpoint %s was moved to its cold target: files written into it are not committed; bring it back "
                         "first with `ckptfs restore %s`", path, path)
             return True
