@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 LEGACY_STATE_FILE = "lifecycle-active.json"  # what versions before issue 35 kept; removed at start
 RETRY_SECONDS = 10.0
 RECOVER_PAGE = 2000  # journal rows read at a time while deriving the work left by the last run
+RECOVERED_PER_TICK = 32  # checkpoints derived at start that one tick checks against the bucket
 
 
 @dataclass
@@ -177,9 +178,16 @@ class Tracker:
         self.refresh()
         now = time.time()
         quiet = self.lc.cfg.checkpoint_quiet_seconds
-        for path, a in list(self.active.items()):
+        recovered_checks = 0
+        # what this run wrote first; the checkpoints derived at start a few per tick, so that a node whose journal
+        # names thousands of them (each a listing and a manifest read) does not hold up the commit of a new one
+        for path, a in sorted(self.active.items(), key=lambda item: item[1].recovered):
             if path in self.work or now - a.last_work < quiet or now < a.next_check:
                 continue
+            if a.recovered:
+                recovered_checks += 1
+                if recovered_checks > RECOVERED_PER_TICK:
+                    break
             try:
                 done = await self._try_commit(path, a, now, quiet)
             except (StoreError, LifecycleError) as e:
