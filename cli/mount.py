@@ -18,6 +18,7 @@ from typing import Any, Optional
 import typer
 
 from ckptfs.cli.app import app, fail
+from ckptfs.cli.daemonlog import PRIORITIES, DaemonLogHandler, stderr_fd
 from ckptfs.cli.errors import EXIT_USAGE, CliError
 from ckptfs.config import ConfigError, load_config, parse_source
 
@@ -79,10 +80,8 @@ def mount(
 class JournalFormatter(logging.Formatter):
     """Log lines for systemd's journal: a `<N>` syslog priority prefix (sd-daemon(3)), no timestamp (the journal adds it)."""
 
-    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
-
     def format(self, record: logging.LogRecord) -> str:
-        return f"<{self.PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
+        return f"<{PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
 
 
 def stderr_is_journal() -> bool:
@@ -96,8 +95,9 @@ def stderr_is_journal() -> bool:
 
 
 def setup_logging(level: str) -> None:
-    """The foreground daemon's log on stderr: timestamped, or with journal priorities under systemd."""
-    handler = logging.StreamHandler()
+    """The foreground daemon's log on stderr: timestamped, or with journal priorities under systemd; a line stderr
+    cannot take (the log file on a full cache disk) goes to the system log and is written later (daemonlog.py)."""
+    handler = DaemonLogHandler(stderr_fd())
     if stderr_is_journal():
         handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
     else:

@@ -63,6 +63,7 @@ class Config:
     sse_kms_key_id: str = _opt("", "With sse = \"aws:kms\": the KMS key id or ARN; empty uses the account's default `aws/s3` key.")
     sse_c_key_file: str = _opt("", "SSE-C: a file holding the 256-bit key (32 raw bytes or their base64), owned by the mounting user and readable by nobody else (chmod 600). Every request that touches object bytes carries it; objects written with it can only be read with it.")
     metrics_addr: str = _opt("", "HOST:PORT to serve Prometheus metrics on (`/metrics`); empty to disable. Use 127.0.0.1 unless it must be reachable from elsewhere.")
+    metrics_read_timeout: float = _opt(10.0, "Seconds a client of `metrics_addr` has to send a whole request, from connecting or from its previous answer; then it is disconnected (a client trickling header bytes cannot hold a connection). At most 64 connections are open at once: past that, the oldest is closed.")
     ui_enabled: bool = _opt(False, "Serve the read-only catalogue page (docs/ui.md) on `metrics_addr` under `/ui`. Needs `metrics_addr`; on an address that is not loopback also `ui_token_file`.")
     ui_token_file: str = _opt("", "With `ui_enabled`: a file (chmod 600) holding the token every request to `/ui` must carry; required when `metrics_addr` is not a loopback address.")
 
@@ -240,6 +241,8 @@ class Config:
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:
             parse_hostport(self.metrics_addr)
+        if not self.metrics_read_timeout > 0:  # NaN too
+            raise ConfigError(f"metrics_read_timeout = {self.metrics_read_timeout}: give a number of seconds > 0")
         if self.ui_enabled and not self.metrics_addr:
             raise ConfigError("ui_enabled = true needs metrics_addr: the catalogue page is served there under /ui")
         for pattern in self.temporary_dir_patterns:

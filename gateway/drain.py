@@ -47,7 +47,7 @@ from .journal import UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
 from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError, crc32_b64
-from .store import Store
+from .storeapi import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tu
 
 
 class Drainer:
-    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: Store, metrics: Metrics) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Metrics) -> None:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)

@@ -84,12 +84,14 @@ CREATE TABLE IF NOT EXISTS inodes(
     cached     INTEGER NOT NULL DEFAULT 1,   -- 0: the cache copy of a durable file was evicted
     atime      REAL,                         -- last open, for least-recently-used eviction
     copy_from  TEXT,                         -- durable file renamed: its bytes are this object (server-side copy)
-    seen_at    REAL,                         -- wall time the bucket last confirmed this entry (upload or listing)
+    seen_at    REAL,                         -- wall time of the upload or listing that made this entry what it is (a listing confirming it unchanged writes nothing: namespace/merge.py)
     atime_ns   INTEGER,                      -- the POSIX atime (utimensat, relatime on open); NULL: the mtime
     UNIQUE(parent, name)
 );
 CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
 CREATE INDEX IF NOT EXISTS inodes_subdirs ON inodes(parent) WHERE kind = 'dir';
+CREATE INDEX IF NOT EXISTS inodes_evictable ON inodes(COALESCE(atime, 0), ino)
+    WHERE kind = 'file' AND state = 'durable' AND cached = 1 AND parent IS NOT NULL;
 CREATE TABLE IF NOT EXISTS uploads(
     ino        INTEGER PRIMARY KEY,
     key        TEXT NOT NULL,
@@ -115,6 +117,8 @@ CREATE TABLE IF NOT EXISTS deletes(
 );
 """
 
+
+EVICTION_BATCH = 64  # evictable files read at once: an eviction rarely needs more victims than this
 
 JOURNAL_RESERVE = 8 << 20  # room kept for the journal on a full disk: a WAL cycle (~4 MiB) and then some
 
@@ -447,12 +451,6 @@ class Journal:
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE inodes SET {cols} WHERE ino = ?", (*fields.values(), ino))
 
-    def confirm_seen(self, inos: list[int], at: float) -> None:
-        """The bucket confirmed these entries at `at` (a listing that started then): seen_at becomes at
-        least `at`, in one prepared statement run per row, writing only rows that had an older time."""
-        self.db.executemany("UPDATE inodes SET seen_at = ? WHERE ino = ? AND (seen_at IS NULL OR seen_at < ?)",
-                            ((at, ino, at) for ino in inos))
-
     def delete(self, ino: int) -> None:
         with self.transaction():
             self.db.execute("DELETE FROM inodes WHERE ino = ?", (ino,))
@@ -527,13 +525,37 @@ class Journal:
             "SELECT ino, parent, name, closed_at FROM inodes WHERE ino > ? AND kind = 'file' AND closed_at IS NOT NULL "
             "AND parent IS NOT NULL ORDER BY ino LIMIT ?", (after_ino, limit))]
 
-    def evictable(self) -> list[Row]:
-        """Durable files with a local copy, least recently used first."""
-        rows = self.db.execute(
-            f"SELECT {_COLUMNS} FROM inodes WHERE kind = 'file' AND state = 'durable' AND cached = 1 "
-            "AND parent IS NOT NULL ORDER BY COALESCE(atime, 0), ino"
-        ).fetchall()
+    def evictable(self, after: tuple[float, int] | None = None, limit: int = EVICTION_BATCH) -> list[Row]:
+        """Durable files with a local copy, least recently used first: up to `limit` of them, from just
+        after the position `after` ((atime, ino) of the last one a caller took) or from the start.
+
+        Read in order on the partial index `inodes_evictable` (the same WHERE, the same order), so one
+        batch costs the same whether the cache holds a thousand clean copies or a million: an eviction
+        runs on the trio thread, several times a second when the cache is full."""
+        where = ("SELECT {cols} FROM inodes INDEXED BY inodes_evictable WHERE kind = 'file' AND state = 'durable' "
+                 "AND cached = 1 AND parent IS NOT NULL AND {bound} ORDER BY {order} LIMIT ?").replace("{cols}", _COLUMNS)
+        in_order = where.replace("{order}", "COALESCE(atime, 0), ino")
+        if after is None:
+            rows = self.db.execute(in_order.replace("{bound}", "1"), (limit,)).fetchall()
+        else:  # two searches of the index: the rest of the files used at that same time, then the later ones
+            same_time = where.replace("{order}", "ino").replace("{bound}", "COALESCE(atime, 0) = ? AND ino > ?")
+            rows = self.db.execute(same_time, (*after, limit)).fetchall()
+            if len(rows) < limit:
+                rows += self.db.execute(in_order.replace("{bound}", "COALESCE(atime, 0) > ?"), (after[0], limit - len(rows))).fetchall()
         return [Row(*r) for r in rows]
+
+    def evictable_in_order(self) -> Iterator[Row]:
+        """Every evictable file, least recently used first, read one batch at a time as the caller goes on:
+        one that stops after the first few reads one batch. Files the caller evicts meanwhile are not
+        seen twice (each batch starts after the last row handed out)."""
+        after: tuple[float, int] | None = None
+        while True:
+            batch = self.evictable(after)
+            yield from batch
+            if len(batch) < EVICTION_BATCH:
+                return
+            last = batch[-1]
+            after = (last.atime or 0, last.ino)
 
     def orphans(self) -> list[Row]:
         rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent IS NULL AND ino != ?", (ROOT_INODE,)).fetchall()

@@ -25,19 +25,21 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-import numpy as np
 import trio
 import xxhash
 
 from .. import config
 from ..objects import NO_OBJECT, StoreError, json_document
-from ..store import Store
+from ..storeapi import LifecycleStore
 from . import codec, ranges
 from .copier import ABORT_SECONDS, SOURCE_ETAG_META, XXH3_META, CopyError, Job, already_there, copy_entry, crc32, part_slots
 from .layout import Planner
 from .manifest import MANIFEST, leaf_errors
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +331,7 @@ async def as_is_instead(job: Job, doc: dict[str, Any], originals: dict[str, dict
 
 
 # ------------------------------------------------------------------ expand
-async def expand(io: Callable[..., Awaitable[Any]], store: Store, f: dict[str, Any], sink: Write | None = None,
+async def expand(io: Callable[..., Awaitable[Any]], store: LifecycleStore, f: dict[str, Any], sink: Write | None = None,
                  done: dict[str, int] | None = None) -> str:
     """Decode file `f`'s compressed object (`f["key"]` in `store`, pinned to `f["etag"]`), handing its chunks in order to
     `sink`; the xxh3-128 of the bytes decoded. CodecError if the object is damaged; StoreError as a read's."""

@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import trio
 
 from ..objects import PRECONDITION, StoreError, json_document
-from ..store import Store
+from ..storeapi import LifecycleStore
 from .manifest import node_name, now_iso, read_json
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class Holder:
 
 
 class Lease:
-    def __init__(self, store: Store, key: str, name: str, ttl: float, margin: float | None = None,
+    def __init__(self, store: LifecycleStore, key: str, name: str, ttl: float, margin: float | None = None,
                  node: str | None = None, pid: int | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         if ttl <= 0:
@@ -78,7 +78,7 @@ class Lease:
         self.takes_total = 0  # times this object took the lease (free or expired)
 
     @classmethod
-    def for_mount(cls, store: Store, key_of: Callable[[str], str], name: str, ttl: float, **kw: Any) -> "Lease":
+    def for_mount(cls, store: LifecycleStore, key_of: Callable[[str], str], name: str, ttl: float, **kw: Any) -> "Lease":
         """The lease `name` of a mount: `key_of` is the mount's keys.of (path -> object key)."""
         return cls(store, key_of(f"{LEASE_DIR}{name}.json"), name, ttl, **kw)
 

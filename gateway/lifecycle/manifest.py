@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError, json_document
-from ..store import Store
+from ..storeapi import LifecycleStore
 from ..namespace.keys import is_reserved
 
 FORMAT = "ckptfs-manifest/1"
@@ -143,7 +143,7 @@ class Manifest:
             raise LifecycleError(f"the manifest is not one ckptfs can read ({e}): remove it with an S3 tool and commit again") from None
 
 
-def read_json(store: Store, key: str) -> tuple[dict[str, Any] | None, str | None]:
+def read_json(store: LifecycleStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
     """The JSON object stored at `key` and its ETag; (None, None) if there is no such object.
 
     A body that is not a JSON object reads as {} with its ETag: the object is there (written by
@@ -162,7 +162,7 @@ def read_json(store: Store, key: str) -> tuple[dict[str, Any] | None, str | None
     return (doc if isinstance(doc, dict) else {}), etag
 
 
-def read_manifest(store: Store, key: str) -> Manifest | None:
+def read_manifest(store: LifecycleStore, key: str) -> Manifest | None:
     """The manifest at `key`, or None if there is none. Blocking (run in a thread)."""
     try:
         body, etag = store.get_bytes(key)
@@ -173,7 +173,7 @@ def read_manifest(store: Store, key: str) -> Manifest | None:
     return Manifest.from_json(body, etag)
 
 
-def write_manifest(store: Store, key: str, build: Callable[[Manifest | None], Manifest | None]) -> tuple[Manifest, bool]:
+def write_manifest(store: LifecycleStore, key: str, build: Callable[[Manifest | None], Manifest | None]) -> tuple[Manifest, bool]:
     """Write the manifest `build(existing)` returns, conditionally; (manifest now in the bucket, written by us).
 
     `build` returns None to keep the existing manifest as it is. A conditional

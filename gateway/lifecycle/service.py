@@ -16,7 +16,7 @@ from ..config import Config
 from ..namespace import Namespace
 from ..remote import Remote
 from ..objects import StoreError
-from ..store import Store
+from ..storeapi import LifecycleStore
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease
@@ -41,7 +41,7 @@ COMMANDS = ("checkpoints", "catalogue", "checkpoint_commit", "verify", "protect"
 
 
 class Lifecycle:
-    def __init__(self, cfg: Config, ns: Namespace, store: Store, remote: Remote) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, store: LifecycleStore, remote: Remote) -> None:
         self.cfg, self.ns, self.store, self.remote = cfg, ns, store, remote
         self.keys = ns.keys
         self.patterns = Patterns(cfg.checkpoint_patterns)
@@ -82,7 +82,8 @@ class Lifecycle:
         return await threads.call(functools.partial(fn, *args), limiter=self.limiter)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        drill.clean_leftovers(self)
+        # the drills still pending keep their directories: this runs again when the supervisor restarts the lifecycle
+        drill.clean_leftovers(self, {r["dir"] for _, r, _ in self.drills_pending.values()})
         async with trio.open_nursery() as nursery:
             await nursery.start(self.tracker.run)
             if self.patterns.enabled:

@@ -119,9 +119,13 @@ class Space:
                 "none of it evictable yet: raise cache_capacity or check the drain (ckptfs status)")
 
     def evict(self, needed: int) -> int:
-        """Drop local copies of durable files, least recently used first, until `needed` bytes are free."""
+        """Drop local copies of durable files, least recently used first, until `needed` bytes are free.
+
+        Victims come from the journal's eviction index a batch at a time (`Journal.evictable_in_order`),
+        never from a sort of every clean copy: this runs on the trio thread, at every write that finds
+        the cache full, so its cost must not grow with the number of files cached."""
         freed = 0
-        for row in self.journal.evictable():
+        for row in self.journal.evictable_in_order():
             if freed >= needed:
                 break
             if self._evict_one(row):
@@ -158,7 +162,7 @@ class Space:
     def evict_under(self, path: str) -> tuple[int, int, int]:
         """Drop the clean copies at or below `path`: (files, bytes) evicted and files skipped (dirty, uploading or open)."""
         files = size = skipped = 0
-        for row in self.journal.evictable():
+        for row in self.journal.evictable_in_order():
             p = self.journal.path_of(row.ino)
             if p is None or not under(path, p):
                 continue

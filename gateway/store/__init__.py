@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 import boto3
@@ -155,12 +156,17 @@ class BucketConnection:
         self._check_client = client(cfg.mount_check_timeout / 3, 3, 1)
         self._check_timeout = cfg.mount_check_timeout
         self._endpoint = cfg.endpoint_url or "AWS S3"
+        # time.monotonic() of the last request answered with success (storeapi.ObjectStore.answered_at): a float
+        # stored by worker threads, read by the trio thread
+        self.answered_at = 0.0
 
     def _call(self, what: str, fn: Any, **kw: Any) -> Any:
         # the request's name and key only: its parameters may hold an SSE-C key
         log.debug("%s %s (encryption %s)", what, kw.get("Key") or kw.get("Prefix") or "", self.enc.mode)
         try:
-            return fn(Bucket=self.bucket, **kw)
+            result = fn(Bucket=self.bucket, **kw)
+            self.answered_at = time.monotonic()
+            return result
         except Exception as e:  # noqa: BLE001 - every failure becomes a StoreError
             err = _classify(e, self.bucket, what)
             if err.kind == AUTH and self.enc.mode == "SSE-C" and what in ("GetObject", "HeadObject", "CopyObject", "UploadPartCopy"):

@@ -169,16 +169,3 @@ class CatalogueApp:
                            replicas=view.redact(replicas), history=view.history(e, view.redact(drills), view.redact(events)),
                            run=view.run_of(path))
 
-
-def with_metrics(page: CatalogueApp, render: Callable[[], bytes]) -> Callable[..., Awaitable[None]]:
-    """The daemon's metrics address with the page: `/metrics` (and `/`) the Prometheus text, the rest the page."""
-
-    async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in ("/metrics", "/") and scope["method"] in ("GET", "HEAD"):
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else render()})
-            return
-        await page(scope, receive, send)
-
-    return app

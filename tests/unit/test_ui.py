@@ -3,6 +3,7 @@ pages, filters, order, the one checkpoint's tables, read-only by construction, t
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import urllib.error
@@ -13,8 +14,10 @@ import pytest
 import trio
 
 from ckptfs.ui import view
-from ckptfs.ui.app import COOKIE, CatalogueApp, with_metrics
-from ckptfs.ui.serve import UiError, check_bind, read_token, serve
+from ckptfs.httpserver import serve
+from ckptfs.metrics import Metrics
+from ckptfs.ui.app import COOKIE, CatalogueApp
+from ckptfs.ui.serve import UiError, check_bind, read_token
 from ckptfs.ui.snapshot import AskError, Snapshots, read_only
 
 N = 10_000
@@ -189,7 +192,7 @@ def test_non_loopback_without_a_token_is_refused(tmp_path: Any) -> None:
 
 def test_served_over_http_by_hypercorn_with_the_metrics() -> None:
     page = CatalogueApp(Snapshots(fake_ask, ""), "/mnt/ckpt", prefix="/ui")
-    app = with_metrics(page, lambda: b"ckptfs_up 1\n")
+    app = Metrics(lambda: {"dirty_files": 7}).app(page)
 
     def fetch(url: str, method: str = "GET") -> tuple[int, str]:
         try:
@@ -201,7 +204,7 @@ def test_served_over_http_by_hypercorn_with_the_metrics() -> None:
     async def main() -> list[tuple[int, str]]:
         async with trio.open_nursery() as nursery:
             await nursery.start(page.snapshots.run)
-            port = await nursery.start(serve, app, "127.0.0.1", 0)
+            port = await nursery.start(functools.partial(serve, app, "127.0.0.1", 0, read_timeout=10))
             base = f"http://127.0.0.1:{port}"
             out = [await trio.to_thread.run_sync(fetch, base + u, m)
                    for u, m in (("/metrics", "GET"), ("/ui/", "GET"), ("/ui/run?run=runs/small", "POST"), ("/metrics", "DELETE"))]
@@ -209,7 +212,7 @@ def test_served_over_http_by_hypercorn_with_the_metrics() -> None:
         return out
 
     (s1, metrics), (s2, runs), (s3, _), (s4, _) = trio.run(main)
-    assert (s1, metrics) == (200, "ckptfs_up 1\n")
+    assert s1 == 200 and "ckptfs_dirty_files 7.0\n" in metrics
     assert s2 == 200 and 'href="/ui/run?run=runs/big"' in runs
     assert (s3, s4) == (405, 405)
 
@@ -219,7 +222,7 @@ def test_a_busy_address_is_one_oserror() -> None:
 
     async def main(port: int) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(serve, CatalogueApp(Snapshots(fake_ask, ""), "/mnt/ckpt"), "127.0.0.1", port)
+            await nursery.start(functools.partial(serve, CatalogueApp(Snapshots(fake_ask, ""), "/mnt/ckpt"), "127.0.0.1", port, read_timeout=10))
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
