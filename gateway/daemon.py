@@ -472,6 +472,7 @@ class Daemon:
         session stopped, open files persisted, the mount detached; then one line says why (exit status 1)."""
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
+        fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
         self.fuse_transport = choose_transport(cfg.fuse_transport)
         supervise, critical = self.supervisor.supervise, self.supervisor.critical
         async with trio.open_nursery() as nursery:

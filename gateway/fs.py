@@ -130,6 +130,18 @@ class Guard(Protocol):
         """Before changing the bytes or attributes of inode `ino`."""
 
 
+class CheckpointStates(Protocol):
+    """A checkpoint directory's state for its `user.ckptfs.state` attribute (lifecycle/service.Lifecycle, wired by the
+    daemon): the word `ckptfs.state()` and `ckptfs checkpoints` give, so the two never disagree."""
+
+    def is_checkpoint(self, path: str) -> bool:
+        """Whether mount-relative directory `path` is a checkpoint (no I/O)."""
+
+    async def checkpoint_state(self, path: str) -> str | None:
+        """writing, draining, committed, protected or expiring; None if `path` is not a checkpoint. OSError (EIO) when
+        the bucket cannot say."""
+
+
 class ReservedNames:
     """The guard of a mount without a lifecycle: only ckptfs's own names (.ckptfs*) are refused."""
 
@@ -218,6 +230,7 @@ class CkptFS(Operations):
         self.remote = remote
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
         self.control_socket = control_socket
+        self.checkpoint_states: CheckpointStates | None = None  # a checkpoint directory's user.ckptfs.state (the lifecycle)
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
@@ -595,7 +608,11 @@ class CkptFS(Operations):
             raise OSError(errno.ENODATA, "no such attribute")
         row = self.ns.files.row(inode)
         if row.is_dir:
-            raise OSError(errno.ENODATA, "no such attribute")
+            path = self.ns.journal.path_of(inode) if name == XATTR_STATE and self.checkpoint_states is not None else None
+            state = await self.checkpoint_states.checkpoint_state(path) if path and self.checkpoint_states else None
+            if state is None:
+                raise OSError(errno.ENODATA, "no such attribute")  # a directory that is not a checkpoint: no state of its own
+            return state.encode()
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
         if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
@@ -613,7 +630,8 @@ class CkptFS(Operations):
             return [XATTR_CONTROL]
         row = self.ns.files.row(inode)
         if row.is_dir:
-            return []
+            path = self.ns.journal.path_of(inode) if self.checkpoint_states is not None else None
+            return [XATTR_STATE] if path and self.checkpoint_states and self.checkpoint_states.is_checkpoint(path) else []
         return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == DURABLE else [])
 
     @_fuse

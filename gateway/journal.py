@@ -517,6 +517,14 @@ class Journal:
         ).fetchall()
         return [Row(*r) for r in rows]
 
+    def written_here(self, after_ino: int, limit: int) -> list[tuple[int, int, str, float]]:
+        """Files in the tree that a close on this node left to upload (now or once): (ino, parent, name, closed_at),
+        in inode order after `after_ino`, `limit` at a time. A restart derives the checkpoints still to commit from
+        them (lifecycle/tracker.py); pages keep each read short on a journal of millions of files."""
+        return [(r[0], r[1], r[2], r[3]) for r in self.db.execute(
+            "SELECT ino, parent, name, closed_at FROM inodes WHERE ino > ? AND kind = 'file' AND closed_at IS NOT NULL "
+            "AND parent IS NOT NULL ORDER BY ino LIMIT ?", (after_ino, limit))]
+
     def evictable(self, after: tuple[float, int] | None = None, limit: int = EVICTION_BATCH) -> list[Row]:
         """Durable files with a local copy, least recently used first: up to `limit` of them, from just
         after the position `after` ((atime, ino) of the last one a caller took) or from the start.

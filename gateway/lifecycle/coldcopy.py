@@ -23,7 +23,6 @@ whose compressed copy did not verify again as it is.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -32,7 +31,7 @@ import trio
 import xxhash
 
 from .. import config
-from ..objects import NO_OBJECT, StoreError
+from ..objects import NO_OBJECT, StoreError, json_document
 from ..storeapi import LifecycleStore
 from . import codec, ranges
 from .copier import ABORT_SECONDS, SOURCE_ETAG_META, XXH3_META, CopyError, Job, already_there, copy_entry, crc32, part_slots
@@ -327,7 +326,7 @@ async def as_is_instead(job: Job, doc: dict[str, Any], originals: dict[str, dict
             e = await copy_entry(job, originals[e["path"]])
         files.append(e)
     doc = {**doc, "files": files}
-    await job.io(job.dst.put_bytes, job.dst_base + MANIFEST, json.dumps(doc, indent=1, sort_keys=True).encode())
+    await job.io(job.dst.put_bytes, job.dst_base + MANIFEST, json_document(doc, indent=1))
     return doc
 
 

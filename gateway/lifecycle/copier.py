@@ -52,7 +52,7 @@ import xxhash
 from .. import config
 from ..config import Config, Replica
 from ..namespace.keys import Keys
-from ..objects import AUTH, NO_OBJECT, StoreError
+from ..objects import AUTH, NO_OBJECT, StoreError, json_document
 from ..store import Store
 from ..storeapi import LifecycleStore
 from .manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
@@ -336,7 +336,7 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
     doc["files"] = [entries[f["path"]] for f in manifest.files]
     doc["replicated_from"] = {"bucket": job.src_bucket, "path": manifest.path, "etag": manifest.etag, "generation": manifest.generation, "at": time.time(), "at_iso": now_iso()}
     job.check()
-    await job.io(dst.put_bytes, job.own(MANIFEST), json.dumps(doc, indent=1, sort_keys=True).encode())
+    await job.io(dst.put_bytes, job.own(MANIFEST), json_document(doc, indent=1))
     return doc
 
 

@@ -28,7 +28,6 @@ The methods are blocking (store calls): run them in a worker thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -39,7 +38,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from ..objects import PRECONDITION, StoreError
+from ..objects import PRECONDITION, StoreError, json_document
 from ..storeapi import LifecycleStore
 from .manifest import node_name, now_iso, read_json
 
@@ -106,7 +105,7 @@ class Lease:
         doc = {"format": "ckptfs-lease/1", "name": self.name, "ttl": self.ttl,
                "holder": {"node": self.node, "pid": self.pid, "token": self.token},
                "taken_at": self._taken_at, "renewed_at": now, "expires_at": expires_at, "expires_at_iso": now_iso(expires_at)}
-        return json.dumps(doc, sort_keys=True).encode()
+        return json_document(doc)
 
     def _write(self, if_none_match: bool, if_match: str | None, taking: bool) -> bool:
         started = self.monotonic()

@@ -23,11 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError
+from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError, json_document
 from ..storeapi import LifecycleStore
 from ..namespace.keys import is_reserved
 
 FORMAT = "ckptfs-manifest/1"
+# what manifests said from commit cf68337 until issue 35: the move record's name had taken FORMAT's place
+MISLABELLED_FORMAT = "ckptfs-moved/1"
 MANIFEST = ".ckptfs-manifest.json"
 VERIFY = ".ckptfs-verify.json"
 PROTECTED = ".ckptfs-protected.json"
@@ -124,13 +126,13 @@ class Manifest:
             "newest_file_at": self.newest_file_at, "node": self.node, "how": self.how, "metadata": self.metadata,
             "file_count": len(self.files), "bytes": self.bytes, "files": self.files,
         }
-        return json.dumps(doc, indent=1, sort_keys=True).encode()
+        return json_document(doc, indent=1)
 
     @classmethod
     def from_json(cls, body: bytes, etag: str = "") -> "Manifest":
         try:
             doc = json.loads(body)
-            if doc.get("format") != FORMAT:
+            if doc.get("format") not in (FORMAT, MISLABELLED_FORMAT):
                 raise ValueError(f"format {doc.get('format')!r}")
             return cls(path=doc["path"], step=int(doc["step"]), files=list(doc["files"]), generation=int(doc["generation"]),
                        changed=bool(doc.get("changed")), committed_at=float(doc["committed_at"]),
@@ -220,7 +222,7 @@ def now_iso(t: float | None = None) -> str:
 
 # ------------------------------------------------ the move record (coldmove.py writes it; the catalogue, the
 # tracker and the replicator read it)
-FORMAT = "ckptfs-moved/1"
+MOVED_FORMAT = "ckptfs-moved/1"
 MOVING, MOVED_STATE, RESTORING, RESTORED = "moving", "moved", "restoring", "restored"
 
 

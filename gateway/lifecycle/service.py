@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import shutil
@@ -109,6 +110,27 @@ class Lifecycle:
             self.drill_record = await drill.read_record(self)
         return entries
 
+    # ------------------------------------------------ user.ckptfs.state of a checkpoint directory (fs.CheckpointStates)
+    def is_checkpoint(self, path: str) -> bool:
+        ck = self.patterns.checkpoint_of(path, is_dir=True)
+        return ck is not None and ck.path == path and not ck.file
+
+    async def checkpoint_state(self, path: str) -> str | None:
+        """The state `ckptfs checkpoints` shows for directory checkpoint `path` (None if it is not one): local work
+        as it is now, else what the bucket says. A store that cannot answer is EIO, not a wrong word."""
+        if not self.is_checkpoint(path):
+            return None
+        ck = self.patterns.checkpoint_of(path, is_dir=True)
+        assert ck is not None
+        self.tracker.refresh()
+        local = self.tracker.local_state(path)
+        if local:
+            return local
+        try:
+            return str((await self.catalogue.describe(ck))["state"])
+        except (StoreError, LifecycleError) as e:
+            raise OSError(errno.EIO, f"{path}: the bucket did not say its state: {e}") from None
+
     def collector(self) -> LifecycleCollector:
         return LifecycleCollector(self)
 
@@ -141,7 +163,10 @@ class Lifecycle:
                 ck = await self._checkpoint(path)
                 await self._wait_durable(path, send)
                 self.tracker.refresh()  # drained now: no longer `draining` in what the next request sees
-                manifest, wrote = await self.tracker.commit(ck, None, "command", dict(request.get("metadata") or {}))
+                metadata = request.get("metadata") or {}
+                if not isinstance(metadata, dict):
+                    raise LifecycleError(f"metadata must be a JSON object ({{\"key\": value, ...}}), not {type(metadata).__name__}")
+                manifest, wrote = await self.tracker.commit(ck, None, "command", metadata)
                 await send({"ok": True, "done": True, "written": wrote, "path": ck.path, "step": ck.step,
                             "generation": manifest.generation, "changed": manifest.changed,
                             "files": len(manifest.files), "bytes": manifest.bytes})
@@ -174,7 +199,7 @@ class Lifecycle:
             elif cmd in ("protect", "unprotect"):
                 reason = str(request.get("reason", "")).strip()
                 if not reason:
-                    raise LifecycleError(f"{cmd} needs --reason TEXT: it goes to the audit log")
+                    raise LifecycleError(f"{cmd} needs a non-empty reason: it goes to the audit log")
                 ck = await self._checkpoint(path)
                 who = dict(request.get("who") or {})
                 fn = protect if cmd == "protect" else unprotect

@@ -122,6 +122,34 @@ def test_one_checkpoint_shows_its_metadata_history_commands_and_files_but_no_sec
     assert get(app, "/checkpoint?path=runs/none")[0] == 404
 
 
+def test_a_run_that_does_not_exist_is_a_404_like_a_checkpoint(app: CatalogueApp) -> None:
+    status, _, body = get(app, "/run?run=nope")
+    assert status == 404 and "no such run" in body
+    assert get(app, "/run?run=runs/small")[0] == 200 and get(app, "/run")[0] == 200
+
+
+def test_history_is_one_time_format_sorted_by_time() -> None:
+    """Issue 35: a drill at 12:35:11 listed before a protect at 12:35:05, in two formats; now one list, oldest first."""
+    e = {"last_verify": {"outcome": "whole", "at": 1795782920.0, "deep": True}}
+    drills = {"last": {"path": "r/step_1", "outcome": "ok", "verify": "whole", "at": 1795782911.2}}
+    events = [{"at": 1795782905.360255, "at_iso": "2026-11-27T12:35:05.360255Z", "action": "protect", "who": {"user": "ann"},
+               "node": "n1", "reason": "paper"},
+              {"at_iso": "2026-11-27T12:35:30.5Z", "action": "unprotect", "who": {"user": "bob"}, "node": "n2", "reason": "done"}]
+    rows = [(view.when(at), what) for at, what in view.history(e, drills, events)]
+    assert rows == [("2026-11-27 12:35:05 UTC", "protect by ann on n1: paper"),
+                    ("2026-11-27 12:35:11 UTC", "drill (last): ok, verify whole"),
+                    ("2026-11-27 12:35:20 UTC", "verify (deep): whole"),
+                    ("2026-11-27 12:35:30 UTC", "unprotect by bob on n2: done")]
+
+
+def test_the_checkpoint_page_shows_history_in_one_format(app: CatalogueApp) -> None:
+    _, _, html = get(app, f"/checkpoint?path={RUN}/step_09999")
+    table = html[html.index('id="history"'):html.index("</table>", html.index('id="history"'))]
+    stamps = re.findall(r"<tr><td>([^<]*)</td>", table)
+    assert stamps and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", s) for s in stamps), stamps
+    assert stamps == sorted(stamps)
+
+
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
 def test_every_method_but_get_and_head_is_refused(app: CatalogueApp, method: str) -> None:
     status, headers, _ = get(app, f"/run?run={RUN}", method=method)
