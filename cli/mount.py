@@ -139,7 +139,7 @@ def setup_logging(level: str) -> None:
 
 def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
     """Start the foreground daemon as a detached child; wait until it says READY or ERROR."""
-    from ckptfs.daemon import UserError, check_cache_dir, check_cache_dir_free
+    from ckptfs.preflight import UserError, check_cache_dir, check_cache_dir_free
 
     try:
         check_cache_dir(cache_dir, mountpoint)  # the log goes there: say what is wrong with it, as the daemon would

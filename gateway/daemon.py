@@ -10,17 +10,14 @@ whatever is left stays in the journal for the next mount.
 from __future__ import annotations
 
 import errno
-import fcntl
 import functools
 import inspect
 import logging
 import os
 import platform
-import re
 import shutil
 import signal
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -39,7 +36,6 @@ from .fuse.libfuse import LibfuseSession
 from .fuse.session import FuseSession
 from .httpserver import serve as serve_http
 from .journal import Journal, JournalError, disk_full_message
-from .lifecycle import codec
 from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
 from .lifecycle.usage import UsageCollector
@@ -48,12 +44,14 @@ from .ui.serve import UiError, check_bind, read_token, require_extra
 from .ui.snapshot import Snapshots
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
+from .preflight import UserError, check_cache_dir, check_cold_extra, check_fuse, check_mountpoint, lock_cache_dir, secure_cache_dir
 from .objects import StoreError
 from .remote import Remote
 from .replication.service import Replicator
 from .store import Store
 from .supervisor import Supervisor, describe, faults_from_environment, journal_failed_for_good, leaf
 from .version import VERSION
+from .warmup import warm_up
 
 log = logging.getLogger("ckptfs")
 
@@ -61,135 +59,7 @@ STATUS_INTERVAL = 2.0  # seconds between STATUS= updates to systemd
 STOP_MARGIN_SECONDS = 30.0  # on top of shutdown_timeout: unmounting, journal sync, exit
 
 
-class UserError(Exception):
-    """A problem the user can fix; the message is one line naming it and the fix."""
-
-
-# ------------------------------------------------------------------ preflight
-def check_cold_extra(cfg: Config) -> None:
-    """A cold tier that compresses needs numpy and zstandard, the 'cold' extra: one line at start, not an error at the first move."""
-    if cfg.tier_move_target and cfg.cold_compression != "none" and codec.MISSING_EXTRA is not None:
-        raise UserError(f"{codec.NEEDS_EXTRA}, or set cold_compression = \"none\"")
-
-
-def check_fuse() -> None:
-    if not os.path.exists("/dev/fuse"):
-        raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse) or, in a container, pass --device /dev/fuse")
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        raise UserError("/dev/fuse is not readable and writable by this user: run as root or fix its permissions")
-    if shutil.which("fusermount3") is None:
-        raise UserError("fusermount3 is not installed: install the fuse3 package (apt-get install fuse3)")
-
-
-def check_mountpoint(path: str) -> None:
-    p = Path(path)
-    try:
-        p.stat()
-    except FileNotFoundError:
-        raise UserError(f"mount point {path} does not exist: create it with mkdir -p {path}") from None
-    except OSError as e:
-        if e.errno == errno.ENOTCONN:
-            # a FUSE mount whose daemon died: unmount the corpse, it serves nobody
-            log.warning("mount point %s is a dead FUSE mount (its daemon died); unmounting it", path)
-            subprocess.run(["fusermount3", "-u", "-z", path], check=False, capture_output=True)
-            try:
-                p.stat()
-            except OSError:
-                raise UserError(f"mount point {path} is a dead mount that could not be cleaned: run fusermount3 -uz {path}") from None
-        else:
-            raise UserError(f"mount point {path} cannot be used: {e.strerror}") from None
-    if not p.is_dir():
-        raise UserError(f"mount point {path} is not a directory: give a directory")
-    if os.path.ismount(path):
-        raise UserError(f"mount point {path} is already mounted: unmount it first (ckptfs unmount {path})")
-    if any(p.iterdir()):
-        raise UserError(f"mount point {path} is not empty: use an empty directory")
-
-
-def check_cache_dir(path: str, mountpoint: str = "") -> None:
-    check_cache_dir_placement(path, mountpoint)
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"cache directory {path} does not exist: create it (mkdir -p {path}) on the local NVMe")
-    if not p.is_dir():
-        raise UserError(f"cache directory {path} is not a directory")
-    if os.statvfs(p).f_flag & os.ST_RDONLY:  # access() says EROFS to root as to anyone: name the real cause
-        raise UserError(f"cache directory {path} is on a read-only file system: give a directory on a writable local disk "
-                        "(or remount it read-write)")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise UserError(f"cache directory {path} is not writable by this user: fix its permissions or run as its owner")
-
-
-def _mount_table() -> list[tuple[str, str]]:
-    """(mount point, file system type) of every mount this process sees."""
-    out = []
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) >= 3:
-                    # spaces and the like are escaped as octal (\040) in the table
-                    where = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
-                    out.append((where, fields[2]))
-    except OSError:
-        pass
-    return out
-
-
-def _inside(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def check_cache_dir_placement(path: str, mountpoint: str = "") -> None:
-    """The cache must be on local disk: never the mount point itself, nor inside any ckptfs mount."""
-    cache = os.path.realpath(path)
-    if mountpoint and _inside(cache, os.path.realpath(mountpoint)):
-        raise UserError(f"cache directory {path} is the mount point {mountpoint} or inside it: put the cache on a local disk outside the mount")
-    for where, fstype in _mount_table():
-        if fstype.startswith("fuse.ckptfs") and _inside(cache, where):
-            raise UserError(f"cache directory {path} is inside the ckptfs mount {where}: put the cache on a local disk, not in a ckptfs mount")
-
-
-def secure_cache_dir(path: str) -> None:
-    """The journal, the log and the control socket are the owner's alone: 0600 files in a 0700 directory."""
-    os.umask(0o077)  # whatever the daemon creates from now on
-    p = Path(path)
-    if p.stat().st_mode & 0o077:
-        log.info("cache directory %s: access limited to its owner (mode 0700)", path)
-        os.chmod(p, 0o700)
-    for entry in os.scandir(p):
-        if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
-            os.chmod(entry.path, 0o600)
-
-
-def lock_cache_dir(path: str) -> int:
-    """Hold an exclusive lock on the cache dir for the daemon's life: two daemons on one journal would corrupt it."""
-    lock_path = Path(path) / "lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise UserError(f"cache directory {path} is in use by a running ckptfs (pid {owner}): unmount it first or use another --cache-dir") from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise UserError(disk_full_message(path)) from None
-        raise UserError(f"cannot write the lock file {lock_path}: {e.strerror}: check the cache disk (dmesg)") from None
-    return fd
-
-
-def check_cache_dir_free(path: str) -> None:
-    """Refuse a cache directory a running daemon holds (UserError), before anything is written into it: its log
-    file there is that daemon's, and a refused start must not write into it."""
-    os.close(lock_cache_dir(path))
-
-
-# --------------------------------------------------------------------- daemon
+# ------------------------------------------------------------------ daemon
 class Daemon:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -341,50 +211,7 @@ class Daemon:
 
     async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]:
         """Read files (or whole trees) from the bucket into the cache; returns (path, error) of those that failed."""
-        journal = self.journal
-        files: dict[int, tuple[str, int]] = {}
-        failed: list[tuple[str, str]] = []
-        for path in paths:
-            ino = await self.remote.resolve(path)
-            row = journal.get(ino) if ino is not None else None
-            if row is None:
-                failed.append((path or "/", "no such file or directory in the mount"))
-                continue
-            if row.is_dir:
-                await self.remote.refresh_tree(ino)  # type: ignore[arg-type]
-                for r in journal.descendants(row.ino):
-                    if r.kind == "file":
-                        files[r.ino] = (journal.path_of(r.ino) or "?", r.size)
-            else:
-                files[row.ino] = (path, row.size)
-        total = sum(size for _, size in files.values())
-        done = 0
-
-        async def one(ino: int, path: str, size: int) -> None:
-            nonlocal done
-            try:
-                await self.fetcher.ensure_local(ino)
-            except OSError as e:
-                failed.append((path, e.strerror or str(e)))
-            done += size
-
-        limit = trio.CapacityLimiter(2)
-
-        async def limited(ino: int, path: str, size: int) -> None:
-            async with limit:
-                await one(ino, path, size)
-
-        async with trio.open_nursery() as nursery:
-            for ino, (path, size) in files.items():
-                nursery.start_soon(limited, ino, path, size)
-            while True:
-                in_flight = sum(dl.bytes_done() for dl in self.fetcher.downloads.values() if dl.ino in files)
-                await progress({"files": len(files), "bytes": total, "done_bytes": min(total, done + in_flight)})
-                if not nursery.child_tasks:
-                    break
-                with trio.move_on_after(0.2):
-                    await trio.sleep_forever()
-        return failed
+        return await warm_up(self.journal, self.remote, self.fetcher, paths, progress)
 
     def evict(self, path: str) -> dict[str, int]:
         files, size, skipped = self.ns.space.evict_under(path)

@@ -36,6 +36,7 @@ from ..objects import (
 )
 from ..sizes import small_objects_in_flight
 from ..storageclass import ArchiveState, from_head
+from . import keyprobe
 from .signed import EndpointMoved, SignedPut
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,6 @@ READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per sy
 CHECK_ATTEMPTS = 3  # HeadBucket attempts of the mount's check, all within mount_check_timeout; between them
 CHECK_PAUSE, CHECK_MIN_WAIT = 0.5, 0.1  # a pause of this times the attempt's number, if this much is left after it
 PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much at a time (the transient copy per read)
-
-# characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
-PROBE_CHARS = "\\\t\r\n\x01\x1f\x7f:*?\"<>|%+~#&{}[]^` \u00e9\u00a0"
 
 
 def _classify(e: Exception, bucket: str, what: str) -> StoreError:
@@ -505,49 +503,9 @@ class Store(BucketGovernance):
             raise
 
     def probe_key_chars(self, prefix: str, probe_dir: str) -> dict[str, str]:
-        """Which characters this store does not keep in keys as written: {char: what it stored instead}.
-
-        Puts one empty object whose name holds every candidate character under the reserved
-        `prefix + probe_dir` ('.ckptfs-probe-<random>/'), lists it back and deletes it (and what the
-        store kept of its directories). Only if that listing cannot be matched up character by
-        character (a character dropped, the put refused) is each character tried on its own.
-        """
-        base = prefix + probe_dir
-        changed: dict[str, str] = {}
-        whole = self._probe(base, PROBE_CHARS)
-        if whole is not None and len(whole) == len(PROBE_CHARS):
-            return {c: k for c, k in zip(PROBE_CHARS, whole) if c != k}
-        for c in PROBE_CHARS:
-            got = self._probe(base, c)
-            if got != c:
-                changed[c] = got if got else "(refused)"
-        return changed
-
-    def _probe(self, base: str, chars: str) -> str | None:
-        """Put `base + 'a' + chars + 'z'`; the chars part of the key the store lists back (None: put refused)."""
-        key = base + "a" + chars + "z"
-        stored: list[str] = []
-        try:
-            try:
-                self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0, **self.enc.create())
-            except StoreError as e:
-                if e.kind in (NETWORK, SERVER, AUTH, NO_BUCKET):
-                    raise
-                return None
-            stored = [o.name for o in self.list(base, recursive=True).objects]
-        finally:
-            dirs = {base}
-            for name in stored:
-                parts = name.split("/")[:-1]
-                dirs.update(base + "/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1))
-            for k in [key, *(base + n for n in stored), *sorted(dirs, key=len, reverse=True)]:
-                try:
-                    self.delete(k)
-                except StoreError:
-                    pass
-        if len(stored) != 1 or not stored[0].startswith("a") or not stored[0].endswith("z"):
-            return ""
-        return stored[0][1:-1]
+        """Which characters this store does not keep in keys as written: {char: what it stored instead} (keyprobe.py)."""
+        return keyprobe.probe_key_chars(prefix + probe_dir, self.put_marker,
+                                        lambda base: [o.name for o in self.list(base, recursive=True).objects], self.delete)
 
     def put_marker(self, key: str) -> None:
         self._call("PutObject", self.client.put_object, Key=key, Body=b"", ContentLength=0, **self.enc.create())

@@ -30,9 +30,9 @@ LAYERS = [
     "api",
     "client",
     "daemon",
-    "control",
+    "preflight | control",
     "fuse.kernel | fuse.libfuse | replication",
-    "fs | lifecycle | fuse.handlers | fuse.workers",
+    "fs | lifecycle | fuse.handlers | fuse.workers | warmup",
     "drain | fetch | remote",
     "namespace",
     "journal | cache | store",
@@ -199,7 +199,7 @@ def test_third_party_packages_stay_in_their_module(package: str) -> None:
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     """The checks above would pass on any graph if these helpers found nothing."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("lifecycle.coldmove") == (LAYERS.index("fs | lifecycle | fuse.handlers | fuse.workers"), "lifecycle")
+    assert layer_of("lifecycle.coldmove") == (LAYERS.index("fs | lifecycle | fuse.handlers | fuse.workers | warmup"), "lifecycle")
     assert layer_of("fuse.ops")[0] > layer_of("fuse.kernel")[0]  # type: ignore[index]
     assert any("daemon" in INNER[m] for m in INNER if m.startswith("cli")), "the graph misses imports"
 
