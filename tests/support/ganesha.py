@@ -1,7 +1,8 @@
 """NFS-Ganesha (and rpcbind, if none runs) on 127.0.0.1 for the NFS gateway test, with temp paths and free ports.
 
-The server runs deploy/nfs/ganesha.conf as shipped, with only the export path and the two
-ports replaced. rpcbind is needed because Ganesha will not start without registering its
+The server runs deploy/nfs/ganesha.conf as shipped, with only the export path, the two
+ports and the NFSv4 recovery directory replaced (the recovery directory lives in the test's
+work directory, so it outlives a restart of the server as /var/lib/nfs/ganesha would). rpcbind is needed because Ganesha will not start without registering its
 programs; the libnfs client is given the ports in the URL, so it never asks rpcbind and is
 not confused by another NFS server registered there.
 """
@@ -58,7 +59,8 @@ class GaneshaServer:
         text = SHIPPED_CONFIG.read_text()
         for old, new in (("Path = /mnt/ckpt;", f"Path = {self.export_path};"),
                          ("NFS_Port = 2049;", f"NFS_Port = {self.nfs_port};"),
-                         ("MNT_Port = 20048;", f"MNT_Port = {self.mnt_port};")):
+                         ("MNT_Port = 20048;", f"MNT_Port = {self.mnt_port};"),
+                         ("RecoveryRoot = /var/lib/nfs/ganesha;", f"RecoveryRoot = {self.workdir / 'recovery'};")):
             assert text.count(old) == 1, f"deploy/nfs/ganesha.conf no longer has {old!r}"
             text = text.replace(old, new)
         return text
