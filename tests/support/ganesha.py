@@ -79,19 +79,26 @@ class GaneshaServer:
                 time.sleep(0.1)
         conf = self.workdir / "ganesha.conf"
         conf.write_text(self.config_text())
+        seen = self.log.stat().st_size if self.log.exists() else 0  # a restart appends to the same log
         self.proc = subprocess.Popen(
             [_which("ganesha.nfsd"), "-F", "-f", str(conf), "-L", str(self.log), "-p", str(self.workdir / "ganesha.pid"), "-N", "NIV_EVENT"],
             stdout=subprocess.DEVNULL, stderr=open(self.workdir / "ganesha.stderr", "wb"), start_new_session=True,
         )
         deadline = time.monotonic() + limit
         while True:
-            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            text = self.log.read_bytes()[seen:].decode(errors="replace") if self.log.exists() else ""
             if "NFS SERVER INITIALIZED" in text:
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline or ":FATAL :" in text or ":MAJ :" in text:
                 self.stop()
                 raise RuntimeError("ganesha.nfsd did not start: " + "\n".join(text.splitlines()[-15:]))
             time.sleep(0.1)
+
+    def kill(self) -> None:
+        """Ganesha gone at once (SIGKILL), rpcbind left running: what a crash, or systemd's stop after its timeout, leaves."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None:
