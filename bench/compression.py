@@ -34,7 +34,7 @@ import zstandard
 from bench.env import ROOT, BenchServer
 from bench.mounts import CkptfsMount
 from bench.replication import ReplicatingMount
-from ckptfs.lifecycle import codec, floats, layout
+from ckptfs.lifecycle import codec, layout
 
 FILES = ("model.safetensors", "model.pt", "dcp/__0_0.distcp", "dcp/.metadata")
 TRAINING = ("dcp/__0_0.distcp", "dcp/.metadata")  # the full training checkpoint: weights and AdamW state, FP32
@@ -114,8 +114,8 @@ def byte_grouped(data: bytes) -> int:
         for n, kind in planner.plan(at, chunk):
             seg = chunk[pos:pos + n]
             pos += n
-            if kind in floats.WIDTH:
-                total += grouped(seg, floats.WIDTH[kind])
+            if kind in codec.WIDTH:
+                total += grouped(seg, codec.WIDTH[kind])
             elif kind == "try":
                 total += min(len(z.compress(seg)), grouped(seg, 2), grouped(seg, 4))
             else:

@@ -173,6 +173,9 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     ]
     shown = [Text(plural(n, one, many), style="bold red") for n, one, many in counts if n]
     lines.append(_line("errors", *shown) if shown else _line("errors", Text("none", style="green")))
+    services = st.get("services") or {}
+    if services:
+        lines.append(services_line(services))
     age = st.get("last_error_age_seconds")
     if st.get("last_error") and age is not None and age < LAST_ERROR_SHOWN_FOR:
         lines.append(_line("last", Text(f"{fmt_duration(age)} ago: {st['last_error']}", style="red")))
@@ -187,6 +190,23 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
                            Text(f"last error {fmt_duration(max(0.0, time.time() - at))} ago: {move['last_error']}", style="red")
                            if move.get("last_error") and at else None))
     return lines
+
+
+def services_line(services: dict[str, dict[str, Any]]) -> Text:
+    """The daemon's background services: all running, or which restarted (or are restarting) and their last error."""
+    troubled = {name: s for name, s in sorted(services.items()) if s.get("restarts") or s.get("state") != "running"}
+    if not troubled:
+        return _line("services", Text(f"all {len(services)} running, none restarted", style="green"))
+    parts: list[Text | str] = []
+    for name, s in troubled.items():
+        state = "restarting" if s.get("state") == "restarting" else "running again"
+        restarts = plural(s.get("restarts") or 0, "restart")
+        error = f": {s['last_error']}" if s.get("last_error") else ""
+        parts.append(Text(f"{name} {state} ({restarts}){error}", style="bold red" if state == "restarting" else "yellow"))
+    others = len(services) - len(troubled)
+    if others:
+        parts.append(f"{others} other{'s' if others != 1 else ''} running")
+    return _line("services", *parts)
 
 
 def status_screen(st: dict[str, Any], footer: str | None = None) -> Group:

@@ -8,16 +8,18 @@ type `fuse` ends the same way. This module turns those arguments into a
 answers, as mount(8) expects of a helper.
 
 OPTIONS are ckptfs options (`cache_dir=/nvme/ckptfs`, `endpoint_url=...`, any
-name of docs/configuration.md), `config=FILE` for a TOML file, and the generic
-mount options fstab lines carry (`defaults`, `_netdev`, `nofail`, `noatime`,
-`x-systemd.*`, ...), which are for mount(8) and systemd and are dropped here.
+name of docs/configuration.md; a yes/no one also as `allow_other`, `noallow_other`,
+and `ro` for `read_only`), `config=FILE` for a TOML file, and the generic mount
+options fstab lines carry (`defaults`, `_netdev`, `nofail`, `noatime`, `x-systemd.*`, ...), which are for mount(8) and systemd and are dropped here.
 SOURCE is `s3://BUCKET[/PREFIX]`, or any word (such as `ckptfs`) when the
 config file names the source.
 """
 
 from __future__ import annotations
 
-# generic options of mount(8) and fstab; the kernel-level ones (nodev, nosuid, noatime) are set by FUSE itself
+# generic options of mount(8) and fstab; the kernel-level ones (nodev, nosuid, noatime) are set by FUSE itself.
+# `rw` is among them: mount(8) passes it for every line that does not say `ro`, so it cannot undo a config
+# file's `read_only = true`; `ro` is ckptfs's `read_only` (passed on as `-o ro`)
 GENERIC_OPTIONS = {
     "defaults", "rw", "auto", "noauto", "user", "nouser", "users", "owner", "group", "nofail", "_netdev",
     "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime", "norelatime",
@@ -77,15 +79,11 @@ def mount_args(argv: list[str]) -> list[str] | None:
         opt = opt.strip()
         if not opt or opt in GENERIC_OPTIONS or opt.startswith(GENERIC_PREFIXES):
             continue
-        if opt == "ro":
-            raise FstabError("ckptfs mounts are read-write: remove the ro option")
         key, sep, value = opt.partition("=")
         if key == "config":
             out += ["--config", value]
             have_config = True
-        elif not sep:
-            out += ["-o", f"{key}=true"]  # a flag such as allow_other
-        else:
+        else:  # a yes/no word (allow_other, noallow_other, ro) is `ckptfs mount -o`'s to read, as any KEY=VALUE
             out += ["-o", opt]
     if not source.startswith("s3://") and not have_config:
         raise FstabError(f"source {source!r} is not s3://BUCKET[/PREFIX]: give one, or config=FILE naming the source")

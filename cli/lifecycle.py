@@ -96,7 +96,8 @@ def checkpoints(
         v = e.get("last_verify")
         verified = "-" if not v else f"{v['outcome']}{' (deep)' if v.get('deep') else ''} {fmt_age(now - v['at'])} ago" + (" (earlier manifest)" if v.get("stale") else "")
         notes = []
-        here = shlex.quote(user_path(root, e["path"], cwd))  # the checkpoint as a command pasted from here names it
+        shown = user_path(root, e["path"], cwd)  # a path valid from here: relative below the working directory, else absolute
+        here = shlex.quote(shown)  # the checkpoint as a command pasted from here names it
         if e.get("protection"):
             notes.append(f"protected: {e['protection'].get('reason', '?')}")
         if e.get("changed"):
@@ -120,10 +121,10 @@ def checkpoints(
         if archived:
             notes.append(f"in {'/'.join(archived)}: reading it needs a restore first (ckptfs restore {here} "
                          "requests it, or reports it done)")
-        table.add_row(str(e["step"]), e["path"], e["state"], str(e["files"]), fmt_bytes(e["bytes"]), cls, fmt_age(e.get("age_seconds")),
+        table.add_row(str(e["step"]), shown, e["state"], str(e["files"]), fmt_bytes(e["bytes"]), cls, fmt_age(e.get("age_seconds")),
                       verified)
         if notes:
-            notes_of.append(f"{e['path']}: {'; '.join(notes)}")
+            notes_of.append(f"{shown}: {'; '.join(notes)}")
     console = make_console()
     console.print(table)
     for line in notes_of:

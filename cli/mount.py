@@ -8,6 +8,7 @@ commands start fast.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -18,19 +19,49 @@ from typing import Any, Optional
 import typer
 
 from ckptfs.cli.app import app, fail
+from ckptfs.cli.daemonlog import PRIORITIES, DaemonLogHandler, stderr_fd
 from ckptfs.cli.errors import EXIT_USAGE, CliError
-from ckptfs.config import ConfigError, load_config, parse_source
+from ckptfs.config import FIELDS, ConfigError, did_you_mean, load_config, parse_source
+
+
+# mount(8)'s words for read-only and read-write, as in `mount -o ro`
+MOUNT_WORDS = {"ro": ("read_only", "true"), "rw": ("read_only", "false")}
 
 
 def parse_options(options: list[str]) -> dict[str, str]:
-    """`-o KEY=VALUE` options as config keys (dashes become underscores)."""
+    """`-o KEY=VALUE` options as config keys (dashes become underscores).
+
+    A boolean option may be given as mount(8) and every FUSE file system take it: `-o allow_other`
+    sets it, `-o noallow_other` clears it; `-o ro` and `-o rw` are `read_only` true and false;
+    `-o allow_other,ro` is a list of such words. A value may hold commas (`commit_markers=a,b`), so
+    a list of KEY=VALUE takes one -o each.
+    """
     out = {}
-    for opt in options:
+    words = [w for opt in options for w in (opt.split(",") if "=" not in opt else [opt])]
+    for opt in words:
         key, sep, value = opt.partition("=")
-        if not sep:
-            raise CliError(f"-o {opt!r} is not KEY=VALUE (for example -o part_size=128MiB)", EXIT_USAGE)
-        out[key.strip().replace("-", "_")] = value.strip()
+        key = key.strip().replace("-", "_")
+        if sep and "," not in key:
+            out[key] = value.strip()
+            continue
+        if key in MOUNT_WORDS:
+            name, value = MOUNT_WORDS[key]
+        elif is_bool_option(key):
+            name, value = key, "true"
+        elif key.startswith("no") and is_bool_option(key[2:]):
+            name, value = key[2:], "false"
+        elif key in FIELDS:
+            raise CliError(f"-o {opt!r} needs a value: -o {key}=VALUE (docs/configuration.md)", EXIT_USAGE)
+        else:
+            hint = " (one option per -o: -o A -o B)" if "," in opt else did_you_mean(key, FIELDS)
+            raise CliError(f"-o {opt!r} is neither KEY=VALUE nor a yes/no option{hint} "
+                           "(for example -o part_size=128MiB, -o allow_other)", EXIT_USAGE)
+        out[name] = value
     return out
+
+
+def is_bool_option(name: str) -> bool:
+    return name in FIELDS and FIELDS[name].type in ("bool", bool)
 
 
 @app.command()
@@ -48,7 +79,7 @@ def mount(
                                                help="Serve Prometheus /metrics there (default: no metrics endpoint)."),
     daemon: bool = typer.Option(False, "--daemon", help="Detach; return once the mount is ready (default: run in the foreground)."),
     option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE", show_default=False,
-                                     help="Any config option (docs/configuration.md); repeatable (default: the --config file's, else each option's default)."),
+                                     help="Any config option (docs/configuration.md); a yes/no one also as NAME or noNAME (-o allow_other), and ro/rw for read_only; repeatable (default: the --config file's, else each option's default)."),
     ready_fd: Optional[int] = typer.Option(None, "--ready-fd", hidden=True),
 ) -> None:
     """Mount a bucket. Foreground by default (for systemd); --daemon detaches.
@@ -79,10 +110,8 @@ def mount(
 class JournalFormatter(logging.Formatter):
     """Log lines for systemd's journal: a `<N>` syslog priority prefix (sd-daemon(3)), no timestamp (the journal adds it)."""
 
-    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
-
     def format(self, record: logging.LogRecord) -> str:
-        return f"<{self.PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
+        return f"<{PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
 
 
 def stderr_is_journal() -> bool:
@@ -96,8 +125,9 @@ def stderr_is_journal() -> bool:
 
 
 def setup_logging(level: str) -> None:
-    """The foreground daemon's log on stderr: timestamped, or with journal priorities under systemd."""
-    handler = logging.StreamHandler()
+    """The foreground daemon's log on stderr: timestamped, or with journal priorities under systemd; a line stderr
+    cannot take (the log file on a full cache disk) goes to the system log and is written later (daemonlog.py)."""
+    handler = DaemonLogHandler(stderr_fd())
     if stderr_is_journal():
         handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
     else:
@@ -113,6 +143,7 @@ def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
 
     try:
         check_cache_dir(cache_dir, mountpoint)  # the log goes there: say what is wrong with it, as the daemon would
+        found = set(os.listdir(cache_dir))
         check_cache_dir_free(cache_dir)  # and a running daemon's log is not ours to write a refusal into
     except UserError as e:
         fail(str(e))
@@ -137,7 +168,33 @@ def detach(argv: list[str], cache_dir: str, mountpoint: str) -> None:
         return
     if line.startswith("ERROR "):
         child.wait(timeout=30)
+        remove_if_created(Path(cache_dir), found)
         fail(line[6:])
     code = child.wait()
     tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
     fail(f"the daemon exited during start-up (status {code}): {tail[0] if tail else 'no log'} (log: {log_path})")
+
+
+def remove_if_created(cache_dir: Path, found: set[str]) -> None:
+    """After a start the daemon refused with one line (the line says why): the log and lock file this command
+    created go, so the cache directory is as it was found (the daemon removed what it created itself).
+
+    The lock file is removed only while we hold its lock: a daemon started meanwhile keeps its lock. A start
+    that failed without its line keeps its log, which the message names.
+    """
+    log_path = cache_dir / "ckptfs.log"
+    if "ckptfs.log" not in found:
+        log_path.unlink(missing_ok=True)
+    if "lock" in found:
+        return
+    try:
+        fd = os.open(cache_dir / "lock", os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(cache_dir / "lock")
+    except OSError:
+        pass  # held by a daemon started meanwhile, or gone: not ours to remove
+    finally:
+        os.close(fd)

@@ -15,6 +15,7 @@ from ckptfs.cli.app import JSON_OUTPUT, MOUNT_POINT, PATH_OR_CWD, app, for_the_u
 from ckptfs.cli.client import find_mount_root, get_status, locate, one_reply, until_done
 from ckptfs.cli.errors import EXIT_USAGE, CliError
 from ckptfs.config import ConfigError, fmt_bytes, parse_source
+from ckptfs.storageclass import fmt_money
 
 policy_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Access roles as S3 policy documents (docs/security.md).")
 app.add_typer(policy_app, name="policy")
@@ -158,12 +159,12 @@ def usage(
     from ckptfs.cli.display import make_console
 
     console = make_console()
-    console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {u['monthly_cost_estimate']:.2f} per month "
+    console.print(f"{u['path']}: {fmt_bytes(u['bytes'])} in {u['objects']} objects, about {fmt_money(u['monthly_cost_estimate'])} per month "
                   f"({u['prices_note']})")
     nc = u.get("noncurrent")
     if nc is not None:
         console.print(f"versioned bucket: {fmt_bytes(nc['bytes'])} in {nc['objects']} noncurrent versions"
-                      f" (and {nc['delete_markers']} delete markers), about {nc['monthly_cost']:.2f} per month of the above"
+                      f" (and {nc['delete_markers']} delete markers), about {fmt_money(nc['monthly_cost'])} per month of the above"
                       + ("" if not nc["objects"] else "; `tier_noncurrent_delete_days` expires them"))
     # compressed on a cold target (cold_compression): what it saved, a column only when something was
     saved = any(e.get("saved_bytes") for e in [*u["by_class"].values(), *u["by_checkpoint"]])
@@ -181,7 +182,7 @@ def usage(
         for col in ("", "size", "objects", "per month", *(["saved"] if saved and title == "by storage class" else [])):
             t.add_column(col, justify="left" if not col else "right")
         for name, e in rows.items():
-            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), f"{e['monthly_cost']:.2f}" if "monthly_cost" in e else "-",
+            t.add_row(name, fmt_bytes(e["bytes"]), str(e["objects"]), fmt_money(e["monthly_cost"]) if "monthly_cost" in e else "-",
                       *(saving(e) if title == "by storage class" else []))
         console.print(t)
     if u["by_checkpoint"]:
@@ -190,5 +191,5 @@ def usage(
             t.add_column(col, justify="right" if col in ("step", "size", "objects", "per month", "saved") else "left")
         for c in u["by_checkpoint"]:
             t.add_row(str(c["step"]), c["path"], c["state"], c["storage_class"], fmt_bytes(c["bytes"]), str(c["objects"]),
-                      f"{c['monthly_cost']:.2f}", *saving(c))
+                      fmt_money(c["monthly_cost"]), *saving(c))
         console.print(t)

@@ -32,17 +32,20 @@ def ui(
     """Serve a read-only web page of the runs, checkpoints and files under PATH, until Ctrl-C."""
     import trio  # here, not at the top: every other command starts without trio, hypercorn and jinja2
 
-    from ckptfs.ui.app import CatalogueApp
-    from ckptfs.ui.serve import UiError, check_bind, parse_addr, read_token, serve
+    from ckptfs.config import Config
+    from ckptfs.httpserver import serve
+    from ckptfs.ui.serve import UiError, check_bind, parse_addr, read_token, require_extra
     from ckptfs.ui.snapshot import AskError, Snapshots
 
     try:
+        require_extra()
         host, port = parse_addr(addr)
         token = read_token(token_file) if token_file else None
         check_bind(host, token)
     except UiError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     root, rel = locate(path)
+    from ckptfs.ui.app import CatalogueApp  # jinja2: the 'ui' extra, checked above
 
     async def ask(request: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -57,7 +60,7 @@ def ui(
         async with trio.open_nursery() as nursery:
             await nursery.start(snapshots.run)
             try:
-                bound = await nursery.start(serve, page, host, port)
+                bound = await nursery.start(functools.partial(serve, page, host, port, read_timeout=Config.metrics_read_timeout))
             except OSError as e:
                 raise CliError(f"cannot listen on {addr}: {e.strerror}: choose another --addr", EXIT_USAGE) from None
             shown = f"[{host}]" if ":" in host else host

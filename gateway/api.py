@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal, Mapping, TypeVar
 import sniffio
 
 from ckptfs.client import CkptfsError, file_state, locate, locate_above, one_reply, requester, until_done, until_durable
+from ckptfs.objects import finite
 
 T = TypeVar("T")
 
@@ -64,7 +65,7 @@ class Commit:
 def state(path: str | os.PathLike[str]) -> State:
     """A file's upload state (dirty, uploading, durable; archived or restoring if its class needs a restore),
     or a checkpoint directory's (writing, draining, committed, protected, expiring)."""
-    path = os.fspath(path)
+    path = _path(path, "state")
     root, rel = locate(path)
     if not os.path.isdir(path):
         return file_state(path)  # type: ignore[return-value]
@@ -82,9 +83,9 @@ def wait_durable(path: str | os.PathLike[str], timeout: float | None = None) -> 
 
     TimedOut (a CkptfsError) after `timeout` seconds, saying how much is not durable yet.
     """
-    path = os.fspath(path)
-    if timeout is not None and not timeout > 0:
-        raise CkptfsError(f"timeout {timeout:g}: give a number of seconds greater than 0")
+    path = _path(path, "wait_durable")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise CkptfsError(f"wait_durable: timeout {timeout!r}: give a number of seconds greater than 0, or None to wait as long as it takes")
     root, rel = locate(path)
     until_durable(root, rel, timeout, path)
 
@@ -93,18 +94,20 @@ def commit(path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = No
     """Commit the checkpoint directory `path` now, with `metadata` in its manifest (`ckptfs checkpoint commit`).
 
     Waits until its files are durable, then writes the manifest; other nodes see the metadata in
-    `ckptfs checkpoints --json`. Metadata must be JSON (dicts, lists, strings, numbers, booleans, None).
+    `ckptfs checkpoints --json`. Metadata must be a dict of JSON values (dicts, lists, strings, numbers, booleans,
+    None); a float that is not finite (a diverged loss: NaN, inf) is stored as null, since JSON has none.
     """
-    path = os.fspath(path)
+    metadata = _json_object(metadata)  # before anything is sent
+    path = _path(path, "commit")
     root, rel = locate(path)
-    msg = until_done(root, {"cmd": "checkpoint_commit", "path": rel, "metadata": _json_object(metadata)}, "commit")
+    msg = until_done(root, {"cmd": "checkpoint_commit", "path": rel, "metadata": metadata}, "commit")
     return Commit(path=root / msg["path"], step=msg["step"], generation=msg["generation"], written=msg["written"],
                   changed=msg["changed"], files=msg["files"], bytes=msg["bytes"])
 
 
 def checkpoints(run_dir: str | os.PathLike[str]) -> list[Checkpoint]:
     """The checkpoints at or below `run_dir`, as the bucket holds them plus those this node is writing."""
-    root, rel = locate(os.fspath(run_dir))
+    root, rel = locate(_path(run_dir, "checkpoints"))
     return _checkpoints(root, rel)
 
 
@@ -122,7 +125,7 @@ def latest(run_dir: str | os.PathLike[str], committed: bool = True) -> Checkpoin
     `committed=False`, the newest checkpoint whatever its state (what the trainers pick by name).
     A `run_dir` that does not exist yet (in a mount) has none.
     """
-    root, rel = locate_above(os.fspath(run_dir))
+    root, rel = locate_above(_path(run_dir, "latest"))
     if not (root / rel).exists():
         return None
     found = [c for c in _checkpoints(root, rel) if not committed or (c.committed and c.state in ("committed", "protected"))]
@@ -140,18 +143,34 @@ def unprotect(path: str | os.PathLike[str], reason: str) -> str:
 
 
 def _audited(cmd: str, path: str | os.PathLike[str], reason: str) -> str:
-    root, rel = locate(os.fspath(path))
+    if not isinstance(reason, str) or not reason.strip():
+        raise CkptfsError(f"{cmd} needs a non-empty reason: it goes to the audit log ({cmd}(path, \"why\"))")
+    root, rel = locate(_path(path, cmd))
     return one_reply(root, {"cmd": cmd, "path": rel, "who": requester(), "reason": reason}, timeout=None)["message"]  # type: ignore[no-any-return]
+
+
+def _path(path: Any, call: str) -> str:
+    """`path` as a string, or a CkptfsError in the API's words (os.fspath's TypeError names no call)."""
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise CkptfsError(f"{call}: the path must be a str or a pathlib.Path, not {type(path).__name__}") from None
 
 
 def _json_object(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """`metadata` as a JSON object, or a CkptfsError naming what is not JSON (before anything is sent)."""
-    doc = dict(metadata or {})
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise CkptfsError(f"commit: metadata must be a dict (a JSON object, e.g. {{\"loss\": 0.25}}), not {type(metadata).__name__}")
+    doc = finite(dict(metadata))
     try:
-        json.dumps(doc)
+        json.dumps(doc, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise CkptfsError(f"metadata must be JSON (dicts, lists, strings, numbers, booleans, None): {e}") from None
-    return doc
+        raise CkptfsError(f"commit: metadata must be JSON (dicts, lists, strings, numbers, booleans, None): {e}") from None
+    if not all(isinstance(k, str) for k in doc):
+        raise CkptfsError("commit: metadata keys must be strings")
+    return doc  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------ async twins

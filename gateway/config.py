@@ -63,6 +63,7 @@ class Config:
     sse_kms_key_id: str = _opt("", "With sse = \"aws:kms\": the KMS key id or ARN; empty uses the account's default `aws/s3` key.")
     sse_c_key_file: str = _opt("", "SSE-C: a file holding the 256-bit key (32 raw bytes or their base64), owned by the mounting user and readable by nobody else (chmod 600). Every request that touches object bytes carries it; objects written with it can only be read with it.")
     metrics_addr: str = _opt("", "HOST:PORT to serve Prometheus metrics on (`/metrics`); empty to disable. Use 127.0.0.1 unless it must be reachable from elsewhere.")
+    metrics_read_timeout: float = _opt(10.0, "Seconds a client of `metrics_addr` has to send a whole request, from connecting or from its previous answer; then it is disconnected (a client trickling header bytes cannot hold a connection). At most 64 connections are open at once: past that, the oldest is closed.")
     ui_enabled: bool = _opt(False, "Serve the read-only catalogue page (docs/ui.md) on `metrics_addr` under `/ui`. Needs `metrics_addr`; on an address that is not loopback also `ui_token_file`.")
     ui_token_file: str = _opt("", "With `ui_enabled`: a file (chmod 600) holding the token every request to `/ui` must carry; required when `metrics_addr` is not a loopback address.")
 
@@ -97,7 +98,7 @@ class Config:
     cache_min_free: int | None = _opt(None, "Free space to leave on the cache file system, whatever the capacity says. Empty (or `auto`) means 5% of the cache file system, at most 1 GiB, so a small disk is not reserved whole.", "bytes")
     cache_high_watermark: float = _opt(0.9, "When the cache holds more than this fraction of `cache_capacity`, clean (durable) copies are evicted in the background, least recently used first, down to `cache_low_watermark`.")
     cache_low_watermark: float = _opt(0.75, "Fraction of `cache_capacity` that background eviction brings the cache down to. Dirty or uploading files are never evicted.")
-    write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC.", "seconds")
+    write_stall_timeout: float = _opt(60.0, "When the cache is full of data not yet uploaded, a writer waits up to this many seconds for the drain to free space, then gets ENOSPC. With nothing left to drain (no other file's bytes on their way to the bucket) it gets ENOSPC at once.", "seconds")
 
     # checkpoints (docs/lifecycle.md)
     checkpoint_patterns: list[str] = _opt(
@@ -141,7 +142,7 @@ class Config:
     # object store client
     connect_timeout: float = _opt(5.0, "Seconds to wait for a TCP connection to the object store (more than 0).", "seconds")
     read_timeout: float = _opt(60.0, "Seconds to wait for a response from the object store before retrying (more than 0).", "seconds")
-    mount_check_timeout: float = _opt(30.0, "Seconds the check of the bucket at mount (HeadBucket, 3 attempts) may wait in all for the object store's answers; a store that accepts the connection and does not answer in time fails the mount with one line. Keep it well below systemd's TimeoutStartSec (120 s in the shipped unit), or systemd kills the start before that line is written (more than 0).", "seconds")
+    mount_check_timeout: float = _opt(30.0, "Seconds the check of the bucket at mount (HeadBucket, up to 3 attempts) takes at most, connections, answers and the pauses between attempts included; a store that accepts the connection and does not answer in time fails the mount with one line. Keep it well below systemd's TimeoutStartSec (120 s in the shipped unit), or systemd kills the start before that line is written (more than 0).", "seconds")
     retry_max_backoff: float = _opt(60.0, "Upper bound, in seconds, of the exponential backoff between attempts to upload a file. Attempts never stop for acknowledged data.", "seconds")
     retry_auth_backoff: float = _opt(30.0, "Seconds between attempts while the store answers 403 (credentials, permissions) or 404 (bucket gone): these need an operator, so retry slowly.", "seconds")
     abort_stale_uploads_after: float = _opt(86400.0, "At mount, abort multipart uploads under the prefix started this many seconds ago or more that no journal owns (left by a crashed node). 0 disables.", "seconds")
@@ -240,6 +241,8 @@ class Config:
             raise ConfigError(f"log_level = {self.log_level!r}: use debug, info, warning or error")
         if self.metrics_addr:
             parse_hostport(self.metrics_addr)
+        if not self.metrics_read_timeout > 0:  # NaN too
+            raise ConfigError(f"metrics_read_timeout = {self.metrics_read_timeout}: give a number of seconds > 0")
         if self.ui_enabled and not self.metrics_addr:
             raise ConfigError("ui_enabled = true needs metrics_addr: the catalogue page is served there under /ui")
         for pattern in self.temporary_dir_patterns:

@@ -27,7 +27,10 @@ xattr on the mount root. One JSON object per line each way:
                                          -> see lifecycle/tiers.py and lifecycle/usage.py
   {"cmd": "replicate_status"[, "path": CHECKPOINT]} | {"cmd": "verify" | "drill", "path": ..., "target": NAME}
                                          -> see replication/service.py
-Errors: {"ok": false, "error": "one line"}.
+  {"cmd": "inject_fault", "service": NAME} -> {"ok": true}: tests only, where CKPTFS_TEST_FAULTS names the
+                                            service (supervisor.py); otherwise an unknown command
+Errors: {"ok": false, "error": "one line"}. A request that is not a JSON object, or whose handling fails in a
+way nobody expected, is answered with such a line (logged with its traceback): the server keeps serving.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
 import trio
+
+from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,8 @@ class Daemon(Protocol):
     def open_for_writing(self) -> list[str]: ...
     async def stopped(self) -> dict[str, Any]: ...
     def stop_reported(self) -> None: ...
+    def inject_fault(self, service: str) -> None: ...
+    supervisor: Supervisor  # the services and their restarts; `faults` names those a test may break
     lifecycle: Any  # lifecycle.service.Lifecycle: checkpoints, commit, verify, protect (docs/lifecycle.md)
 
 
@@ -90,20 +97,24 @@ class ControlServer:
                 pass
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        """One connection. Nothing a request does escapes: an error is answered with one line (a handler's
+        exception would otherwise end `serve_listeners`, and with it the control server)."""
         async with stream:
             try:
                 line = await _read_line(stream)
                 if line is None:
                     return
                 request = json.loads(line)
+                if not isinstance(request, dict):
+                    raise ValueError(f"a request is a JSON object, not {type(request).__name__}")
                 await self._dispatch(request, lambda obj: stream.send_all(json.dumps(obj).encode() + b"\n"))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the client went away (e.g. flush timed out)
             except (ValueError, KeyError, TypeError) as e:
-                try:
-                    await stream.send_all(json.dumps({"ok": False, "error": f"bad request: {e}"}).encode() + b"\n")
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+                await _answer(stream, f"bad request: {e}")
+            except Exception as e:  # noqa: BLE001 - a handler's bug fails its request, never the server
+                log.exception("control request failed unexpectedly")
+                await _answer(stream, f"internal error: {type(e).__name__}: {e} (see the daemon's log)".splitlines()[0])
 
     async def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         """`request` answered as over the socket, without it: the last line (the catalogue page in the daemon)."""
@@ -112,7 +123,11 @@ class ControlServer:
         async def keep(obj: Any) -> None:
             replies.append(obj)
 
-        await self._dispatch(request, keep)
+        try:
+            await self._dispatch(request, keep)
+        except Exception as e:  # noqa: BLE001 - as on the socket: a handler's bug fails its request, not the page's server
+            log.exception("control request failed unexpectedly")
+            return {"ok": False, "error": f"internal error: {type(e).__name__}: {e} (see the daemon's log)".splitlines()[0]}
         return replies[-1] if replies else {"ok": False, "error": "no answer"}
 
     async def _dispatch(self, request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
@@ -153,6 +168,9 @@ class ControlServer:
             await send({"ok": False, "error": f"{cmd}: this mount is read-only (read_only = true): run it on a mount that may change the bucket"})
         elif cmd in LIFECYCLE_COMMANDS:
             await self.daemon.lifecycle.handle(request, send)
+        elif cmd == "inject_fault" and self.daemon.supervisor.faults:  # tests only (CKPTFS_TEST_FAULTS)
+            self.daemon.inject_fault(str(request.get("service")))
+            await send({"ok": True})
         elif cmd == "unmount":
             writers = self.daemon.open_for_writing()
             if writers and not request.get("force"):
@@ -167,6 +185,14 @@ class ControlServer:
                 self.daemon.stop_reported()
         else:
             await send({"ok": False, "error": f"unknown command {cmd!r}"})
+
+
+async def _answer(stream: trio.SocketStream, error: str) -> None:
+    """Send one error line, if the client still listens."""
+    try:
+        await stream.send_all(json.dumps({"ok": False, "error": error}).encode() + b"\n")
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
 
 
 def open_for_writing_message(paths: list[str]) -> str:

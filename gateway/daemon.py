@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
+import inspect
 import logging
 import os
 import platform
@@ -35,14 +37,14 @@ from .fuse.kernel import KernelSession, choose_transport
 from .fuse.workers import worker_count
 from .fuse.libfuse import LibfuseSession
 from .fuse.session import FuseSession
-from .journal import Journal, JournalError
+from .httpserver import serve as serve_http
+from .journal import Journal, JournalError, disk_full_message
+from .lifecycle import codec
 from .lifecycle.coldmove import MoveCollector
 from .lifecycle.service import Lifecycle
 from .lifecycle.usage import UsageCollector
 from .metrics import Metrics
-from .ui.app import UI_PREFIX, CatalogueApp, with_metrics
-from .ui.serve import UiError, check_bind, read_token
-from .ui.serve import serve as serve_ui
+from .ui.serve import UiError, check_bind, read_token, require_extra
 from .ui.snapshot import Snapshots
 from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
@@ -50,6 +52,7 @@ from .objects import StoreError
 from .remote import Remote
 from .replication.service import Replicator
 from .store import Store
+from .supervisor import Supervisor, describe, faults_from_environment, journal_failed_for_good, leaf
 from .version import VERSION
 
 log = logging.getLogger("ckptfs")
@@ -63,6 +66,12 @@ class UserError(Exception):
 
 
 # ------------------------------------------------------------------ preflight
+def check_cold_extra(cfg: Config) -> None:
+    """A cold tier that compresses needs numpy and zstandard, the 'cold' extra: one line at start, not an error at the first move."""
+    if cfg.tier_move_target and cfg.cold_compression != "none" and codec.MISSING_EXTRA is not None:
+        raise UserError(f"{codec.NEEDS_EXTRA}, or set cold_compression = \"none\"")
+
+
 def check_fuse() -> None:
     if not os.path.exists("/dev/fuse"):
         raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse) or, in a container, pass --device /dev/fuse")
@@ -163,8 +172,14 @@ def lock_cache_dir(path: str) -> int:
         owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise UserError(f"cache directory {path} is in use by a running ckptfs (pid {owner}): unmount it first or use another --cache-dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(disk_full_message(path)) from None
+        raise UserError(f"cannot write the lock file {lock_path}: {e.strerror}: check the cache disk (dmesg)") from None
     return fd
 
 
@@ -191,6 +206,8 @@ class Daemon:
         self.left: dict[str, Any] = {}
         self._stop_reporters = 0
         self.ready = False  # the mount came up (READY sent)
+        self.failure: str | None = None  # why the daemon stops on its own (the FUSE session, the journal): exit status 1
+        self.supervisor = Supervisor(fatal=journal_failed_for_good, on_fatal=self._fatal, faults=faults_from_environment())
 
     # ---- wiring, before trio
     def prepare(self) -> None:
@@ -198,9 +215,12 @@ class Daemon:
         check_fuse()
         check_mountpoint(cfg.mountpoint)
         check_cache_dir(cfg.cache_dir, cfg.mountpoint)
+        found = set(os.listdir(cfg.cache_dir))
         secure_cache_dir(cfg.cache_dir)
+        check_cold_extra(cfg)
         self.ui_token = self._ui_token() if cfg.ui_enabled else None
         self.lock_fd = lock_cache_dir(cfg.cache_dir)
+        self.found_in_cache_dir = found  # held by this daemon from here: what a failed start removes is its own
         try:
             self.store = Store(cfg)
             self.store.check()
@@ -211,10 +231,18 @@ class Daemon:
             self.journal = Journal(Path(cfg.cache_dir) / "journal.sqlite3", cfg.bucket, cfg.prefix.strip("/"))
         except JournalError as e:
             raise UserError(str(e)) from None
-        self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity, cfg.cache_min_free)
-        self.ns = Namespace(cfg, self.journal, self.cache)
-        self.ns.keys.refused = refused
-        self.ns.recover()
+        if not self.journal.reserved:  # not even the journal's reserve fits: every change could fail from the start
+            raise UserError(disk_full_message(cfg.cache_dir))
+        try:
+            self.cache = Cache(Path(cfg.cache_dir), cfg.cache_capacity, cfg.cache_min_free)
+            self.ns = Namespace(cfg, self.journal, self.cache)
+            self.ns.keys.refused = refused
+            self.ns.recover()
+        except OSError as e:  # recovery writes the journal and the cache: a full or failing disk stops it
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise UserError(disk_full_message(cfg.cache_dir)) from None
+            raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
+                            "check that disk (dmesg), then mount again") from None
         self.metrics = Metrics(self.status)
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
@@ -289,6 +317,7 @@ class Daemon:
             shutdown_timeout=self.cfg.shutdown_timeout,
             open_for_writing=self.open_for_writing(),
             uptime_seconds=round(time.time() - self.started, 1),
+            services=self.supervisor.status(),
         )
         return s
 
@@ -385,26 +414,48 @@ class Daemon:
         self.flush_on_stop = self.flush_on_stop or flush
         self._stop.set()
 
+    def inject_fault(self, service: str) -> None:
+        """Tests only (CKPTFS_TEST_FAULTS, supervisor.py): make a running service fail. KeyError where not enabled."""
+        self.supervisor.inject_fault(service)
+
+    # ---- failures that stop the daemon (supervisor.py restarts every other one)
+    def _fatal(self, service: str, why: str) -> None:
+        """The FUSE session failed, or the journal for good: stop cleanly (see `run`) and exit with status 1."""
+        if self.failure is None:
+            self.failure = why if service != "fuse" else f"the FUSE session failed ({why.removeprefix('fuse failed: ')})"
+        if service != "fuse":
+            self._stop_now.set()  # nothing to drain with a journal that cannot record it
+        self._stop.set()
+
     # ---- running
     def _ui_token(self) -> str | None:
         """The catalogue page's token (ui_token_file), checked before anything starts: one line if it cannot serve."""
         cfg = self.cfg
         host, _ = parse_hostport(cfg.metrics_addr)
         try:
+            require_extra()
             token = read_token(cfg.ui_token_file) if cfg.ui_token_file else None
             check_bind(host, token, "metrics_addr")
         except UiError as e:
             raise UserError(f"ui_enabled: {e}") from None
         return token
 
-    async def _serve_ui(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """/metrics and the catalogue page under /ui, on metrics_addr; the page asks the control dispatch itself."""
+    async def _serve_metrics(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """/metrics on metrics_addr, and with ui_enabled the catalogue page under /ui (it asks the control dispatch itself).
+
+        An address it cannot listen on raises the bare OSError, for run's one line."""
+        read_timeout = self.cfg.metrics_read_timeout
+        if not self.cfg.ui_enabled:
+            await serve_http(self.metrics.app(), host, port, read_timeout=read_timeout, task_status=task_status)
+            return
+        from .ui.app import UI_PREFIX, CatalogueApp  # here: jinja2 is the 'ui' extra, checked by prepare
+
         snapshots = Snapshots(self.control.ask, "")
         page = CatalogueApp(snapshots, self.cfg.mountpoint, self.ui_token, prefix=UI_PREFIX)
-        refused: OSError | None = None  # raised bare, after the nursery, for run's one line (a busy port)
+        refused: OSError | None = None  # raised bare, after the nursery (not in its group)
         async with trio.open_nursery() as nursery:
             try:
-                bound = await nursery.start(serve_ui, with_metrics(page, self.metrics.render), host, port)
+                bound = await nursery.start(functools.partial(serve_http, self.metrics.app(page), host, port, read_timeout=read_timeout))
             except OSError as e:
                 refused = e
                 nursery.cancel_scope.cancel()
@@ -415,39 +466,42 @@ class Daemon:
             raise refused
 
     async def run(self, ready_fd: int | None = None) -> None:
+        """Every service under the supervisor (restarted after an unexpected error); the FUSE session `critical`.
+
+        A failure of the FUSE session or of the journal for good (`_fatal`) takes the same stop as a signal:
+        session stopped, open files persisted, the mount detached; then one line says why (exit status 1)."""
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
+        fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
         self.fuse_transport = choose_transport(cfg.fuse_transport)
+        supervise, critical = self.supervisor.supervise, self.supervisor.critical
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.control.serve)
+            await nursery.start(supervise, "control", self.control.serve)
             if cfg.metrics_addr:
                 host, port = parse_hostport(cfg.metrics_addr)
                 try:
-                    if cfg.ui_enabled:  # the catalogue page under /ui: hypercorn serves both (docs/ui.md)
-                        self.metrics_port = await nursery.start(self._serve_ui, host, port)
-                    else:
-                        self.metrics_port = await nursery.start(self.metrics.serve, host, port)
+                    self.metrics_port = await nursery.start(supervise, "metrics", self._serve_metrics, host, port)
                 except OSError as e:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
-            await nursery.start(self.fetcher.run)
-            await nursery.start(self.remote.run)
+            await nursery.start(supervise, "fetcher", self.fetcher.run)
+            await nursery.start(supervise, "listings", self.remote.run)
             session = self.session = self._mount(fs)
-            await nursery.start(self._serve_fuse, session)
+            await nursery.start(critical, "fuse", self._serve_fuse, session)
             if self.fuse_transport == "kernel":
                 if session.passthrough:
                     log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
                 else:
                     log.warning("FUSE: the protocol spoken on /dev/fuse, without passthrough (%s): every byte is copied by the daemon",
                                 session.passthrough_error)
-            await nursery.start(self.drainer.run)
-            await nursery.start(self.lifecycle.run)
+            await nursery.start(supervise, "drainer", self.drainer.run)
+            await nursery.start(supervise, "lifecycle", self.lifecycle.run)
             nursery.start_soon(self._signals)
             # ready only once the mount answers a request
             await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
             # in a thread too: a stat of the mount from this thread deadlocks (the FUSE loop runs here) once the
             # kernel's cached attributes (1 s) expired between the two stats, as on a loaded machine
             await trio.to_thread.run_sync(set_kernel_read_ahead, cfg.mountpoint, cfg.kernel_read_ahead)
-            await nursery.start(self.replicator.run)
+            await nursery.start(supervise, "replication", self.replicator.run)
             log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
             self.ready = True
             if ready_fd is not None:
@@ -462,38 +516,77 @@ class Daemon:
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
             notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
-            await session.stop()
-            fs.sync_passthrough_all()
-            self.ns.files.persist_all()  # handles still open at unmount will never be released to us
+            await self._stop_step("stop the FUSE session", session.stop)
+            await self._stop_step("record what passthrough writers wrote", fs.sync_passthrough_all)
+            # handles still open at unmount will never be released to us
+            await self._stop_step("record the files still open", self.ns.files.persist_all)
             await self._drain_before_exit()
-            s = self.ns.stats()
-            self.left = {"left_files": s["dirty_files"], "left_bytes": s["dirty_bytes"],
-                         "left_deletes": s["pending_deletes"] + s["pending_markers"], "cache_dir": os.path.abspath(cfg.cache_dir)}
+            self.left = {"cache_dir": os.path.abspath(cfg.cache_dir)}
+            await self._stop_step("count what is left", self._count_left)
             self._stopped.set()
             with trio.move_on_after(5):  # let `ckptfs unmount` hear what stays in the journal
                 while self._stop_reporters:
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
-        self.journal.sync()  # blocking is fine here: unmounted, and nothing else runs on this thread any more
-        left = self.ns.stats()
-        if left["dirty_files"] or left["pending_deletes"]:
-            log.warning("stopped with %d files (%d bytes) and %d deletions not yet in the bucket; the next mount of %s uploads them",
-                        left["dirty_files"], left["dirty_bytes"], left["pending_deletes"], cfg.cache_dir)
+        # blocking is fine here: unmounted, and nothing else runs on this thread any more
+        await self._stop_step("sync the journal", self.journal.sync)
+        if self.failure is not None:
+            left = self.left
+            log.error("ckptfs stopped: %s; %s is unmounted; %s files (%s bytes) not yet in the bucket stay in %s for the next mount",
+                      self.failure, cfg.mountpoint, left.get("left_files", "?"), left.get("left_bytes", "?"), cfg.cache_dir)
         else:
-            log.info("stopped; everything is durable")
-        self.journal.close()
+            left = self.ns.stats()
+            if left["dirty_files"] or left["pending_deletes"]:
+                log.warning("stopped with %d files (%d bytes) and %d deletions not yet in the bucket; the next mount of %s uploads them",
+                            left["dirty_files"], left["dirty_bytes"], left["pending_deletes"], cfg.cache_dir)
+            else:
+                log.info("stopped; everything is durable")
+        await self._stop_step("close the journal", self.journal.close)
+
+    def _count_left(self) -> None:
+        s = self.ns.stats()
+        self.left.update(left_files=s["dirty_files"], left_bytes=s["dirty_bytes"], left_deletes=s["pending_deletes"] + s["pending_markers"])
+
+    async def _stop_step(self, what: str, step: Callable[[], Any]) -> None:
+        """One step of the stop; after a failure (a journal that cannot be written) the next steps still run."""
+        try:
+            result = step()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as e:  # noqa: BLE001 - the mount must be detached whatever failed before
+            if self.failure is None:
+                log.error("stopping: could not %s: %s", what, describe(e), exc_info=leaf(e))
+            else:
+                log.warning("stopping: could not %s: %s", what, describe(e))
 
     def unbind_if_never_ready(self) -> None:
-        """A start that failed (a busy metrics port, a refused mount) leaves the cache directory as it found it: a
-        journal this start created and that holds nothing to upload is removed, so the directory is not bound to
-        this bucket and prefix by a mount that never was."""
-        journal: Journal | None = getattr(self, "journal", None)  # None: the start failed before opening it
-        if self.ready or journal is None or not journal.bound_now or journal.holds_work():
+        """A start that failed (a busy metrics port, a wrong bucket, a refused mount) leaves the cache directory as it
+        found it: a journal this start created and that holds nothing to upload is removed, so the directory is not
+        bound to this bucket and prefix by a mount that never was, and so is every other entry this start created
+        (its lock, data/, the control socket). What was there before is left alone, and nothing at all is removed
+        unless this daemon held the directory's lock: another daemon's files are not ours."""
+        found: set[str] | None = getattr(self, "found_in_cache_dir", None)  # None: the lock was never ours
+        if self.ready or found is None:
             return
-        try:
-            journal.discard()
-        except (OSError, sqlite3.Error) as e:
-            log.warning("could not remove the journal of the failed start %s: %s", journal.path, e)
+        journal: Journal | None = getattr(self, "journal", None)  # None: the start failed before opening it
+        if journal is not None and journal.bound_now:
+            if journal.holds_work():
+                return  # never so for a start that never mounted; but then the journal and its data stay together
+            try:
+                journal.discard()
+            except (OSError, sqlite3.Error) as e:
+                log.warning("could not remove the journal of the failed start %s: %s", journal.path, e)
+                return
+        root = Path(self.cfg.cache_dir)
+        for name in sorted(set(os.listdir(root)) - found):
+            path = root / name
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)  # data/: created by this start, which wrote no file into it for anyone
+                else:
+                    path.unlink()
+            except OSError as e:
+                log.warning("could not remove %s, created by the failed start: %s", path, e.strerror)
 
     async def _report_status(self) -> None:
         """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
@@ -602,6 +695,8 @@ def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
             log.info(*starting)  # in the foreground only once the checks passed: a user error stays one line
         try:
             trio.run(daemon.run, ready_fd)
+            if daemon.failure is not None:
+                return 1  # the FUSE session or the journal failed: the last log line says why
         except BaseExceptionGroup as group:
             user_errors = group.subgroup(UserError)
             if user_errors is None:

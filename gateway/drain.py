@@ -43,11 +43,11 @@ import xxhash
 from . import threads
 from .cache import Cache
 from .config import MiB, Config, part_size_for, small_objects_in_flight
-from .journal import UploadRecord
+from .journal import DiskFull, JournalIOError, UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
 from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError, crc32_b64
-from .store import Store
+from .storeapi import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tu
 
 
 class Drainer:
-    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: Store, metrics: Metrics) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Metrics) -> None:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
@@ -238,6 +238,8 @@ class Drainer:
             else:
                 async with self.multipart_files:
                     await self._send_file(p)
+        except (DiskFull, JournalIOError) as e:  # not even the upload's start could be recorded
+            self._journal_failed(p, e)
         finally:
             self.sent.pop(p.ino, None)
             self.busy.discard(p.ino)
@@ -277,6 +279,8 @@ class Drainer:
                 self.metrics.abandoned_uploads.inc()
         except Abandoned as e:
             self._abandoned(p, str(e))
+        except (DiskFull, JournalIOError) as e:
+            self._journal_failed(p, e)
         except (StoreError, OSError) as e:
             if ticket is not None and not self.ns.uploads.bytes_current(ticket):
                 # the file was rewritten, truncated or removed under the upload (a part whose
@@ -292,13 +296,29 @@ class Drainer:
             delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
             self._error(f"internal error uploading {p.key}: {e!r}")
             log.exception("upload of %s failed (retry in %.1fs)", p.key, delay)
-            self.ns.uploads.upload_failed(p.ino)
+            self._mark_failed(p.ino)
 
     def _abandoned(self, p: Pending, why: str) -> None:
         log.info("upload of %s abandoned: %s", p.key, why)
         self.metrics.abandoned_uploads.inc()
         self.backoff.pop(p.ino, None)  # a stale version's failures say nothing about the new one
-        self.ns.uploads.upload_failed(p.ino)
+        self._mark_failed(p.ino)
+
+    def _mark_failed(self, ino: int) -> None:
+        """Queue a file whose upload did not finish again; the journal may refuse even that (a full or failing
+        cache disk): the row then stays `uploading`, which the drain takes up again just the same."""
+        try:
+            self.ns.uploads.upload_failed(ino)
+        except OSError as e:
+            log.warning("could not record a failed upload of inode %d in the journal (%s): it is retried all the same", ino, e)
+
+    def _journal_failed(self, p: Pending, e: OSError) -> None:
+        # the store has the bytes (or not), but the journal cannot say so now: upload again once it can
+        self.metrics.upload_errors.labels("other").inc()
+        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
+        self._error(f"the journal cannot record the upload of {p.key}: {e}")
+        log.warning("upload of %s: the journal cannot record it (%s): retry in %.1fs", p.key, e, delay)
+        self._mark_failed(p.ino)
 
     def _store_failed(self, p: Pending, e: StoreError) -> None:
         self.metrics.upload_errors.labels(e.kind).inc()
@@ -306,7 +326,7 @@ class Drainer:
         self._error(str(e))
         level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
         log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
-        self.ns.uploads.upload_failed(p.ino)
+        self._mark_failed(p.ino)
 
     def _read_failed(self, p: Pending, e: OSError) -> None:
         # the cache file could not be read: keep it queued, never drop acknowledged data
@@ -314,7 +334,7 @@ class Drainer:
         delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
         self._error(f"reading cache file for {p.key}: {e}")
         log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
-        self.ns.uploads.upload_failed(p.ino)
+        self._mark_failed(p.ino)
 
     async def _copy_file(self, ticket: UploadTicket) -> None:
         """A renamed durable file: copy its object inside the store (the old one is deleted after)."""
@@ -333,7 +353,7 @@ class Drainer:
             if e.kind != NO_OBJECT:
                 raise
             self.ns.tree.copy_source_gone(ticket.ino)
-            self.ns.uploads.upload_failed(ticket.ino)
+            self._mark_failed(ticket.ino)
             return
         if self.ns.uploads.finish_upload(ticket, etag, ticket.xxh3 or ""):
             self.backoff.pop(ticket.ino, None)
@@ -503,14 +523,26 @@ class Drainer:
     # ------------------------------------------------------ object operations
     async def _put_marker(self, marker_id: int, key: str) -> None:
         if await self._object_op(marker_id, key, "put of directory marker", self.store.put_marker):
-            self.ns.uploads.marker_done(marker_id, key)
-            log.info("put directory marker %s", key)
+            if self._recorded(marker_id, key, lambda: self.ns.uploads.marker_done(marker_id, key)):
+                log.info("put directory marker %s", key)
 
     async def _delete(self, delete_id: int, key: str) -> None:
         if await self._object_op(delete_id, key, "delete of", self.store.delete):
-            self.ns.uploads.delete_done(delete_id, key)
-            self.metrics.deleted_objects.inc()
-            log.info("deleted object %s", key)
+            if self._recorded(delete_id, key, lambda: self.ns.uploads.delete_done(delete_id, key)):
+                self.metrics.deleted_objects.inc()
+                log.info("deleted object %s", key)
+
+    def _recorded(self, op_id: int, key: str, record: Callable[[], None]) -> bool:
+        """Record a done delete or marker put; if the journal cannot (a full or failing cache disk) it stays
+        queued and is done again after a backoff (both are idempotent in the store)."""
+        try:
+            record()
+            return True
+        except OSError as e:
+            delay = self.delete_backoff.setdefault(op_id, Backoff()).fail(self.cfg.retry_max_backoff)
+            self._error(f"the journal cannot record the operation on {key}: {e}")
+            log.warning("%s done in the store, but the journal cannot record it (%s): again in %.1fs", key, e, delay)
+            return False
 
     async def _object_op(self, op_id: int, key: str, what: str, call: Callable[[str], None]) -> bool:
         """One queued delete or marker put, with the drain's backoff; True once it succeeded.
@@ -527,7 +559,8 @@ class Drainer:
             if e.denied and call == self.store.delete:
                 # valid credentials without the permission to delete (a writer role, docs/security.md): retrying cannot
                 # help, so the delete is dropped and reported; the object stays in the bucket and shows again
-                self.ns.uploads.drop_delete(op_id)
+                if not self._recorded(op_id, key, lambda: self.ns.uploads.drop_delete(op_id)):
+                    return False
                 self.delete_backoff.pop(op_id, None)
                 self.deletes_not_permitted_total += 1
                 self.last_error = f"delete of {key} not permitted by the store (AccessDenied): the object stays in the bucket"

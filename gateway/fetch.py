@@ -50,7 +50,7 @@ from .config import Config
 from .namespace import Namespace
 from .objects import ARCHIVED, CHANGED, NETWORK, SERVER, StoreError
 from .storageclass import ONGOING, ArchiveState
-from .store import Store
+from .storeapi import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Download:
 
 
 class Fetcher:
-    def __init__(self, cfg: Config, ns: Namespace, store: Store) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, store: ObjectStore) -> None:
         self.cfg, self.ns, self.store = cfg, ns, store
         self.downloads: dict[int, Download] = {}
         self._nursery: trio.Nursery | None = None
@@ -148,19 +148,23 @@ class Fetcher:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns the downloads' tasks; also keeps the cache between its watermarks."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            while True:
-                self.ns.space.evict_to_watermark()
-                await trio.sleep(1.0)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                while True:
+                    self.ns.space.evict_to_watermark()
+                    await trio.sleep(1.0)
+        finally:
+            self._nursery = None  # closed: no download starts until the supervisor restarts this
 
     def start(self, ino: int) -> Download | None:
         """The running download of `ino`, starting one if its bytes are not local; None if they are."""
         dl = self.downloads.get(ino)
         if dl is not None or not self.ns.files.needs_fetch(ino):
             return dl
-        assert self._nursery is not None, "Fetcher.run is not running"
+        if self._nursery is None:  # restarting after an unexpected error (supervisor.py): this read fails, the next one may not
+            raise OSError(errno.EIO, "the fetcher is restarting after an error")
         row = self.ns.files.row(ino)
         key = row.remote_key or row.copy_from
         if not key:
@@ -277,6 +281,12 @@ class Fetcher:
                 self.read_errors_total += 1
             dl.fail(e if e.errno else OSError(errno.EIO, str(e)))
             self.ns.cache.remove(dl.ino, dl.size)
+        except BaseException:
+            # cancelled (the fetcher restarting, the daemon stopping) or a bug: its readers get EIO instead of waiting
+            # for ranges no task fetches any more, and the next open of the file starts a new download
+            dl.fail(OSError(errno.EIO, "the read from the bucket was interrupted"))
+            self.ns.cache.remove(dl.ino, dl.size)
+            raise
         finally:
             os.close(fd)
             self.ns.files.fetching.discard(dl.ino)

@@ -17,9 +17,10 @@ cache capacity (hence the room rule), `max_file_size` (a file at or past it gets
 mode) and setuid/setgid (a writer who must drop them gets copy mode).
 
 Data path: in copy mode under the kernel transport, the copy workers (fuse/workers.py) move
-the bytes themselves, in threads, for the handles this class publishes in `fast_handles`: they
-pwrite/pread the cache file on room lent by `lend`, and each write is accounted by `wrote` on
-the trio thread (size, version, cache bytes) before the kernel has its reply. Otherwise (pyfuse3,
+the bytes themselves, in threads, for the handles `FastPath` publishes in `fast_handles` (a write
+handle only while its file is dirty in the journal: a file is dirty there before any byte of it
+changes): they pwrite/pread the cache file on room lent by `lend`, and each write is accounted by
+`wrote` on the trio thread (size, version, cache bytes) before the kernel has its reply. Otherwise (pyfuse3,
 a handle not published, no room) `write` and `read` are `pwrite`/`pread` on the cache file, done
 inline on the trio thread. `fsync` is the one blocking call sent to a thread (the
 cache file's here, the journal's WAL in `Journal.durable`).
@@ -30,6 +31,7 @@ refresh the directory's listing when it is older than `metadata_ttl`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -128,6 +130,18 @@ class Guard(Protocol):
         """Before changing the bytes or attributes of inode `ino`."""
 
 
+class CheckpointStates(Protocol):
+    """A checkpoint directory's state for its `user.ckptfs.state` attribute (lifecycle/service.Lifecycle, wired by the
+    daemon): the word `ckptfs.state()` and `ckptfs checkpoints` give, so the two never disagree."""
+
+    def is_checkpoint(self, path: str) -> bool:
+        """Whether mount-relative directory `path` is a checkpoint (no I/O)."""
+
+    async def checkpoint_state(self, path: str) -> str | None:
+        """writing, draining, committed, protected or expiring; None if `path` is not a checkpoint. OSError (EIO) when
+        the bucket cannot say."""
+
+
 class ReservedNames:
     """The guard of a mount without a lifecycle: only ckptfs's own names (.ckptfs*) are refused."""
 
@@ -139,6 +153,74 @@ class ReservedNames:
         pass
 
 
+class FastPath:
+    """The copy-mode handles the copy workers (fuse/workers.py) serve themselves, and the rule they keep:
+    a file is dirty in the journal before any byte of it changes. A worker's WRITE makes no journal
+    write (no round trip to the trio thread), so a write handle is published only while its file is
+    dirty in the journal, and withdrawn before the journal may say otherwise (its file made durable or
+    to be published by a copy: `Uploads.stop_fast_writes`) or when its next write must drop setuid/setgid."""
+
+    def __init__(self, ns: Namespace, handles: dict[int, Handle]) -> None:
+        self.ns = ns
+        self.handles = handles  # CkptFS's, by fh
+        self.table: dict[int, FastHandle] = {}  # read by the workers, changed here on the trio thread
+        ns.uploads.stop_fast_writes = self.stop_writes
+
+    def publish(self, fh: int) -> None:
+        """Put a copy-mode handle in the table: a read handle once every byte is local; a write handle
+        once its file is dirty in the journal (a durable file rewritten in place is marked dirty by its
+        first write, which goes the ordinary way) and unless its next write must drop setuid/setgid."""
+        h = self.handles[fh]
+        if h.passthrough or h.download is not None or h.write and h.kill_priv:
+            return
+        current = self.table.get(fh)
+        if current is not None and not current.withdrawn:
+            return
+        if h.write and not self.ns.files.dirty_in_journal(h.ino):
+            return
+        self.table[fh] = FastHandle(h.fd, h.ino, h.write, self.ns.cfg.file_size_limit)
+
+    def withdraw(self, fh: int) -> int:
+        """Take handle `fh` off the fast path: its writes go the ordinary way until published again.
+        Returns its writes in flight (pwritten by a worker, not yet accounted)."""
+        fast = self.table.pop(fh, None)
+        return fast.withdraw() if fast is not None else 0
+
+    def stop_writes(self, ino: int) -> bool:
+        """Before the journal says `ino` is durable (or to be published by a copy): no worker may change
+        its bytes unseen. Its write handles leave the fast path (a later write goes the ordinary way, marks
+        the file dirty first and publishes the handle again); False if a worker's write is still to be
+        accounted (the bytes uploaded may not be the file's)."""
+        live = self.ns.files.live.get(ino)
+        if live is None or not live.writers:
+            return True
+        in_flight = 0
+        for fh, fast in list(self.table.items()):
+            if fast.ino == ino and fast.write:
+                in_flight += self.withdraw(fh)
+        return in_flight == 0
+
+    def wrote(self, handle: FastHandle, offset: int, lent: int, written: int, error: int) -> None:
+        """A worker's pwrite, accounted before its reply; an error here is the WRITE's answer."""
+        FUSE_COUNTERS.requests["write"] += 1
+        try:
+            self.ns.files.wrote(handle.ino, offset, lent, written)
+        except Exception as e:
+            # the bytes are in the cache file and the accounting failed: the WRITE is answered with the
+            # error, and an upload in flight must not publish the file as it was
+            if not isinstance(e, OSError):
+                log.exception("internal error in write (a copy worker's)")
+            error = e.errno if isinstance(e, OSError) and e.errno else errno.EIO
+            handle.withdraw()  # its next writes go the ordinary way, which reports what fails
+            try:
+                self.ns.files.abandon_upload(handle.ino)
+            finally:
+                FUSE_COUNTERS.error("write", error)
+            raise OSError(error, "accounting a write failed") from None
+        if error:
+            FUSE_COUNTERS.error("write", error)
+
+
 class CkptFS(Operations):
     def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str, guard: Guard | None = None) -> None:
         super().__init__()
@@ -148,12 +230,14 @@ class CkptFS(Operations):
         self.remote = remote
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
         self.control_socket = control_socket
+        self.checkpoint_states: CheckpointStates | None = None  # a checkpoint directory's user.ckptfs.state (the lifecycle)
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
         self._fsyncs = trio.CapacityLimiter(8)
         self._pt_writers: dict[int, list[int]] = {}  # ino -> fhs of passthrough write handles
-        self.fast_handles: dict[int, FastHandle] = {}  # copy-mode handles the copy workers serve themselves
+        self.fast = FastPath(ns, self.handles)
+        self.fast_handles: dict[int, FastHandle] = self.fast.table  # copy-mode handles the copy workers serve themselves
 
     @property
     def passthrough_handles(self) -> int:
@@ -248,15 +332,17 @@ class CkptFS(Operations):
             gid=fields.gid,
             atime_ns=fields.atime_ns,
             mtime_ns=fields.mtime_ns,
-        )
-        if fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None):
             # a truncate by a caller who may not keep setuid/setgid, or a chown/chgrp: as local file systems do
-            # (Linux drops them on every chown of a file), and with HANDLE_KILLPRIV_V2 the kernel leaves it to us
-            self.ns.tree.kill_priv(inode)
+            # (Linux drops them on every chown of a file), and with HANDLE_KILLPRIV(_V2) the kernel leaves it to
+            # us; in the same journal write as the new owner, so a chown is never half done
+            kill_priv=fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None),
+        )
         if fields.mode is not None:
-            for h in self.handles.values():
+            for fh, h in self.handles.items():
                 if h.ino == inode and h.write:
                     h.kill_priv = self._kill_priv(h.uid, inode)
+                    if h.kill_priv:
+                        self.fast.withdraw(fh)  # its next write must drop setuid/setgid: the ordinary way does
         return self._entry(self.ns.files.row(inode))
 
     @_fuse
@@ -368,7 +454,7 @@ class CkptFS(Operations):
         if h is None:
             return
         if not passthrough:
-            self._publish(fh)
+            self.fast.publish(fh)
             return
         h.passthrough = True
         if h.write:
@@ -414,7 +500,13 @@ class CkptFS(Operations):
         fd = self.ns.files.open(inode, write)
         if write and flags & os.O_TRUNC:
             # libfuse negotiates atomic_o_trunc: the kernel leaves O_TRUNC to us
-            self.ns.files.truncate(inode, 0)
+            try:
+                self.ns.files.truncate(inode, 0)
+            except BaseException:  # refused (a full cache disk): the open did not happen, no handle stays behind
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    self.ns.files.release(inode, write)
+                raise
         fh = self._add_handle(inode, fd, write, ctx.uid)
         self.handles[fh].download = download
         # the kernel may keep its cached pages only if they are of the same bytes
@@ -437,34 +529,23 @@ class CkptFS(Operations):
     @_fuse
     async def write(self, fh: int, off: int, buf: memoryview) -> int:
         h = self.handles[fh]
-        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf))
+        n = await self.ns.space.when_room(lambda: self.ns.files.write(h.ino, h.fd, off, buf), h.ino)
         if h.kill_priv:
             h.kill_priv = False
             self.ns.tree.kill_priv(h.ino)
-            if fh in self.handles and not h.passthrough:
-                self._publish(fh)  # later writes may go to the copy workers
+        if fh in self.handles and not h.passthrough:
+            self.fast.publish(fh)  # the file is dirty in the journal now: later writes may go to the copy workers
         return n
 
     # ------------------------------------- the copy workers' fast path (fuse/ops.py, fuse/workers.py)
-    def _publish(self, fh: int) -> None:
-        """Put a copy-mode handle in `fast_handles` for the copy workers: a read handle once every byte
-        is local; a write handle unless its first write must drop setuid/setgid."""
-        h = self.handles[fh]
-        if h.passthrough or h.download is not None or h.write and h.kill_priv:
-            return
-        self.fast_handles[fh] = FastHandle(h.fd, h.ino, h.write, self.ns.cfg.file_size_limit)
-
     def lend(self, want: int, need: int) -> int:
         return self.ns.space.lend(want, need)
 
     def repay(self, n: int) -> None:
         self.ns.space.repay(n)
 
-    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
-        FUSE_COUNTERS.requests["write"] += 1
-        if error:
-            FUSE_COUNTERS.error("write", error)
-        self.ns.files.wrote(ino, offset, lent, written)
+    def wrote(self, handle: FastHandle, offset: int, lent: int, written: int, error: int) -> None:
+        self.fast.wrote(handle, offset, lent, written, error)
 
     def fast_reads(self, count: int, error: int = 0) -> None:
         FUSE_COUNTERS.requests["read"] += count
@@ -486,7 +567,8 @@ class CkptFS(Operations):
         h = self.handles[fh]
         if not h.write:
             raise OSError(errno.EBADF, "not open for writing")
-        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)))
+        await self.ns.space.when_room(lambda: self.ns.files.allocate(h.ino, h.fd, offset, length, bool(mode & FALLOC_FL_KEEP_SIZE)),
+                                     h.ino)
 
     @_fuse
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -526,7 +608,11 @@ class CkptFS(Operations):
             raise OSError(errno.ENODATA, "no such attribute")
         row = self.ns.files.row(inode)
         if row.is_dir:
-            raise OSError(errno.ENODATA, "no such attribute")
+            path = self.ns.journal.path_of(inode) if name == XATTR_STATE and self.checkpoint_states is not None else None
+            state = await self.checkpoint_states.checkpoint_state(path) if path and self.checkpoint_states else None
+            if state is None:
+                raise OSError(errno.ENODATA, "no such attribute")  # a directory that is not a checkpoint: no state of its own
+            return state.encode()
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
         if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
@@ -544,7 +630,8 @@ class CkptFS(Operations):
             return [XATTR_CONTROL]
         row = self.ns.files.row(inode)
         if row.is_dir:
-            return []
+            path = self.ns.journal.path_of(inode) if self.checkpoint_states is not None else None
+            return [XATTR_STATE] if path and self.checkpoint_states and self.checkpoint_states.is_checkpoint(path) else []
         return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == DURABLE else [])
 
     @_fuse

@@ -34,9 +34,20 @@ A full disk: the journal shares the cache's file system, and a FUSE passthrough 
 `JOURNAL_RESERVE` bytes allocated in `journal.reserve`; a write that finds the disk full
 gives the reserve up and is retried once (only where SQLite left nothing half done: a
 statement outside a transaction, or a COMMIT whose transaction is still open), so closes,
-fsyncs, uploads marked durable and unlinks that free space still commit. The reserve is
+fsyncs, uploads marked durable and unlinks that free space still commit. SQLite rolls a
+transaction back when its COMMIT meets a full disk, so the reserve is given up *before* a
+COMMIT once the disk has less than `JOURNAL_LOW_ROOM` free; a COMMIT that still fails
+(something filled the disk faster) fails with `DiskFull`, and the next one has the room. The reserve is
 taken back at the next `durable()` or `sync()` that finds the disk has room. With the reserve gone too,
 the write fails with `DiskFull` (ENOSPC), never a half-applied change.
+
+Every way a statement reaches SQLite goes through `_Connection`, which turns the disk's answers into
+errnos: SQLITE_FULL is `DiskFull` (ENOSPC), SQLITE_IOERR is `JournalIOError` (EIO). A request gets
+that errno; a background service (listing merge, eviction, drain) leaves the change for a later round.
+`executemany` outside a transaction runs in one of its own, so a failure halfway undoes every row.
+SQLite's automatic WAL checkpoint ignores a failed write by design (the WAL then just grows, on the
+reserve); opening the journal on a full or failing disk raises `JournalError` naming the disk, not the
+journal, as the problem.
 """
 
 from __future__ import annotations
@@ -49,9 +60,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import trio
+
+from .dbconnection import Connection, DiskFull, JournalIOError, disk_full_message, open_failure  # noqa: F401 (for callers)
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +97,14 @@ CREATE TABLE IF NOT EXISTS inodes(
     cached     INTEGER NOT NULL DEFAULT 1,   -- 0: the cache copy of a durable file was evicted
     atime      REAL,                         -- last open, for least-recently-used eviction
     copy_from  TEXT,                         -- durable file renamed: its bytes are this object (server-side copy)
-    seen_at    REAL,                         -- wall time the bucket last confirmed this entry (upload or listing)
+    seen_at    REAL,                         -- wall time of the upload or listing that made this entry what it is (a listing confirming it unchanged writes nothing: namespace/merge.py)
     atime_ns   INTEGER,                      -- the POSIX atime (utimensat, relatime on open); NULL: the mtime
     UNIQUE(parent, name)
 );
 CREATE INDEX IF NOT EXISTS inodes_state ON inodes(state) WHERE state IS NOT NULL AND state != 'durable';
 CREATE INDEX IF NOT EXISTS inodes_subdirs ON inodes(parent) WHERE kind = 'dir';
+CREATE INDEX IF NOT EXISTS inodes_evictable ON inodes(COALESCE(atime, 0), ino)
+    WHERE kind = 'file' AND state = 'durable' AND cached = 1 AND parent IS NOT NULL;
 CREATE TABLE IF NOT EXISTS uploads(
     ino        INTEGER PRIMARY KEY,
     key        TEXT NOT NULL,
@@ -116,43 +131,14 @@ CREATE TABLE IF NOT EXISTS deletes(
 """
 
 
+EVICTION_BATCH = 64  # evictable files read at once: an eviction rarely needs more victims than this
+
 JOURNAL_RESERVE = 8 << 20  # room kept for the journal on a full disk: a WAL cycle (~4 MiB) and then some
+JOURNAL_LOW_ROOM = 2 << 20  # less free than this, and the reserve is given up before a COMMIT
 
 
 class JournalError(Exception):
     """The journal cannot be used (corrupt, foreign, newer schema); message is one line."""
-
-
-class DiskFull(OSError):
-    """The cache disk is full and the journal's reserve is spent: the change was not made."""
-
-    def __init__(self) -> None:
-        super().__init__(errno.ENOSPC, "cache disk full: the journal cannot be written")
-
-
-class _Connection(sqlite3.Connection):
-    """A connection that meets a full disk by giving up the journal's reserve and retrying once."""
-
-    release_reserve: Callable[[], bool] = staticmethod(lambda: False)
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        was_open = self.in_transaction
-        try:
-            return super().execute(sql, parameters)
-        except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode != sqlite3.SQLITE_FULL:
-                raise
-            # retry only a write that failed whole: outside a transaction SQLite rolled the statement
-            # back; a COMMIT may be retried while its transaction is still open
-            whole = not was_open or (sql == "COMMIT" and self.in_transaction)
-            if not (whole and self.release_reserve()):
-                raise DiskFull() from None
-        try:
-            return super().execute(sql, parameters)
-        except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode == sqlite3.SQLITE_FULL:
-                raise DiskFull() from None
-            raise
 
 
 @dataclass
@@ -219,7 +205,7 @@ class Journal:
     def __init__(self, path: Path, bucket: str, prefix: str) -> None:
         self.path = path
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, factory=_Connection)
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, factory=Connection)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=OFF")
@@ -228,6 +214,8 @@ class Journal:
                 raise JournalError(f"journal {path} is corrupt ({ok}): move it aside and remount (unuploaded data in it would be lost)")
             self.db.executescript(_SCHEMA)
             self._add_columns()
+        except (DiskFull, JournalIOError) as e:
+            raise JournalError(open_failure(path, e)) from None
         except sqlite3.DatabaseError as e:
             raise JournalError(f"journal {path} cannot be opened ({e}): move it aside and remount") from None
         self._depth = 0
@@ -239,7 +227,11 @@ class Journal:
         self.reserve_path = path.with_name("journal.reserve")
         self.reserved = self._take_reserve()
         self.db.release_reserve = self._release_reserve  # type: ignore[attr-defined]
-        self._bind(bucket, prefix)
+        self.db.before_commit = self._room_for_commit  # type: ignore[attr-defined]
+        try:
+            self._bind(bucket, prefix)
+        except (DiskFull, JournalIOError) as e:
+            raise JournalError(open_failure(path, e)) from None
 
     def _take_reserve(self) -> bool:
         """Allocate JOURNAL_RESERVE bytes in journal.reserve (True), unless the disk cannot spare them."""
@@ -261,6 +253,15 @@ class Journal:
         log.warning("cache disk full: gave up the journal's reserve (%d MiB) so the journal can still be written; "
                     "it is taken back once the disk has room", JOURNAL_RESERVE >> 20)
         return True
+
+    def _room_for_commit(self) -> None:
+        """Give the reserve up before a COMMIT that the disk may not have room for: SQLite answers a COMMIT that
+        meets a full disk by rolling the whole transaction back, which nothing could retry. A statvfs per commit
+        (~2 us) while the reserve is held; none once it is gone."""
+        if self.reserved:
+            st = os.statvfs(self.reserve_path.parent)
+            if st.f_bavail * st.f_frsize < JOURNAL_LOW_ROOM:
+                self._release_reserve()
 
     def _retake_reserve(self) -> None:
         st = os.statvfs(self.reserve_path.parent)
@@ -335,9 +336,12 @@ class Journal:
             self.db.execute("COMMIT")
         except BaseException:
             self._depth = 0
-            if self.db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
-                self.db.execute("ROLLBACK")
-            self._load_uploads()  # what the rollback undid
+            try:
+                if self.db.in_transaction:  # SQLite may have rolled it back itself (a full disk)
+                    self.db.execute("ROLLBACK")
+                self._load_uploads()  # what the rollback undid
+            except (OSError, sqlite3.Error) as e:  # a failing disk: the first error is the one to report
+                log.error("journal: rolling back after a failed change also failed: %s", e)
             raise
 
     def sync(self) -> None:
@@ -447,12 +451,6 @@ class Journal:
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE inodes SET {cols} WHERE ino = ?", (*fields.values(), ino))
 
-    def confirm_seen(self, inos: list[int], at: float) -> None:
-        """The bucket confirmed these entries at `at` (a listing that started then): seen_at becomes at
-        least `at`, in one prepared statement run per row, writing only rows that had an older time."""
-        self.db.executemany("UPDATE inodes SET seen_at = ? WHERE ino = ? AND (seen_at IS NULL OR seen_at < ?)",
-                            ((at, ino, at) for ino in inos))
-
     def delete(self, ino: int) -> None:
         with self.transaction():
             self.db.execute("DELETE FROM inodes WHERE ino = ?", (ino,))
@@ -519,13 +517,45 @@ class Journal:
         ).fetchall()
         return [Row(*r) for r in rows]
 
-    def evictable(self) -> list[Row]:
-        """Durable files with a local copy, least recently used first."""
-        rows = self.db.execute(
-            f"SELECT {_COLUMNS} FROM inodes WHERE kind = 'file' AND state = 'durable' AND cached = 1 "
-            "AND parent IS NOT NULL ORDER BY COALESCE(atime, 0), ino"
-        ).fetchall()
+    def written_here(self, after_ino: int, limit: int) -> list[tuple[int, int, str, float]]:
+        """Files in the tree that a close on this node left to upload (now or once): (ino, parent, name, closed_at),
+        in inode order after `after_ino`, `limit` at a time. A restart derives the checkpoints still to commit from
+        them (lifecycle/tracker.py); pages keep each read short on a journal of millions of files."""
+        return [(r[0], r[1], r[2], r[3]) for r in self.db.execute(
+            "SELECT ino, parent, name, closed_at FROM inodes WHERE ino > ? AND kind = 'file' AND closed_at IS NOT NULL "
+            "AND parent IS NOT NULL ORDER BY ino LIMIT ?", (after_ino, limit))]
+
+    def evictable(self, after: tuple[float, int] | None = None, limit: int = EVICTION_BATCH) -> list[Row]:
+        """Durable files with a local copy, least recently used first: up to `limit` of them, from just
+        after the position `after` ((atime, ino) of the last one a caller took) or from the start.
+
+        Read in order on the partial index `inodes_evictable` (the same WHERE, the same order), so one
+        batch costs the same whether the cache holds a thousand clean copies or a million: an eviction
+        runs on the trio thread, several times a second when the cache is full."""
+        where = ("SELECT {cols} FROM inodes INDEXED BY inodes_evictable WHERE kind = 'file' AND state = 'durable' "
+                 "AND cached = 1 AND parent IS NOT NULL AND {bound} ORDER BY {order} LIMIT ?").replace("{cols}", _COLUMNS)
+        in_order = where.replace("{order}", "COALESCE(atime, 0), ino")
+        if after is None:
+            rows = self.db.execute(in_order.replace("{bound}", "1"), (limit,)).fetchall()
+        else:  # two searches of the index: the rest of the files used at that same time, then the later ones
+            same_time = where.replace("{order}", "ino").replace("{bound}", "COALESCE(atime, 0) = ? AND ino > ?")
+            rows = self.db.execute(same_time, (*after, limit)).fetchall()
+            if len(rows) < limit:
+                rows += self.db.execute(in_order.replace("{bound}", "COALESCE(atime, 0) > ?"), (after[0], limit - len(rows))).fetchall()
         return [Row(*r) for r in rows]
+
+    def evictable_in_order(self) -> Iterator[Row]:
+        """Every evictable file, least recently used first, read one batch at a time as the caller goes on:
+        one that stops after the first few reads one batch. Files the caller evicts meanwhile are not
+        seen twice (each batch starts after the last row handed out)."""
+        after: tuple[float, int] | None = None
+        while True:
+            batch = self.evictable(after)
+            yield from batch
+            if len(batch) < EVICTION_BATCH:
+                return
+            last = batch[-1]
+            after = (last.atime or 0, last.ino)
 
     def orphans(self) -> list[Row]:
         rows = self.db.execute(f"SELECT {_COLUMNS} FROM inodes WHERE parent IS NULL AND ino != ?", (ROOT_INODE,)).fetchall()

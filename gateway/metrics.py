@@ -10,7 +10,8 @@ request), turned into metric families only when scraped.
 Every metric is documented in docs/metrics.md; a test compares that table
 with a scrape of a live mount, and `promtool check metrics` lints the scrape.
 
-The endpoint is served by a small trio handler instead of
+The endpoint is prometheus-client's ASGI application served by httpserver.py
+(hypercorn under the daemon's nursery) instead of
 `prometheus_client.start_http_server`, which would start a thread outside the
 daemon's structured concurrency and read daemon state from that thread.
 """
@@ -18,20 +19,16 @@ daemon's structured concurrency and read daemon state from that thread.
 from __future__ import annotations
 
 import errno
-import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import trio
-from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, ProcessCollector, make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .version import VERSION
 
-log = logging.getLogger(__name__)
-
-MAX_CONNECTIONS = 64  # metrics connections open at once; the oldest is closed for a new one
-REQUEST_TIMEOUT = 10.0  # seconds a metrics connection may take to send its request and get the answer
+if TYPE_CHECKING:  # the server (and hypercorn) is imported by whoever serves the app, not by every user of the counters
+    from .httpserver import ASGIApp, Receive, Send
 
 DURABLE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, float("inf"))
 
@@ -142,6 +139,11 @@ class _StateCollector(Collector):
             c = CounterMetricFamily(f"ckptfs_{name}", doc)
             c.add_metric([], float(values.get(f"{name}_total", 0)))
             yield c
+        restarts = CounterMetricFamily("ckptfs_service_restarts", "Restarts of a background service after an unexpected error "
+                                       "(supervisor.py; its last error is in `ckptfs status`).", labels=["service"])
+        for service, state in sorted((values.get("services") or {}).items()):
+            restarts.add_metric([service], float(state.get("restarts", 0)))
+        yield restarts
 
 
 class Metrics:
@@ -168,68 +170,23 @@ class Metrics:
     def errors_total(self) -> float:
         return sum(self.upload_errors.labels(k)._value.get() for k in ("network", "server", "auth", "no-bucket", "no-upload", "other"))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def app(self, page: ASGIApp | None = None) -> ASGIApp:
+        """The ASGI application of metrics_addr: `/metrics` (and `/`) prometheus-client's, the rest `page`'s
+        (the catalogue page, ui_enabled) or 404."""
+        metrics = make_asgi_app(self.registry)
 
-    async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve GET /metrics until cancelled; reports the bound port when listening.
+        async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close"})  # refused before the handshake: 403
+                return
+            if scope["type"] != "http":
+                return  # lifespan: nothing to start
+            if scope["path"] in ("/metrics", "/") and scope["method"] in ("GET", "HEAD"):
+                await metrics(scope, receive, send)
+            elif page is not None:
+                await page(scope, receive, send)
+            else:
+                await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+                await send({"type": "http.response.body", "body": b"not found: try /metrics\n"})
 
-        At most MAX_CONNECTIONS at once: past that, the connection open longest is closed to make
-        room (a flood of idle connections must not take the file descriptors the filesystem needs,
-        nor keep a scrape out). Each connection gets REQUEST_TIMEOUT seconds to be answered.
-        """
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        task_status.started(listeners[0].socket.getsockname()[1])
-        open_conns: dict[int, trio.CancelScope] = {}  # insertion order = oldest first
-        async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                nursery.start_soon(self._accept, listener, nursery, open_conns)
-
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery, open_conns: dict[int, trio.CancelScope]) -> None:
-        async with listener:
-            n = 0
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as e:
-                    # out of file descriptors or memory: the filesystem comes first, try again later
-                    log.warning("metrics endpoint cannot accept a connection: %s", e)
-                    await trio.sleep(0.5)
-                    continue
-                while len(open_conns) >= MAX_CONNECTIONS:
-                    oldest = next(iter(open_conns))
-                    open_conns.pop(oldest).cancel()
-                n += 1
-                scope = trio.CancelScope(deadline=trio.current_time() + REQUEST_TIMEOUT)
-                open_conns[n] = scope
-                nursery.start_soon(self._serve_one, stream, scope, n, open_conns)
-
-    async def _serve_one(self, stream: trio.SocketStream, scope: trio.CancelScope, n: int, open_conns: dict[int, trio.CancelScope]) -> None:
-        try:
-            with scope:
-                await self._handle(stream)
-        finally:
-            open_conns.pop(n, None)
-            stream.socket.close()  # if _handle was cancelled before its own close
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        try:
-            with trio.move_on_after(REQUEST_TIMEOUT):
-                request = b""
-                while b"\r\n\r\n" not in request and len(request) < 16384:
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        return
-                    request += chunk
-                line = request.split(b"\r\n", 1)[0].split()
-                if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] in (b"/metrics", b"/"):
-                    body, status, ctype = self.render(), b"200 OK", b"text/plain; version=0.0.4; charset=utf-8"
-                else:
-                    body, status, ctype = b"not found: try /metrics\n", b"404 Not Found", b"text/plain"
-                head = b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (status, ctype, len(body))
-                await stream.send_all(head + body)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        return app

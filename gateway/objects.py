@@ -3,13 +3,17 @@
 `store.py` makes these from boto3's answers; the rest of the daemon passes them around
 (the namespace merges a `Listing`, the drainer and the fetcher decide on a `StoreError`'s
 kind). They live here, below the store, so that code can take them without importing
-boto3 or the store itself.
+boto3 or the store itself. So does the one way ckptfs writes a JSON object into a bucket
+(`json_document`): the lifecycle, replication and the Python API all need it.
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 # kinds of failure
 NETWORK = "network"  # unreachable, timed out, connection reset: retry
@@ -78,3 +82,24 @@ class NoncurrentVersions:
     bytes: int = 0
     delete_markers: int = 0
     by_class: dict[str, int] = field(default_factory=dict)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every float that is not finite (NaN, +-Infinity) replaced by None, in dicts and lists at any depth.
+
+    JSON has no NaN: Python's json writes the token `NaN`, which strict parsers (and other tools reading a
+    manifest) reject. A diverged loss is a common piece of checkpoint metadata, so it is stored as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_document(doc: Any, indent: int | None = None) -> bytes:
+    """A JSON object ckptfs writes into a bucket: valid JSON whatever the floats in it (see `finite`), keys sorted.
+
+    `allow_nan=False` after `finite`: a value that still is not JSON fails here, loudly, not in a reader."""
+    return json.dumps(finite(doc), indent=indent, sort_keys=True, allow_nan=False).encode()

@@ -14,7 +14,10 @@ failed, or while the store is known not to answer) it is answered from what
 the node knows, and the directory counts as *stale*. Its listing goes on in
 the background (one task per directory, in the nursery `run` owns), retried
 with exponential backoff until one succeeds; only then is the directory
-fresh again. A stale directory is never waited for a second time.
+fresh again. A stale directory is never waited for a second time. The store
+counts as answering again as soon as any request to it succeeds (an upload, a
+read: the store stamps `answered_at`), not only when a listing of this module
+does.
 
 A rename or rmdir of a directory whose recursive listing did not answer in time
 goes ahead on what the node knows if that is enough: every directory concerned
@@ -41,7 +44,7 @@ from .journal import DURABLE, ROOT_INODE
 from .namespace import Namespace
 from .namespace.uploads import RECENT_DELETE_SECONDS
 from .objects import Listing, RemoteObject, StoreError
-from .store import Store
+from .storeapi import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +68,15 @@ class _Job:
 
 
 class Remote:
-    def __init__(self, ns: Namespace, store: Store, cfg: Config) -> None:
+    def __init__(self, ns: Namespace, store: ObjectStore, cfg: Config) -> None:
         self.ns, self.store = ns, store
         self.ttl = cfg.metadata_ttl
         self.bound = cfg.listing_timeout or math.inf
         self.max_backoff = cfg.retry_max_backoff
         self.listed_at: dict[int, float] = {}  # directory inode -> monotonic start of its last successful listing
         self.stale: dict[int, float] = {}  # directory inode -> since when requests get it without a listing (epoch)
-        self.down_since: float | None = None  # monotonic: listings fail or time out, none succeeded since
+        # monotonic start of the latest request that failed or timed out, the store having answered nothing since
+        self.down_since: float | None = None
         self._jobs: dict[int, _Job] = {}
         self._threads = trio.CapacityLimiter(LISTING_THREADS)
         self._nursery: trio.Nursery | None = None
@@ -84,10 +88,13 @@ class Remote:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the background listings until cancelled (the daemon stopping abandons those in flight)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None  # closed: until the supervisor restarts this, requests answer from what the node knows
 
     def stats(self) -> dict[str, float]:
         return {
@@ -108,9 +115,22 @@ class Remote:
             return None
         return self.ns.keys.of(path + "/" if path else "")
 
-    def _store_down(self) -> None:
-        if self.down_since is None:
-            self.down_since = time.monotonic()
+    def _store_down(self, started: float) -> None:
+        """A request that started at `started` (monotonic) failed or timed out: the store does not answer, unless it
+        answered something since that request started (a request sent into an outage that ended: old news)."""
+        if started < self.store.answered_at:
+            return
+        self.down_since = started if self.down_since is None else max(self.down_since, started)
+
+    def store_down(self) -> bool:
+        """True while the store is known not to answer (requests then get what the node knows without waiting).
+
+        Cleared by any request the store answered after the last failure began, whoever sent it (an upload, a
+        read, a listing: the store stamps `answered_at`), not only by a listing of this module: a background
+        listing waiting out its backoff must not keep the outage alive for an rmdir after a flush succeeded."""
+        if self.down_since is not None and self.store.answered_at > self.down_since:
+            self.down_since = None
+        return self.down_since is not None
 
     def _mark_stale(self, ino: int, why: str) -> None:
         if ino not in self.stale:
@@ -129,7 +149,7 @@ class Remote:
         if row is None or not row.is_dir:
             return
         if self._fresh(ino, arrived):
-            if self._nursery is not None and ino not in self._jobs and ino not in self.stale and self.down_since is None \
+            if self._nursery is not None and ino not in self._jobs and ino not in self.stale and not self.store_down() \
                     and arrived - self.listed_at[ino] >= REFRESH_AHEAD * self.ttl:
                 self._start(ino)  # in the background: this request is answered from the listing still fresh
             return
@@ -139,7 +159,7 @@ class Remote:
                 return  # the directory is gone
             if ino in self.stale:
                 return  # waited for once already: its listing goes on in the background
-            if self.down_since is not None:
+            if self.store_down():
                 self._mark_stale(ino, "the object store is not answering listings")
                 return
             # a listing that keeps answering (page after page of a large directory) is waited for
@@ -151,14 +171,16 @@ class Remote:
             if time.monotonic() - job.progress_at < self.bound:
                 continue
             self.listing_timeouts_total += 1
-            self._store_down()
+            self._store_down(job.progress_at)
             self._mark_stale(ino, f"no answer within listing_timeout ({self.bound:g}s)")
             return
 
     def _start(self, ino: int) -> _Job | None:
         if self._prefix(ino) is None:
             return None
-        assert self._nursery is not None, "Remote.run is not running"
+        if self._nursery is None:  # the listings service is restarting after an unexpected error (supervisor.py)
+            self._mark_stale(ino, "the listing service is restarting after an error")
+            return None
         job = self._jobs[ino] = _Job()
         self._nursery.start_soon(self._list_until_listed, ino, job)
         return job
@@ -178,7 +200,7 @@ class Remote:
                 except StoreError as e:
                     self.listing_errors_total += 1
                     job.failures += 1
-                    self._store_down()
+                    self._store_down(started_mono)
                     self._mark_stale(ino, f"failed: {e}")
                     delay = min(self.max_backoff, 0.5 * 2 ** min(job.failures, 20)) * random.uniform(0.5, 1.0)
                     log.debug("listing %s failed (%s): retry in %.1fs", prefix or "/", e, delay)
@@ -188,8 +210,16 @@ class Remote:
                     continue
                 if self._prefix(ino) != prefix or time.time() - started_wall > RECENT_DELETE_SECONDS:
                     continue  # renamed meanwhile, or too old to tell what was deleted since: list again
+                try:
+                    self.ns.merge.merge(ino, started_wall, listing)
+                except OSError as e:  # the journal cannot record it (a full or failing cache disk): list again later
+                    job.failures += 1
+                    self._mark_stale(ino, f"the listing could not be recorded ({e.strerror})")
+                    job.attempt_done.set()
+                    job.attempt_done = trio.Event()
+                    await trio.sleep(min(self.max_backoff, 0.5 * 2 ** min(job.failures, 20)) * random.uniform(0.5, 1.0))
+                    continue
                 self.listings_total += 1
-                self.ns.merge.merge(ino, started_wall, listing)
                 self.listed_at[ino] = started_mono
                 self.on_listing(self.ns.keys.path(prefix).rstrip("/"), listing)
                 self.down_since = None
@@ -213,7 +243,7 @@ class Remote:
         prefix = self._prefix(ino)
         if prefix is None:
             return
-        if op is None or self.down_since is None:
+        if op is None or not self.store_down():
             if await self._list_tree(ino, prefix, self.bound if op else math.inf):
                 return
         if op is None:
@@ -230,12 +260,12 @@ class Remote:
             listing = await self._list_bounded(prefix, bound)
         except StoreError as e:
             self.listing_errors_total += 1
-            self._store_down()
+            self._store_down(started_mono)
             log.warning("listing %s failed, showing what this node knows: %s", prefix or "/", e)
             return False
         if listing is None:
             self.listing_timeouts_total += 1
-            self._store_down()
+            self._store_down(started_mono)
             log.warning("listing %s: no answer within listing_timeout (%gs)", prefix or "/", bound)
             return False
         if self._prefix(ino) != prefix:

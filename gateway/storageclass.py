@@ -127,6 +127,17 @@ def parse_prices(entries: list[str]) -> dict[str, float]:
     return out
 
 
+CURRENCY = "$"  # storage_prices are read as US dollars per GiB-month (the defaults are AWS list prices)
+
+
+def fmt_money(amount: float | None) -> str:
+    """An estimate from `storage_prices`, with its currency: `$1,234.56`, `$0.0081` (below a cent, four places, so
+    a small checkpoint's cost is not 0.00), `$0`. The one way `ckptfs usage` and the page show money."""
+    if not amount:
+        return f"{CURRENCY}0"
+    return f"{CURRENCY}{amount:,.2f}" if abs(amount) >= 0.01 else f"{CURRENCY}{amount:.4f}"
+
+
 def class_label(by_class: dict[str, int]) -> str:
     """The storage class of a checkpoint: its one class, or the classes it spans (most bytes first)."""
     if not by_class:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A local SeaweedFS S3 server for ``make run`` / ``make stop``.
 
-    dev_s3.py start  --dir .dev/s3 [--bucket ckpt ...]   # idempotent
-    dev_s3.py status --dir .dev/s3                       # exit 1 if not running
+    dev_s3.py start  --dir .dev/s3 [--bucket ckpt ...]   # idempotent; one line says where it runs
+    dev_s3.py status --dir .dev/s3                       # prints the endpoint; exit 1 if not running
     dev_s3.py stop   --dir .dev/s3 [--keep-data]         # stops it and deletes DIR (or keeps DIR/data)
 
 Layout of DIR: ``data/`` (weed's data dir, log in ``data/weed.log``),
@@ -88,7 +88,6 @@ def cmd_start(args: argparse.Namespace) -> int:
         client = make_client(endpoint, args.access_key, args.secret_key)
         for bucket in args.bucket:
             make_bucket(client, bucket)
-        print(endpoint)
         print(f"dev S3 already running at {endpoint}", file=sys.stderr)
         return 0
 
@@ -105,7 +104,6 @@ def cmd_start(args: argparse.Namespace) -> int:
     _write(state / "pid", f"{server.pid}\n")
     endpoint = server.endpoint_url
     pid = server.detach()
-    print(endpoint)
     print(
         f"dev S3 started at {endpoint} (pid {pid}, {server.startup_seconds:.1f}s, "
         f"buckets: {', '.join(args.bucket) or '-'}, log {server.log_path})",

@@ -11,7 +11,8 @@ the guest over 9p, so the guest runs this worktree with the host's Python, venv 
 binary (the tests' fixtures start SeaweedFS inside the guest, on its loopback). A small
 initramfs (busybox-static, the 9p/virtio/fuse modules of the 6.1 kernel, a shell init) mounts
 the share, puts tmpfs on /tmp, /run and /var/tmp (HOME is /tmp/home; the share is read-only: nothing the guest does
-touches the host), chroots into it and runs pytest; its output comes back on the serial
+touches the host; a worktree or venv under one of them, a clone in /tmp, is bound back over the tmpfs at its
+own path), chroots into it and runs pytest; its output comes back on the serial
 console, with a last line `vm-exit: <pytest's status>`.
 
 KVM is used only where a guest boots with it (nested virtualization often hangs right after
@@ -37,6 +38,7 @@ import gzip
 import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -93,10 +95,10 @@ mount -t devtmpfs dev /host/dev
 mkdir -p /host/dev/pts /host/dev/shm
 mount -t devpts devpts /host/dev/pts
 mount -t tmpfs shm /host/dev/shm
-mount -t tmpfs tmp /host/tmp
+{keep}mount -t tmpfs tmp /host/tmp
 mount -t tmpfs run /host/run
 mount -t tmpfs vartmp /host/var/tmp
-ip link set lo up
+{restore}ip link set lo up
 # with the NFS client loaded (the nfs selection): Ganesha resolves its Bind_addr with AI_ADDRCONFIG,
 # which finds no IPv4 at all where 127.0.0.1 is the only address: give lo a second one
 if grep -q nfsv4 /modules.load; then ip addr add 192.0.2.1/32 dev lo; fi
@@ -116,6 +118,36 @@ export HOME=/tmp/home PATH={path} PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8 CKPTFS_
 {python} -c "import ckptfs.cli, ckptfs.daemon" >/dev/null 2>&1
 exec {python} -m pytest -p no:cacheprovider {pytest_args}
 """
+
+
+# the guest's scratch space: tmpfs over these directories of the read-only share
+SCRATCH = ("/tmp", "/run", "/var/tmp")
+
+
+def hidden_by_scratch(paths: list[Path]) -> list[str]:
+    """The paths the guest needs (worktree, venv, interpreter) that its scratch tmpfs would hide (a clone under /tmp),
+    outermost first; each is bound back over the tmpfs at its own path."""
+    out: list[str] = []
+    for p in sorted({os.path.normpath(str(p)) for p in paths}):
+        if any(p.startswith(top + "/") for top in SCRATCH) and not any(p.startswith(kept + "/") for kept in out):
+            out.append(p)
+    return out
+
+
+def init_script(keep: list[str]) -> str:
+    """The guest's /init: before the scratch tmpfs goes over /tmp, /run and /var/tmp, each path of `keep` is bound
+    aside (/keep/PATH) and afterwards bound back to its place, read-only as the rest of the share."""
+    aside = "".join(f"mkdir -p {shlex.quote('/keep' + p)} && mount -o bind {shlex.quote('/host' + p)} {shlex.quote('/keep' + p)}"
+                    f" || echo {shlex.quote('vm: cannot keep ' + p)}\n" for p in keep)
+    back = "".join(f"mkdir -p {shlex.quote('/host' + p)} && mount -o bind {shlex.quote('/keep' + p)} {shlex.quote('/host' + p)}"
+                   f" || echo {shlex.quote('vm: cannot bind back ' + p)}\n" for p in keep)
+    return INIT.format(boot_mark=BOOT_MARK, keep=aside, restore=back)
+
+
+def guest_paths(python: Path) -> list[Path]:
+    """What the guest runs: this worktree, and the interpreter (its venv as named and as resolved, and its prefix)."""
+    venv = python.parent.parent
+    return [REPO, venv, Path(os.path.realpath(venv)), Path(os.path.realpath(python)).parent.parent]
 
 
 class Skip(Exception):
@@ -171,7 +203,7 @@ def _cpio_entry(out: io.BytesIO, name: str, mode: int, data: bytes = b"", ino: i
     out.write(b"\0" * (-len(data) % 4))
 
 
-def build_initramfs(modules_dir: Path, run_script: str, modules: list[str] = MODULES) -> bytes:
+def build_initramfs(modules_dir: Path, run_script: str, keep: list[str], modules: list[str] = MODULES) -> bytes:
     busybox = shutil.which("busybox") or "/bin/busybox"
     if not os.path.isfile(busybox) or not _is_static(busybox):
         raise Skip("no static busybox (apt-get install busybox-static)")
@@ -195,7 +227,7 @@ def build_initramfs(modules_dir: Path, run_script: str, modules: list[str] = MOD
         _cpio_entry(out, rel, 0o100644, (modules_dir / rel).read_bytes(), ino=ino)
         ino += 1
     _cpio_entry(out, "modules.load", 0o100644, "\n".join(order).encode() + b"\n", ino=ino)
-    init = INIT.format(boot_mark=BOOT_MARK)
+    init = init_script(keep)
     _cpio_entry(out, "init", 0o100755, init.encode(), ino=ino + 1)
     _cpio_entry(out, "run.sh", 0o100755, run_script.encode(), ino=ino + 2)
     _cpio_entry(out, "TRAILER!!!", 0)
@@ -327,7 +359,7 @@ def main() -> int:
                 pytest_args = args.pytest_args or selection_args(args.selection, accel)
                 initrd = Path(tmp) / f"initrd-{accel}.gz"
                 modules = guest_modules("nfs" if args.selection == "nfs" or "nfs" in " ".join(args.pytest_args) else args.selection)
-                initrd.write_bytes(build_initramfs(modules_dir, run_script(python, pytest_args), modules))
+                initrd.write_bytes(build_initramfs(modules_dir, run_script(python, pytest_args), hidden_by_scratch(guest_paths(python)), modules))
                 timeout = KVM_BOOT_TIMEOUT if accel == "kvm" else TCG_BOOT_TIMEOUT
                 guest = boot(image, initrd, accel, timeout)
                 if guest is not None:

@@ -21,7 +21,13 @@ def client(state: Path):  # type: ignore[no-untyped-def]
 def test_stop_keep_data_then_start_serves_the_same_objects(tmp_path: Path) -> None:
     state = tmp_path / "s3"
     try:
-        assert dev_s3("start", "--dir", str(state), "--bucket", "ckpt").returncode == 0
+        started = dev_s3("start", "--dir", str(state), "--bucket", "ckpt")
+        assert started.returncode == 0, started.stderr
+        # what `make run` shows: one line saying where it runs, not the endpoint on a bare line before it
+        endpoint = (state / "endpoint").read_text().strip()
+        assert started.stdout == "" and started.stderr.startswith(f"dev S3 started at {endpoint} ("), started
+        assert len(started.stderr.splitlines()) == 1, started.stderr
+        assert dev_s3("status", "--dir", str(state)).stdout == endpoint + "\n"  # for scripts
         client(state).put_object(Bucket="ckpt", Key="step_1/model.pt", Body=b"weights")
 
         kept = dev_s3("stop", "--dir", str(state), "--keep-data")

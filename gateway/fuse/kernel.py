@@ -109,6 +109,7 @@ class KernelSession:
         self.probe_dir = probe_dir
         # a request is at most max_write + headers; a page more keeps every request whole
         self._buffers = _Buffers(self.max_pages * 4096 + 4096, max_in_flight)
+        self.max_in_flight = max_in_flight  # WRITEs handed to tasks with their buffers, copy workers too
         self.fd = -1
         self.clones: list[int] = []  # the copy workers' descriptors besides `fd`
         # request workers, each with its /dev/fuse fd, that move data (status: fuse_workers)
@@ -302,7 +303,8 @@ class KernelSession:
                 log.warning("FUSE_DEV_IOC_CLONE refused (%s): %d copy workers", e.strerror, len(self.clones) + 1)
                 break
         self.workers = 1 + len(self.clones)
-        return CopyWorkers(self.ops, [self.fd, *self.clones], self._buffers.size, self.max_pages * 4096, self._dispatch)
+        return CopyWorkers(self.ops, [self.fd, *self.clones], self._buffers.size, self.max_pages * 4096, self._dispatch,
+                           max_in_flight=self.max_in_flight)
 
     def _dispatch(self, req: Request, buf: bytearray | None, fd: int) -> None:
         """Start answering `req` (read from `fd`, where its reply goes) in a task of its own. On the trio thread."""

@@ -21,7 +21,8 @@ Rules every implementation follows:
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -105,15 +106,43 @@ def _nosys() -> OSError:
     return OSError(errno.ENOSYS, "not implemented")
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class FastHandle:
     """A handle a copy worker may serve without asking: its cache file descriptor, its inode, whether
-    WRITEs may be served (else READs only), and the size no write may pass (EFBIG by the ordinary way)."""
+    WRITEs may be served (else READs only), and the size no write may pass (EFBIG by the ordinary way).
+
+    A write handle is withdrawn (`withdraw`, on the trio thread) where the journal must change before
+    its bytes do again (its file about to be durable, a write that must drop setuid/setgid). A worker
+    asks `admit_write` before each pwrite; one it admitted counts as in flight until its accounting ran
+    (`write_accounted`), so the trio thread knows whether bytes changed that it has not heard of yet."""
 
     fd: int
     ino: int
     write: bool
     size_limit: int
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    withdrawn: bool = False
+    writes_in_flight: int = 0
+
+    def admit_write(self) -> bool:
+        """In a worker, before its pwrite: False once withdrawn (the WRITE goes the ordinary way)."""
+        with self.lock:
+            if self.withdrawn:
+                return False
+            self.writes_in_flight += 1
+            return True
+
+    def write_accounted(self) -> None:
+        """On the trio thread, once a worker's admitted write was accounted (or failed to be)."""
+        with self.lock:
+            self.writes_in_flight -= 1
+
+    def withdraw(self) -> int:
+        """On the trio thread: no worker starts another write through this handle. Returns the writes
+        admitted and not yet accounted: bytes that may have changed, of which the trio thread has not heard."""
+        with self.lock:
+            self.withdrawn = True
+            return self.writes_in_flight
 
 
 class Operations:
@@ -209,9 +238,10 @@ class Operations:
     def repay(self, n: int) -> None:
         """Lent room a worker did not use."""
 
-    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
-        """A worker's pwrite of a WRITE: `written` bytes at `offset` (`error`: its errno, 0 if none),
-        on `lent` bytes of lent room. Runs before any request the kernel sends after the reply."""
+    def wrote(self, handle: FastHandle, offset: int, lent: int, written: int, error: int) -> None:
+        """A worker's pwrite of a WRITE through `handle`: `written` bytes at `offset` (`error`: its errno,
+        0 if none), on `lent` bytes of lent room. The WRITE is answered after this returns (an OSError
+        raised here: answered with its errno), so whatever the kernel sends next sees the write accounted."""
 
     def fast_reads(self, count: int, error: int = 0) -> None:
         """`count` READs a worker served (`error`: one of them failed with this errno)."""

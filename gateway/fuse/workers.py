@@ -10,17 +10,23 @@ others clones of it, FUSE_DEV_IOC_CLONE: the kernel hands each request to one re
 must go to the descriptor its request came from). Each thread reads requests into its own buffer
 and answers two kinds itself, without waiting for the trio thread:
 - WRITE of a handle in `ops.fast_handles` (the table of copy-mode handles the trio thread alone
-  changes): the pwrite into the cache file, then `ops.wrote` posted to the trio thread (size,
-  version, accounting: all namespace state changes there), then the reply. The room it writes into
-  was lent beforehand (`ops.lend`, LEND bytes at a time: the one wait for the trio thread, every few
-  MiB); without room the WRITE goes the ordinary way (backpressure, ENOSPC). What a thread has not
-  used goes back (`ops.repay`) whenever it finds no request waiting.
+  changes; a write handle is there only while its file is dirty in the journal, so no journal write
+  has to come before the bytes change): the pwrite into the cache file, then the accounting and the
+  reply posted to the trio thread (`ops.wrote`: size, version, cache bytes, all namespace state
+  changes there; an error in it answers the WRITE with its errno, EIO if it has none). The worker
+  goes on to its next request at once: no round trip. The room it writes into was lent beforehand
+  (`ops.lend`, LEND bytes at a time: the one wait for the trio thread, every few MiB); without room,
+  or a handle withdrawn meanwhile (`FastHandle.admit_write`), the WRITE goes the ordinary way
+  (backpressure, ENOSPC). What a thread has not used goes back (`ops.repay`) whenever it finds no
+  request waiting.
 - READ of a handle in the table: the pread into the thread's reply buffer and the reply.
 Anything else (and a WRITE or READ of a handle not in the table) is parsed here and handed to the
 trio thread (`dispatch`), which runs it in a task of its own as the single reader did (INTERRUPT,
-EINTR, undo) and answers it on the same descriptor. `ops.wrote` and `dispatch` go through one FIFO
-queue (`TrioToken.run_sync_soon`), and `wrote` is posted before the reply: whatever the kernel asks
-after a reply (GETATTR, FSYNC, RELEASE) is handled after the write was accounted.
+EINTR, undo) and answers it on the same descriptor. A WRITE handed over keeps its buffer (its payload
+is a view of it) until its task ends: at most `max_in_flight` such buffers at once; a worker that needs
+another waits for one to come back. `ops.wrote` and `dispatch` go through one FIFO queue
+(`TrioToken.run_sync_soon`), and the reply goes out after `wrote`: whatever the kernel asks after a
+reply (GETATTR, FSYNC, RELEASE) is handled after the write was accounted.
 
 Structure: `CopyWorkers.run` is a task of the session's nursery; each thread runs inside
 `trio.to_thread.run_sync` on a limiter of its own (not abandoned). Descriptors are non-blocking and
@@ -36,6 +42,7 @@ import logging
 import os
 import select
 import struct
+import threading
 from typing import Any, Callable
 
 import trio
@@ -126,16 +133,19 @@ def _logged(fn: Callable[..., object], *args: Any) -> None:
 class CopyWorkers:
     """The threads serving `fds` (the mount's own first). `dispatch(req, buf, fd)` runs on the trio
     thread: it answers `req` on `fd` in a task; `buf`, when given (a WRITE's payload is a view of it),
-    comes back through `give_back` once handled."""
+    comes back through `give_back` once handled: at most `max_in_flight` at once."""
 
     def __init__(self, ops: Operations, fds: list[int], buf_size: int, max_read: int,
-                 dispatch: Callable[[Request, bytearray | None, int], None]) -> None:
+                 dispatch: Callable[[Request, bytearray | None, int], None], max_in_flight: int = 32) -> None:
         self.ops = ops
         self.fds = fds
         self.buf_size = buf_size
         self.max_read = max_read
         self.dispatch = dispatch
         self._spare: list[bytearray] = []  # buffers handed back by requests served in tasks
+        # WRITEs handed over with their buffer and not yet given back: each worker's own buffer plus
+        # at most this many exist
+        self._in_flight = threading.Semaphore(max(1, max_in_flight))
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._limiter = trio.CapacityLimiter(len(fds))
@@ -144,8 +154,8 @@ class CopyWorkers:
         self._token: trio.lowlevel.TrioToken | None = None
 
     def give_back(self, buf: bytearray) -> None:
-        if len(self._spare) < len(self.fds):
-            self._spare.append(buf)
+        self._spare.append(buf)  # never more than max_in_flight + workers buffers exist
+        self._in_flight.release()
 
     def _buffer(self) -> bytearray:
         try:
@@ -233,7 +243,7 @@ class CopyWorkers:
                     if opcode == abi.Op.WRITE and h.write and offset + size <= h.size_limit:
                         if lent < size:
                             lent += trio.from_thread.run_sync(ops.lend, LEND - lent, size - lent, trio_token=self._token)
-                        if lent >= size:
+                        if lent >= size and h.admit_write():
                             lent -= size
                             self._write(fd, post, view, unique, h, offset, size)
                             continue
@@ -241,6 +251,12 @@ class CopyWorkers:
                 if req is None:
                     continue
                 if req.opcode == abi.Op.WRITE:  # its payload is a view of `buf`: the task keeps it
+                    if not self._in_flight.acquire(blocking=False):
+                        if lent:  # waiting for a buffer may take long (writers waiting for room): give room back
+                            post(_logged, ops.repay, lent)
+                            lent = 0
+                        if not self._wait_for_buffer():
+                            return
                     post(_logged, self.dispatch, req, buf, fd)
                     buf = self._buffer()
                     view = memoryview(buf)
@@ -257,18 +273,36 @@ class CopyWorkers:
                 except trio.RunFinishedError:
                     pass
 
+    def _wait_for_buffer(self) -> bool:
+        """Wait until a WRITE handed over gives its buffer back (max_in_flight reached); False if stopping."""
+        while not self._stopping:
+            if self._in_flight.acquire(timeout=0.2):
+                return True
+        return False
+
     def _write(self, fd: int, post: Any, view: memoryview, unique: int, h: FastHandle, offset: int, size: int) -> None:
+        """An admitted WRITE: the pwrite here, the accounting and the reply on the trio thread."""
         start = _HDR + _RW
         written, error = 0, 0
         try:
             written = os.pwrite(h.fd, view[start:start + size], offset)
         except OSError as e:
             error = e.errno or errno.EIO
-        post(_logged, self.ops.wrote, h.ino, offset, size, written, error)  # accounted before the kernel has the reply
-        if error:
-            send(fd, reply_error(unique, error))
-        else:
-            send(fd, reply(unique, encode_write(written)))
+        post(self._account, fd, unique, h, offset, size, written, error)
+
+    def _account(self, fd: int, unique: int, h: FastHandle, offset: int, lent: int, written: int, error: int) -> None:
+        """On the trio thread: account a worker's pwrite, then answer the WRITE (its errno if either failed).
+        Never raises: an exception here would end the trio run."""
+        try:
+            self.ops.wrote(h, offset, lent, written, error)
+        except OSError as e:
+            error = e.errno or errno.EIO
+        except Exception:
+            log.exception("copy worker: accounting a write")
+            error = errno.EIO
+        finally:
+            h.write_accounted()
+        send(fd, reply_error(unique, error) if error else reply(unique, encode_write(written)))
 
     def _read(self, fd: int, post: Any, out: memoryview, unique: int, h: FastHandle, offset: int, size: int) -> None:
         try:

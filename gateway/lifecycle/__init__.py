@@ -14,6 +14,6 @@ The lifecycle lives in the bucket, so every node mounting it sees the same:
 * `drill`     recovery drills: restore from the bucket into a fresh directory, verify deep, record the outcome
 * `lease`     one node at a time: a lease object under `.ckptfs/leases/`, taken and renewed with conditional writes
 
-It talks to the bucket only through `store.Store` (in worker threads), and to
+It talks to the bucket only through `storeapi.LifecycleStore` (`store.Store`, in worker threads), and to
 the mount's state through the namespace. `service.Lifecycle` holds them together for the daemon. See docs/lifecycle.md.
 """

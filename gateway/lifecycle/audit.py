@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from ..objects import json_document
 from .manifest import node_name, now_iso
 from .context import Context
 
@@ -27,7 +28,7 @@ async def record(lc: Context, action: str, path: str, who: dict[str, Any], reaso
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int((now % 1) * 1e6):06d}Z"
     day = time.strftime("%Y/%m/%d", time.gmtime(now))
     key = lc.keys.of(f"{AUDIT_DIR}{day}/{stamp}-{node_name()}-{uuid.uuid4().hex[:8]}.json")
-    await lc.io(lambda: lc.store.put_bytes(key, json.dumps(event, sort_keys=True).encode(), if_none_match=True))
+    await lc.io(lambda: lc.store.put_bytes(key, json_document(event), if_none_match=True))
     return event
 
 

@@ -26,7 +26,7 @@ from ..namespace.keys import is_reserved
 from ..patterns import Checkpoint, Patterns
 from ..storageclass import class_label
 from ..objects import Listing
-from ..store import Store
+from ..storeapi import LifecycleStore
 from .manifest import MANIFEST, MOVED, PROTECTED, RETENTION, VERIFY, Manifest, files_of, label, read_json, read_manifest, stored_bytes
 from .context import Context
 from . import place
@@ -181,7 +181,7 @@ class Catalogue:
         }
 
 
-async def walk(store: Store, prefix: str, patterns: Patterns, io: Callable[..., Awaitable[Any]], path: str = "",
+async def walk(store: LifecycleStore, prefix: str, patterns: Patterns, io: Callable[..., Awaitable[Any]], path: str = "",
                depth: int = 0) -> dict[str, Checkpoint]:
     """The checkpoints in the bucket under key prefix `prefix` at or below directory `path`, by path.
 

@@ -21,7 +21,10 @@ the target and decodes it before the hot copy goes (coldcopy.py), and a file who
 give back its bytes is copied again as it is; a codec bug costs ratio, never data.
 
 Pure functions (numpy, zstandard, xxhash): the compressor contexts are per thread, since the
-callers run `encode`/`decode` in worker threads (zstandard and numpy release the GIL).
+callers run `encode`/`decode` in worker threads (zstandard and numpy release the GIL). numpy and
+zstandard are the 'cold' extra (pyproject.toml): every node imports this module for the helpers
+(`is_compressed`, `stored_path`, ...), only encoding and decoding need them, and without them
+`require` raises `CodecError` with the line to install them.
 """
 
 from __future__ import annotations
@@ -31,13 +34,21 @@ import struct
 import threading
 from typing import Any, Iterator
 
-import numpy as np
 import xxhash
-import zstandard
 
-from . import floats
+try:  # the 'cold' extra
+    import numpy as np
+    import zstandard
+
+    from . import floats
+except ImportError as e:
+    MISSING_EXTRA: str | None = e.name  # the module that is missing
+else:
+    MISSING_EXTRA = None
 
 log = logging.getLogger(__name__)
+
+NEEDS_EXTRA = "cold_compression needs the 'cold' extra (numpy, zstandard): pip install 'ckptfs[cold]'"
 
 FORMAT = "ckptfs-z1"  # the codec named in manifests and in the object's metadata
 SUFFIX = ".ckptfs-z"  # the compressed object's key: the file's + this, so no S3 reader takes it for the file
@@ -52,7 +63,8 @@ ZSTD_LEVEL = 3
 SMALL, SMALL_LEVEL = 256 << 10, 9
 SAMPLE = 64 << 10  # bytes of a plane or segment tried before compressing all of it
 INCOMPRESSIBLE = 0.95  # a plane whose sample keeps more than this is stored as it is
-KINDS = ("raw", "zstd", "try", *floats.WIDTH)  # what layout.py may call a segment
+WIDTH = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}  # the float kinds and their bytes (floats.py)
+KINDS = ("raw", "zstd", "try", *WIDTH)  # what layout.py may call a segment
 
 _SEG = struct.Struct("<BI")
 _LEN = struct.Struct("<I")
@@ -61,7 +73,14 @@ _local = threading.local()
 
 
 class CodecError(Exception):
-    """A compressed object that does not decode (damaged, truncated, or not ours); the message names where."""
+    """A compressed object that does not decode (damaged, truncated, or not ours); the message names where.
+    Or this node cannot code at all (`require`)."""
+
+
+def require() -> None:
+    """CodecError if numpy or zstandard (the 'cold' extra) is not installed: one line instead of an ImportError."""
+    if MISSING_EXTRA is not None:
+        raise CodecError(f"{NEEDS_EXTRA} ({MISSING_EXTRA} is not installed)")
 
 
 def is_compressed(f: dict[str, Any]) -> bool:
@@ -129,7 +148,7 @@ def _tried(data: memoryview) -> str:
     sample = data[start:start + take]
     best, best_size = "zstd", len(_zstd(sample))
     for kind in ("bf16", "fp32", "fp64"):
-        size = _size(_float(sample, floats.WIDTH[kind]))
+        size = _size(_float(sample, WIDTH[kind]))
         if size < best_size:
             best, best_size = kind, size
     return best
@@ -139,7 +158,7 @@ def _segment(data: memoryview, kind: str, used: dict[str, int]) -> list[bytes | 
     """The encoded segment (header first); `used` counts its bytes under the codec that packed them."""
     if kind == "try":
         kind = _tried(data)
-    width = floats.WIDTH.get(kind)
+    width = WIDTH.get(kind)
     if width is not None and len(data) >= width:
         n = len(data) // width * width
         out: list[bytes | np.ndarray] = [_SEG.pack(FLOAT, n), *_float(data[:n], width)]
@@ -163,6 +182,7 @@ def encode(chunk: bytes | memoryview, segments: list[tuple[int, str]]) -> tuple[
     A frame that saves nothing holds the chunk as it is. Not decoded again here (that would halve the
     speed): the mover decodes every frame of the copy on the target and checks each chunk's xxh3-64 and
     the file's xxh3-128 before anything relies on it (coldcopy.py)."""
+    require()
     chunk = memoryview(chunk).cast("B")
     used: dict[str, int] = {}
     parts: list[bytes | np.ndarray] = []
@@ -183,6 +203,7 @@ def encode(chunk: bytes | memoryview, segments: list[tuple[int, str]]) -> tuple[
 # ------------------------------------------------------------------ decoding
 def decode_body(body: bytes | memoryview, length: int, digest: int, offset: int) -> np.ndarray:
     """The chunk a frame's body holds (`length` bytes, xxh3-64 `digest`); `offset` (the chunk's in the file) names it in errors."""
+    require()
     body = memoryview(body)
     out = np.empty(length, dtype=np.uint8)
     dctx = _contexts()[3]

@@ -23,22 +23,23 @@ whose compressed copy did not verify again as it is.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-import numpy as np
 import trio
 import xxhash
 
 from .. import config
-from ..objects import NO_OBJECT, StoreError
-from ..store import Store
+from ..objects import NO_OBJECT, StoreError, json_document
+from ..storeapi import LifecycleStore
 from . import codec, ranges
 from .copier import ABORT_SECONDS, SOURCE_ETAG_META, XXH3_META, CopyError, Job, already_there, copy_entry, crc32, part_slots
 from .layout import Planner
 from .manifest import MANIFEST, leaf_errors
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -325,12 +326,12 @@ async def as_is_instead(job: Job, doc: dict[str, Any], originals: dict[str, dict
             e = await copy_entry(job, originals[e["path"]])
         files.append(e)
     doc = {**doc, "files": files}
-    await job.io(job.dst.put_bytes, job.dst_base + MANIFEST, json.dumps(doc, indent=1, sort_keys=True).encode())
+    await job.io(job.dst.put_bytes, job.dst_base + MANIFEST, json_document(doc, indent=1))
     return doc
 
 
 # ------------------------------------------------------------------ expand
-async def expand(io: Callable[..., Awaitable[Any]], store: Store, f: dict[str, Any], sink: Write | None = None,
+async def expand(io: Callable[..., Awaitable[Any]], store: LifecycleStore, f: dict[str, Any], sink: Write | None = None,
                  done: dict[str, int] | None = None) -> str:
     """Decode file `f`'s compressed object (`f["key"]` in `store`, pinned to `f["etag"]`), handing its chunks in order to
     `sink`; the xxh3-128 of the bytes decoded. CodecError if the object is damaged; StoreError as a read's."""

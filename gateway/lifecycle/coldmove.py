@@ -39,10 +39,10 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..objects import NO_OBJECT, PRECONDITION, StoreError
+from ..objects import NO_OBJECT, PRECONDITION, StoreError, json_document
 from . import audit, tiers
 from .lease import Lease, kept
-from .manifest import FORMAT, MANIFEST, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, node_name, now_iso, read_json, read_manifest
+from .manifest import MANIFEST, MOVED_FORMAT, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, node_name, now_iso, read_json, read_manifest
 from ..patterns import Checkpoint
 from .verify import verify
 from .context import Bucket, Context
@@ -227,7 +227,7 @@ class Mover:
     async def _write_record(self, path: str, doc: dict[str, Any], etag: str | None) -> str:
         """Write the record: If-Match `etag`, or If-None-Match when there was none. MoveError if it changed meanwhile."""
         key = self.lc.keys.of(f"{path}/{MOVED}")
-        body = json.dumps({"format": FORMAT, **doc}, indent=1, sort_keys=True).encode()
+        body = json_document({"format": MOVED_FORMAT, **doc}, indent=1)
         try:
             return await self.io(lambda: self.lc.store.put_bytes(key, body, if_none_match=etag is None, if_match=etag))
         except StoreError as e:
@@ -449,7 +449,7 @@ class Mover:
         doc["files"] = files
         doc["restored_from"] = {"target": t.replica.name, "target_url": t.replica.url, "at": time.time(), "at_iso": now_iso()}
         try:
-            new_etag = await self.io(lambda: lc.store.put_bytes(base + MANIFEST, json.dumps(doc, indent=1, sort_keys=True).encode(),
+            new_etag = await self.io(lambda: lc.store.put_bytes(base + MANIFEST, json_document(doc, indent=1),
                                                                  if_match=metag))
         except StoreError as e:
             if e.kind != PRECONDITION:

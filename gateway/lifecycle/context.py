@@ -20,7 +20,7 @@ from ..namespace import Namespace
 from ..namespace.keys import Keys
 from ..patterns import Checkpoint, Patterns
 from ..remote import Remote
-from ..store import Store
+from ..storeapi import LifecycleStore
 from .lease import Lease
 from .manifest import Manifest
 
@@ -69,7 +69,7 @@ class Bucket(Protocol):
     """A bucket as verify and drills read it: the mount's own (the lifecycle), or a cold target (copier.TargetView)."""
 
     cfg: Config
-    store: Store
+    store: LifecycleStore
     keys: Keys
     last_verify: dict[str, Any] | None
 

@@ -52,8 +52,9 @@ import xxhash
 from .. import config
 from ..config import Config, Replica
 from ..namespace.keys import Keys
-from ..objects import AUTH, NO_OBJECT, StoreError
+from ..objects import AUTH, NO_OBJECT, StoreError, json_document
 from ..store import Store
+from ..storeapi import LifecycleStore
 from .manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
 from . import place
 from ..patterns import Checkpoint
@@ -195,8 +196,8 @@ class PartBuffers:
 class Job:
     """What copy_checkpoint needs: the two stores, the keys on each side, and the limits."""
 
-    src: Store
-    dst: Store
+    src: LifecycleStore
+    dst: LifecycleStore
     src_bucket: str
     dst_base: str  # target key prefix of the checkpoint's files, ends in '/' (place.files_base)
     same_endpoint: bool
@@ -227,14 +228,14 @@ class Destination:
     def __init__(self, replica: Replica, cfg: Config) -> None:
         self.replica = replica
         self.cfg = cfg
-        self.store: Store | None = None
+        self.store: LifecycleStore | None = None
         self.same_endpoint = (replica.endpoint_url or "") == (cfg.endpoint_url or "") and replica.profile == cfg.profile
         self.counters = Counters()
         self.object_lock: bool | None = None
         self.slots = Slots(cfg.replication_parts_in_flight)
         self.buffers = PartBuffers(cfg.replication_part_size, cfg.replication_parts_in_flight)  # streamed copies' memory
 
-    def open(self) -> Store:
+    def open(self) -> LifecycleStore:
         """The target's store client (made once; a bad profile is a target error, not a crash)."""
         if self.store is None:
             r = self.replica
@@ -251,7 +252,7 @@ class Destination:
 class TargetView:
     """The lifecycle seen through a target: what verify.verify needs (keys, store, io, cfg)."""
 
-    def __init__(self, cfg: Config, store: Store, prefix: str, io: Callable[..., Awaitable[Any]]) -> None:
+    def __init__(self, cfg: Config, store: LifecycleStore, prefix: str, io: Callable[..., Awaitable[Any]]) -> None:
         self.cfg, self.store, self.keys, self.io = cfg, store, Keys(prefix), io
         self.last_verify: dict[str, Any] | None = None
         self.drill_record: dict[str, Any] = {}
@@ -335,7 +336,7 @@ async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, pr
     doc["files"] = [entries[f["path"]] for f in manifest.files]
     doc["replicated_from"] = {"bucket": job.src_bucket, "path": manifest.path, "etag": manifest.etag, "generation": manifest.generation, "at": time.time(), "at_iso": now_iso()}
     job.check()
-    await job.io(dst.put_bytes, job.own(MANIFEST), json.dumps(doc, indent=1, sort_keys=True).encode())
+    await job.io(dst.put_bytes, job.own(MANIFEST), json_document(doc, indent=1))
     return doc
 
 

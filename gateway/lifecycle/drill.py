@@ -24,7 +24,6 @@ by a CLI that died is removed at the next drill or daemon start.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -36,7 +35,7 @@ from typing import Any, Awaitable, Callable
 import trio
 import xxhash
 
-from ..objects import NETWORK, PRECONDITION, StoreError
+from ..objects import NETWORK, PRECONDITION, StoreError, json_document
 from . import codec, coldcopy, place, ranges
 from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso, read_json
 from ..patterns import Checkpoint
@@ -208,7 +207,7 @@ async def record(lc: Context, result: dict[str, Any]) -> None:
         doc["last"] = result
         if result["outcome"] == "ok":
             doc["last_success"] = result
-        body = json.dumps(doc, indent=1, sort_keys=True).encode()
+        body = json_document(doc, indent=1)
         try:
             if etag is None:
                 await lc.io(lambda: lc.store.put_bytes(key, body, if_none_match=True))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-WIDTH = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 BLOCK = 1 << 16  # values per step
 _UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 

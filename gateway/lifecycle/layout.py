@@ -32,7 +32,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from .floats import WIDTH
+from .codec import WIDTH
 
 MIN_FLOAT = 4096
 MAX_HEADER = 100 << 20  # safetensors' own limit on its header

@@ -28,7 +28,6 @@ The methods are blocking (store calls): run them in a worker thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -39,8 +38,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from ..objects import PRECONDITION, StoreError
-from ..store import Store
+from ..objects import PRECONDITION, StoreError, json_document
+from ..storeapi import LifecycleStore
 from .manifest import node_name, now_iso, read_json
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ class Holder:
 
 
 class Lease:
-    def __init__(self, store: Store, key: str, name: str, ttl: float, margin: float | None = None,
+    def __init__(self, store: LifecycleStore, key: str, name: str, ttl: float, margin: float | None = None,
                  node: str | None = None, pid: int | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         if ttl <= 0:
@@ -79,7 +78,7 @@ class Lease:
         self.takes_total = 0  # times this object took the lease (free or expired)
 
     @classmethod
-    def for_mount(cls, store: Store, key_of: Callable[[str], str], name: str, ttl: float, **kw: Any) -> "Lease":
+    def for_mount(cls, store: LifecycleStore, key_of: Callable[[str], str], name: str, ttl: float, **kw: Any) -> "Lease":
         """The lease `name` of a mount: `key_of` is the mount's keys.of (path -> object key)."""
         return cls(store, key_of(f"{LEASE_DIR}{name}.json"), name, ttl, **kw)
 
@@ -106,7 +105,7 @@ class Lease:
         doc = {"format": "ckptfs-lease/1", "name": self.name, "ttl": self.ttl,
                "holder": {"node": self.node, "pid": self.pid, "token": self.token},
                "taken_at": self._taken_at, "renewed_at": now, "expires_at": expires_at, "expires_at_iso": now_iso(expires_at)}
-        return json.dumps(doc, sort_keys=True).encode()
+        return json_document(doc)
 
     def _write(self, if_none_match: bool, if_match: str | None, taking: bool) -> bool:
         started = self.monotonic()

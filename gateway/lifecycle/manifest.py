@@ -23,11 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError
-from ..store import Store
+from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError, json_document
+from ..storeapi import LifecycleStore
 from ..namespace.keys import is_reserved
 
 FORMAT = "ckptfs-manifest/1"
+# what manifests said from commit cf68337 until issue 35: the move record's name had taken FORMAT's place
+MISLABELLED_FORMAT = "ckptfs-moved/1"
 MANIFEST = ".ckptfs-manifest.json"
 VERIFY = ".ckptfs-verify.json"
 PROTECTED = ".ckptfs-protected.json"
@@ -124,13 +126,13 @@ class Manifest:
             "newest_file_at": self.newest_file_at, "node": self.node, "how": self.how, "metadata": self.metadata,
             "file_count": len(self.files), "bytes": self.bytes, "files": self.files,
         }
-        return json.dumps(doc, indent=1, sort_keys=True).encode()
+        return json_document(doc, indent=1)
 
     @classmethod
     def from_json(cls, body: bytes, etag: str = "") -> "Manifest":
         try:
             doc = json.loads(body)
-            if doc.get("format") != FORMAT:
+            if doc.get("format") not in (FORMAT, MISLABELLED_FORMAT):
                 raise ValueError(f"format {doc.get('format')!r}")
             return cls(path=doc["path"], step=int(doc["step"]), files=list(doc["files"]), generation=int(doc["generation"]),
                        changed=bool(doc.get("changed")), committed_at=float(doc["committed_at"]),
@@ -141,7 +143,7 @@ class Manifest:
             raise LifecycleError(f"the manifest is not one ckptfs can read ({e}): remove it with an S3 tool and commit again") from None
 
 
-def read_json(store: Store, key: str) -> tuple[dict[str, Any] | None, str | None]:
+def read_json(store: LifecycleStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
     """The JSON object stored at `key` and its ETag; (None, None) if there is no such object.
 
     A body that is not a JSON object reads as {} with its ETag: the object is there (written by
@@ -160,7 +162,7 @@ def read_json(store: Store, key: str) -> tuple[dict[str, Any] | None, str | None
     return (doc if isinstance(doc, dict) else {}), etag
 
 
-def read_manifest(store: Store, key: str) -> Manifest | None:
+def read_manifest(store: LifecycleStore, key: str) -> Manifest | None:
     """The manifest at `key`, or None if there is none. Blocking (run in a thread)."""
     try:
         body, etag = store.get_bytes(key)
@@ -171,7 +173,7 @@ def read_manifest(store: Store, key: str) -> Manifest | None:
     return Manifest.from_json(body, etag)
 
 
-def write_manifest(store: Store, key: str, build: Callable[[Manifest | None], Manifest | None]) -> tuple[Manifest, bool]:
+def write_manifest(store: LifecycleStore, key: str, build: Callable[[Manifest | None], Manifest | None]) -> tuple[Manifest, bool]:
     """Write the manifest `build(existing)` returns, conditionally; (manifest now in the bucket, written by us).
 
     `build` returns None to keep the existing manifest as it is. A conditional
@@ -220,7 +222,7 @@ def now_iso(t: float | None = None) -> str:
 
 # ------------------------------------------------ the move record (coldmove.py writes it; the catalogue, the
 # tracker and the replicator read it)
-FORMAT = "ckptfs-moved/1"
+MOVED_FORMAT = "ckptfs-moved/1"
 MOVING, MOVED_STATE, RESTORING, RESTORED = "moving", "moved", "restoring", "restored"
 
 

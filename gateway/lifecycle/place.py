@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..objects import Listing, RemoteObject
 from ..patterns import Checkpoint
-from ..store import Store
+from ..storeapi import LifecycleStore
 from . import codec
 from .manifest import OWN_OBJECTS
 
@@ -79,19 +79,19 @@ def pick(listing: Listing, ck: Checkpoint) -> Listing:
     return Listing([], objects, False)
 
 
-def listing(store: Store, prefix: str, ck: Checkpoint) -> Listing:
+def listing(store: LifecycleStore, prefix: str, ck: Checkpoint) -> Listing:
     """Every object of `ck` (recursive for a directory), in the shape the module docstring says. Blocking."""
     return listing_at(store, files_base(prefix, ck), ck)
 
 
-def listing_at(store: Store, base: str, ck: Checkpoint) -> Listing:
+def listing_at(store: LifecycleStore, base: str, ck: Checkpoint) -> Listing:
     """`listing`, given the key prefix of the checkpoint's files (`files_base`). Blocking."""
     if not ck.file:
         return store.list(base, recursive=True)
     return pick(store.list(base), ck)
 
 
-def top(store: Store, prefix: str, ck: Checkpoint) -> Listing:
+def top(store: LifecycleStore, prefix: str, ck: Checkpoint) -> Listing:
     """The checkpoint's top level (one listing with delimiter): where its own objects are. Blocking."""
     listing = store.list(files_base(prefix, ck))
     return pick(listing, ck) if ck.file else listing

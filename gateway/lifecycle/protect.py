@@ -16,7 +16,6 @@ enforcing it) and the command says that protection holds only through ckptfs.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import time
 from typing import Any
@@ -25,7 +24,7 @@ import trio
 
 from ..journal import Journal
 from ..namespace.keys import is_reserved
-from ..objects import NO_OBJECT, StoreError
+from ..objects import NO_OBJECT, StoreError, json_document
 from . import audit, place, tiers
 from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso, read_json
 from ..patterns import Checkpoint
@@ -94,13 +93,13 @@ async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any])
     info: dict[str, Any] = {"reason": reason, "who": who, "node": node_name(), "at": now, "at_iso": now_iso(now),
                             "generation": manifest.generation, "object_lock": False, "held": []}
     # first the ckptfs protection (every mount refuses changes from here on), then the store's holds
-    await lc.io(lc.store.put_bytes, marker, json.dumps(info, sort_keys=True).encode())
+    await lc.io(lc.store.put_bytes, marker, json_document(info))
     lc.catalogue.set_protected(ck.path, info)
     lock = await lc.io(lc.store.object_lock_enabled)
     if lock:
         held = await _holds(lc, _files_to_hold(lc, ck, manifest), on=True)
         info.update(object_lock=True, held=held)
-        await lc.io(lc.store.put_bytes, marker, json.dumps(info, sort_keys=True).encode())
+        await lc.io(lc.store.put_bytes, marker, json_document(info))
         lc.catalogue.set_protected(ck.path, info)
         message = (f"{ck.path} is protected: every ckptfs mount refuses changes, and {len(held)} objects are under an "
                    "S3 legal hold (confirmed by reading each back)")

@@ -14,13 +14,13 @@ from typing import Any, Awaitable, Callable, TypeVar
 import trio
 
 from ..objects import CHANGED, NO_OBJECT, StoreError
-from ..store import Store
+from ..storeapi import LifecycleStore
 from .manifest import first_store_error
 
 T = TypeVar("T")
 
 
-async def in_order(io: Callable[..., Awaitable[Any]], store: Store, key: str, etag: str, size: int,
+async def in_order(io: Callable[..., Awaitable[Any]], store: LifecycleStore, key: str, etag: str, size: int,
                    fetch: Callable[[int, int], Awaitable[T]], consume: Callable[[int, int, T], Awaitable[None]],
                    range_size: int, concurrency: int) -> None:
     """fetch(start, length) every range of the object, consume(start, length, result) them in order."""

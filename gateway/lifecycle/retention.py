@@ -39,7 +39,6 @@ expiry when a rule keeps it again) is one audit event.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from typing import Any
 import trio
 
 from ..config import Config
-from ..objects import NO_OBJECT, PRECONDITION, StoreError
+from ..objects import NO_OBJECT, PRECONDITION, StoreError, json_document
 from . import audit, place
 from .lease import Lease, kept
 from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso, read_json
@@ -268,7 +267,7 @@ async def _expire(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
             "delete_after_iso": now_iso(d.delete_after or now), "node": node_name(), "who": who, "generation": e.get("generation"),
             "reason": d.reason}
     key = place.own_key(lc.keys.prefix, d.ck, RETENTION)
-    body = json.dumps(mark, sort_keys=True).encode()
+    body = json_document(mark)
     try:
         # If-None-Match: of two nodes applying at once (no lease: two commands), one marks it
         await lc.io(lambda: lc.store.put_bytes(key, body, if_none_match=not _mark(e)))
@@ -386,7 +385,7 @@ async def restore(lc: Context, ck: Checkpoint, who: dict[str, Any], reason: str)
     new = {"state": "restored", "at": now, "at_iso": now_iso(now), "who": who, "node": node_name(), "reason": reason,
            "expiring_since": mark.get("since_iso")}
     try:
-        await lc.io(lambda: lc.store.put_bytes(key, json.dumps(new, sort_keys=True).encode(), if_match=etag))
+        await lc.io(lambda: lc.store.put_bytes(key, json_document(new), if_match=etag))
     except StoreError as e:
         if e.kind != PRECONDITION:
             raise

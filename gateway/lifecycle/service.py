@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import shutil
@@ -15,7 +16,7 @@ from ..config import Config
 from ..namespace import Namespace
 from ..remote import Remote
 from ..objects import StoreError
-from ..store import Store
+from ..storeapi import LifecycleStore
 from . import audit, coldmove, drill, retention, tiers
 from .catalogue import STATES, Catalogue
 from .lease import Lease
@@ -40,7 +41,7 @@ COMMANDS = ("checkpoints", "catalogue", "checkpoint_commit", "verify", "protect"
 
 
 class Lifecycle:
-    def __init__(self, cfg: Config, ns: Namespace, store: Store, remote: Remote) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, store: LifecycleStore, remote: Remote) -> None:
         self.cfg, self.ns, self.store, self.remote = cfg, ns, store, remote
         self.keys = ns.keys
         self.patterns = Patterns(cfg.checkpoint_patterns)
@@ -81,7 +82,8 @@ class Lifecycle:
         return await threads.call(functools.partial(fn, *args), limiter=self.limiter)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        drill.clean_leftovers(self)
+        # the drills still pending keep their directories: this runs again when the supervisor restarts the lifecycle
+        drill.clean_leftovers(self, {r["dir"] for _, r, _ in self.drills_pending.values()})
         async with trio.open_nursery() as nursery:
             await nursery.start(self.tracker.run)
             if self.patterns.enabled:
@@ -107,6 +109,27 @@ class Lifecycle:
             self.entries = entries  # for the storage metrics (usage.py)
             self.drill_record = await drill.read_record(self)
         return entries
+
+    # ------------------------------------------------ user.ckptfs.state of a checkpoint directory (fs.CheckpointStates)
+    def is_checkpoint(self, path: str) -> bool:
+        ck = self.patterns.checkpoint_of(path, is_dir=True)
+        return ck is not None and ck.path == path and not ck.file
+
+    async def checkpoint_state(self, path: str) -> str | None:
+        """The state `ckptfs checkpoints` shows for directory checkpoint `path` (None if it is not one): local work
+        as it is now, else what the bucket says. A store that cannot answer is EIO, not a wrong word."""
+        if not self.is_checkpoint(path):
+            return None
+        ck = self.patterns.checkpoint_of(path, is_dir=True)
+        assert ck is not None
+        self.tracker.refresh()
+        local = self.tracker.local_state(path)
+        if local:
+            return local
+        try:
+            return str((await self.catalogue.describe(ck))["state"])
+        except (StoreError, LifecycleError) as e:
+            raise OSError(errno.EIO, f"{path}: the bucket did not say its state: {e}") from None
 
     def collector(self) -> LifecycleCollector:
         return LifecycleCollector(self)
@@ -140,7 +163,10 @@ class Lifecycle:
                 ck = await self._checkpoint(path)
                 await self._wait_durable(path, send)
                 self.tracker.refresh()  # drained now: no longer `draining` in what the next request sees
-                manifest, wrote = await self.tracker.commit(ck, None, "command", dict(request.get("metadata") or {}))
+                metadata = request.get("metadata") or {}
+                if not isinstance(metadata, dict):
+                    raise LifecycleError(f"metadata must be a JSON object ({{\"key\": value, ...}}), not {type(metadata).__name__}")
+                manifest, wrote = await self.tracker.commit(ck, None, "command", metadata)
                 await send({"ok": True, "done": True, "written": wrote, "path": ck.path, "step": ck.step,
                             "generation": manifest.generation, "changed": manifest.changed,
                             "files": len(manifest.files), "bytes": manifest.bytes})
@@ -173,7 +199,7 @@ class Lifecycle:
             elif cmd in ("protect", "unprotect"):
                 reason = str(request.get("reason", "")).strip()
                 if not reason:
-                    raise LifecycleError(f"{cmd} needs --reason TEXT: it goes to the audit log")
+                    raise LifecycleError(f"{cmd} needs a non-empty reason: it goes to the audit log")
                 ck = await self._checkpoint(path)
                 who = dict(request.get("who") or {})
                 fn = protect if cmd == "protect" else unprotect

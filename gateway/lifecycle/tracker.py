@@ -7,15 +7,20 @@ yet durable) on this node. A checkpoint that had local work becomes *active*;
 once it has had none for `checkpoint_quiet_seconds`, and the bucket agrees
 (no multipart upload in progress under it, no object newer than the quiet
 period: other nodes may be writing shards of the same step), the manifest is
-written. Active checkpoints are remembered in the cache directory, so one
-that became durable just before a restart is still committed after it.
+written.
+
+Nothing of this is saved on the side: after a restart (an unmount, a SIGKILL, a
+reboot) the checkpoints left to commit are derived from the journal, which
+knows every file a close on this node left to upload (`Journal.written_here`),
+and from the bucket, which says whether a manifest already describes them. A
+state file written at the right moment would miss exactly the checkpoint that
+became durable just before the stop, and would remember checkpoints the
+bucket no longer holds.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +29,18 @@ from typing import Any
 import trio
 
 from ..journal import ROOT_INODE
-from ..objects import StoreError
-from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, write_manifest
+from ..objects import StoreError, finite
+from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, signature, write_manifest
 from . import place, tiers
 from ..patterns import Checkpoint
 from .context import Context
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "lifecycle-active.json"
+LEGACY_STATE_FILE = "lifecycle-active.json"  # what versions before issue 35 kept; removed at start
 RETRY_SECONDS = 10.0
+RECOVER_PAGE = 2000  # journal rows read at a time while deriving the work left by the last run
+RECOVERED_PER_TICK = 32  # checkpoints derived at start that one tick checks against the bucket
 
 
 @dataclass
@@ -42,37 +49,53 @@ class Active:
     last_work: float  # wall time local work was last seen under it
     next_check: float = 0.0
     file: bool = False  # a checkpoint saved as one file (patterns.py)
+    recovered: bool = False  # derived from the journal at start: it may have been committed before the stop
 
 
 class Tracker:
     def __init__(self, lc: Context, cache_dir: str) -> None:
         self.lc = lc
-        self.state_path = Path(cache_dir) / STATE_FILE
         self.active: dict[str, Active] = {}
         self.work: dict[str, str] = {}  # checkpoint path -> writing | draining, as of the last tick
         self.commits_total = 0
         self.commit_errors_total = 0
-        self._unsaved = False  # checkpoints made active between ticks (settled) not yet saved
-        self._load()
-
-    # ------------------------------------------------------------ persistence
-    def _load(self) -> None:
         try:
-            data = json.loads(self.state_path.read_text())
-            for path, saved in data.items():
-                # a directory checkpoint is saved as its step; a file checkpoint as {"step": N, "file": true}
-                step, file = (saved["step"], bool(saved.get("file"))) if isinstance(saved, dict) else (saved, False)
-                self.active[path] = Active(int(step), time.time(), file=file)
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, TypeError, AttributeError) as e:
-            log.warning("ignoring %s (%s): checkpoints being committed before the restart wait for their next change",
-                        self.state_path, e)
+            (Path(cache_dir) / LEGACY_STATE_FILE).unlink(missing_ok=True)
+        except OSError as e:
+            log.info("cannot remove %s (no longer used): %s", Path(cache_dir) / LEGACY_STATE_FILE, e)
 
-    def _save(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({p: {"step": a.step, "file": True} if a.file else a.step for p, a in self.active.items()}))
-        os.replace(tmp, self.state_path)
+    # ---------------------------------------------------------------- restart
+    async def recover(self) -> None:
+        """Make active every checkpoint this node wrote a file into, as the journal says: what the last run
+        left uncommitted (files durable just before the stop, or still draining) is among them.
+
+        Each is then judged like any other once quiet: one with a manifest that already describes its files
+        costs a listing and a read of the manifest, and is dropped; one the bucket no longer holds is dropped
+        without a trace. Quiet is counted from the newest close of its files on this node."""
+        lc = self.lc
+        j = lc.ns.journal
+        dirs: dict[int, str | None] = {}
+        found: dict[str, Active] = {}
+        after = 0
+        while rows := j.written_here(after, RECOVER_PAGE):
+            for _, parent, name, closed_at in rows:
+                if parent not in dirs:
+                    dirs[parent] = j.path_of(parent)
+                where = dirs[parent]
+                if where is None:
+                    continue
+                ck = lc.patterns.checkpoint_of(f"{where}/{name}".lstrip("/"), False)
+                if ck is None:
+                    continue
+                a = found.setdefault(ck.path, Active(ck.step, closed_at, file=ck.file, recovered=True))
+                a.last_work = max(a.last_work, closed_at)
+            after = rows[-1][0]
+            await trio.sleep(0)  # a journal of millions of files: let requests in between pages
+        for path, a in found.items():
+            self.active.setdefault(path, a)
+        if found:
+            log.info("%d checkpoints hold files written on this node: each is committed once quiet unless its manifest "
+                     "already describes it", len(found))
 
     # ------------------------------------------------------------- local work
     def scan(self) -> dict[str, str]:
@@ -119,19 +142,22 @@ class Tracker:
         ck = self.lc.patterns.checkpoint_of(self.lc.keys.path(key).rstrip("/"), key.endswith("/"))
         if ck is not None and ck.path not in self.active:
             self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
-            self._unsaved = True
 
     def local_state(self, path: str) -> str | None:
         return self.work.get(path)
 
     def local_checkpoints(self) -> list[Checkpoint]:
-        return [Checkpoint(p, a.step, a.file) for p, a in self.active.items()]
+        """Checkpoints with work on this node now (writing, draining), which the bucket may not show yet. One that
+        waits only for quiet is in the bucket (the catalogue's walk finds it); one that is neither is not listed:
+        a checkpoint with no file open and nothing to upload is never shown as being written here."""
+        return [Checkpoint(p, a.step, a.file) for p, a in self.active.items() if p in self.work]
 
     # -------------------------------------------------------------------- loop
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         if not self.lc.patterns.enabled:
             return
+        await self.recover()
         quiet = self.lc.cfg.checkpoint_quiet_seconds
         tick = min(5.0, max(0.25, quiet / 4))
         while True:
@@ -141,21 +167,27 @@ class Tracker:
     def refresh(self) -> None:
         """Learn which checkpoints have local work now rather than at the next tick (up to 5 s away): a request
         right after a commit (`checkpoints`, `protect`, `ckptfs.latest`) must not see that checkpoint as draining."""
-        before = set(self.active)
         self.work = self.scan()
         now = time.time()
         for path in self.work:
-            self.active[path].last_work = now
-        self._unsaved = self._unsaved or set(self.active) != before
+            a = self.active[path]
+            a.last_work = now
+            a.recovered = False  # work seen in this run: judged as any checkpoint being written
 
     async def tick(self) -> None:
-        before = set(self.active)
         self.refresh()
         now = time.time()
         quiet = self.lc.cfg.checkpoint_quiet_seconds
-        for path, a in list(self.active.items()):
+        recovered_checks = 0
+        # what this run wrote first; the checkpoints derived at start a few per tick, so that a node whose journal
+        # names thousands of them (each a listing and a manifest read) does not hold up the commit of a new one
+        for path, a in sorted(self.active.items(), key=lambda item: item[1].recovered):
             if path in self.work or now - a.last_work < quiet or now < a.next_check:
                 continue
+            if a.recovered:
+                recovered_checks += 1
+                if recovered_checks > RECOVERED_PER_TICK:
+                    break
             try:
                 done = await self._try_commit(path, a, now, quiet)
             except (StoreError, LifecycleError) as e:
@@ -165,12 +197,6 @@ class Tracker:
                 continue
             if done:
                 self.active.pop(path, None)
-        if set(self.active) != before or self._unsaved:
-            self._unsaved = False
-            try:
-                self._save()
-            except OSError as e:
-                log.warning("cannot save %s: %s", self.state_path, e)
 
     async def _try_commit(self, path: str, a: Active, now: float, quiet: float) -> bool:
         """Commit `path` if the bucket is quiet too; True when nothing is left to do for it."""
@@ -187,12 +213,18 @@ class Tracker:
             return False
         listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)
         if await self._moved_away(path, listing):
+            if a.recovered:
+                return True  # moved after its commit, before the restart: nothing written here since
             log.warning("checkpoint %s was moved to its cold target: files written into it are not committed; bring it back "
                         "first with `ckptfs restore %s`", path, path)
             return True
         files = files_of(listing, base)
         if not files:
-            return True  # nothing in it (yet): committed when files arrive
+            return True  # nothing in it (yet, or any more): committed when files arrive
+        if a.recovered and any(o.name == MANIFEST for o in listing.objects):
+            manifest = await lc.catalogue.manifest(ck)
+            if manifest is not None and signature(manifest.files) == signature(files):
+                return True  # committed before the restart, unchanged since
         newest = max(f.mtime for f in files)
         if now - newest < quiet:
             a.last_work = newest  # written in the bucket lately (another node): wait for quiet
@@ -211,7 +243,10 @@ class Tracker:
             await lc.io(lc.store.delete, place.own_key(lc.keys.prefix, ck, o.name))
 
     async def commit(self, ck: Checkpoint, files: list[FileEntry] | None, how: str, metadata: dict[str, Any] | None) -> tuple[Manifest, bool]:
-        """Write `ck`'s manifest (from `files`, or a fresh listing); (manifest in the bucket, written by this call)."""
+        """Write `ck`'s manifest (from `files`, or a fresh listing); (manifest in the bucket, written by this call).
+
+        A metadata value that is not a finite number (a diverged loss: NaN) is stored as null: JSON has no NaN, and
+        NaN != NaN would make every later commit with the same metadata look like new metadata."""
         lc = self.lc
         base = place.files_base(lc.keys.prefix, ck)
         if files is None:
@@ -225,7 +260,7 @@ class Tracker:
         await self._checksums(ck.path, files)
         manifest, wrote = await lc.io(
             write_manifest, lc.store, place.own_key(lc.keys.prefix, ck, MANIFEST),
-            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, metadata),
+            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, finite(metadata)),
         )
         self.active.pop(ck.path, None)
         if wrote:

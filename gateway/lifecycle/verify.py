@@ -18,7 +18,6 @@ it, and kept for the metrics.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -28,7 +27,7 @@ import trio
 import xxhash
 
 from ..storageclass import may_need_restore
-from ..objects import ARCHIVED, StoreError
+from ..objects import ARCHIVED, StoreError, json_document
 from . import codec, coldcopy, place, ranges
 from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
 from ..patterns import Checkpoint
@@ -110,7 +109,7 @@ async def verify(lc: Bucket, ck: Checkpoint, manifest: Manifest, deep: bool,
         "counts": {"missing": len(missing), "changed": len(set(changed)), "unexpected": len(unexpected), "unchecked": len(unchecked)},
     }
     try:
-        await lc.io(lc.store.put_bytes, place.own_key(lc.keys.prefix, ck, VERIFY), json.dumps(result, indent=1, sort_keys=True).encode())
+        await lc.io(lc.store.put_bytes, place.own_key(lc.keys.prefix, ck, VERIFY), json_document(result, indent=1))
     except StoreError as e:
         raise LifecycleError(f"verify of {ck.path} finished ({outcome}) but its result could not be recorded in the bucket: {e}") from None
     lc.last_verify = result

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 from ..cache import Cache
 from ..config import Config
-from ..journal import DIRTY, Journal, Row
+from ..journal import DIRTY, UPLOADING, Journal, Row
 from .backlog import Backlog
 
 RELATIME_NS = 24 * 3600 * 10**9  # an atime older than this is updated on open even if newer than the mtime
+# a file's mtime is taken from a coarse clock (a jiffy, 1-10 ms): a write in the same tick as an mtime we
+# read may leave it unchanged. An mtime older than this when read cannot be repeated by a later write.
+MTIME_SETTLED_NS = 100_000_000
 
 
 @dataclass
@@ -39,6 +42,9 @@ class Live:
     writers: int = 0
     modified: bool = False  # changes not yet written to the journal
     unclosed: bool = False  # changed since the last close: the next last-close makes it eligible
+    # the cache file's (size, mtime) last recorded from a passthrough writer, once its mtime was settled
+    # (MTIME_SETTLED_NS): the same again means the kernel wrote nothing since
+    behind: tuple[int, int] | None = None
 
 
 class OpenFiles:
@@ -102,46 +108,71 @@ class OpenFiles:
         if not write and (shown <= max(row.mtime_ns, row.ctime_ns) or now - shown > RELATIME_NS):
             fields["atime_ns"] = now  # relatime, as Linux mounts by default: an open for reading updates the atime
         if created is None:
-            self.journal.update(ino, **fields)
+            try:
+                self.journal.update(ino, **fields)
+            except OSError:  # a full or failing cache disk: the file still opens, its LRU time and atime stay as they were
+                pass
         live = self.get(ino)
         live.handles += 1
         if write:
             live.writers += 1
         return fd
 
+    def will_change(self, ino: int, live: Live) -> None:
+        """Called before a file's bytes change: a durable file that changes must never be taken for
+        durable after a crash, nor published by copying the object that holds its old bytes. So the
+        journal says dirty first, then a byte changes (a kill -9 between leaves a dirty file with its old
+        bytes: uploaded again, nothing lost). Raises (the journal's error) with nothing changed."""
+        if live.modified:
+            return  # already dirty in the journal
+        row = self.journal.get(ino)
+        if row is not None and row.parent is not None and (row.state != DIRTY or row.copy_from):
+            self.journal.update(ino, state=DIRTY, version=live.version, copy_from=None)
+            self.backlog.changed(ino)
+        live.modified = True
+
+    def dirty_in_journal(self, ino: int) -> bool:
+        """True if the journal already says the file is not durable (dirty or uploading, published by an
+        upload of the cache copy): bytes may change without a journal write first (the copy workers)."""
+        live = self.live.get(ino)
+        if live is not None and live.modified:
+            return True
+        row = self.journal.get(ino)
+        return row is not None and (row.parent is None or row.state in (DIRTY, UPLOADING) and not row.copy_from)
+
     def modified(self, ino: int, live: Live, new_size: int) -> None:
         """Record that the file's bytes changed: a new version that must be uploaded."""
+        self.will_change(ino, live)
         live.version += 1
         live.size = new_size
         live.mtime_ns = live.ctime_ns = time.time_ns()
         live.unclosed = True
-        if not live.modified:
-            live.modified = True
-            row = self.journal.get(ino)
-            if row is not None and row.parent is not None and (row.state != DIRTY or row.copy_from):
-                # a durable file that changes must never be taken for durable after a crash,
-                # nor published by copying the object that holds its old bytes
-                self.journal.update(ino, state=DIRTY, version=live.version, copy_from=None)
-                self.backlog.changed(ino)
 
     def changed_behind(self, ino: int, size: int | None, mtime_ns: int | None) -> None:
         """A change no WRITE told us of: under FUSE passthrough the kernel writes the cache file
         itself. Called when a writer opens (size None: the file counts as modified from now)
-        and with the cache file's size and mtime on its fsync, getattr and close. The bytes
-        are already on disk: accounted, never refused."""
+        and with the cache file's size and mtime on its fsync, getattr, close and `status`. The
+        bytes are already on disk: accounted, never refused. A size and mtime the same as last
+        recorded (and that mtime settled then) are no change: reading the state (`status`, a
+        scrape) makes no new version, which would abandon the file's upload in flight."""
         live = self.get(ino)
+        if size is not None and mtime_ns is not None and live.behind == (size, mtime_ns):
+            return
         new_size = live.size if size is None else size
         if new_size != live.size:
             self.cache.resized(live.size, new_size)
         self.modified(ino, live, new_size)
         if mtime_ns is not None:
             live.mtime_ns = mtime_ns
+        settled = size is not None and mtime_ns is not None and time.time_ns() - mtime_ns > MTIME_SETTLED_NS
+        live.behind = (new_size, mtime_ns) if settled and mtime_ns is not None else None
 
     def write(self, ino: int, fd: int, offset: int, data: bytes) -> int:
         live = self.get(ino)
         end = offset + len(data)
         if end > self.cfg.file_size_limit:
             raise OSError(errno.EFBIG, "file larger than max_file_size")
+        self.will_change(ino, live)
         if end > live.size:
             self.cache.grow(live.size, end)
         try:
@@ -150,6 +181,8 @@ class OpenFiles:
             if end > live.size:
                 self.cache.grow(end, live.size)
             raise
+        if offset + n < end and end > live.size:  # a short write (the disk filled up meanwhile): account what it took
+            self.cache.grow(end, max(live.size, offset + n))
         self.modified(ino, live, max(live.size, offset + n))
         return n
 
@@ -171,6 +204,7 @@ class OpenFiles:
         if size > self.cfg.file_size_limit:
             raise OSError(errno.EFBIG, "file larger than max_file_size")
         live = self.get(ino)
+        self.will_change(ino, live)
         self.cache.grow(live.size, size)
         try:
             os.truncate(self.cache.path(ino), size)
@@ -243,6 +277,7 @@ class OpenFiles:
             return  # the cache accounts logical sizes: nothing changes that anyone can see
         if end > self.cfg.file_size_limit:
             raise OSError(errno.EFBIG, "file larger than max_file_size")
+        self.will_change(ino, live)
         self.cache.grow(live.size, end)
         try:
             os.posix_fallocate(fd, live.size, end - live.size)

@@ -10,13 +10,32 @@ directory (a common prefix) with such a key under it: a listing that started
 before an `rm -rf` finished shows prefixes that are empty by the time it is
 merged. Such a directory created elsewhere meanwhile shows up with the next
 listing.
+
+Listings can be merged out of order (a directory's own listing and a recursive
+listing of a tree above it run at once), and an older one must not undo what a
+newer one showed. What the journal writes per entry (`seen_at`) is only what a
+listing or an upload changed: an entry inserted, an object replaced, a file made
+durable. That an unchanged entry was confirmed again is kept in memory, per
+directory, not written per row: a listing of an unchanged 10,000-entry directory
+would otherwise rewrite 10,000 rows on the trio thread at every `metadata_ttl`.
+Per directory is enough because every entry is confirmed by a listing of its
+own directory: once a listing of a directory that started at t is merged, one
+that started before t says nothing about that directory that the newer one did
+not say better (what it shows and the newer one does not is gone or being
+deleted; what it lacks and the newer one shows was created meanwhile), so it is
+dropped whole. The one confirmation that comes from another directory's listing
+is a subdirectory's own (its `dir/` marker or anything under it), kept per
+directory too. In memory is enough because no listing outlives the process: after
+a restart every listing merged starts after the journal's last write.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import stat
+import time
 
 from ..cache import Cache
 from ..journal import DURABLE, ROOT_INODE, Journal, Row
@@ -39,13 +58,23 @@ class ListingMerge:
         self.files, self.space, self.tree, self.uploads = files, space, tree, uploads
         self.remote_removed_total = 0  # entries gone from the bucket (deleted by another node)
         self.remote_changed_total = 0  # objects replaced in the bucket by another node
+        self.merged_at: dict[int, float] = {}  # directory inode -> start of the newest listing of it merged
+        self.shown_at: dict[int, float] = {}  # directory inode -> start of the newest listing of it that showed it exists
 
     def merge(self, dir_ino: int, started_at: float, listing: Listing) -> None:
         """Overlay one directory's bucket listing (taken from `started_at`) on the journal."""
         j = self.journal
+        # (a newer one "in the future" is a wall clock stepped back: not a reason to drop listings until it catches up)
+        if started_at < self.merged_at.get(dir_ino, -math.inf) <= time.time():
+            log.debug("listing of directory %d (started %.3f) dropped: one that started at %.3f was merged", dir_ino,
+                      started_at, self.merged_at[dir_ino])
+            return
         dpath = j.path_of(dir_ino)
         if dpath is None:
             return
+        self.merged_at[dir_ino] = started_at
+        if listing.marker or listing.dirs or listing.objects:
+            self.shown_at[dir_ino] = started_at
         base = self.keys.of(dpath + "/" if dpath else "")
         pending = j.pending_keys()
         recent = {k for k, at in self.uploads.recently_deleted.items() if at >= started_at}
@@ -64,10 +93,10 @@ class ListingMerge:
         uid, gid = os.getuid(), os.getgid()
         children = {r.name: r for r in j.children(dir_ino)}
         seen: set[str] = set()
-        confirmed: list[int] = []  # entries the listing shows unchanged: seen_at = max(started_at, seen_at)
         with j.transaction():
-            if listing.marker and dir_ino != ROOT_INODE:
-                j.update(dir_ino, state=DURABLE, seen_at=max(started_at, j.get(dir_ino).seen_at or 0))  # type: ignore[union-attr]
+            here = j.get(dir_ino) if listing.marker and dir_ino != ROOT_INODE else None
+            if here is not None and here.state != DURABLE:
+                j.update(dir_ino, state=DURABLE, seen_at=max(started_at, here.seen_at or 0))
             for name in listing.dirs:
                 if not valid_name(name) or is_reserved(name):
                     continue
@@ -77,8 +106,6 @@ class ListingMerge:
                 row = children.get(name)
                 if row is None:
                     j.insert(dir_ino, name, "dir", stat.S_IFDIR | 0o755, uid, gid, DURABLE, seen_at=started_at)
-                elif row.is_dir:
-                    confirmed.append(row.ino)
             for obj in listing.objects:
                 if "/" in obj.name or not valid_name(obj.name) or is_reserved(obj.name):
                     continue
@@ -96,8 +123,7 @@ class ListingMerge:
                 if row.is_dir or row.state != DURABLE:
                     continue  # local changes win
                 if row.etag == obj.etag:
-                    confirmed.append(row.ino)
-                    continue
+                    continue  # unchanged: nothing to write (see the module's docstring)
                 if (row.seen_at or 0) > started_at or self.files.in_use(row.ino):
                     continue  # newer than the listing, or open: look again next time
                 # replaced by someone else: forget the old bytes
@@ -108,12 +134,9 @@ class ListingMerge:
                          remote_key=key, cached=0, seen_at=started_at, version=row.version + 1)
                 self.files.live.pop(row.ino, None)
                 self.remote_changed_total += 1
-            # a listing merged after a later one (a subtree's recursive listing) must not remove what the
-            # later one confirmed: hence the time per entry (one statement per listing, not one per entry)
-            j.confirm_seen(confirmed, started_at)
             for name, row in children.items():
-                if name in seen or (row.seen_at or 0) > started_at:
-                    continue
+                if name in seen or (row.seen_at or 0) > started_at or self.shown_at.get(row.ino, -math.inf) > started_at:
+                    continue  # in the listing, or confirmed after it started (inserted, uploaded, or listed itself)
                 if not self._removable(row):
                     continue
                 log.info("%s is gone from the bucket: removing it from the mount", base + name)

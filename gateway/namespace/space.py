@@ -2,7 +2,13 @@
 
 Dirty bytes are never evicted, so when the cache is full of them a writer
 waits for the drainer to make files durable (which makes them evictable) and
-gets ENOSPC only after `write_stall_timeout`: slow, never silent loss.
+gets ENOSPC only after `write_stall_timeout`: slow, never silent loss. A writer
+waits only while waiting can help: while some other file's bytes are on their way
+to the bucket (closed, or flushed, and not yet durable). When nothing is left to
+drain (the disk filled by something else, or by files still open for writing)
+the write gets ENOSPC at once, and a write after the disk has room again
+succeeds: a waiting writer also looks at the disk every `ROOM_POLL_SECONDS`, as
+space freed by another process sends no event.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STALL_LOG_INTERVAL = 60.0  # seconds between "a write waits" warnings
+ROOM_POLL_SECONDS = 1.0  # a waiting writer looks at the disk this often: another process may free space
 
 
 def under(prefix_path: str, path: str) -> bool:
@@ -72,8 +79,24 @@ class Space:
         if n and self.stalled_writers:
             self.freed()
 
-    async def when_room(self, attempt: Callable[[], T]) -> T:
-        """Run `attempt` (a write); when the cache is full evict clean copies, then wait for the drain, then ENOSPC."""
+    def drain_can_free(self, writing: int | None = None) -> bool:
+        """True while the drain may still make room: a file other than `writing` holds cached bytes not yet
+        durable that nothing holds back (closed, flushed or being uploaded); once durable they are evictable."""
+        for e in self.backlog.entries():
+            if e.ino == writing or not e.cached or e.size <= 0:
+                continue
+            live = self.files.live.get(e.ino)
+            if live is None or not live.writers or e.urgent or self.backlog.is_taken(e.ino):
+                return True
+        return False
+
+    def _refuse(self, needed: int, why: str) -> None:
+        self.enospc_total += 1
+        log.warning("write of %d bytes gets ENOSPC (%s): %s", needed, why, self.why_full())
+
+    async def when_room(self, attempt: Callable[[], T], writing: int | None = None) -> T:
+        """Run `attempt` (a write to inode `writing`); when the cache is full evict clean copies, then wait for the
+        drain while it can free something, then ENOSPC."""
         try:
             return attempt()
         except CacheFull as full:
@@ -83,6 +106,9 @@ class Space:
                 return attempt()
             except CacheFull as full:
                 needed = full.needed
+        if not self.drain_can_free(writing):
+            self._refuse(needed, "nothing left to drain or evict")
+            raise CacheFull(needed)
         started = trio.current_time()
         deadline = started + self.cfg.write_stall_timeout
         if started - self._stall_logged_at > STALL_LOG_INTERVAL:
@@ -93,7 +119,7 @@ class Space:
         self._on_change()  # make sure the drainer is looking
         try:
             while True:
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(min(deadline, trio.current_time() + ROOM_POLL_SECONDS)):
                     await self._freed.wait()
                 self.evict(needed)
                 try:
@@ -101,9 +127,10 @@ class Space:
                 except CacheFull as full:
                     needed = full.needed
                     if trio.current_time() >= deadline:
-                        self.enospc_total += 1
-                        log.warning("cache full for %.0fs: write of %d bytes gets ENOSPC: %s",
-                                    self.cfg.write_stall_timeout, needed, self.why_full())
+                        self._refuse(needed, f"cache full for {self.cfg.write_stall_timeout:.0f}s")
+                        raise
+                    if not self.drain_can_free(writing):
+                        self._refuse(needed, "nothing left to drain or evict")
                         raise
         finally:
             self.stalled_writers -= 1
@@ -119,12 +146,21 @@ class Space:
                 "none of it evictable yet: raise cache_capacity or check the drain (ckptfs status)")
 
     def evict(self, needed: int) -> int:
-        """Drop local copies of durable files, least recently used first, until `needed` bytes are free."""
+        """Drop local copies of durable files, least recently used first, until `needed` bytes are free.
+
+        Victims come from the journal's eviction index a batch at a time (`Journal.evictable_in_order`),
+        never from a sort of every clean copy: this runs on the trio thread, at every write that finds
+        the cache full, so its cost must not grow with the number of files cached."""
         freed = 0
-        for row in self.journal.evictable():
+        for row in self.journal.evictable_in_order():
             if freed >= needed:
                 break
-            if self._evict_one(row):
+            try:
+                evicted = self._evict_one(row)
+            except OSError as e:  # the journal cannot record it (a full or failing disk): nothing was removed
+                log.warning("cannot evict clean cache copies now: %s", e)
+                break
+            if evicted:
                 freed += row.size
                 log.info("evicted clean cache copy of inode %d (%d bytes)", row.ino, row.size)
         return freed
@@ -138,8 +174,9 @@ class Space:
     def _evict_one(self, row: Row) -> bool:
         if self.files.in_use(row.ino):
             return False
-        self.cache.remove(row.ino, row.size)
+        # the journal first: if it cannot be written the copy stays, never a row that claims a copy that is gone
         self.journal.update(row.ino, cached=0)
+        self.cache.remove(row.ino, row.size)
         self.evicted_files_total += 1
         self.evicted_bytes_total += row.size
         return True
@@ -158,7 +195,7 @@ class Space:
     def evict_under(self, path: str) -> tuple[int, int, int]:
         """Drop the clean copies at or below `path`: (files, bytes) evicted and files skipped (dirty, uploading or open)."""
         files = size = skipped = 0
-        for row in self.journal.evictable():
+        for row in self.journal.evictable_in_order():
             p = self.journal.path_of(row.ino)
             if p is None or not under(path, p):
                 continue

@@ -143,11 +143,16 @@ class Tree:
         now = time.time_ns()
         self.journal.update(ino, mtime_ns=now, ctime_ns=now)
 
-    def setattr(self, ino: int, mode: int | None, uid: int | None, gid: int | None, atime_ns: int | None, mtime_ns: int | None) -> None:
+    def setattr(self, ino: int, mode: int | None, uid: int | None, gid: int | None, atime_ns: int | None, mtime_ns: int | None,
+                kill_priv: bool = False) -> None:
+        """`kill_priv`: drop setuid/setgid as a write by an unprivileged user would (`_priv_bits`), in the same
+        journal write as the other changes: a chown is never half done (its group changed, its bits kept)."""
         row = self.files.row(ino)
         fields: dict[str, object] = {}
         if mode is not None:
             fields["mode"] = (row.mode & ~0o7777) | (mode & 0o7777)
+        elif kill_priv and row.kind == "file" and (drop := _priv_bits(row.mode)):
+            fields["mode"] = row.mode & ~drop
         if uid is not None:
             fields["uid"] = uid
         if gid is not None:
@@ -166,7 +171,7 @@ class Tree:
         row = self.journal.get(ino)
         if row is None or row.kind != "file":
             return
-        drop = (stat.S_ISUID if row.mode & stat.S_ISUID else 0) | (stat.S_ISGID if row.mode & stat.S_ISGID and row.mode & stat.S_IXGRP else 0)
+        drop = _priv_bits(row.mode)
         if drop:
             now = time.time_ns()
             self.journal.update(ino, mode=row.mode & ~drop, ctime_ns=now)
@@ -287,3 +292,8 @@ class Tree:
         if dst is not None:
             self.reap(dst.ino)
         self._on_change()
+
+
+def _priv_bits(mode: int) -> int:
+    """The bits an unprivileged write, truncate or chown drops: setuid, and setgid of a group-executable file."""
+    return (stat.S_ISUID if mode & stat.S_ISUID else 0) | (stat.S_ISGID if mode & stat.S_ISGID and mode & stat.S_IXGRP else 0)

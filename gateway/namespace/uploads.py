@@ -73,6 +73,9 @@ class UploadQueue:
         self._on_change = on_change
         self.on_durable: Callable[[float], None] = lambda seconds: None
         self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
+        # before a file is made durable or published by a copy: stop writes the journal does not see
+        # coming (the copy workers'); False if one may have changed the bytes uploaded (fs.py)
+        self.stop_fast_writes: Callable[[int], bool] = lambda ino: True
         # flushes running (each poll renews its entry): path -> (until, monotonic; queued before, wall clock).
         # Their directory markers go out at once: only those under the path that were queued when it last asked,
         # so a save that starts right after a flush keeps its own markers (a temporary directory's) held back
@@ -271,8 +274,9 @@ class UploadQueue:
         copied inside the store to its new key (`moved_meanwhile`); a file changed or removed
         has its upload dropped."""
         j = self.journal
-        current = self.still_current(ticket)
-        if not current and self.publishable(ticket):
+        quiet = self.stop_fast_writes(ticket.ino)
+        current = quiet and self.still_current(ticket)
+        if not current and quiet and self.publishable(ticket):
             self.moved_meanwhile(ticket, xxh3)
             return False
         if current:

@@ -26,7 +26,6 @@ so it never holds up the mount, the drain or the lifecycle on the primary.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import shutil
 import time
@@ -45,7 +44,7 @@ from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Man
 from ..patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
-from ..objects import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, StoreError
+from ..objects import AUTH, NETWORK, NO_BUCKET, NO_OBJECT, SERVER, StoreError, json_document
 from ..store import Store
 from ..lifecycle.copier import CopyError, Destination, Job, TargetView, copy_checkpoint, one_error
 from ..lifecycle.context import Context
@@ -316,7 +315,7 @@ class Replicator:
     async def _write_failures(self, t: Target) -> None:
         doc = {"target": t.replica.url, "node": node_name(), "at": time.time(), "failures": t.failed, "error": t.error}
         try:
-            await self.io(self.lc.store.put_bytes, self._status_key(t), json.dumps(doc, indent=1, sort_keys=True).encode())
+            await self.io(self.lc.store.put_bytes, self._status_key(t), json_document(doc, indent=1))
         except StoreError as e:
             log.info("replication: could not record %s's status in the primary bucket: %s", t.replica.name, e)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 import boto3
@@ -40,6 +41,8 @@ from .signed import EndpointMoved, SignedPut
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 20  # bytes moved from a GET response to the cache file per system call (256 KiB costs ~20% more CPU per GiB)
+CHECK_ATTEMPTS = 3  # HeadBucket attempts of the mount's check, all within mount_check_timeout; between them
+CHECK_PAUSE, CHECK_MIN_WAIT = 0.5, 0.1  # a pause of this times the attempt's number, if this much is left after it
 PART_READ_CHUNK = 256 << 10  # a ranged GET into a part buffer is read this much at a time (the transient copy per read)
 
 # characters tried in keys at mount (SeaweedFS, for one, stores '\\' as '/': a file would become a directory)
@@ -128,15 +131,16 @@ class BucketConnection:
                                    "(or the files AWS_SHARED_CREDENTIALS_FILE/AWS_CONFIG_FILE name): fix -o profile=NAME") from None
         except bexc.BotoCoreError as e:
             raise StoreError(AUTH, f"the AWS configuration cannot be used: {e}") from None
-        def client(read_timeout: float, attempts: int, pool: int) -> Any:
+        def client(read_timeout: float, attempts: int, pool: int, connect_timeout: float = cfg.connect_timeout) -> Any:
             return session.client(
                 "s3",
                 endpoint_url=cfg.endpoint_url or None,
                 verify=cfg.ca_bundle or None,  # None: the system's CAs or AWS_CA_BUNDLE; never unverified
                 config=BotoConfig(
-                    connect_timeout=cfg.connect_timeout,
+                    connect_timeout=connect_timeout,
                     read_timeout=read_timeout,
-                    retries={"mode": "standard", "max_attempts": attempts},
+                    # total_max_attempts: botocore's `max_attempts` counts the retries, one more request than asked
+                    retries={"mode": "standard", "total_max_attempts": attempts},
                     max_pool_connections=pool,
                     s3={"addressing_style": "path"} if cfg.endpoint_url else None,
                     # we send our own CRC32 per part; no second pass by botocore
@@ -150,17 +154,22 @@ class BucketConnection:
 
         self.client = client(cfg.read_timeout, 3, cfg.max_parts_in_flight + small_objects_in_flight(cfg.max_parts_in_flight) + 8)
         self._session = session
-        # the mount's check has its own bound: with read_timeout x 3 attempts a store that accepts
-        # connections and never answers held `ckptfs mount` for minutes, past systemd's start timeout
-        self._check_client = client(cfg.mount_check_timeout / 3, 3, 1)
+        # the mount's check has its own bound, and a client per attempt whose timeouts fit in what is left of it
+        self._check_client = lambda left: client(min(cfg.mount_check_timeout / CHECK_ATTEMPTS, left), 1, 1,
+                                                 connect_timeout=min(cfg.connect_timeout, left))
         self._check_timeout = cfg.mount_check_timeout
         self._endpoint = cfg.endpoint_url or "AWS S3"
+        # time.monotonic() of the last request answered with success (storeapi.ObjectStore.answered_at): a float
+        # stored by worker threads, read by the trio thread
+        self.answered_at = 0.0
 
     def _call(self, what: str, fn: Any, **kw: Any) -> Any:
         # the request's name and key only: its parameters may hold an SSE-C key
         log.debug("%s %s (encryption %s)", what, kw.get("Key") or kw.get("Prefix") or "", self.enc.mode)
         try:
-            return fn(Bucket=self.bucket, **kw)
+            result = fn(Bucket=self.bucket, **kw)
+            self.answered_at = time.monotonic()
+            return result
         except Exception as e:  # noqa: BLE001 - every failure becomes a StoreError
             err = _classify(e, self.bucket, what)
             if err.kind == AUTH and self.enc.mode == "SSE-C" and what in ("GetObject", "HeadObject", "CopyObject", "UploadPartCopy"):
@@ -168,25 +177,32 @@ class BucketConnection:
             raise err from None
 
     def check(self) -> None:
-        """Mount-time check: endpoint reachable, credentials valid, bucket present and ours (3 attempts that
-        together wait at most `mount_check_timeout` for answers)."""
-        def head_bucket(Bucket: str) -> Any:  # noqa: N803 - boto3's parameter name
-            try:
-                return self._check_client.head_bucket(Bucket=Bucket)
-            except bexc.ReadTimeoutError:
-                raise StoreError(NETWORK, f"the object store at {self._endpoint} accepted the connection but did not answer "
-                                          f"within mount_check_timeout ({self._check_timeout:g} s): it is hung or overloaded; "
-                                          "check the server, or wait longer with -o mount_check_timeout=SECONDS") from None
+        """Mount-time check: endpoint reachable, credentials valid, bucket present and ours.
 
-        try:
-            self._call("HeadBucket", head_bucket)
-        except StoreError as e:
-            if e.kind != AUTH:
-                raise
+        One deadline, `mount_check_timeout`, holds the whole check: CHECK_ATTEMPTS HeadBucket attempts, each
+        waiting at most a third of it, and the pauses between them. botocore's retries came on top of the bound
+        (its `max_attempts` of 3 is 4 requests): 42 s for "did not answer within mount_check_timeout (30 s)".
+        """
+        deadline = time.monotonic() + self._check_timeout
+        for attempt in range(1, CHECK_ATTEMPTS + 1):
+            try:
+                return self._call("HeadBucket", self._check_client(deadline - time.monotonic()).head_bucket)
+            except StoreError as e:
+                error = e  # _call's: it came from botocore's exception (its __context__)
+            pause = min(CHECK_PAUSE * attempt, deadline - time.monotonic() - CHECK_MIN_WAIT)
+            if error.kind not in (NETWORK, SERVER) or attempt == CHECK_ATTEMPTS or pause < 0:
+                break
+            log.info("checking the bucket: %s; trying again (attempt %d of %d)", error, attempt + 1, CHECK_ATTEMPTS)
+            time.sleep(pause)
+        if isinstance(error.__context__, bexc.ReadTimeoutError):  # connected, and no answer in time
+            raise StoreError(NETWORK, f"the object store at {self._endpoint} accepted the connection but did not answer "
+                                      f"within mount_check_timeout ({self._check_timeout:g} s): it is hung or overloaded; "
+                                      "check the server, or wait longer with -o mount_check_timeout=SECONDS")
+        if error.kind == AUTH:
             # HEAD answers carry no error code: ask again with a request whose answer says
             # whether the credentials are wrong or only the permission is missing
             self._call("ListObjectsV2", self.client.list_objects_v2, MaxKeys=1)
-            raise
+        raise error
 
 
 class BucketGovernance(BucketConnection):

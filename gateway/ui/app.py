@@ -91,7 +91,8 @@ class CatalogueApp:
             if page == "/":
                 return 200, html, await self.runs_page()
             if page == "/run":
-                return 200, html, await self.run_page(args)
+                found = await self.run_page(args)
+                return (200, html, found) if found is not None else (404, text, b"no such run in the catalogue: no checkpoint in that directory\n")
             if page == "/checkpoint":
                 found = await self.checkpoint_page(args)
                 return (200, html, found) if found is not None else (404, text, b"no such checkpoint in the catalogue\n")
@@ -120,10 +121,13 @@ class CatalogueApp:
         snap = await self.snapshots.get()
         return self.render("runs.html", snap=snap, runs=view.runs(snap.checkpoints))
 
-    async def run_page(self, args: dict[str, list[str]]) -> bytes:
+    async def run_page(self, args: dict[str, list[str]]) -> bytes | None:
+        """A run's checkpoints; None for a run the catalogue does not have (a 404, as for a checkpoint)."""
         snap = await self.snapshots.get()
         q = view.Query.parse(args)
         under = [e for e in snap.checkpoints if q.run is None or view.run_of(e["path"]) == q.run]
+        if q.run is not None and not under and snap.taken_at:  # read, and it has none there (not: still reading)
+            return None
         page = view.select(under, q)
 
         def link(**change: Any) -> str:
@@ -161,19 +165,7 @@ class CatalogueApp:
         return self.render("checkpoint.html", snap=snap, e=view.redact(e), meta=view.metadata_rows(e.get("metadata") or {}),
                            verdict=view.verdict(e, snap.retention_policy), commands=view.next_commands(self.mount, e),
                            files=files[(fpage - 1) * FILES_PER_PAGE: fpage * FILES_PER_PAGE], nfiles=len(files),
-                           fpage=fpage, fpages=fpages, files_error=files_error, events=view.redact(events),
-                           replicas=view.redact(replicas), drills=view.redact(drills), run=view.run_of(path))
+                           fpage=fpage, fpages=fpages, files_error=files_error,
+                           replicas=view.redact(replicas), history=view.history(e, view.redact(drills), view.redact(events)),
+                           run=view.run_of(path))
 
-
-def with_metrics(page: CatalogueApp, render: Callable[[], bytes]) -> Callable[..., Awaitable[None]]:
-    """The daemon's metrics address with the page: `/metrics` (and `/`) the Prometheus text, the rest the page."""
-
-    async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in ("/metrics", "/") and scope["method"] in ("GET", "HEAD"):
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else render()})
-            return
-        await page(scope, receive, send)
-
-    return app

@@ -1,4 +1,4 @@
-"""Serving the catalogue page: where it may listen, and hypercorn under the caller's trio nursery.
+"""Serving the catalogue page: where it may listen, and with which token (httpserver.py serves it).
 
 Loopback by default. A non-loopback address serves the catalogue to the network, so it needs a
 token (`--token-file`, `ui_token_file`): without one the page refuses to start, in one line.
@@ -8,23 +8,21 @@ The token file must be the user's own and unreadable by others, like the SSE-C k
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any, Awaitable, Callable
-
-import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
-
-log = logging.getLogger(__name__)
-
-ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
 class UiError(Exception):
     """The page cannot be served as asked: one line naming the problem and the fix."""
+
+
+def require_extra() -> None:
+    """The page's templates need jinja2, the 'ui' extra (pyproject.toml): one line if it is not installed."""
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        raise UiError("the catalogue page needs the 'ui' extra (jinja2): pip install 'ckptfs[ui]'") from None
 
 
 def parse_addr(value: str) -> tuple[str, int]:
@@ -67,38 +65,3 @@ def check_bind(host: str, token: str | None, what: str = "--addr") -> None:
     if token is None and not is_loopback(host):
         raise UiError(f"{what} {host} is not a loopback address: the catalogue page would be open to the network; "
                       "give a token file (--token-file FILE, ui_token_file) or listen on 127.0.0.1")
-
-
-def hypercorn_config(host: str, port: int) -> HypercornConfig:
-    config = HypercornConfig()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.errorlog = log  # hypercorn's lines go to the daemon's or the command's log, not straight to stderr
-    config.accesslog = None
-    config.keep_alive_timeout = 10
-    config.graceful_timeout = 1
-    config.h11_max_incomplete_size = 16384
-    return config
-
-
-async def serve(app: ASGIApp, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve `app` on host:port until cancelled; reports the port bound (port 0: one the system picked).
-
-    An address it cannot listen on raises the bare OSError (hypercorn's nurseries wrap it in groups), so
-    the caller can say it in one line."""
-    bound: list[int] = []
-
-    class Started:
-        def started(self, binds: list[str]) -> None:
-            bound.append(int(binds[0].rsplit(":", 1)[1]))
-            task_status.started(bound[0])
-
-    try:
-        await hypercorn_serve(app, hypercorn_config(host, port), task_status=Started())  # type: ignore[arg-type]
-    except BaseExceptionGroup as group:
-        refused, rest = group.split(OSError)
-        if bound or refused is None or rest is not None:
-            raise
-        first: BaseException = refused
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first from None

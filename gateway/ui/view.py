@@ -4,6 +4,7 @@ no I/O, so 10,000 checkpoints under a run cost one pass over a list per page, wh
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
 import shlex
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..sizes import fmt_bytes
+from ..storageclass import fmt_money
 
 STATES = ("writing", "draining", "committed", "protected", "expiring")
 SORT_KEYS = ("step", "path", "state", "bytes", "files", "committed", "cost", "verified")
@@ -178,14 +180,39 @@ def metadata_rows(metadata: Mapping[str, Any], prefix: str = "") -> list[tuple[s
     return rows
 
 
+def _seconds(record: Mapping[str, Any]) -> float:
+    """When a record happened, as epoch seconds: its `at`, or its `at_iso` (`2026-11-27T12:35:05.360255Z`)."""
+    at = record.get("at")
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        return float(at)
+    iso = str(record.get("at_iso") or "")
+    try:
+        whole, _, frac = iso.rstrip("Z").partition(".")
+        return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + (float(f"0.{frac}") if frac.isdigit() else 0.0)
+    except ValueError:
+        return 0.0
+
+
+def history(e: Mapping[str, Any], drills: Mapping[str, Any], events: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """A checkpoint's history, oldest first as `ckptfs audit` prints it: (when, what) for its last verify, the
+    bucket's drill records that name it, and its audit events. One list sorted by time, shown in one format
+    (`when`): three sources recorded time in two formats, and a table grouped by source read out of order."""
+    out: list[tuple[float, str]] = []
+    verified = e.get("last_verify")
+    if verified:
+        out.append((_seconds(verified), f"verify{' (deep)' if verified.get('deep') else ''}: {verified.get('outcome', '?')}"))
+    for kind, d in sorted(drills.items()):
+        if isinstance(d, Mapping):
+            extra = f", verify {d['verify']}" if d.get("verify") else ""
+            out.append((_seconds(d), f"drill ({kind.replace('_', ' ')}): {d.get('outcome', '?')}{extra}"))
+    for ev in events:
+        who = (ev.get("who") or {}).get("user") or "?"
+        out.append((_seconds(ev), f"{ev.get('action', '?')} by {who} on {ev.get('node', '?')}: {ev.get('reason', '')}"))
+    return sorted(out, key=lambda row: row[0])
+
+
 def when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if ts else "-"
 
 
-def money(x: float | None) -> str:
-    if not x:
-        return "$0"
-    return f"${x:,.2f}" if x >= 0.01 else f"${x:.4f}"
-
-
-FILTERS = {"fmt_bytes": lambda n: fmt_bytes(n or 0), "when": when, "money": money}
+FILTERS = {"fmt_bytes": lambda n: fmt_bytes(n or 0), "when": when, "money": fmt_money}

@@ -135,12 +135,16 @@ def test_failed_mount_leaves_nothing_bound(make_mount, s3: SeaweedServer, bucket
     busy.listen()
     try:
         m: Mount = make_mount("a", start=False)
+        (m.cache_dir / "notes.txt").write_text("the operator's, not ckptfs's\n")
         m.metrics_port = busy.getsockname()[1]
         proc = run_cli(*m.mount_args(), env=m.env, timeout=120)
         assert proc.returncode != 0 and "cannot listen for metrics" in proc.stderr, proc.stderr
     finally:
         busy.close()
     assert not (m.cache_dir / "journal.sqlite3").exists()
+    # as docs/cli.md says: the cache directory as the start found it (no log, lock, data/ or socket left)
+    assert sorted(os.listdir(m.cache_dir)) == ["notes.txt"]
+    assert (m.cache_dir / "notes.txt").read_text() == "the operator's, not ckptfs's\n"
     # the cache directory takes a mount of another prefix
     other = Mount(s3, bucket, "other", m.path, m.cache_dir, m.options)
     other.start()
@@ -152,6 +156,17 @@ def test_failed_mount_leaves_nothing_bound(make_mount, s3: SeaweedServer, bucket
         assert (m.cache_dir / "ckptfs.log").read_text() == log
     finally:
         other.stop()
+
+
+@pytest.mark.one_transport
+@pytest.mark.parametrize("daemon", [True, False], ids=["daemon", "foreground"])
+def test_mount_of_a_missing_bucket_leaves_the_cache_dir_as_found(make_mount, daemon: bool) -> None:  # type: ignore[no-untyped-def]
+    m: Mount = make_mount("a", start=False)
+    m.bucket = "no-such-bucket-here"
+    proc = run_cli(*m.mount_args(daemon=daemon), env=m.env, timeout=120)
+    assert proc.returncode != 0 and "bucket 'no-such-bucket-here' does not exist" in proc.stderr, proc.stderr
+    assert os.listdir(m.cache_dir) == []
+    assert os.listdir(m.path) == [] and not os.path.ismount(m.path)
 
 
 @pytest.mark.one_transport

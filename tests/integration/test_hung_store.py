@@ -15,8 +15,11 @@ from __future__ import annotations
 import json
 import errno
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -153,6 +156,8 @@ def test_directory_rmdir_and_rename_with_a_hung_store(make_mount, hung: SeaweedS
     m.flush()
     keys = m.keys()
     assert m.key("step/shard.bin") in keys and m.key("listed/") not in keys and m.key("elsewhere/unseen.bin") in keys
+    # the flush's requests were answered: the daemon knows the store answers, whether or not a background
+    # listing has succeeded yet (before, this depended on which came first, and failed once with ETIMEDOUT)
     with pytest.raises(OSError) as e:
         os.rmdir(m.path / "elsewhere")  # the store answers again: the object is seen
     assert e.value.errno == errno.ENOTEMPTY
@@ -175,3 +180,40 @@ def test_mount_with_a_hung_store_fails_within_its_check_bound_and_says_why(make_
     digest = write_random(m.path / "after.bin", 1 * MiB, seed=5)
     m.flush()
     assert m.object_sha256("after.bin") == digest
+
+
+@pytest.mark.one_transport
+def test_mount_check_against_a_silent_endpoint_ends_within_its_bound(make_mount) -> None:  # type: ignore[no-untyped-def]
+    """An endpoint that accepts connections and never answers: the error names mount_check_timeout, and the check
+    keeps to it. Before: botocore's `max_attempts` of 3 made 4 requests of a third of the bound each, plus
+    back-off (42.4 s for "did not answer within mount_check_timeout (30 s)")."""
+    from tests.integration.test_faults import one_line_error
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    accepted: list[socket.socket] = []
+    first_accepted: list[float] = []  # when the check began: the command's own start-up (imports) is not its to bound
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(silent.accept()[0])
+            except OSError:
+                return
+            first_accepted[:] = first_accepted or [time.monotonic()]
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        m: Mount = make_mount(start=False, endpoint_url=f"http://127.0.0.1:{silent.getsockname()[1]}")
+        proc = m.cli(*m.mount_args(), "-o", "mount_check_timeout=4", timeout=120)
+        elapsed = time.monotonic() - first_accepted[0]
+    finally:
+        silent.close()
+        for conn in accepted:
+            conn.close()
+    one_line_error(proc, "accepted the connection but did not answer within mount_check_timeout (4 s)",
+                   "-o mount_check_timeout=")
+    assert 1 <= len(accepted) <= 3, len(accepted)  # the 3 attempts the docs say, not botocore's 4 requests
+    assert elapsed < 3 * 4, elapsed  # from its first connection to the command's end: a bound on a hang, not a speed target
+    assert os.listdir(m.cache_dir) == []  # and the failed start left the cache directory as it found it

@@ -11,6 +11,7 @@ guard against a hang.
 from __future__ import annotations
 
 import errno
+import hashlib
 import mmap
 import os
 import signal
@@ -669,3 +670,54 @@ def test_copy_workers_full_cache_gives_enospc(make_mount: Any) -> None:
     m.flush()
     for name, digest in digests.items():
         assert m.object_sha256(name) == digest
+
+
+@pytest.mark.one_transport
+def test_copy_workers_never_change_a_file_the_journal_calls_durable(make_mount: Any) -> None:
+    """A durable file rewritten in place through the copy workers, the daemon killed (kill -9) right after
+    the write returned: what the write acknowledged is in the bucket after a remount. Made deterministic
+    by holding the journal's write lock (another SQLite connection) while the write is served: a write
+    whose file is not dirty in the journal first must fail, not change bytes the journal calls durable."""
+    import sqlite3
+    import threading
+
+    from tests.conftest import mount_is_dead, sha256_file, wait_for, write_random
+
+    m = make_mount(**COPY_MODE)
+    p = m.path / "model.pt"
+    write_random(p, 4 * MiB, seed=3)
+    m.flush()
+    old = p.read_bytes()
+    new = os.urandom(MiB)
+    fd = os.open(p, os.O_WRONLY)  # in place: no O_TRUNC
+    journal = sqlite3.connect(m.cache_dir / "journal.sqlite3", isolation_level=None)
+    outcome: list[int] = []
+    try:
+        journal.execute("BEGIN IMMEDIATE")  # no journal write of the daemon's succeeds until we let go
+
+        def rewrite() -> None:
+            try:
+                outcome.append(os.pwrite(fd, new, 0))
+            except OSError as e:
+                outcome.append(-(e.errno or 1))
+
+        writer = threading.Thread(target=rewrite)
+        writer.start()
+        writer.join(HANG_GUARD * 2)
+        assert outcome, "the write never returned"
+        os.kill(m.status()["pid"], signal.SIGKILL)
+        wait_for("the mount to die", lambda: mount_is_dead(m.path), timeout=60)
+    finally:
+        journal.close()
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    m.stop()
+    m.start()
+    m.flush()
+    expected = new + old[MiB:] if outcome[0] == MiB else old  # acknowledged: in the bucket; refused: nothing changed
+    assert outcome[0] in (MiB, -errno.EIO), outcome
+    digest = hashlib.sha256(expected).hexdigest()
+    assert m.object_sha256("model.pt") == digest
+    assert sha256_file(p) == digest

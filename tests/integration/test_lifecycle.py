@@ -144,6 +144,38 @@ def test_hf_checkpoint_commit_command_with_metadata_and_a_change_after_it(make_m
     assert (entry["state"], entry["changed"], entry["generation"]) == ("committed", True, 2)
 
 
+def test_non_finite_metadata_is_stored_as_null_and_every_json_object_in_the_bucket_is_strict_json(make_mount) -> None:  # type: ignore[no-untyped-def]
+    """Issue 35: a diverged loss (NaN) given to `ckptfs.commit` or `--meta loss=NaN` becomes null in the manifest,
+    and every JSON object ckptfs writes into the bucket (manifests, protection, audit log, verify) parses with a
+    strict parser."""
+    import ckptfs
+
+    m: Mount = make_mount()  # default quiet period: only the calls below commit
+    for step in (1, 2):
+        (m.path / f"run/step_{step}").mkdir(parents=True)
+        write_random(m.path / f"run/step_{step}/model.bin", 1000, seed=step)
+    ckptfs.commit(m.path / "run/step_1", {"loss": float("nan"), "curve": [1.5, float("inf")], "lr": 3e-4})
+    proc = m.cli("checkpoint", "commit", str(m.path / "run/step_2"), "--meta", "loss=NaN", "--meta", "best=-Infinity")
+    assert proc.returncode == 0, proc.stderr
+    assert ckptfs.protect(m.path / "run/step_1", "golden")
+    assert m.cli("verify", str(m.path / "run/step_2")).returncode == 0
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} in a JSON object in the bucket")
+
+    client = m.s3.client()
+    docs = {key: json.loads(client.get_object(Bucket=m.bucket, Key=key)["Body"].read(), parse_constant=refuse)
+            for key in m.keys() if key.endswith(".json")}
+    assert {k.rsplit("/", 1)[-1] for k in docs} >= {MANIFEST, ".ckptfs-protected.json", ".ckptfs-verify.json"}
+    assert any("/.ckptfs/audit/" in k for k in docs)
+    assert docs[m.key(f"run/step_1/{MANIFEST}")]["metadata"] == {"loss": None, "curve": [1.5, None], "lr": 3e-4}
+    assert docs[m.key(f"run/step_2/{MANIFEST}")]["metadata"] == {"loss": None, "best": None}
+    assert docs[m.key(f"run/step_1/{MANIFEST}")]["format"] == "ckptfs-manifest/1"
+    assert catalogue(m, "run")["run/step_2"]["metadata"] == {"loss": None, "best": None}
+    again = m.cli("checkpoint", "commit", str(m.path / "run/step_2"), "--meta", "loss=NaN")
+    assert again.returncode == 0 and "already committed" in again.stdout  # NaN is null: the same metadata again
+
+
 def test_commit_errors_are_one_line(make_mount) -> None:  # type: ignore[no-untyped-def]
     m: Mount = make_mount()
     (m.path / "notes").mkdir()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
+import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Mount, sha256_file, write_random
+from tests.conftest import Mount, sha256_file, wait_for, write_random
 from tests.support.promql import documented_metrics
 from tests.support.seaweed import free_port
+from tests.unit.test_httpserver import closed_by_server
 
 MiB = 1 << 20
 
@@ -88,3 +92,53 @@ def value_label(text: str, name: str, label: str) -> str:
                 return s.labels[label]
     raise AssertionError(f"{name} not served")
 
+
+
+@pytest.mark.one_transport
+@pytest.mark.parametrize("page", ["page_off", "page_on"])
+def test_one_server_caps_connections_and_disconnects_a_trickling_client(make_mount, page: str) -> None:  # type: ignore[no-untyped-def]
+    # a read timeout far beyond the test: only the cap can close the idle connections below
+    m: Mount = make_mount(start=False, metrics_read_timeout=600, **({"ui_enabled": "true"} if page == "page_on" else {}))
+    m.metrics_port = free_port()
+    m.start()
+    pid = m.status()["pid"]
+    # the same text format with the page on and off
+    with urllib.request.urlopen(f"http://127.0.0.1:{m.metrics_port}/metrics", timeout=60) as r:
+        assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        text = r.read().decode()
+    assert value(text, "ckptfs_dirty_files") == 0 and "ckptfs_mount_info" in text
+    if page == "page_on":
+        assert urllib.request.urlopen(f"http://127.0.0.1:{m.metrics_port}/ui/", timeout=60).status == 200
+
+    # more idle connections than the cap (64): the daemon closes the oldest, its descriptors stay bounded
+    before = len(os.listdir(f"/proc/{pid}/fd"))
+    flood = [socket.create_connection(("127.0.0.1", m.metrics_port)) for _ in range(300)]
+    try:
+        assert "ckptfs_dirty_files" in scrape(m.metrics_port)  # accepted after every connection of the flood
+        assert len(os.listdir(f"/proc/{pid}/fd")) <= before + 64 + 16  # 16: the store's connections, ...
+        digest = write_random(m.path / "during.bin", 1 * MiB, seed=96)
+        assert sha256_file(m.path / "during.bin") == digest
+        wait_for("the daemon to close the oldest idle connections", lambda: sum(map(closed_by_server, flood)) >= 300 - 64, timeout=120)
+    finally:
+        for s in flood:
+            s.close()
+    m.flush()
+    assert m.object_sha256("during.bin") == digest
+
+    # a client trickling its request one byte a second is disconnected after metrics_read_timeout
+    m.stop()
+    m.options["metrics_read_timeout"] = 2
+    m.start()
+    request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: " + b"t" * 300 + b"\r\n\r\n"
+    sent = 0
+    with socket.create_connection(("127.0.0.1", m.metrics_port)) as s:
+        for byte in request:
+            try:
+                s.send(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += 1
+            if closed_by_server(s):
+                break
+            time.sleep(1)
+    assert sent < 120, f"still connected after trickling {sent} bytes, one a second"

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from typing import Any
 
 import pytest
@@ -135,6 +136,46 @@ def test_daemon_killed_with_passthrough_writer_open(make_mount: Any) -> None:
     m.flush()
     assert m.object_sha256("ckpt.bin") == sha256(data)
     assert (m.path / "ckpt.bin").read_bytes() == data
+
+
+@pytest.mark.integration
+def test_flush_of_an_open_passthrough_file_finishes_under_scrapes_and_status(make_mount: Any) -> None:
+    """Reading the daemon's state (a Prometheus scrape, `ckptfs status`) records what passthrough writers
+    wrote; where they wrote nothing it must make no new version, which would abandon the file's upload
+    at every scrape: the flush of a file kept open would never finish."""
+    m = kernel_mount(make_mount, metrics=True)
+    p = m.path / "model.pt"
+    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+    stop = threading.Event()
+    readings: list[str] = []
+
+    def read_state(how: str, every: float) -> None:
+        while not stop.wait(every):
+            if how == "scrape":
+                scrape(m.metrics_port)
+            else:
+                m.status()
+            readings.append(how)
+
+    readers = [threading.Thread(target=read_state, args=("scrape", 0.2), daemon=True),
+               threading.Thread(target=read_state, args=("status", 0.3), daemon=True)]
+    try:
+        data = os.urandom(128 * MiB)
+        assert os.write(fd, data) == len(data)
+        os.fsync(fd)  # acknowledged; the file stays open
+        for reader in readers:
+            reader.start()
+        wait_for("the state read while the file is open", lambda: {"scrape", "status"} <= set(readings), timeout=120)
+        proc = m.cli("flush", str(p), "--timeout", "90", timeout=150)  # an old daemon never finishes it
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert os.getxattr(p, "user.ckptfs.state") == b"durable"
+        assert m.object_sha256("model.pt") == sha256(data)
+    finally:
+        stop.set()
+        for reader in readers:
+            if reader.is_alive():
+                reader.join(60)
+        os.close(fd)
 
 
 @pytest.mark.integration

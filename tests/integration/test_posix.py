@@ -222,6 +222,52 @@ def test_chown_by_the_owner_clears_setuid_and_setgid_as_a_local_file_system_does
     assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o555, OTHER_GROUP)  # in the journal
 
 
+def test_setuid_dropped_by_every_chgrp_of_a_reused_name(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """pjdfstest chown/00.t's sequence, the name unlinked and created again before each round (as the
+    conformance run did): the owner's chown to another of its groups drops setuid/setgid, root sets
+    them again, the owner's chgrp back drops them again. Linux's answers are the reference."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    m: Mount = make_mount(allow_other="true")
+    local = tmp_path / "local"
+    local.mkdir()
+    seen: dict[Path, list[tuple[str, ...]]] = {}
+    for where in (local, m.path):
+        os.chmod(where, 0o777)
+        n0 = where / "n0"
+
+        def as_owner(*cmd: str) -> None:
+            proc = subprocess.run(cmd, cwd=where, user=NOBODY, group=OTHER_GROUP, extra_groups=[OTHER_GROUP, OTHER_GROUP - 1],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+
+        def mode() -> str:
+            st = os.lstat(n0)
+            return f"{stat.S_IMODE(st.st_mode):o},{st.st_uid},{st.st_gid}"
+
+        rounds = seen[where] = []
+        for _ in range(4):
+            for owner in ((123, 456), (0, 0), (NOBODY, OTHER_GROUP)):  # the name reused, as chown/00.t does before
+                n0.write_bytes(b"")
+                os.chown(n0, *owner)
+                mode()
+                os.unlink(n0)
+            n0.write_bytes(b"")
+            os.chown(n0, NOBODY, OTHER_GROUP)
+            os.chmod(n0, 0o6555)
+            first = mode()
+            as_owner("chown", f"{NOBODY}:{OTHER_GROUP - 1}", "n0")  # chown(n0, 65534, 65532)
+            second = mode()
+            os.chmod(n0, 0o6555)
+            third = mode()
+            as_owner("chgrp", str(OTHER_GROUP), "n0")  # chown(n0, -1, 65533)
+            rounds.append((first, second, third, mode()))
+            os.unlink(n0)
+    want = (f"6555,{NOBODY},{OTHER_GROUP}", f"555,{NOBODY},{OTHER_GROUP - 1}", f"6555,{NOBODY},{OTHER_GROUP - 1}", f"555,{NOBODY},{OTHER_GROUP}")
+    assert seen[local] == [want] * 4  # what Linux does
+    assert seen[m.path] == seen[local]
+
+
 # ------------------------------------------------------------------ fallocate
 def _fallocate(fd: int, mode: int, offset: int, length: int) -> int:
     libc = ctypes.CDLL(None, use_errno=True)

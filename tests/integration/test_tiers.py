@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from ckptfs.storageclass import fmt_money
+
 # Storage tiers: store-side logic behind the control socket: the FUSE transport changes nothing here, so these tests run under the default one only
 pytestmark = pytest.mark.one_transport
 
@@ -127,6 +129,7 @@ def test_usage_and_storage_metrics(make_mount: Any) -> None:
     assert sub["bytes"] == 500_000 and sub["objects"] == 1
     human = ok(m.cli("usage", str(m.path)))
     assert "per month" in human and "by storage class" in human
+    assert f"about {fmt_money(u['monthly_cost_estimate'])} per month" in human  # the page's way: with the currency
     # the scrape shows the catalogue walk `usage` of the whole mount just made
     text = urllib.request.urlopen(f"http://127.0.0.1:{m.metrics_port}/metrics", timeout=30).read().decode()
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,37 +137,63 @@ def read_losses(path: Path) -> dict[int, list[float]]:
     return out
 
 
-def test_train_loop_killed_resumes_from_newest_durable_checkpoint(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    steps, every = 60, 10
-    loop = [sys.executable, str(ROOT / "examples" / "train_loop.py"), "--steps", str(steps), "--every", str(every)]
-    # the reference: the same run, uninterrupted, on the local disk
-    subprocess.run([*loop, "--dir", str(tmp_path / "reference")], check=True, capture_output=True, timeout=600)
-    reference = read_losses(tmp_path / "reference" / "loss.jsonl")
-    assert sorted(reference) == list(range(1, steps + 1))
+def test_train_loop_killed_resumes_from_newest_committed_checkpoint(make_mount) -> None:  # type: ignore[no-untyped-def]
+    """examples/train_loop.py as docs/training.md says: it commits each step with ckptfs.commit and resumes
+    from ckptfs.latest, the newest committed checkpoint, even with a newer directory (written, never
+    committed) beside it; the loss curve continues exactly.
 
-    a: Mount = make_mount("a")
+    Before: it resumed from the newest directory whose files were durable (xattrs), committed or not,
+    and deleted every newer directory at start."""
+    import ckptfs
+
+    steps, every = 60, 10
+    # checkpoint_quiet_seconds: the job commits its own checkpoints; the daemon does not commit the others
+    a: Mount = make_mount("a", checkpoint_quiet_seconds=3600)
+    loop = [sys.executable, str(ROOT / "examples" / "train_loop.py"), "--steps", str(steps), "--every", str(every)]
+    # the reference: the same run, uninterrupted
+    done = subprocess.run([*loop, "--dir", str(a.path / "reference")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    reference = read_losses(a.path / "reference" / "loss.jsonl")
+    assert sorted(reference) == list(range(1, steps + 1))
+    assert done.stdout.strip().endswith(f"done at step {steps} (committed step_{steps})"), done.stdout
+    assert ckptfs.latest(a.path / "reference").step == steps  # type: ignore[union-attr]
+
     run = a.path / "run"
     proc = subprocess.Popen([*loop, "--dir", str(run), "--step-seconds", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("step 35", lambda: (run / "loss.jsonl").exists() and max(read_losses(run / "loss.jsonl"), default=0) >= 35)
+        wait_for("a committed step_30", lambda: (ck := ckptfs.latest(run)) is not None and ck.step >= 30)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    a.flush()  # the checkpoints written before the kill drain; the job itself is gone
+    a.flush()  # what the killed job wrote drains; what it did not commit stays uncommitted
+    newest = ckptfs.latest(run)
+    assert newest is not None and newest.metadata["step"] == newest.step and newest.metadata["loss"] == reference[newest.step][0]
+    # a step written after it whose commit never came (the job killed between its rename and its commit)
+    unfinished = run / f"step_{newest.step + every}"
+    if not unfinished.exists():
+        shutil.copytree(newest.path, unfinished)
+    a.flush()
+    assert ckptfs.state(unfinished) != "committed" and os.getxattr(unfinished / "model.pt", "user.ckptfs.state") == b"durable"
+
     out = subprocess.run([*loop, "--dir", str(run)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    resumed = int(re.search(r"resumed from step_(\d+)", out.stdout).group(1))  # type: ignore[union-attr]
-    assert resumed >= 30 and resumed % every == 0
+    assert out.stdout.startswith(f"resumed from step_{newest.step} "), out.stdout
     losses = read_losses(run / "loss.jsonl")
     assert sorted(losses) == list(range(1, steps + 1))
     for step, values in losses.items():
         assert all(v == reference[step][0] for v in values), step  # the curve continues exactly
-    assert len(losses[resumed + 1]) == 2  # steps after the checkpoint were run twice, identically
+    assert len(losses[newest.step + 1]) == 2  # steps after the checkpoint were run twice, identically
+    # every step is committed now, the unfinished one written again, with the loss of its step
+    committed = {ck.step: ck for ck in ckptfs.checkpoints(run) if ck.committed}
+    assert sorted(committed) == list(range(every, steps + 1, every))
+    assert committed[newest.step + every].metadata["loss"] == reference[newest.step + every][0]
 
 
-def test_train_loop_sigterm_writes_an_emergency_checkpoint(make_mount) -> None:  # type: ignore[no-untyped-def]
+def test_train_loop_sigterm_writes_and_commits_an_emergency_checkpoint(make_mount) -> None:  # type: ignore[no-untyped-def]
+    import ckptfs
+
     a: Mount = make_mount("a")
     run = a.path / "run"
     loop = [sys.executable, str(ROOT / "examples" / "train_loop.py"), "--dir", str(run), "--steps", "1000", "--every", "100",
@@ -177,6 +204,16 @@ def test_train_loop_sigterm_writes_an_emergency_checkpoint(make_mount) -> None: 
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     saved = int(re.search(r"saved step_(\d+)", out).group(1))  # type: ignore[union-attr]
-    a.flush()
+    assert f"(committed step_{saved})" in out, out
     assert os.getxattr(run / f"step_{saved}" / "model.pt", "user.ckptfs.state") == b"durable"
     assert a.object_sha256(f"run/step_{saved}/model.pt") == sha256_file(run / f"step_{saved}" / "model.pt")
+    latest = ckptfs.latest(run)
+    assert latest is not None and latest.step == saved and ckptfs.state(run / f"step_{saved}") == "committed"
+
+
+def test_train_loop_outside_a_mount_says_so_in_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "train_loop.py"), "--dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().startswith("train_loop.py: ") and "is not inside a ckptfs mount" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

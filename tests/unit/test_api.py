@@ -108,6 +108,33 @@ def test_metadata_that_is_not_json_is_refused_before_sending(daemon: FakeDaemon,
     assert daemon.requests == []
 
 
+def test_api_errors_are_one_clear_line_in_the_apis_words(daemon: FakeDaemon, tmp_path: Path) -> None:
+    """Issue 35: a wrong argument is a CkptfsError naming the call and the fix, never a bare ValueError or TypeError,
+    nor the CLI's wording (--reason TEXT); nothing is sent."""
+    step = tmp_path / "mnt" / "run" / "step_3"
+    with pytest.raises(ckptfs.CkptfsError, match=r"^commit: metadata must be a dict .*not str$"):
+        ckptfs.commit(step, "notadict")  # type: ignore[arg-type]
+    with pytest.raises(ckptfs.CkptfsError, match=r"^commit: metadata must be a dict .*not list$"):
+        ckptfs.commit(step, [("loss", 1.0)])  # type: ignore[arg-type]
+    for call in (ckptfs.protect, ckptfs.unprotect):
+        for reason in ("", "   ", None):
+            with pytest.raises(ckptfs.CkptfsError, match=rf"^{call.__name__} needs a non-empty reason") as e:
+                call(step, reason)  # type: ignore[arg-type]
+            assert "--reason" not in str(e.value)
+    with pytest.raises(ckptfs.CkptfsError, match=r"^latest: the path must be a str or a pathlib.Path, not int$"):
+        ckptfs.latest(7)  # type: ignore[arg-type]
+    with pytest.raises(ckptfs.CkptfsError, match=r"^wait_durable: timeout '5': give a number of seconds"):
+        ckptfs.wait_durable(step, "5")  # type: ignore[arg-type]
+    assert daemon.requests == []
+
+
+def test_non_finite_metadata_goes_as_null(daemon: FakeDaemon, tmp_path: Path) -> None:
+    daemon.replies.append([{"ok": True, "done": True, "written": True, "path": "run/step_3", "step": 3, "generation": 1,
+                            "changed": False, "files": 2, "bytes": 10}])
+    ckptfs.commit(tmp_path / "mnt" / "run" / "step_3", {"loss": float("nan"), "best": [float("inf"), 0.5]})
+    assert daemon.requests[-1]["metadata"] == {"loss": None, "best": [None, 0.5]}
+
+
 def test_latest_takes_the_newest_committed_checkpoint(daemon: FakeDaemon, tmp_path: Path) -> None:
     listing = [entry("run/step_1", 1), entry("run/step_3", 3, metadata={"loss": 0.3}), entry("run/step_4", 4, "writing"),
                entry("run/step_5", 5, "draining", committed=True), entry("run/step_2", 2, "protected")]

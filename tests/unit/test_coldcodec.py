@@ -261,7 +261,7 @@ def test_torch_archives_storages_get_their_dtypes() -> None:
         for i, (k, w) in enumerate(zip(kinds, whole)):
             # where they differ: a float's bytes near a chunk boundary left to zstd by one of them, or a data descriptor
             # cut by the chunk's end, seen (in the next chunk) after its first bytes went with the entry's data
-            assert k == w or {k, w} - set(floats.WIDTH) == {"zstd"} or i % chunk >= chunk - 15, (chunk, i, k, w)
+            assert k == w or {k, w} - set(codec.WIDTH) == {"zstd"} or i % chunk >= chunk - 15, (chunk, i, k, w)
     blob = stored(data, chunk=65536)
     assert len(blob) < 0.9 * len(data)
     assert layout.storage_dtypes(b"not a pickle") == {}

@@ -54,7 +54,7 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
             (silent if m.group(1) else firing).add(current)
     names = set(alerts())
     assert names == {"CkptfsDown", "CkptfsDrainLagAboveSLO", "CkptfsUploadErrors", "CkptfsStoreRejectsCredentials",
-                     "CkptfsCacheNearlyFull", "CkptfsWritersStalled", "CkptfsWritesRefused", "CkptfsNoCommittedCheckpoint",
+                     "CkptfsCacheNearlyFull", "CkptfsWritersStalled", "CkptfsWritesRefused", "CkptfsServiceRestarts", "CkptfsNoCommittedCheckpoint",
                      "CkptfsDrillFailedOrTooOld",
                      "CkptfsReplicationLagHigh", "CkptfsReplicaUnreachable"}
     assert names - firing == set(), "alerts never tested firing"

@@ -101,3 +101,14 @@ def test_throughput_counts_only_time_spent_sending() -> None:
     assert t.rate() == 40 * MiB / 14
     now[0] = 40.0  # the completed part left the window
     assert t.rate() == 0.0
+
+
+def test_status_screen_names_the_services_that_restarted() -> None:
+    running = {"state": "running", "restarts": 0, "last_error": None}
+    calm = {"control": running, "drainer": running, "listings": running}
+    assert "services all 3 running, none restarted" in screen({**BUSY, "services": calm})
+    troubled = {**calm, "drainer": {"state": "restarting", "restarts": 3, "last_error": "RuntimeError: boom"},
+                "listings": {"state": "running", "restarts": 1, "last_error": "KeyError: 'x'"}}
+    line = next(l for l in screen({**BUSY, "services": troubled}).splitlines() if l.startswith("services"))
+    assert line == "services drainer restarting (3 restarts): RuntimeError: boom · listings running again (1 restart): KeyError: 'x' · 1 other running"
+    assert "services" not in screen(BUSY)  # an older daemon says nothing about them

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import trio
@@ -77,3 +78,32 @@ def test_copy_mode_for_handles_that_need_the_daemon(tmp_path: Path) -> None:
     writer = trio.run(fs.open, ino, os.O_WRONLY, RequestContext(0, 0, 1))
     assert writer.passthrough_fd is None  # copy mode keeps backpressure and ENOSPC
     trio.run(fs.release, writer.fh)
+
+
+def test_reading_the_state_of_an_unchanged_passthrough_writer_makes_no_new_version(tmp_path: Path) -> None:
+    """`status` and every scrape record what passthrough writers wrote (`sync_passthrough_all`). A new
+    version where nothing was written would abandon the file's upload in flight (a flush of an open file
+    never finishes under a scrape every few seconds)."""
+    ns = make_ns(tmp_path)
+    fs = CkptFS(ns, None, None, "")  # type: ignore[arg-type]
+    reply, attr = trio.run(fs.create, ROOT_INODE, b"ckpt.bin", stat.S_IFREG | 0o644, os.O_WRONLY, ROOT)
+    assert reply.passthrough_fd is not None
+    fs.opened(reply.fh, True)
+    os.pwrite(reply.passthrough_fd, b"x" * 5000, 0)
+    # written a while ago (an mtime read in the tick it was set could be set again by a later write)
+    os.utime(reply.passthrough_fd, ns=(time.time_ns() - 10**9, time.time_ns() - 10**9))
+    trio.run(fs.fsync, reply.fh, False)
+    version = ns.files.live[attr.ino].version
+    for _ in range(3):
+        fs.sync_passthrough_all()
+        trio.run(fs.getattr, attr.ino, None, ROOT)
+    assert ns.files.live[attr.ino].version == version  # nothing written: the same version
+    os.pwrite(reply.passthrough_fd, b"y", 5000)  # the kernel writes: a new mtime and size
+    fs.sync_passthrough_all()
+    assert ns.files.live[attr.ino].version > version
+    assert ns.files.row(attr.ino).size == 5001
+    version = ns.files.live[attr.ino].version
+    os.pwrite(reply.passthrough_fd, b"z", 0)  # the same size, in the tick just recorded: counted again
+    fs.sync_passthrough_all()
+    assert ns.files.live[attr.ino].version > version
+    trio.run(fs.release, reply.fh)

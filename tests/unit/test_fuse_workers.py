@@ -4,6 +4,7 @@ descriptor (one read, one request; one write, one reply)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import trio
 
 from ckptfs.fuse import abi
-from ckptfs.fuse.messages import Request
+from ckptfs.fuse.messages import Request, reply_error
 from ckptfs.fuse.ops import FastHandle, Operations
 from ckptfs.fuse.workers import CopyWorkers, fast_args, worker_count
 from tests.unit.test_fuse_protocol import request
@@ -62,10 +63,10 @@ class Ops(Operations):
     def repay(self, n: int) -> None:
         self.lent -= n
 
-    def wrote(self, ino: int, offset: int, lent: int, written: int, error: int) -> None:
+    def wrote(self, handle: FastHandle, offset: int, lent: int, written: int, error: int) -> None:
         self.lent -= lent
         self.used += written
-        self.wrote_calls.append((ino, offset, lent, written, error))
+        self.wrote_calls.append((handle.ino, offset, lent, written, error))
 
     def fast_reads(self, count: int, error: int = 0) -> None:
         self.reads += count
@@ -127,3 +128,106 @@ def test_dispatch_over_a_seqpacket_pair(tmp_path: Any) -> None:
     os.close(fd)
     kernel_side.close()
     daemon_side.close()
+
+
+def serve_with_workers(ops: Operations, fd_count: int, requests: list[bytes], replies_wanted: int,
+                       dispatch: Any = None, max_in_flight: int = 32, until: Any = None) -> list[bytes]:
+    """Run CopyWorkers on one end of a SOCK_SEQPACKET pair, send `requests` from the other end and
+    collect `replies_wanted` replies (then wait for `until()`, if given)."""
+    kernel_side, daemon_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    daemon_side.setblocking(False)
+    out: list[bytes] = []
+
+    async def main() -> None:
+        workers = CopyWorkers(ops, [daemon_side.fileno()], 4096 + 64 * 1024, 64 * 1024,
+                              dispatch or (lambda req, buf, rfd: None), max_in_flight=max_in_flight)
+
+        def kernel() -> None:
+            for req in requests:
+                kernel_side.send(req)
+            for _ in range(replies_wanted):
+                out.append(kernel_side.recv(1 << 17))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(workers.run)
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(kernel)
+                while until is not None and not until(workers):
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        kernel_side.close()
+        daemon_side.close()
+    return out
+
+
+def test_an_accounting_error_answers_the_write_with_its_errno(tmp_path: Any) -> None:
+    """The bytes were written but the trio thread could not account them: the WRITE must fail, not succeed
+    with an error only in the log (a write answered 5 bytes written would be one the journal never saw)."""
+    fd = os.open(tmp_path / "cache", os.O_CREAT | os.O_RDWR)
+
+    class Failing(Ops):
+        def wrote(self, handle: FastHandle, offset: int, lent: int, written: int, error: int) -> None:
+            super().wrote(handle, offset, lent, written, error)
+            if offset == 0:
+                raise OSError(errno.ENOSPC, "journal full")
+            raise RuntimeError("a bug")
+
+    ops = Failing(fd, room=1 << 20)
+    replies = serve_with_workers(ops, 1, [request(abi.Op.WRITE, rw(1, 0, 5) + b"hello", unique=31),
+                                          request(abi.Op.WRITE, rw(1, 5, 5) + b"world", unique=32)], 2)
+    answers = sorted(abi.OUT_HEADER.unpack_from(r)[1:] for r in replies)
+    assert answers == sorted([(-errno.EIO, 32), (-errno.ENOSPC, 31)])
+    assert ops.fast_handles[1].writes_in_flight == 0  # both accounted (and failed)
+    os.close(fd)
+
+
+def test_a_withdrawn_handle_goes_the_ordinary_way(tmp_path: Any) -> None:
+    """A handle taken off the fast path (its file about to be durable, setuid/setgid to drop) is never
+    written by a worker, even one that found it in the table."""
+    fd = os.open(tmp_path / "cache", os.O_CREAT | os.O_RDWR)
+    ops = Ops(fd, room=1 << 20)
+    ops.fast_handles[1].withdraw()
+    dispatched: list[int] = []
+
+    def dispatch(req: Request, buf: bytearray | None, rfd: int) -> None:
+        dispatched.append(req.unique)
+        os.write(rfd, b"".join(bytes(p) for p in reply_error(req.unique, errno.EROFS)))
+
+    replies = serve_with_workers(ops, 1, [request(abi.Op.WRITE, rw(1, 0, 5) + b"hello", unique=41)], 1, dispatch=dispatch)
+    assert dispatched == [41] and ops.wrote_calls == []
+    assert abi.OUT_HEADER.unpack_from(replies[0])[1:] == (-errno.EROFS, 41)
+    assert os.pread(fd, 5, 0) == b""
+    os.close(fd)
+
+
+def test_writes_handed_over_hold_at_most_max_in_flight_buffers(tmp_path: Any) -> None:
+    """WRITEs the trio thread answers keep their buffer until handled; while writers wait for room
+    they pile up: a worker must wait for a buffer to come back, not allocate one per request."""
+    ops = Ops(-1, room=0)  # handle 2 is not in the table: every WRITE is handed over
+    held: list[tuple[Request, bytearray]] = []
+
+    def dispatch(req: Request, buf: bytearray | None, rfd: int) -> None:
+        assert buf is not None
+        held.append((req, buf))
+
+    sent = [request(abi.Op.WRITE, rw(2, i, 5) + b"12345", unique=50 + i) for i in range(6)]
+    seen: list[int] = []
+
+    def two_held_then_release(workers: CopyWorkers) -> bool:
+        seen.append(len(held))
+        if len(seen) < 30:
+            return False  # let the worker read on if it could
+        while held:
+            req, buf = held.pop()
+            req.args = None
+            workers.give_back(buf)
+            seen.append(-1)
+        return len([s for s in seen if s == -1]) >= 6
+
+    serve_with_workers(ops, 1, sent, 0, dispatch=dispatch, max_in_flight=2, until=two_held_then_release)
+    assert max(seen) == 2  # never more than max_in_flight held by handed-over WRITEs
+    assert seen.count(-1) == 6  # and every one was handed over once buffers came back

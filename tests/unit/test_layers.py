@@ -36,8 +36,8 @@ LAYERS = [
     "drain | fetch | remote",
     "namespace",
     "journal | cache | store",
-    "config | threads | metrics | ui | policy | fuse.messages | fuse.iomode | fuse.mount | fuse.session",
-    "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies",
+    "config | threads | dbconnection | metrics | ui | policy | storeapi | fuse.messages | fuse.iomode | fuse.mount | fuse.session",
+    "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies | httpserver | supervisor",
 ]
 # the package markers themselves (ckptfs/fuse/__init__.py, ...) hold no code that imports; ckptfs/__init__.py
 # re-exports the Python API (`api`), checked to stay cheap by tests/unit/test_api.py

@@ -8,7 +8,7 @@ from ckptfs.cli.errors import CliError
 from ckptfs.cli.lifecycle import parse_meta
 from ckptfs.config import ConfigError, load_config
 from ckptfs.lifecycle.manifest import FileEntry, Manifest, next_manifest, write_manifest
-from ckptfs.objects import NO_OBJECT, PRECONDITION, StoreError
+from ckptfs.objects import NO_OBJECT, PRECONDITION, StoreError, json_document
 from ckptfs.patterns import Checkpoint, Patterns
 
 DEFAULTS = ["step_{step}", "step-{step}", "checkpoint-{step}", "global_step{step}", "iter_{step}", "{step}"]
@@ -136,3 +136,23 @@ def test_meta_options(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "list.json").write_text("[1]")
     with pytest.raises(CliError, match="must hold an object"):
         parse_meta([str(tmp_path / "list.json")])
+
+
+def test_json_written_into_the_bucket_is_strict_json_with_nan_as_null() -> None:
+    """Issue 35: JSON has no NaN; a strict parser (other tools reading manifests) rejects Python's `NaN` token."""
+    import json
+    import math
+
+    def strict(body: bytes) -> object:
+        return json.loads(body, parse_constant=lambda token: pytest.fail(f"{token} in a stored JSON document"))
+
+    assert strict(json_document({"loss": math.nan, "curve": [1.0, math.inf, (-math.inf, 2)], "n": 3})) == \
+        {"loss": None, "curve": [1.0, None, [None, 2]], "n": 3}
+    files = [FileEntry("model.bin", "ckpt/step_1/model.bin", 10, "e1", "x1", 5.0)]
+    m = next_manifest(None, "step_1", 1, files, "command", {"loss": math.nan}, now=10.0)
+    assert m is not None
+    doc = strict(m.to_json())
+    assert doc["metadata"] == {"loss": None} and doc["format"] == "ckptfs-manifest/1"  # type: ignore[index]
+    assert Manifest.from_json(m.to_json()).metadata == {"loss": None}
+    with pytest.raises(TypeError):
+        json_document({"model": object()})  # not JSON at all: loud, not written

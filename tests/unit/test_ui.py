@@ -3,6 +3,7 @@ pages, filters, order, the one checkpoint's tables, read-only by construction, t
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import urllib.error
@@ -13,8 +14,10 @@ import pytest
 import trio
 
 from ckptfs.ui import view
-from ckptfs.ui.app import COOKIE, CatalogueApp, with_metrics
-from ckptfs.ui.serve import UiError, check_bind, read_token, serve
+from ckptfs.httpserver import serve
+from ckptfs.metrics import Metrics
+from ckptfs.ui.app import COOKIE, CatalogueApp
+from ckptfs.ui.serve import UiError, check_bind, read_token
 from ckptfs.ui.snapshot import AskError, Snapshots, read_only
 
 N = 10_000
@@ -119,6 +122,34 @@ def test_one_checkpoint_shows_its_metadata_history_commands_and_files_but_no_sec
     assert get(app, "/checkpoint?path=runs/none")[0] == 404
 
 
+def test_a_run_that_does_not_exist_is_a_404_like_a_checkpoint(app: CatalogueApp) -> None:
+    status, _, body = get(app, "/run?run=nope")
+    assert status == 404 and "no such run" in body
+    assert get(app, "/run?run=runs/small")[0] == 200 and get(app, "/run")[0] == 200
+
+
+def test_history_is_one_time_format_sorted_by_time() -> None:
+    """Issue 35: a drill at 12:35:11 listed before a protect at 12:35:05, in two formats; now one list, oldest first."""
+    e = {"last_verify": {"outcome": "whole", "at": 1795782920.0, "deep": True}}
+    drills = {"last": {"path": "r/step_1", "outcome": "ok", "verify": "whole", "at": 1795782911.2}}
+    events = [{"at": 1795782905.360255, "at_iso": "2026-11-27T12:35:05.360255Z", "action": "protect", "who": {"user": "ann"},
+               "node": "n1", "reason": "paper"},
+              {"at_iso": "2026-11-27T12:35:30.5Z", "action": "unprotect", "who": {"user": "bob"}, "node": "n2", "reason": "done"}]
+    rows = [(view.when(at), what) for at, what in view.history(e, drills, events)]
+    assert rows == [("2026-11-27 12:35:05 UTC", "protect by ann on n1: paper"),
+                    ("2026-11-27 12:35:11 UTC", "drill (last): ok, verify whole"),
+                    ("2026-11-27 12:35:20 UTC", "verify (deep): whole"),
+                    ("2026-11-27 12:35:30 UTC", "unprotect by bob on n2: done")]
+
+
+def test_the_checkpoint_page_shows_history_in_one_format(app: CatalogueApp) -> None:
+    _, _, html = get(app, f"/checkpoint?path={RUN}/step_09999")
+    table = html[html.index('id="history"'):html.index("</table>", html.index('id="history"'))]
+    stamps = re.findall(r"<tr><td>([^<]*)</td>", table)
+    assert stamps and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", s) for s in stamps), stamps
+    assert stamps == sorted(stamps)
+
+
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
 def test_every_method_but_get_and_head_is_refused(app: CatalogueApp, method: str) -> None:
     status, headers, _ = get(app, f"/run?run={RUN}", method=method)
@@ -161,7 +192,7 @@ def test_non_loopback_without_a_token_is_refused(tmp_path: Any) -> None:
 
 def test_served_over_http_by_hypercorn_with_the_metrics() -> None:
     page = CatalogueApp(Snapshots(fake_ask, ""), "/mnt/ckpt", prefix="/ui")
-    app = with_metrics(page, lambda: b"ckptfs_up 1\n")
+    app = Metrics(lambda: {"dirty_files": 7}).app(page)
 
     def fetch(url: str, method: str = "GET") -> tuple[int, str]:
         try:
@@ -173,7 +204,7 @@ def test_served_over_http_by_hypercorn_with_the_metrics() -> None:
     async def main() -> list[tuple[int, str]]:
         async with trio.open_nursery() as nursery:
             await nursery.start(page.snapshots.run)
-            port = await nursery.start(serve, app, "127.0.0.1", 0)
+            port = await nursery.start(functools.partial(serve, app, "127.0.0.1", 0, read_timeout=10))
             base = f"http://127.0.0.1:{port}"
             out = [await trio.to_thread.run_sync(fetch, base + u, m)
                    for u, m in (("/metrics", "GET"), ("/ui/", "GET"), ("/ui/run?run=runs/small", "POST"), ("/metrics", "DELETE"))]
@@ -181,7 +212,7 @@ def test_served_over_http_by_hypercorn_with_the_metrics() -> None:
         return out
 
     (s1, metrics), (s2, runs), (s3, _), (s4, _) = trio.run(main)
-    assert (s1, metrics) == (200, "ckptfs_up 1\n")
+    assert s1 == 200 and "ckptfs_dirty_files 7.0\n" in metrics
     assert s2 == 200 and 'href="/ui/run?run=runs/big"' in runs
     assert (s3, s4) == (405, 405)
 
@@ -191,7 +222,7 @@ def test_a_busy_address_is_one_oserror() -> None:
 
     async def main(port: int) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(serve, CatalogueApp(Snapshots(fake_ask, ""), "/mnt/ckpt"), "127.0.0.1", port)
+            await nursery.start(functools.partial(serve, CatalogueApp(Snapshots(fake_ask, ""), "/mnt/ckpt"), "127.0.0.1", port, read_timeout=10))
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

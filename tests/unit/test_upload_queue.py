@@ -507,6 +507,38 @@ def test_the_tracker_sees_checkpoints_with_local_work_from_the_backlog_and_the_d
     assert_in_step(ns)
 
 
+
+def test_after_a_restart_the_tracker_derives_the_checkpoints_to_commit_from_the_journal(tmp_path: Path) -> None:
+    """What a close on this node left to upload, durable or not, makes its checkpoint active again; files only
+    listed from the bucket do not; no state file is read or written (issue 35)."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from ckptfs.lifecycle.tracker import LEGACY_STATE_FILE, Tracker
+    from ckptfs.patterns import Patterns
+
+    ns = make_ns(tmp_path)
+    run = ns.tree.mkdir(ROOT_INODE, "run3", 0o755, 0, 0)
+    s7 = ns.tree.mkdir(run.ino, "step_7", 0o755, 0, 0)
+    for name in ("model", "optim", "state"):
+        upload(ns, write_file(ns, s7.ino, name, b"x"))  # durable just before the stop
+    s8 = ns.tree.mkdir(run.ino, "step_8", 0o755, 0, 0)
+    write_file(ns, s8.ino, "model", b"y")  # still draining
+    s9 = ns.tree.mkdir(run.ino, "step_9", 0o755, 0, 0)
+    ns.journal.insert(s9.ino, "model", "file", 0o100644, 0, 0, DURABLE, remote_key="ckpt/run3/step_9/model", cached=0)  # listed
+    write_file(ns, ROOT_INODE, "notes", b"not in a checkpoint")
+    (tmp_path / LEGACY_STATE_FILE).write_text("{}")
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys)
+    tracker = Tracker(lc, str(tmp_path))  # type: ignore[arg-type]
+    assert not (tmp_path / LEGACY_STATE_FILE).exists()
+    trio.run(tracker.recover)
+    assert {p: (a.step, a.recovered) for p, a in tracker.active.items()} == {"run3/step_7": (7, True), "run3/step_8": (8, True)}
+    tracker.refresh()
+    # listed only with local work: one waiting for quiet is in the bucket, where the catalogue finds it
+    assert [c.path for c in tracker.local_checkpoints()] == ["run3/step_8"]
+    assert tracker.local_state("run3/step_7") is None and tracker.local_state("run3/step_8") == "draining"
+
 # ------------------------------------------------- a rename while the upload runs keeps what was sent
 def test_a_file_renamed_while_it_uploads_is_published_under_the_old_key_then_copied(tmp_path: Path) -> None:
     ns = make_ns(tmp_path, temporary_hold_seconds=HOLD)

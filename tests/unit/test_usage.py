@@ -86,3 +86,12 @@ def test_a_compressed_cold_copy_counts_what_it_stores_and_what_it_saved() -> Non
     labels = (("state", "committed"), ("storage_class", "moved:cold"))
     assert samples[("ckptfs_storage_saved_bytes", labels)] == 3 * GiB
     assert samples[("ckptfs_storage_bytes", labels)] == 7 * GiB
+
+
+def test_money_is_shown_one_way_with_its_currency() -> None:
+    """Issue 35: `usage` printed "about 0.01 per month" where the page showed `$0.0081`; one formatter for both."""
+    from ckptfs.storageclass import fmt_money
+    from ckptfs.ui.view import FILTERS
+
+    assert [fmt_money(x) for x in (0.0, None, 0.0081, 0.0123, 1234.5)] == ["$0", "$0", "$0.0081", "$0.01", "$1,234.50"]
+    assert FILTERS["money"] is fmt_money

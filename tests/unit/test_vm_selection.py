@@ -40,3 +40,43 @@ def test_auto_runs_everything_under_kvm_and_the_smoke_test_under_tcg(capsys) -> 
     assert line.startswith("test-vm: TCG emulation") and line.count("\n") == 1
     assert test_vm.selection_args("core", "tcg")[2:] == test_vm.TESTS
     assert test_vm.selection_args("smoke", "kvm")[2:] == test_vm.SMOKE
+
+
+def _visible_in_guest(path: str, keep: list[str]) -> bool:
+    """Whether the guest sees `path` of the host: outside its scratch tmpfs, or bound back over it."""
+    under_scratch = any(path == top or path.startswith(top + "/") for top in test_vm.SCRATCH)
+    return not under_scratch or any(path == k or path.startswith(k + "/") for k in keep)
+
+
+def test_a_worktree_under_tmp_stays_visible_in_the_guest(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A clone in /tmp (a CI runner, a quick try): the guest's tmpfs on /tmp hid it (`cd: can't cd to /tmp/...`,
+    vm-exit 127). The worktree and the venv are bound back over the tmpfs, after it is mounted."""
+    monkeypatch.setattr(test_vm, "REPO", Path("/tmp/c15"))
+    for python in (Path("/tmp/c15/.venv/bin/python"), Path("/var/tmp/venv/bin/python")):
+        keep = test_vm.hidden_by_scratch(test_vm.guest_paths(python))
+        run = test_vm.run_script(python, ["-v"])
+        assert run.startswith("cd /tmp/c15\n") and f"exec {python} -m pytest" in run
+        assert _visible_in_guest("/tmp/c15", keep) and _visible_in_guest(str(python), keep), keep
+        init = test_vm.init_script(keep).splitlines()
+        scratch = [i for i, line in enumerate(init) if line.startswith("mount -t tmpfs ") and line.split()[-1] in
+                   {f"/host{top}" for top in test_vm.SCRATCH}]
+        for kept in keep:
+            aside = init.index(f"mkdir -p /keep{kept} && mount -o bind /host{kept} /keep{kept} || echo 'vm: cannot keep {kept}'")
+            back = init.index(f"mkdir -p /host{kept} && mount -o bind /keep{kept} /host{kept} || echo 'vm: cannot bind back {kept}'")
+            assert aside < min(scratch) and max(scratch) < back < init.index("chroot /host /bin/sh /run/ckptfs-vm.sh")
+
+
+def test_a_worktree_elsewhere_binds_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(test_vm, "REPO", Path("/work/wt/x"))
+    assert test_vm.hidden_by_scratch(test_vm.guest_paths(Path("/work/wt/x/.venv/bin/python"))) == []
+    assert "bind" not in test_vm.init_script([])
+    # a path inside one already bound back is not bound twice; a neighbour with a common prefix is its own
+    assert test_vm.hidden_by_scratch([Path("/tmp/c15/.venv"), Path("/tmp/c15"), Path("/tmp/c15-b")]) == ["/tmp/c15", "/tmp/c15-b"]
+
+
+def test_the_nfs_selection_names_files_that_exist_and_loads_the_nfs_client() -> None:
+    assert test_vm.NFS and all((ROOT / f).is_file() and "nfs" in f for f in test_vm.NFS)
+    assert test_vm.selection_args("nfs", "tcg")[2:] == test_vm.NFS
+    assert {"sunrpc", "nfs", "nfsv4"} <= set(test_vm.guest_modules("nfs"))
+    assert test_vm.guest_modules("core") == test_vm.MODULES
+    assert "ip addr add" in test_vm.init_script([])  # Ganesha's AI_ADDRCONFIG needs an address besides 127.0.0.1
