@@ -14,7 +14,8 @@
 #                `guest kernel: ...` and pytest's summary. `make test` runs them too where the guest
 #                boots under KVM, and only the smoke test (write, fsync, rename, flush; both
 #                transports, ~6 min) under TCG emulation; one line says which, or why none
-#                (TEST_VM=0 skips them)
+#                (TEST_VM=0 skips them). make test-vm SELECTION=nfs: the NFS gateway with the
+#                kernel's NFSv4.1 client instead (ckptfs, Ganesha and the client in the guest)
 #   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run);
 #                adds the bench extra and s3fs
 #   make install the command in /opt/ckptfs (a venv) linked from /usr/local/bin, the systemd
@@ -126,7 +127,7 @@ test: system-deps test-deps $(if $(filter 1,$(TEST_VM)),vm-deps) $(TEST_STAMP)
 	@if [ "$(TEST_VM)" = 1 ]; then $(PY) scripts/test_vm.py --if-possible --selection auto; else echo "test-vm: skipped: TEST_VM=$(TEST_VM) (make test-vm runs them)"; fi
 
 test-vm: system-deps vm-deps $(TEST_STAMP)
-	$(PY) scripts/test_vm.py
+	$(PY) scripts/test_vm.py $(if $(SELECTION),--selection $(SELECTION))
 
 run: deps
 	$(PY) scripts/dev_s3.py start --dir $(DEV)/s3 --bucket $(BUCKET)

@@ -24,7 +24,8 @@ kernel, no boot) skips with one line saying why and exits 0; a failing test stil
 
 `--selection`: `core` (what `make test-vm` runs: every test below, both transports, about an
 hour of two cores under TCG), `smoke` (write + fsync + rename + flush, both transports, ~6 min
-under TCG) or `auto` (what `make test` runs): the core selection where the guest boots under KVM,
+under TCG), `nfs` (`make test-vm SELECTION=nfs`: the NFS gateway with the kernel's NFSv4.1
+client, whose modules the guest's init then loads too) or `auto` (what `make test` runs): the core selection where the guest boots under KVM,
 the smoke selection under TCG, said in one line. Why not the whole selection everywhere: under
 emulation it alone would take most of CI's 90 minutes.
 """
@@ -64,8 +65,14 @@ TESTS = [
 # product (tmp, fsync, rename, flush, bytes in the bucket) under both transports in copy mode.
 SMOKE = ["tests/integration/test_core.py::test_tmp_fsync_rename_flush"]
 
+# `make test-vm SELECTION=nfs`: the gateway mode with the kernel's NFSv4.1 client (this machine's
+# kernel may have none), and NFSv3 through libnfs. The guest runs ckptfs, rpcbind, Ganesha (the
+# host's, through the share) and the client on its own loopback; its init loads the NFS client.
+NFS = ["tests/integration/test_nfs_kernel_client.py", "tests/integration/test_nfs_gateway.py"]
+
 KERNEL_GLOB = "6.1.*"  # Debian 12's kernel
 MODULES = ["virtio_pci", "9pnet_virtio", "9p", "fuse"]
+NFS_MODULES = ["sunrpc", "nfs", "nfsv4"]  # their dependencies (lockd, grace, fscache, netfs, dns_resolver) come from modules.dep
 BOOT_MARK = "vm: booted"
 EXIT_MARK = re.compile(r"^vm-exit: (\d+)")
 KVM_BOOT_TIMEOUT = 30.0  # a KVM guest reaches its init in seconds where KVM works at all
@@ -92,6 +99,9 @@ mount -t tmpfs shm /host/dev/shm
 mount -t tmpfs run /host/run
 mount -t tmpfs vartmp /host/var/tmp
 {restore}ip link set lo up
+# with the NFS client loaded (the nfs selection): Ganesha resolves its Bind_addr with AI_ADDRCONFIG,
+# which finds no IPv4 at all where 127.0.0.1 is the only address: give lo a second one
+if grep -q nfsv4 /modules.load; then ip addr add 192.0.2.1/32 dev lo; fi
 echo "guest kernel: $(uname -r)"
 cp /run.sh /host/run/ckptfs-vm.sh
 chroot /host /bin/sh /run/ckptfs-vm.sh
@@ -193,11 +203,11 @@ def _cpio_entry(out: io.BytesIO, name: str, mode: int, data: bytes = b"", ino: i
     out.write(b"\0" * (-len(data) % 4))
 
 
-def build_initramfs(modules_dir: Path, run_script: str, keep: list[str]) -> bytes:
+def build_initramfs(modules_dir: Path, run_script: str, keep: list[str], modules: list[str] = MODULES) -> bytes:
     busybox = shutil.which("busybox") or "/bin/busybox"
     if not os.path.isfile(busybox) or not _is_static(busybox):
         raise Skip("no static busybox (apt-get install busybox-static)")
-    order = module_load_order(modules_dir, MODULES)
+    order = module_load_order(modules_dir, modules)
     out = io.BytesIO()
     ino = 1
     for d in ("bin", "proc", "sys", "dev", "tmp"):
@@ -314,15 +324,21 @@ def selection_args(selection: str, accel: str) -> list[str]:
         if selection == "smoke":
             print(f"test-vm: TCG emulation (no KVM guest here): the smoke selection ({len(SMOKE)} test x 2 transports); "
                   f"make test-vm runs all {len(TESTS)} (17-40 min)", flush=True)
-    return ["-v", "-rs", *(TESTS if selection == "core" else SMOKE)]
+    return ["-v", "-rs", *{"core": TESTS, "smoke": SMOKE, "nfs": NFS}[selection]]
+
+
+def guest_modules(selection: str) -> list[str]:
+    """The modules the guest's init loads: the NFS client only for the nfs selection (or node ids naming nfs)."""
+    return MODULES + NFS_MODULES if selection == "nfs" else MODULES
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--if-possible", action="store_true", help="skip (one line, status 0) where the VM cannot run")
     ap.add_argument("--accel", choices=["auto", "kvm", "tcg"], default=os.environ.get("CKPTFS_VM_ACCEL", "auto"))
-    ap.add_argument("--selection", choices=["core", "smoke", "auto"], default=os.environ.get("CKPTFS_VM_SELECTION", "core"),
-                    help="core: every core test; smoke: write+fsync+rename+flush; auto: core under KVM, smoke under TCG")
+    ap.add_argument("--selection", choices=["core", "smoke", "nfs", "auto"], default=os.environ.get("CKPTFS_VM_SELECTION", "core"),
+                    help="core: every core test; smoke: write+fsync+rename+flush; nfs: the NFS gateway with the kernel's "
+                         "NFSv4.1 client; auto: core under KVM, smoke under TCG")
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("CKPTFS_VM_TIMEOUT", 5400)),
                     help="seconds the whole guest run may take")
     ap.add_argument("pytest_args", nargs="*", help="instead of a selection (e.g. -- -k kernel, or node ids)")
@@ -342,7 +358,8 @@ def main() -> int:
                     continue
                 pytest_args = args.pytest_args or selection_args(args.selection, accel)
                 initrd = Path(tmp) / f"initrd-{accel}.gz"
-                initrd.write_bytes(build_initramfs(modules_dir, run_script(python, pytest_args), hidden_by_scratch(guest_paths(python))))
+                modules = guest_modules("nfs" if args.selection == "nfs" or "nfs" in " ".join(args.pytest_args) else args.selection)
+                initrd.write_bytes(build_initramfs(modules_dir, run_script(python, pytest_args), hidden_by_scratch(guest_paths(python)), modules))
                 timeout = KVM_BOOT_TIMEOUT if accel == "kvm" else TCG_BOOT_TIMEOUT
                 guest = boot(image, initrd, accel, timeout)
                 if guest is not None:

@@ -1,7 +1,8 @@
 """NFS-Ganesha (and rpcbind, if none runs) on 127.0.0.1 for the NFS gateway test, with temp paths and free ports.
 
-The server runs deploy/nfs/ganesha.conf as shipped, with only the export path and the two
-ports replaced. rpcbind is needed because Ganesha will not start without registering its
+The server runs deploy/nfs/ganesha.conf as shipped, with only the export path, the two
+ports and the NFSv4 recovery directory replaced (the recovery directory lives in the test's
+work directory, so it outlives a restart of the server as /var/lib/nfs/ganesha would). rpcbind is needed because Ganesha will not start without registering its
 programs; the libnfs client is given the ports in the URL, so it never asks rpcbind and is
 not confused by another NFS server registered there.
 """
@@ -58,7 +59,8 @@ class GaneshaServer:
         text = SHIPPED_CONFIG.read_text()
         for old, new in (("Path = /mnt/ckpt;", f"Path = {self.export_path};"),
                          ("NFS_Port = 2049;", f"NFS_Port = {self.nfs_port};"),
-                         ("MNT_Port = 20048;", f"MNT_Port = {self.mnt_port};")):
+                         ("MNT_Port = 20048;", f"MNT_Port = {self.mnt_port};"),
+                         ("RecoveryRoot = /var/lib/nfs/ganesha;", f"RecoveryRoot = {self.workdir / 'recovery'};")):
             assert text.count(old) == 1, f"deploy/nfs/ganesha.conf no longer has {old!r}"
             text = text.replace(old, new)
         return text
@@ -77,19 +79,26 @@ class GaneshaServer:
                 time.sleep(0.1)
         conf = self.workdir / "ganesha.conf"
         conf.write_text(self.config_text())
+        seen = self.log.stat().st_size if self.log.exists() else 0  # a restart appends to the same log
         self.proc = subprocess.Popen(
             [_which("ganesha.nfsd"), "-F", "-f", str(conf), "-L", str(self.log), "-p", str(self.workdir / "ganesha.pid"), "-N", "NIV_EVENT"],
             stdout=subprocess.DEVNULL, stderr=open(self.workdir / "ganesha.stderr", "wb"), start_new_session=True,
         )
         deadline = time.monotonic() + limit
         while True:
-            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            text = self.log.read_bytes()[seen:].decode(errors="replace") if self.log.exists() else ""
             if "NFS SERVER INITIALIZED" in text:
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline or ":FATAL :" in text or ":MAJ :" in text:
                 self.stop()
                 raise RuntimeError("ganesha.nfsd did not start: " + "\n".join(text.splitlines()[-15:]))
             time.sleep(0.1)
+
+    def kill(self) -> None:
+        """Ganesha gone at once (SIGKILL), rpcbind left running: what a crash, or systemd's stop after its timeout, leaves."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -72,3 +72,11 @@ def test_a_worktree_elsewhere_binds_nothing(monkeypatch) -> None:  # type: ignor
     assert "bind" not in test_vm.init_script([])
     # a path inside one already bound back is not bound twice; a neighbour with a common prefix is its own
     assert test_vm.hidden_by_scratch([Path("/tmp/c15/.venv"), Path("/tmp/c15"), Path("/tmp/c15-b")]) == ["/tmp/c15", "/tmp/c15-b"]
+
+
+def test_the_nfs_selection_names_files_that_exist_and_loads_the_nfs_client() -> None:
+    assert test_vm.NFS and all((ROOT / f).is_file() and "nfs" in f for f in test_vm.NFS)
+    assert test_vm.selection_args("nfs", "tcg")[2:] == test_vm.NFS
+    assert {"sunrpc", "nfs", "nfsv4"} <= set(test_vm.guest_modules("nfs"))
+    assert test_vm.guest_modules("core") == test_vm.MODULES
+    assert "ip addr add" in test_vm.init_script([])  # Ganesha's AI_ADDRCONFIG needs an address besides 127.0.0.1
