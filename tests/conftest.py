@@ -270,6 +270,15 @@ def mount_is_dead(path: Path) -> bool:
     return False
 
 
+def mount_answers(path: Path) -> bool:
+    """True once the daemon behind the mount answers a request of its own (the control socket's xattr on the root)."""
+    try:
+        os.getxattr(path, "user.ckptfs.control")
+        return True
+    except OSError:
+        return False
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CKPTFS, ROOT, Mount, mount_is_dead, run_cli, sha256_file, wait_for, write_random
+from tests.conftest import CKPTFS, ROOT, Mount, mount_answers, mount_is_dead, run_cli, sha256_file, wait_for, write_random
 from tests.support.faultproxy import FaultProxy
 from tests.support.seaweed import SeaweedServer, free_port
 
@@ -245,7 +245,7 @@ def test_signal_stops_a_foreground_daemon_cleanly(make_mount, proxy: FaultProxy,
     proc = subprocess.Popen([*CKPTFS, *m.mount_args(daemon=False)], env=m.env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("the mount", lambda: _answers(m.path))
+        wait_for("the mount", lambda: mount_answers(m.path))
         digest = write_random(m.path / "ckpt.bin", 40 * MiB, seed=60)
         wait_for("the drain to start", lambda: proxy.bytes_up > 1 * MiB)
         proc.send_signal(signum)
@@ -262,14 +262,6 @@ def test_signal_stops_a_foreground_daemon_cleanly(make_mount, proxy: FaultProxy,
     m.flush()
     assert m.object_sha256("ckpt.bin") == digest
     assert uploads_under(m) == []
-
-
-def _answers(path: Path) -> bool:
-    try:
-        os.getxattr(path, "user.ckptfs.control")
-        return True
-    except OSError:
-        return False
 
 
 # ------------------------------------------------------------ clear errors

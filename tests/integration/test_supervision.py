@@ -14,10 +14,9 @@ import json
 import os
 import socket
 import subprocess
-from pathlib import Path
 from typing import Any
 
-from tests.conftest import CKPTFS, ROOT, Mount, mount_is_dead, run_cli, sha256_file, wait_for, write_random
+from tests.conftest import CKPTFS, ROOT, Mount, mount_answers, mount_is_dead, run_cli, sha256_file, wait_for, write_random
 from tests.integration.test_metrics import scrape, value
 from tests.support.faultproxy import FaultProxy
 from tests.support.seaweed import free_port
@@ -133,7 +132,7 @@ def test_the_fuse_session_failing_stops_the_daemon_cleanly(make_mount) -> None: 
     proc = subprocess.Popen([*CKPTFS, *m.mount_args(daemon=False)], env={**m.env, "CKPTFS_TEST_FAULTS": FAULTY}, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("the mount", lambda: _answers(m.path))
+        wait_for("the mount", lambda: mount_answers(m.path))
         closed = write_random(m.path / "closed.bin", 2 * MiB, seed=30)
         data = os.urandom(3 * MiB)
         fd = os.open(m.path / "open.bin", os.O_WRONLY | os.O_CREAT, 0o644)
@@ -162,9 +161,3 @@ def test_the_fuse_session_failing_stops_the_daemon_cleanly(make_mount) -> None: 
     assert m.object_sha256("open.bin") == hashlib.sha256(data).hexdigest()
 
 
-def _answers(path: Path) -> bool:
-    try:
-        os.getxattr(path, "user.ckptfs.control")
-        return True
-    except OSError:
-        return False
