@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import report
-from bench.env import GiB, MiB, ROOT, BenchServer, guarded, log, loadavg, tree_cpu_seconds
+from bench.env import GiB, MiB, ROOT, BenchServer, disk_free, guarded, log, loadavg, tree_cpu_seconds
 from bench.mounts import fresh_mount
 from tests.support.ganesha import GaneshaServer, missing_tools
 
@@ -121,7 +121,10 @@ def plain_directory(root: Path, source: Path, size: int) -> dict[str, Any]:
 
 def through_ckptfs(server: BenchServer, bucket: str, root: Path, source: Path, size: int, digest: str) -> dict[str, Any]:
     with fresh_mount(server, bucket, root / "ck", **HELD_BACK) as mount:
+        before = mount.fuse_requests()
         out = through_export(mount.path, root / "ganesha-ckptfs", source, size, lambda: mount.pid)
+        # what reached the daemon: under passthrough no WRITE, but a GETATTR and a GETXATTR per NFS WRITE
+        out["fuse_requests"] = {op: n - before.get(op, 0.0) for op, n in mount.fuse_requests().items() if n - before.get(op, 0.0)}
         # the bytes on the mount are the source's (one file checked; every file's size was)
         if sha256(mount.path / f"c{CLIENTS[-1]}" / f"client_{CLIENTS[-1] - 1}.bin") != digest:
             raise RuntimeError("a file written through NFS into ckptfs differs from its source")
@@ -145,6 +148,10 @@ def nfs_gateway(server: BenchServer, work: Path, tag: str, log: Callable[[str], 
     if missing:
         return {"skipped": f"NFS gateway tools missing: {', '.join(missing)} (Debian: nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils)"}
     root, on_tmpfs = scratch_root(work)
+    need = size * (1 + sum(CLIENTS)) + GiB  # the source, then every client's file (the plain export's are gone by then)
+    if disk_free(root.parent) < need:
+        return {"skipped": f"{root.parent} has {disk_free(root.parent) / GiB:.1f} GiB free, the NFS workload needs about "
+                           f"{need / GiB:.1f} GiB there: free some or use a smaller size"}
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     out: dict[str, Any] = {"size": size, "clients": list(CLIENTS), "tmpfs": on_tmpfs, "client": "nfs-cp (libnfs, NFSv3)",

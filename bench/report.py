@@ -315,6 +315,10 @@ NFS_FIGURES: list[Figure] = [
            _nfs_cpu_per_gib("plain", "cpu_ganesha_s"), False, NFS[:1]),
     Figure("nfs_cpu_clients", "NFS gateway: the nfs-cp clients' own CPU seconds per GiB (through ckptfs)", "s/GiB", "", None,
            _nfs_cpu_per_gib("ckptfs", "cpu_clients_s"), False, NFS[1:]),
+    Figure("nfs_daemon_requests", "NFS gateway: FUSE requests reaching the ckptfs daemon per MiB written over NFS (1 and 4 clients)", "req/MiB", "", None,
+           lambda run, meta: (lambda r, b: sum(r.values()) / (b / MiB) if r and b else None)(
+               _get(run, "nfs_gateway", "ckptfs", "fuse_requests"),
+               sum(_get(run, "nfs_gateway", "ckptfs", f"clients_{c}", "bytes") or 0 for c in NFS_CLIENTS)), False, NFS[1:]),
     Figure("nfs_loadavg", "NFS gateway: highest 1-minute load average after a measured window (the machine is shared)", "load", "", None,
            _nfs_load, False, NFS),
     *(Figure(f"mibps_nfs_{export}_{c}", f"NFS, {c} nfs-cp client{'s' if c > 1 else ''} (all together), Ganesha over "
