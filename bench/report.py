@@ -321,7 +321,7 @@ NFS_FIGURES: list[Figure] = [
                sum(_get(run, "nfs_gateway", "ckptfs", f"clients_{c}", "bytes") or 0 for c in NFS_CLIENTS)), False, NFS[1:]),
     Figure("nfs_loadavg", "NFS gateway: highest 1-minute load average after a measured window (the machine is shared)", "load", "", None,
            _nfs_load, False, NFS),
-    *(Figure(f"mibps_nfs_{export}_{c}", f"NFS, {c} nfs-cp client{'s' if c > 1 else ''} (all together), Ganesha over "
+    *(Figure(f"mibps_nfs_{export}_{c}", f"NFS, {c} nfs-cp client{'s (all together)' if c > 1 else ''}, Ganesha over "
              f"{'ckptfs (uploads held back)' if export == 'ckptfs' else 'a plain tmpfs directory'}", "MiB/s", "", None,
              _nfs_mibps(export, c), False, (f"nfs_gateway.{export}",)) for c in NFS_CLIENTS for export in ("plain", "ckptfs")),
     Figure("mibps_nfs_drain", "NFS gateway: ckptfs flush of the files written over NFS, after the window", "MiB/s", "", None,
