@@ -84,10 +84,16 @@ def write_clients(ganesha: GaneshaServer, source: Path, directory: str, clients:
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
              for i in range(clients)]
     errors = []
-    for p in procs:
-        _, err = p.communicate(timeout=3600)
-        if p.returncode != 0:
-            errors.append(f"nfs-cp exited with {p.returncode}: {err.decode(errors='replace').strip()[:300]}")
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=3600)
+            if p.returncode != 0:
+                errors.append(f"nfs-cp exited with {p.returncode}: {err.decode(errors='replace').strip()[:300]}")
+    finally:
+        for p in procs:  # a client that hung (or the run interrupted) does not outlive the workload
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     elapsed = time.monotonic() - started
     if errors:
         raise RuntimeError(errors[0])
