@@ -17,7 +17,7 @@
 #                (TEST_VM=0 skips them). make test-vm SELECTION=nfs: the NFS gateway with the
 #                kernel's NFSv4.1 client instead (ckptfs, Ganesha and the client in the guest)
 #   make bench   benchmarks into docs/benchmarks.md (BENCH_ARGS="--quick" for a small run);
-#                adds the bench extra and s3fs
+#                adds the bench extra, s3fs and NFS-Ganesha with the libnfs client
 #   make install the command in /opt/ckptfs (a venv) linked from /usr/local/bin, the systemd
 #                unit, /etc/ckptfs, /var/cache/ckptfs, docs (DESTDIR= to stage; docs/install.md)
 #   make uninstall  the reverse, keeping /etc/ckptfs and /var/cache/ckptfs
@@ -34,7 +34,8 @@ APT_PKGS := fuse3 libfuse3-dev pkg-config attr
 # systemd-analyze, s3fs (a peer in `make bench`, and in the tests' smoke run of it), chromium and
 # chromium-driver (the catalogue page's tests drive it headless)
 TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils systemd s3fs chromium chromium-driver
-BENCH_APT_PKGS := s3fs
+# make bench: s3fs (a peer), NFS-Ganesha, rpcbind and libnfs's nfs-cp (what one NFS gateway serves)
+BENCH_APT_PKGS := s3fs nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils
 # make test-vm: QEMU, Debian 12's kernel (only adds /boot and /lib/modules/6.1.0-*) and a static
 # busybox for the guest's init; where they cannot be installed the VM tests say so and skip
 VM_APT_PKGS := qemu-system-x86 linux-image-amd64 busybox-static

@@ -262,6 +262,73 @@ TEMPORARY_DIR_FIGURES: list[Figure] = [
 ]
 
 
+# ------------------------------------------------ what one NFS gateway serves (bench/nfs_gateway.py)
+NFS = ("nfs_gateway.plain", "nfs_gateway.ckptfs")
+NFS_CLIENTS = (1, 4)
+
+
+def _nfs_mibps(export: str, clients: int) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        part = _get(run, "nfs_gateway", export, f"clients_{clients}") or {}
+        return part["bytes"] / MiB / part["write_s"] if part.get("write_s") else None
+
+    return f
+
+
+def _nfs_ratio(clients: int) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: _ratio(_nfs_mibps("ckptfs", clients)(run, meta), _nfs_mibps("plain", clients)(run, meta))
+
+
+def _nfs_cpu_per_gib(export: str, *fields: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """CPU seconds of `fields` (summed) per GiB written, over the one-client and the four-client windows together."""
+    def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        parts = [_get(run, "nfs_gateway", export, f"clients_{c}") for c in NFS_CLIENTS]
+        if not all(isinstance(p, dict) and all(k in p for k in fields) for p in parts):
+            return None
+        return sum(p[k] for p in parts for k in fields) / (sum(p["bytes"] for p in parts) / (1 << 30))
+
+    return f
+
+
+def _nfs_load(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    loads = [load[0] for export in ("plain", "ckptfs") for c in NFS_CLIENTS
+             for load in (_get(run, "nfs_gateway", export, f"clients_{c}", "loadavg_after"),) if load]
+    return max(loads) if loads else None
+
+
+def _nfs_drain_mibps(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    d = _get(run, "nfs_gateway", "ckptfs", "drain") or {}
+    return d["bytes"] / MiB / d["flush_s"] if d.get("flush_s") else None
+
+
+NFS_FIGURES: list[Figure] = [
+    *(Figure(f"nfs_write_{c}", f"NFS gateway, {c} client{'s' if c > 1 else ''} (nfs-cp, NFSv3, cache and plain directory on tmpfs): "
+             "write throughput through Ganesha into ckptfs / Ganesha over a plain directory (uploads held back: the S3 ingest is not in it)",
+             "x", ">=", 0.8, _nfs_ratio(c), True, NFS) for c in NFS_CLIENTS),
+    Figure("nfs_cpu_daemon", "NFS gateway: ckptfs daemon CPU seconds per GiB written through Ganesha (1 and 4 clients)", "s/GiB", "", None,
+           _nfs_cpu_per_gib("ckptfs", "cpu_daemon_s"), False, NFS[1:]),
+    Figure("nfs_cpu_ganesha", "NFS gateway: Ganesha CPU seconds per GiB written, exporting ckptfs", "s/GiB", "", None,
+           _nfs_cpu_per_gib("ckptfs", "cpu_ganesha_s"), False, NFS[1:]),
+    Figure("nfs_cpu_gateway", "NFS gateway: ckptfs daemon + Ganesha CPU seconds per GiB written (what sizes a gateway, docs/nfs.md)", "s/GiB", "", None,
+           _nfs_cpu_per_gib("ckptfs", "cpu_daemon_s", "cpu_ganesha_s"), False, NFS[1:]),
+    Figure("nfs_cpu_ganesha_plain", "NFS gateway: Ganesha CPU seconds per GiB written, exporting a plain directory", "s/GiB", "", None,
+           _nfs_cpu_per_gib("plain", "cpu_ganesha_s"), False, NFS[:1]),
+    Figure("nfs_cpu_clients", "NFS gateway: the nfs-cp clients' own CPU seconds per GiB (through ckptfs)", "s/GiB", "", None,
+           _nfs_cpu_per_gib("ckptfs", "cpu_clients_s"), False, NFS[1:]),
+    Figure("nfs_daemon_requests", "NFS gateway: FUSE requests reaching the ckptfs daemon per MiB written over NFS (1 and 4 clients)", "req/MiB", "", None,
+           lambda run, meta: (lambda r, b: sum(r.values()) / (b / MiB) if r and b else None)(
+               _get(run, "nfs_gateway", "ckptfs", "fuse_requests"),
+               sum(_get(run, "nfs_gateway", "ckptfs", f"clients_{c}", "bytes") or 0 for c in NFS_CLIENTS)), False, NFS[1:]),
+    Figure("nfs_loadavg", "NFS gateway: highest 1-minute load average after a measured window (the machine is shared)", "load", "", None,
+           _nfs_load, False, NFS),
+    *(Figure(f"mibps_nfs_{export}_{c}", f"NFS, {c} nfs-cp client{'s (all together)' if c > 1 else ''}, Ganesha over "
+             f"{'ckptfs (uploads held back)' if export == 'ckptfs' else 'a plain tmpfs directory'}", "MiB/s", "", None,
+             _nfs_mibps(export, c), False, (f"nfs_gateway.{export}",)) for c in NFS_CLIENTS for export in ("plain", "ckptfs")),
+    Figure("mibps_nfs_drain", "NFS gateway: ckptfs flush of the files written over NFS, after the window", "MiB/s", "", None,
+           _nfs_drain_mibps, False, NFS[1:]),
+]
+
+
 # ------------------------------------------------------- the compressed cold tier (bench/compression.py)
 def _cz_ratio(*names: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
     """Stored / original bytes of the cold tier's codec over the files `names`."""
@@ -402,6 +469,7 @@ FIGURES: list[Figure] = [
            lambda run, meta: _cpu_per_gib(run, meta, "boto3")),
     *SMALL_FIGURES,
     *TEMPORARY_DIR_FIGURES,
+    *NFS_FIGURES,
     # absolute throughputs, for reading the ratios
     Figure("mibps_raw_single", "raw disk, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "raw", "single", "ack_s")),
     Figure("mibps_ckptfs_single", "ckptfs, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "ckptfs", "single", "ack_s")),

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.env import (BenchServer, copy_requests, counters_delta, cpu_seconds, guarded, peak_rss_bytes, run_writers, venv_bin,
+from bench.env import (MiB, BenchServer, copy_requests, counters_delta, cpu_seconds, guarded, peak_rss_bytes, run_writers, venv_bin,
                        wait_for_objects)
 from bench.mounts import CkptfsMount, Mounted, RcloneMount, S3fsMount
+from bench.nfs_gateway import nfs_gateway
 from bench.small_files import small_files
 from bench.temporary_dir import temporary_dir
 
@@ -519,6 +520,8 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
         if "tmpdir" in want:
             run["temporary_dir"] = guarded(lambda: temporary_dir(server, plan.work, tag, log, plan.shard_size,
                                                                  compare_root=plan.compare_root))
+        if "nfs" in want:  # bench/nfs_gateway.py: Ganesha into ckptfs against Ganesha over a plain directory
+            run["nfs_gateway"] = guarded(lambda: nfs_gateway(server, plan.work, tag, log, max(MiB, plan.single_size // 4 // MiB * MiB), index))
 
         for peer in ("rclone", "s3fs"):
             if peer not in want:

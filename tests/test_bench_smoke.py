@@ -16,6 +16,7 @@ import pytest
 
 from bench import report
 from tests.conftest import ROOT, fuse_usable
+from tests.support.ganesha import missing_tools
 
 MiB = 1 << 20
 
@@ -96,6 +97,13 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert "error" not in td, td
     assert td["sent_bytes"] == td["bytes"] == 3 * MiB and td["temporary_keys_seen"] == 0 and td["listings"] > 0, td
 
+    # the NFS gateway: Ganesha into ckptfs and over a plain directory, 1 and 4 nfs-cp clients of 1 MiB
+    nfs_tools = not missing_tools()
+    if nfs_tools:
+        assert_nfs_gateway_result(run["nfs_gateway"], MiB)
+    else:
+        assert "NFS gateway tools missing" in run["nfs_gateway"]["skipped"]
+
     figures = {f["id"]: f for f in result["figures"]}
     assert set(figures) == {f.id for f in report.FIGURES}
     fids = ["ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
@@ -107,6 +115,9 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     else:  # never labelled passthrough when it was not
         assert figures["ack_passthrough_single"]["median"] is None
         assert "without passthrough" in figures["ack_passthrough_single"]["why_missing"]
+    if nfs_tools:
+        fids += ["nfs_write_1", "nfs_write_4", "nfs_cpu_daemon", "nfs_cpu_ganesha", "nfs_cpu_gateway", "nfs_cpu_ganesha_plain",
+                 "nfs_daemon_requests", "nfs_loadavg"]
     for fid in fids:
         f = figures[fid]
         assert f["median"] is not None and f["min"] <= f["median"] <= f["max"], f
@@ -119,6 +130,42 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     assert report.BEGIN in text and report.END in text
     assert "| Acknowledge, 1 file: ckptfs / raw disk throughput |" in text
     assert "- `ckptfs_libfuse` (libfuse): libfuse:" in text
+
+
+def assert_nfs_gateway_result(nfs: dict, size: int) -> None:
+    """Both exports written by 1 and by 4 clients, every byte the ckptfs export took drained after the window."""
+    assert {"plain", "ckptfs"} <= set(nfs) and nfs["size"] == size and nfs["clients"] == [1, 4], nfs
+    for export in ("plain", "ckptfs"):
+        assert "error" not in nfs[export], nfs[export]
+        for clients in (1, 4):
+            part = nfs[export][f"clients_{clients}"]
+            assert part["bytes"] == clients * size and part["write_s"] > 0 and part["cpu_ganesha_s"] >= 0, part
+            assert len(part["loadavg_before"]) == len(part["loadavg_after"]) == 3
+    assert all(nfs["ckptfs"][f"clients_{c}"]["cpu_daemon_s"] >= 0 for c in (1, 4))
+    assert "cpu_daemon_s" not in nfs["plain"]["clients_1"]  # no daemon behind a plain directory
+    assert nfs["ckptfs"]["fuse_requests"].get("create") == 5, nfs["ckptfs"]["fuse_requests"]  # one per client file
+    drain = nfs["ckptfs"]["drain"]
+    assert drain["bytes"] == 5 * size and drain["uploaded_bytes"] == 5 * size and drain["flush_s"] > 0, drain
+
+
+@pytest.mark.integration
+def test_nfs_gateway_bench_alone_at_one_mib(tmp_path: Path) -> None:
+    """`python -m bench.nfs_gateway`, the NFS workload run by itself, at 1 MiB per client."""
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"NFS gateway tools missing: {', '.join(missing)}")
+    out = tmp_path / "nfs.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.nfs_gateway", "--size-mib", "1", "--out", str(out), "--work", str(tmp_path / "work")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (nfs,) = json.loads(out.read_text())
+    assert_nfs_gateway_result(nfs, MiB)
+    printed = json.loads(proc.stdout[proc.stdout.index("{"):])
+    for fid in ("nfs_write_1", "nfs_write_4", "nfs_cpu_gateway"):
+        assert isinstance(printed[fid], float) and printed[fid] >= 0, printed
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())  # its scratch is gone
 
 
 def test_a_figure_is_never_labelled_with_a_transport_it_did_not_measure() -> None:
