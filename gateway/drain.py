@@ -312,29 +312,26 @@ class Drainer:
         except OSError as e:
             log.warning("could not record a failed upload of inode %d in the journal (%s): it is retried all the same", ino, e)
 
+    def _retry_later(self, p: Pending, kind: str, error: str, level: int, what: str, floor: float = 0.0) -> None:
+        """A failed upload: counted, kept queued with the file's backoff (never drop acknowledged data), said why."""
+        self.metrics.upload_errors.labels(kind).inc()
+        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, floor)
+        self._error(error)
+        log.log(level, "upload of %s %s (retry in %.1fs)", p.key, what, delay)
+        self._mark_failed(p.ino)
+
     def _journal_failed(self, p: Pending, e: OSError) -> None:
         # the store has the bytes (or not), but the journal cannot say so now: upload again once it can
-        self.metrics.upload_errors.labels("other").inc()
-        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
-        self._error(f"the journal cannot record the upload of {p.key}: {e}")
-        log.warning("upload of %s: the journal cannot record it (%s): retry in %.1fs", p.key, e, delay)
-        self._mark_failed(p.ino)
+        self._retry_later(p, "other", f"the journal cannot record the upload of {p.key}: {e}", logging.WARNING,
+                          f"cannot be recorded in the journal: {e}")
 
     def _store_failed(self, p: Pending, e: StoreError) -> None:
-        self.metrics.upload_errors.labels(e.kind).inc()
-        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff, self._floor(e))
-        self._error(str(e))
         level = logging.ERROR if e.kind in ("auth", "no-bucket") else logging.WARNING
-        log.log(level, "upload of %s failed: %s (retry in %.1fs)", p.key, e, delay)
-        self._mark_failed(p.ino)
+        self._retry_later(p, e.kind, str(e), level, f"failed: {e}", self._floor(e))
 
     def _read_failed(self, p: Pending, e: OSError) -> None:
-        # the cache file could not be read: keep it queued, never drop acknowledged data
-        self.metrics.upload_errors.labels("other").inc()
-        delay = self.backoff.setdefault(p.ino, Backoff()).fail(self.cfg.retry_max_backoff)
-        self._error(f"reading cache file for {p.key}: {e}")
-        log.error("upload of %s failed reading the cache: %s (retry in %.1fs)", p.key, e, delay)
-        self._mark_failed(p.ino)
+        # the cache file could not be read: keep it queued
+        self._retry_later(p, "other", f"reading cache file for {p.key}: {e}", logging.ERROR, f"failed reading the cache: {e}")
 
     async def _copy_file(self, ticket: UploadTicket) -> None:
         """A renamed durable file: copy its object inside the store (the old one is deleted after)."""
