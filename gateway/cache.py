@@ -45,6 +45,11 @@ class Cache:
         self._sampled_at = -1e9
         self._grown_since_sample = 0
 
+    def forget_disk_sample(self) -> None:
+        """The next `room` reads the disk's free space afresh: before a refusal, whose answer must not rest on a
+        sample taken before another process freed space."""
+        self._sampled_at = -1e9
+
     def room(self) -> int:
         """Bytes that may still be added: the lesser of the capacity left and the disk above its reserve."""
         now = time.monotonic()

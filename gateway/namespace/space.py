@@ -107,8 +107,13 @@ class Space:
             except CacheFull as full:
                 needed = full.needed
         if not self.drain_can_free(writing):
-            self._refuse(needed, "nothing left to drain or evict")
-            raise CacheFull(needed)
+            # refused at once: first make sure the disk is still full (its free space is sampled every 0.25 s)
+            self.cache.forget_disk_sample()
+            try:
+                return attempt()
+            except CacheFull as full:
+                self._refuse(full.needed, "nothing left to drain or evict")
+                raise
         started = trio.current_time()
         deadline = started + self.cfg.write_stall_timeout
         if started - self._stall_logged_at > STALL_LOG_INTERVAL:

@@ -134,8 +134,9 @@ def test_a_write_on_a_full_disk_with_nothing_to_drain_fails_at_once_and_works_on
     os.unlink(m.path / "overflow.bin")
     # the other process frees its space: writes work again without a restart, and reach the bucket intact
     disk.empty()
-    # the kernel sends the overflow's RELEASE after close() returned, and libfuse may deliver the unlink first:
-    # its cache copy goes at that release. Wait for the space (3 x 8 MiB + cache_min_free), not for a time.
+    # the overflow's cache copy goes at its RELEASE, which the kernel may send after close() returned: wait for
+    # the space (3 x 8 MiB + cache_min_free), not for a time. The daemon's disk sample may still say full: the
+    # first write below is refused at once only if a fresh look at the disk says so too (Space.when_room).
     wait_for("the unlinked overflow file's cache copy to go", lambda: disk.free() >= 48 * MiB, timeout=60)
     written = {f"after{i}.bin": write_random(m.path / f"after{i}.bin", 8 * MiB, seed=10 + i) for i in range(3)}
     m.flush()
