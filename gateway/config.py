@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping
 
 from .encryption import Encryption, EncryptionError
 from .patterns import PatternError, compile_patterns
+from .peering import PeerOptionError, check_peer_options
 from .sizes import (GiB, KiB, MiB, S3_MAX_KEY_BYTES, S3_MAX_PART_SIZE, S3_MAX_PARTS, S3_MIN_PART_SIZE, TiB,  # noqa: F401 (for callers)
                     SMALL_OBJECTS_PER_PART, fmt_bytes, part_size_for, small_objects_in_flight)
 from .storageclass import TierError, parse_prices, parse_transitions
@@ -156,6 +157,20 @@ class Config:
     fuse_passthrough: bool = _opt(True, "With `fuse_transport` kernel, ask the kernel for FUSE passthrough (granted to root on Linux 6.9 or later). Set false to serve every read and write in copy mode through the daemon, as where passthrough is refused: to rule passthrough out when chasing a problem, or to compare the two (`python -m bench` does). Has no effect on `fuse_transport` libfuse, which never has passthrough.")
     fuse_workers: str = _opt("auto", "With `fuse_transport` kernel: request workers, each a thread on its own clone of /dev/fuse that moves the bytes of copy-mode reads and writes (the read from /dev/fuse, the pwrite into the cache file, the pread and the reply) on a core of its own, while the filesystem's logic stays on the daemon's one event loop. `auto`: in copy mode one per core the daemon may run on, at most 8 (past that the kernel's own copies, not the daemon, set the pace: docs/benchmarks.md); under passthrough one, since the kernel moves the bytes and a worker's hand-over to the event loop adds to every request (a small file costs ~1.5x the daemon CPU through workers). 1: one reader on the event loop itself. 2 to 64: that many workers, under passthrough too (for the handles that still get copy mode: the cache short of `passthrough_min_room`, a file still arriving from the bucket). No effect on `fuse_transport` libfuse.")
     log_level: str = _opt("info", "Log level: debug, info, warning or error.")
+    # peers (docs/peers.md)
+    durability: str = _opt("local", "When an fsync (and, for a file written without one, its close) returns. `local`: once the bytes are on this node's cache disk (and its journal). `peer`: once they are also on `peer_replicas` other nodes' disks (docs/peers.md), so losing this node before the drain finishes loses nothing; needs `peer_addr` and `peer_secret_file`.")
+    node_name: str = _opt("", "This node's name among the mounts of the bucket (node records, manifests, the audit log). Empty: the host name. Three mounts on one machine are three nodes when each has its own.")
+    peers: list[str] = _opt([], "A static list of the nodes to replicate to, as `NAME=HOST:PORT` (with `@DOMAIN` for its `failure_domain`, `NAME=HOST:PORT@DOMAIN`). Empty: nodes announce themselves in the bucket (`.ckptfs/nodes/`) and find each other there. Liveness and takeover go through the bucket either way.")
+    peer_addr: str = _opt("", "With `durability = peer`: HOST:PORT this node's replication listener binds to and other nodes connect to (port 0: any free one, announced in the node record). A non-loopback address needs `peer_secret_file`.")
+    peer_secret_file: str = _opt("", "A file (chmod 600, owned by the mounting user) holding the cluster's shared secret (at least 32 bytes) that peers prove to each other when they connect (challenge-response, HMAC-SHA256); every node of the cluster has the same. Required with `durability = peer`.")
+    peer_replicas: int = _opt(1, "With `durability = peer`: how many other nodes hold a copy of each file until it is durable (R).")
+    failure_domain: str = _opt("", "This node's failure domain (a rack, a power feed): replicas go only to nodes of another domain. Empty: every other node is another domain.")
+    peer_timeout: float = _opt(10.0, "Seconds a peer may take to acknowledge before it is replaced by the next candidate (and the waiting fsync or close goes on with it).", "seconds")
+    on_no_peer: str = _opt("degrade", "With `durability = peer`, when no peer can take a copy: `degrade` acknowledges on the local disk alone (counted in `ckptfs_peer_degraded_writes_total`, alerted: the file is single-copy until it drains) or `fail` answers the fsync or close with EIO.")
+    peer_lease_ttl: float = _opt(30.0, "Seconds a node's record in the bucket stays valid unless renewed (every third of it). A node not heard from for this long is dead: a node holding its replicas takes it over and uploads what it had not. A node paused longer than this finds itself fenced and uploads nothing until it has reconciled.", "seconds")
+    peer_capacity: int = _opt(0, "Bytes of the cache disk kept for other nodes' replicas, apart from `cache_capacity`. 0: a quarter of the cache file system. A peer past it refuses new replicas (the sender tries the next). Size it at about one checkpoint interval of the peers' writes (docs/peers.md).", "bytes")
+    peer_max_bandwidth: int = _opt(0, "Bytes per second replication may send to peers, all peers together; 0: no cap.", "bytes")
+    peer_drop_grace: float = _opt(60.0, "Seconds a replica may outlive its file's durability: the owner tells its peers at once; a sweep every this long asks the bucket about replicas of owners that are gone.", "seconds")
     replica: dict = _opt({}, "Replica targets, from `[replica.NAME]` tables in the TOML file (see the replica table below); not settable from the environment or `-o`.", "table")
 
     # ------------------------------------------------------------------ derived
@@ -287,6 +302,10 @@ class Config:
             raise ConfigError(f"cold_compression = {self.cold_compression!r}: give auto, zstd or none")
         if not 0 <= self.cold_compression_threshold < 1:  # NaN too
             raise ConfigError(f"cold_compression_threshold = {self.cold_compression_threshold}: give a fraction from 0 to below 1 (0.03: 3%)")
+        try:
+            check_peer_options(self)
+        except PeerOptionError as e:
+            raise ConfigError(str(e)) from None
         for r in self.replica.values():
             if (r.endpoint_url or "") == (self.endpoint_url or "") and r.bucket == self.bucket and (
                     r.key_prefix.startswith(self.key_prefix) or self.key_prefix.startswith(r.key_prefix)):

@@ -33,15 +33,15 @@ LAYERS = [
     "preflight | control",
     "fuse.kernel | fuse.libfuse | replication",
     "fs | lifecycle | fuse.handlers | fuse.workers | warmup",
-    "drain | fetch | remote",
+    "drain | fetch | remote | peers",
     "namespace",
     "journal | cache | store",
     "config | threads | dbconnection | metrics | ui | policy | storeapi | fuse.messages | fuse.iomode | fuse.mount | fuse.session",
-    "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies | httpserver | supervisor",
+    "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies | httpserver | supervisor | peering",
 ]
 # the package markers themselves (ckptfs/fuse/__init__.py, ...) hold no code that imports; ckptfs/__init__.py
 # re-exports the Python API (`api`), checked to stay cheap by tests/unit/test_api.py
-MARKERS = {"", "fuse", "lifecycle", "replication", "namespace", "cli"}
+MARKERS = {"", "fuse", "lifecycle", "replication", "namespace", "cli", "peers"}
 
 # third-party packages only some modules may import, and which
 CONFINED = {

@@ -1,0 +1,127 @@
+"""What the peer options mean (docs/peers.md): names, addresses, the static list, their checks.
+
+A leaf: `config` validates the options with it, and the peers package (membership, the listener)
+reads the same parsed values, so an address or a list entry means one thing everywhere. The checks
+that look at files (the secret's mode and length) are here too: a mount refused for a secret anyone
+can read is refused before anything starts, with one line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+DURABILITY_LEVELS = ("local", "peer")
+ON_NO_PEER = ("degrade", "fail")
+SECRET_MIN_BYTES = 32
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+class PeerOptionError(Exception):
+    """A peer option a user got wrong; the message is one line naming the option and the fix."""
+
+
+@dataclass(frozen=True)
+class StaticPeer:
+    """One entry of the `peers` option."""
+
+    name: str
+    host: str
+    port: int
+    failure_domain: str = ""
+
+    @property
+    def addr(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def node_name_of(cfg: Any) -> str:
+    """This node's name: `node_name`, or the host name."""
+    return cfg.node_name or socket.gethostname()
+
+
+def parse_addr(value: str, option: str = "peer_addr") -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 in brackets) -> (host, port); one line naming `option` otherwise."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise PeerOptionError(f"{option} = {value!r} is not HOST:PORT (for example 10.0.0.5:7470, or 127.0.0.1:0 for any free port)")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_peer(entry: str) -> StaticPeer:
+    """`NAME=HOST:PORT[@DOMAIN]` -> StaticPeer."""
+    name, sep, rest = entry.partition("=")
+    if not sep or not NODE_NAME.fullmatch(name.strip()):
+        raise PeerOptionError(f"peers: {entry!r} is not NAME=HOST:PORT (optionally @DOMAIN), for example node-b=10.0.0.6:7470@rack2")
+    addr, _, domain = rest.partition("@")
+    host, port = parse_addr(addr.strip(), "peers")
+    if port == 0:
+        raise PeerOptionError(f"peers: {entry!r} has port 0: give the port that node's peer_addr listens on")
+    return StaticPeer(name.strip(), host, port, domain.strip())
+
+
+def read_secret(path: str) -> bytes:
+    """The shared secret in `path`, after the checks a key file gets (owner only, long enough)."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as e:
+        raise PeerOptionError(f"peer_secret_file = {path!r} cannot be read ({e.strerror}): give a file of at least {SECRET_MIN_BYTES} random bytes, chmod 600") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PeerOptionError(f"peer_secret_file = {path!r} is not a regular file: give a file of at least {SECRET_MIN_BYTES} random bytes, chmod 600")
+    if st.st_mode & 0o077:
+        raise PeerOptionError(f"peer_secret_file = {path!r} can be read by others (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 {path}")
+    if st.st_uid != os.geteuid():
+        raise PeerOptionError(f"peer_secret_file = {path!r} is owned by uid {st.st_uid}, not the mounting user: chown it to uid {os.geteuid()}")
+    if len(secret) < SECRET_MIN_BYTES:
+        raise PeerOptionError(f"peer_secret_file = {path!r} holds {len(secret)} bytes: give at least {SECRET_MIN_BYTES} random bytes "
+                              f"(head -c 48 /dev/urandom | base64 > {path}; chmod 600 {path})")
+    return secret
+
+
+def check_peer_options(cfg: Any) -> None:
+    """Every peer option's check; raises PeerOptionError with one line."""
+    if cfg.durability not in DURABILITY_LEVELS:
+        raise PeerOptionError(f"durability = {cfg.durability!r}: use local or peer")
+    if cfg.on_no_peer not in ON_NO_PEER:
+        raise PeerOptionError(f"on_no_peer = {cfg.on_no_peer!r}: use degrade or fail")
+    if cfg.node_name and not NODE_NAME.fullmatch(cfg.node_name):
+        raise PeerOptionError(f"node_name = {cfg.node_name!r}: give letters, digits, '.', '_' or '-' (at most 63), starting with a letter or digit")
+    if cfg.peer_replicas < 1:
+        raise PeerOptionError(f"peer_replicas = {cfg.peer_replicas}: give at least 1")
+    for name in ("peer_timeout", "peer_lease_ttl", "peer_drop_grace"):
+        if not getattr(cfg, name) > 0:  # NaN too
+            raise PeerOptionError(f"{name} = {getattr(cfg, name)}: give a number of seconds > 0")
+    for name in ("peer_capacity", "peer_max_bandwidth"):
+        if getattr(cfg, name) < 0:
+            raise PeerOptionError(f"{name} = {getattr(cfg, name)} is negative: give bytes >= 0 (0: {'automatic' if name == 'peer_capacity' else 'no cap'})")
+    if cfg.failure_domain and not NODE_NAME.fullmatch(cfg.failure_domain):
+        raise PeerOptionError(f"failure_domain = {cfg.failure_domain!r}: give letters, digits, '.', '_' or '-' (at most 63)")
+    names = [parse_peer(p).name for p in cfg.peers]
+    if len(set(names)) != len(names):
+        raise PeerOptionError(f"peers: a node is named twice ({', '.join(sorted({n for n in names if names.count(n) > 1}))}): give each node once")
+    if cfg.durability != "peer":
+        return
+    if not cfg.peer_addr:
+        raise PeerOptionError("durability = peer needs peer_addr: the HOST:PORT other nodes reach this one on (docs/peers.md)")
+    host, _ = parse_addr(cfg.peer_addr)
+    if not cfg.peer_secret_file:
+        where = "" if is_loopback(host) else f" (peer_addr {cfg.peer_addr} is not a loopback address: unauthenticated replication is refused)"
+        raise PeerOptionError(f"durability = peer needs peer_secret_file{where}: give a file of at least {SECRET_MIN_BYTES} random bytes, chmod 600, the same on every node")
+    read_secret(cfg.peer_secret_file)
