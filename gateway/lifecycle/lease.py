@@ -1,4 +1,4 @@
-"""A lease in the bucket: one object saying which node (host and pid) may run a job until when.
+"""A lease in the bucket: one object saying which node (its node_name and pid) may run a job until when.
 
 Used so that one node at a time runs a bucket-wide job on a schedule
 (retention today; replication will take another name). Key:
