@@ -504,7 +504,7 @@ def test_run_announces_renews_and_reads_the_others_on_its_own() -> None:
     """With real clocks and a short ttl: the record's renewed_at moves on, and another node appears live."""
     store = MemoryStore()
     cfg = config(failure_domain="")
-    cfg.peer_lease_ttl = 0.6
+    cfg.peer_lease_ttl = 1.5
     a = Membership(cfg, store, key_of, "a", "a-1", "127.0.0.1:7470")
     b = Membership(cfg, store, key_of, "b", "b-1", "127.0.0.1:7471")
 
