@@ -46,6 +46,7 @@ from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
 from .preflight import UserError, check_cache_dir, check_cold_extra, check_fuse, check_mountpoint, lock_cache_dir, secure_cache_dir
 from .objects import StoreError
+from .peering import node_name_of
 from .remote import Remote
 from .replication.service import Replicator
 from .store import Store
@@ -78,6 +79,7 @@ class Daemon:
         self.ready = False  # the mount came up (READY sent)
         self.failure: str | None = None  # why the daemon stops on its own (the FUSE session, the journal): exit status 1
         self.supervisor = Supervisor(fatal=journal_failed_for_good, on_fatal=self._fatal, faults=faults_from_environment())
+        self.peers: Any = None  # ckptfs.peers.service.Peers with durability = peer (built in prepare), else None
 
     # ---- wiring, before trio
     def prepare(self) -> None:
@@ -113,7 +115,7 @@ class Daemon:
                 raise UserError(disk_full_message(cfg.cache_dir)) from None
             raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
                             "check that disk (dmesg), then mount again") from None
-        self.metrics = Metrics(self.status)
+        self.metrics = Metrics(self.status, peers=cfg.durability == "peer")
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
         self.fetcher = Fetcher(cfg, self.ns, self.store)
@@ -144,6 +146,7 @@ class Daemon:
         if self.fs is not None:
             self.fs.sync_passthrough_all()  # what passthrough writers wrote so far counts as dirty and cached
         s: dict[str, Any] = dict(self.ns.stats())
+        oldest_close = s.pop("oldest_close_age_seconds")
         now = time.time()
         rate = self.drainer.throughput.rate()
         in_bucket = min(s["dirty_bytes"], self.bytes_in_bucket(""))
@@ -188,17 +191,31 @@ class Daemon:
             open_for_writing=self.open_for_writing(),
             uptime_seconds=round(time.time() - self.started, 1),
             services=self.supervisor.status(),
+            durability=self.cfg.durability,
+            node=node_name_of(self.cfg),
+            peer_takeovers_total=int(self.metrics.peer_takeovers._value.get()),
+            peer_replicated_bytes_total=int(self.metrics.peer_replicated_bytes._value.get()),
+            peer_degraded_writes_total=int(self.metrics.peer_degraded_writes._value.get()),
+            **peer_fields(self.peers.status() if self.peers is not None else None, s["dirty_bytes"], oldest_close),
         )
         return s
 
     def exists(self, path: str) -> bool:
         return self.journal.resolve(path) is not None
 
-    def flush_progress(self, path: str) -> dict[str, int]:
+    def flush_progress(self, path: str, level: str = "durable") -> dict[str, int]:
+        if level == "replicated":  # neither durable nor on peer_replicas peers' disks (control.py refuses it without peers)
+            files, size = self.peers.unreplicated_under(path)
+            return {"files": files, "bytes": size, "deletes": 0}
         self.ns.uploads.mark_urgent(path)
         files, size, deletes = self.ns.uploads.pending_under(path)
         return {"files": files, "bytes": size, "deletes": deletes, "uploaded_bytes": min(size, self.bytes_in_bucket(path)),
                 "upload_bytes_per_second": round(self.drainer.throughput.rate())}
+
+    async def wait_replicated(self, path: str) -> None:
+        """Until every file at or under `path` is durable or replicated (`flush --level replicated`; the client's
+        timeout ends the wait by going away)."""
+        await self.peers.wait_replicated_under(path)
 
     def bytes_in_bucket(self, path: str) -> int:
         """Bytes of files at or under `path` whose upload is running and whose parts are already in the bucket."""
@@ -300,6 +317,8 @@ class Daemon:
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
+        if self.peers is not None:  # ... `replicated` once every file of it not yet durable is on peers' disks
+            self.lifecycle.tracker.replicated = self.peers.is_replicated
         self.fuse_transport = choose_transport(cfg.fuse_transport)
         supervise, critical = self.supervisor.supervise, self.supervisor.critical
         async with trio.open_nursery() as nursery:
@@ -478,6 +497,24 @@ class Daemon:
                 self.ns.uploads.mark_urgent("")
                 with trio.move_on_after(0.1):
                     await self._stop_now.wait()
+
+
+def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age: float) -> dict[str, Any]:
+    """What `ckptfs status` (and the metrics) say of peer durability: the peers and their state, this node's own
+    (`live`, `fenced`, `reconciling`), and the single-copy window, from `Peers.status()`. With durability = local
+    (`peers` None) no peer holds anything: every byte not yet durable is single-copy, since its file's last close."""
+    if peers is None:
+        return {"peers": [], "peer_state": None, "peer_addr": None, "failure_domain": None, "peer_replica_bytes": 0,
+                "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age}
+    return {
+        "peers": list(peers.get("peers") or []),
+        "peer_state": peers.get("state"),
+        "peer_addr": peers.get("peer_addr"),
+        "failure_domain": peers.get("failure_domain"),
+        "peer_replica_bytes": peers.get("replica_bytes_held", 0),
+        "single_copy_bytes": peers.get("single_copy_bytes", 0),
+        "single_copy_oldest_age_seconds": peers.get("single_copy_oldest_age_seconds", 0.0),
+    }
 
 
 def set_kernel_read_ahead(mountpoint: str, size: int) -> None:
