@@ -193,9 +193,6 @@ class Daemon:
             services=self.supervisor.status(),
             durability=self.cfg.durability,
             node=node_name_of(self.cfg),
-            peer_takeovers_total=int(self.metrics.peer_takeovers._value.get()),
-            peer_replicated_bytes_total=int(self.metrics.peer_replicated_bytes._value.get()),
-            peer_degraded_writes_total=int(self.metrics.peer_degraded_writes._value.get()),
             **peer_fields(self.peers.status() if self.peers is not None else None, s["dirty_bytes"], oldest_close),
         )
         return s
@@ -505,7 +502,8 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
     (`peers` None) no peer holds anything: every byte not yet durable is single-copy, since its file's last close."""
     if peers is None:
         return {"peers": [], "peer_state": None, "peer_addr": None, "failure_domain": None, "peer_replica_bytes": 0,
-                "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age}
+                "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
+                "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0}
     return {
         "peers": list(peers.get("peers") or []),
         "peer_state": peers.get("state"),
@@ -514,6 +512,9 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "peer_replica_bytes": peers.get("replica_bytes_held", 0),
         "single_copy_bytes": peers.get("single_copy_bytes", 0),
         "single_copy_oldest_age_seconds": peers.get("single_copy_oldest_age_seconds", 0.0),
+        "peer_replicated_bytes_total": peers.get("replicated_bytes", 0),
+        "peer_degraded_writes_total": peers.get("degraded_writes", 0),
+        "peer_takeovers_total": peers.get("takeovers", 0),
     }
 
 

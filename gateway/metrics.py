@@ -9,11 +9,11 @@ request), turned into metric families only when scraped.
 
 Peer durability (docs/peers.md): the single-copy window (`single_copy_*`) is served by every mount,
 read from the daemon's status (with durability = local, the namespace's files not yet durable).
-The `ckptfs_peer_*` metrics are served only with durability = peer: the gauges (`peer_up`,
-`peer_replication_lag_seconds` by peer, `peer_replica_bytes`) read from the status at scrape time,
-so a peer that leaves leaves no stale series; the counters (`peer_takeovers`,
-`peer_replicated_bytes`, `peer_degraded_writes`) are `Metrics` attributes the peers package
-increments as things happen, like the drainer's.
+The `ckptfs_peer_*` metrics are served only with durability = peer, all read from the status at
+scrape time, which has them from `Peers.status()`: the gauges (`peer_up` and
+`peer_replication_lag_seconds` by peer, so a peer that leaves leaves no stale series;
+`peer_replica_bytes`) and the counters the peers package keeps (takeovers, bytes replicated,
+degraded writes), so `ckptfs status` and the metrics never disagree.
 
 Every metric is documented in docs/metrics.md; a test compares that table
 with a scrape of a live mount, and `promtool check metrics` lints the scrape.
@@ -159,8 +159,16 @@ class _StateCollector(Collector):
             yield from peer_families(values)
 
 
-def peer_families(values: dict[str, Any]) -> list[GaugeMetricFamily]:
-    """The peer gauges (durability = peer), from the status's `peers` list and `peer_replica_bytes`."""
+PEER_COUNTERS = {
+    "peer_takeovers": "Dead nodes whose replicas this node took over and uploaded.",
+    "peer_replicated_bytes": "Bytes of this node's files sent to peers and acknowledged by them.",
+    "peer_degraded_writes": "Fsyncs and closes acknowledged on this node alone because no peer took a copy in time "
+                            "(on_no_peer = degrade): those files are single-copy until they drain.",
+}
+
+
+def peer_families(values: dict[str, Any]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """The peer metrics (durability = peer), from the status: its `peers` list, `peer_replica_bytes`, the counters."""
     up = GaugeMetricFamily("ckptfs_peer_up", "1 while the peer's node record is live (renewed within peer_lease_ttl), 0 while it is down.",
                            labels=["peer"])
     lag = GaugeMetricFamily("ckptfs_peer_replication_lag_seconds", "Seconds the peer's copies are behind what this node wrote for it "
@@ -171,7 +179,12 @@ def peer_families(values: dict[str, Any]) -> list[GaugeMetricFamily]:
             lag.add_metric([str(p["node"])], float(p["lag_seconds"]))
     held = GaugeMetricFamily("ckptfs_peer_replica_bytes", "Bytes of other nodes' files this node holds as their peer until the bucket has them (peer_capacity).")
     held.add_metric([], float(values.get("peer_replica_bytes", 0)))
-    return [up, lag, held]
+    families: list[GaugeMetricFamily | CounterMetricFamily] = [up, lag, held]
+    for name, doc in PEER_COUNTERS.items():
+        c = CounterMetricFamily(f"ckptfs_{name}", doc)
+        c.add_metric([], float(values.get(f"{name}_total", 0)))
+        families.append(c)
+    return families
 
 
 class Metrics:
@@ -190,15 +203,7 @@ class Metrics:
             "ckptfs_time_to_durable_seconds", "Seconds from a file's last close to it being durable in the bucket.",
             buckets=DURABLE_BUCKETS, registry=r,
         )
-        r.register(_StateCollector(read_state, fuse, peers))
-        # peer durability: served only when it is on (`peers`); incremented by the peers package either way
-        self.peer_takeovers = Counter("ckptfs_peer_takeovers", "Dead nodes whose replicas this node took over and uploaded.", registry=None)
-        self.peer_replicated_bytes = Counter("ckptfs_peer_replicated_bytes", "Bytes of this node's files sent to peers and acknowledged by them.", registry=None)
-        self.peer_degraded_writes = Counter("ckptfs_peer_degraded_writes", "Fsyncs and closes acknowledged on this node alone because no peer "
-                                            "took a copy in time (on_no_peer = degrade): those files are single-copy until they drain.", registry=None)
-        if peers:
-            for counter in (self.peer_takeovers, self.peer_replicated_bytes, self.peer_degraded_writes):
-                r.register(counter)
+        r.register(_StateCollector(read_state, fuse, peers))  # `peers`: durability = peer, the ckptfs_peer_* metrics too
         ProcessCollector(registry=r)  # process_* (CPU, memory, open fds, start time): restarts and leaks show
         for kind in ("network", "server", "auth", "no-bucket", "no-upload", "other"):
             self.upload_errors.labels(kind)
