@@ -217,6 +217,9 @@ class ControlServer:
                 await self.daemon.wait_replicated(path)
             except OSError as e:  # on_no_peer = fail and no peer answers
                 failed.append(f"{path or '/'}: not replicated: {e.strerror or e}")
+            except Exception as e:  # noqa: BLE001 - as any handler's bug: one line, the server goes on
+                log.exception("waiting for replicas failed unexpectedly")
+                failed.append(f"internal error: {type(e).__name__}: {e} (see the daemon's log)".splitlines()[0])
             finally:
                 done.set()
 

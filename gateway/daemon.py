@@ -193,9 +193,20 @@ class Daemon:
             services=self.supervisor.status(),
             durability=self.cfg.durability,
             node=node_name_of(self.cfg),
-            **peer_fields(self.peers.status() if self.peers is not None else None, s["dirty_bytes"], oldest_close),
+            **peer_fields(self._peer_status(), s["dirty_bytes"], oldest_close),
         )
         return s
+
+    def _peer_status(self) -> dict[str, Any] | None:
+        """`Peers.status()` (None with durability = local). Its failure (a bug) must not fail `ckptfs status` and every
+        scrape with it: the rest is answered, this node's peer state says `unknown`, the log has the traceback."""
+        if self.peers is None:
+            return None
+        try:
+            return dict(self.peers.status())
+        except Exception:  # noqa: BLE001 - reported as a state, never a failed status
+            log.exception("could not read the peers' status")
+            return {"state": "unknown", "peers": []}
 
     def exists(self, path: str) -> bool:
         return self.journal.resolve(path) is not None
@@ -510,8 +521,9 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "peer_addr": peers.get("peer_addr"),
         "failure_domain": peers.get("failure_domain"),
         "peer_replica_bytes": peers.get("replica_bytes_held", 0),
-        "single_copy_bytes": peers.get("single_copy_bytes", 0),
-        "single_copy_oldest_age_seconds": peers.get("single_copy_oldest_age_seconds", 0.0),
+        # unknown (the peers' status failed): as without peers, the worst case
+        "single_copy_bytes": peers.get("single_copy_bytes", dirty_bytes),
+        "single_copy_oldest_age_seconds": peers.get("single_copy_oldest_age_seconds", oldest_close_age),
         "peer_replicated_bytes_total": peers.get("replicated_bytes", 0),
         "peer_degraded_writes_total": peers.get("degraded_writes", 0),
         "peer_takeovers_total": peers.get("takeovers", 0),

@@ -194,3 +194,16 @@ def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
     assert fields == {"peers": [peer, down], "peer_state": "fenced", "peer_addr": "10.0.0.5:7470", "failure_domain": "rack1",
                       "peer_replica_bytes": 11, "single_copy_bytes": 7, "single_copy_oldest_age_seconds": 3.0,
                       "peer_replicated_bytes_total": 1 << 30, "peer_degraded_writes_total": 2, "peer_takeovers_total": 1}
+
+
+def test_a_failing_peers_status_leaves_the_status_answered_with_the_worst_case(caplog: Any) -> None:
+    class BrokenPeers:
+        def status(self) -> dict[str, Any]:
+            raise KeyError("node-b")
+
+    daemon = PeerDaemon(None)
+    daemon.peers = BrokenPeers()  # type: ignore[assignment]
+    fields = peer_fields(Daemon._peer_status(daemon), 5 << 20, 12.5)  # type: ignore[arg-type]
+    assert fields["peer_state"] == "unknown" and fields["peers"] == []
+    assert fields["single_copy_bytes"] == 5 << 20 and fields["single_copy_oldest_age_seconds"] == 12.5  # nothing known to be on a peer
+    assert "could not read the peers' status" in caplog.text
