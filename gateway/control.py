@@ -60,8 +60,7 @@ LIFECYCLE_COMMANDS = ("checkpoints", "catalogue", "checkpoint_commit", "verify",
 
 class Daemon(Protocol):
     def status(self) -> dict[str, Any]: ...
-    def flush_progress(self, path: str, level: str = "durable") -> dict[str, int]: ...
-    async def wait_replicated(self, path: str) -> None: ...
+    def flush_progress(self, path: str) -> dict[str, int]: ...
     def request_stop(self, flush: bool) -> None: ...
     def exists(self, path: str) -> bool: ...
     async def warmup(self, paths: list[str], progress: Callable[[dict[str, Any]], Awaitable[None]]) -> list[tuple[str, str]]: ...
@@ -204,7 +203,8 @@ class ControlServer:
     async def _flush_replicated(self, path: str, send: Callable[[Any], Awaitable[None]]) -> None:
         """Progress lines until everything under `path` is durable or replicated. The wait is the peers' (it may
         send what they lack); the client ends it by going away (its timeout): then the wait is cancelled."""
-        if getattr(self.daemon, "peers", None) is None:
+        peers = getattr(self.daemon, "peers", None)  # peers.service.Peers
+        if peers is None:
             await send({"ok": False, "error": "level replicated needs durability = peer, and this mount has durability = local "
                                               "(no peer holds copies): wait for level durable, or mount with durability = peer (docs/peers.md)"})
             return
@@ -214,7 +214,7 @@ class ControlServer:
 
         async def wait() -> None:
             try:
-                await self.daemon.wait_replicated(path)
+                await peers.wait_replicated_under(path)
             except OSError as e:  # on_no_peer = fail and no peer answers
                 failed.append(f"{path or '/'}: not replicated: {e.strerror or e}")
             except Exception as e:  # noqa: BLE001 - as any handler's bug: one line, the server goes on
@@ -227,7 +227,8 @@ class ControlServer:
             nursery.start_soon(wait)
             try:
                 while not done.is_set():
-                    await send({"ok": True, **self.daemon.flush_progress(path, "replicated")})
+                    files, size = peers.unreplicated_under(path)  # neither durable nor on peer_replicas peers' disks
+                    await send({"ok": True, "files": files, "bytes": size, "deletes": 0})
                     with trio.move_on_after(PROGRESS_INTERVAL):
                         await done.wait()
             except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -146,7 +146,6 @@ class Daemon:
         if self.fs is not None:
             self.fs.sync_passthrough_all()  # what passthrough writers wrote so far counts as dirty and cached
         s: dict[str, Any] = dict(self.ns.stats())
-        oldest_close = s.pop("oldest_close_age_seconds")
         now = time.time()
         rate = self.drainer.throughput.rate()
         in_bucket = min(s["dirty_bytes"], self.bytes_in_bucket(""))
@@ -193,37 +192,18 @@ class Daemon:
             services=self.supervisor.status(),
             durability=self.cfg.durability,
             node=node_name_of(self.cfg),
-            **peer_fields(self._peer_status(), s["dirty_bytes"], oldest_close),
+            **peer_fields(peer_status(self.peers), s["dirty_bytes"], oldest_close_age(self.ns)),
         )
         return s
-
-    def _peer_status(self) -> dict[str, Any] | None:
-        """`Peers.status()` (None with durability = local). Its failure (a bug) must not fail `ckptfs status` and every
-        scrape with it: the rest is answered, this node's peer state says `unknown`, the log has the traceback."""
-        if self.peers is None:
-            return None
-        try:
-            return dict(self.peers.status())
-        except Exception:  # noqa: BLE001 - reported as a state, never a failed status
-            log.exception("could not read the peers' status")
-            return {"state": "unknown", "peers": []}
 
     def exists(self, path: str) -> bool:
         return self.journal.resolve(path) is not None
 
-    def flush_progress(self, path: str, level: str = "durable") -> dict[str, int]:
-        if level == "replicated":  # neither durable nor on peer_replicas peers' disks (control.py refuses it without peers)
-            files, size = self.peers.unreplicated_under(path)
-            return {"files": files, "bytes": size, "deletes": 0}
+    def flush_progress(self, path: str) -> dict[str, int]:
         self.ns.uploads.mark_urgent(path)
         files, size, deletes = self.ns.uploads.pending_under(path)
         return {"files": files, "bytes": size, "deletes": deletes, "uploaded_bytes": min(size, self.bytes_in_bucket(path)),
                 "upload_bytes_per_second": round(self.drainer.throughput.rate())}
-
-    async def wait_replicated(self, path: str) -> None:
-        """Until every file at or under `path` is durable or replicated (`flush --level replicated`; the client's
-        timeout ends the wait by going away)."""
-        await self.peers.wait_replicated_under(path)
 
     def bytes_in_bucket(self, path: str) -> int:
         """Bytes of files at or under `path` whose upload is running and whose parts are already in the bucket."""
@@ -505,6 +485,25 @@ class Daemon:
                 self.ns.uploads.mark_urgent("")
                 with trio.move_on_after(0.1):
                     await self._stop_now.wait()
+
+
+def peer_status(peers: Any) -> dict[str, Any] | None:
+    """`Peers.status()` (None with durability = local). Its failure (a bug) must not fail `ckptfs status` and every
+    scrape with it: the rest is answered, this node's peer state says `unknown`, the log has the traceback."""
+    if peers is None:
+        return None
+    try:
+        return dict(peers.status())
+    except Exception:  # noqa: BLE001 - reported as a state, never a failed status
+        log.exception("could not read the peers' status")
+        return {"state": "unknown", "peers": []}
+
+
+def oldest_close_age(ns: Namespace) -> float:
+    """Seconds since the oldest close of a file not yet durable, held ones included (not lagging, but on this node's
+    disk only all the same): the single-copy window's age with durability = local."""
+    closes = [e.closed_at for e in ns.backlog.entries() if e.closed_at]
+    return round(max(0.0, time.time() - min(closes)), 3) if closes else 0.0
 
 
 def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age: float) -> dict[str, Any]:

@@ -447,7 +447,6 @@ class UploadQueue:
         now = time.time()
         dirty_bytes = 0
         oldest = 0.0
-        oldest_close = 0.0  # held files too: not lagging, but on this node's disk only all the same
         uploading = 0
         held = 0  # under a temporary directory, not yet due
         in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
@@ -456,8 +455,6 @@ class UploadQueue:
             dirty_bytes += size
             if e.cached:
                 in_cache[e.state] += size
-            if e.closed_at:
-                oldest_close = max(oldest_close, now - e.closed_at)
             if e.state == UPLOADING:
                 uploading += 1
             elif e.temporary and self.backlog.due_at(e) > now:
@@ -471,7 +468,6 @@ class UploadQueue:
             "uploading_files": uploading,
             "temporary_held_files": held,
             "oldest_dirty_age_seconds": round(oldest, 3),
-            "oldest_close_age_seconds": round(oldest_close, 3),
             "cache_dirty_bytes": in_cache[DIRTY],
             "cache_uploading_bytes": in_cache[UPLOADING],
             "pending_deletes": len(self.deletes),

@@ -2,8 +2,8 @@
 
 A real Unix socket served by `ControlServer`; the daemon behind it is a stand-in whose `status` fails the
 first time, as a bug would (the integration tests show the same with a real daemon and a malformed request).
-And what a user sees of peer durability through the socket: `flush --level replicated` (the daemon's own flush
-methods over a fake of the `Peers` facade), the status's peers and single-copy window.
+And what a user sees of peer durability through the socket: `flush --level replicated` (over a fake of the `Peers`
+facade), the status's peers and single-copy window.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from ckptfs.control import ControlServer
-from ckptfs.daemon import Daemon, peer_fields
+from ckptfs.daemon import peer_fields, peer_status
 from ckptfs.supervisor import Supervisor
 
 
@@ -91,10 +91,7 @@ class FakePeers:
 
 
 class PeerDaemon:
-    """The daemon's own flush methods (Daemon.flush_progress, Daemon.wait_replicated) over a fake Peers."""
-
-    flush_progress = Daemon.flush_progress
-    wait_replicated = Daemon.wait_replicated
+    """What the control socket asks of the daemon for a flush: its `peers` (the facade, None without) and `exists`."""
 
     def __init__(self, peers: FakePeers | None) -> None:
         self.peers = peers
@@ -201,9 +198,7 @@ def test_a_failing_peers_status_leaves_the_status_answered_with_the_worst_case(c
         def status(self) -> dict[str, Any]:
             raise KeyError("node-b")
 
-    daemon = PeerDaemon(None)
-    daemon.peers = BrokenPeers()  # type: ignore[assignment]
-    fields = peer_fields(Daemon._peer_status(daemon), 5 << 20, 12.5)  # type: ignore[arg-type]
+    fields = peer_fields(peer_status(BrokenPeers()), 5 << 20, 12.5)
     assert fields["peer_state"] == "unknown" and fields["peers"] == []
     assert fields["single_copy_bytes"] == 5 << 20 and fields["single_copy_oldest_age_seconds"] == 12.5  # nothing known to be on a peer
     assert "could not read the peers' status" in caplog.text
