@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 from ..peering import node_name_of
 from ..objects import NO_OBJECT, PRECONDITION, StoreError, json_document
 from . import audit, tiers
+from .catalogue import LOCAL_STATES
 from .lease import Lease, kept
 from .manifest import MANIFEST, MOVED_FORMAT, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, now_iso, read_json, read_manifest
 from ..patterns import Checkpoint
@@ -91,7 +92,7 @@ def plan(entries: list[dict[str, Any]], cfg: Any, now: float, busy: dict[str, st
             out.append((path, "cancel" if state == MOVING else "keep", "protected"))
         elif e.get("state") == "expiring" and state != MOVING:
             out.append((path, "keep", "expiring (retention deletes it after its grace period)"))
-        elif e.get("state") in ("writing", "draining") or path in busy:
+        elif e.get("state") in LOCAL_STATES or path in busy:
             out.append((path, "keep", f"in use on this node ({busy.get(path) or e.get('state')})"))
         elif state == MOVING:
             out.append((path, "resume", "a move was interrupted: finished now"))

@@ -50,6 +50,7 @@ from ..peering import node_name_of
 from ..config import Config
 from ..objects import NO_OBJECT, PRECONDITION, StoreError, json_document
 from . import audit, place
+from .catalogue import LOCAL_STATES
 from .lease import Lease, kept
 from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, now_iso, read_json
 from ..patterns import Checkpoint, Patterns
@@ -160,7 +161,7 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
             mark = _mark(e)
             if e.get("protected"):
                 d.reason = "protected" + (f": {e['protection'].get('reason')}" if e.get("protection") else "")
-            elif e["state"] in ("writing", "draining") and e.get("committed"):
+            elif e["state"] in LOCAL_STATES and e.get("committed"):
                 d.reason = f"being changed on this node ({e['state']})"
             elif not e.get("committed"):
                 d.reason = "not committed (no manifest: being written, or written without ckptfs)"
