@@ -17,7 +17,6 @@ import os
 import socket
 import sqlite3
 import time
-from functools import partial
 from typing import Any
 
 import trio
@@ -72,11 +71,15 @@ class Listener:
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; reports started with the bound port (peer_addr may give port 0)."""
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(partial(trio.serve_tcp, self._serve, self.port, host=self.host))
-            self.port = listeners[0].socket.getsockname()[1]
-            log.info("peer listener on %s", self.addr)
-            task_status.started(self.port)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as e:
+            raise OSError(e.errno, f"peer_addr = {self.cfg.peer_addr} cannot be listened on ({e.strerror}): "
+                                   "give a free port of an address of this node (port 0: any free port)") from None
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("peer listener on %s", self.addr)
+        task_status.started(self.port)
+        await trio.serve_listeners(self._serve, listeners)
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
@@ -156,12 +159,13 @@ class _Connection:
             await self._run(ino, store.put_entry, owner, ino, m["meta"])
         elif kind is Kind.TRUNCATE:
             ino = int(m["ino"])
+            await self._unseal(ino)
             await self._run(ino, store.truncate, owner, ino, int(m["size"]))
         elif kind is Kind.FORGET:
             ino = int(m["ino"])
             version = m.get("version")
+            self.failed.pop(ino, None)  # whatever failed of it, the replica goes
             await self._run(ino, store.forget, owner, ino, None if version is None else int(version))
-            self.failed.pop(ino, None)
         elif kind is Kind.DELETE:
             await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]))
         elif kind is Kind.DELETE_DONE:
@@ -191,10 +195,17 @@ class _Connection:
             else:
                 self.failed[ino] = e
 
+    async def _unseal(self, ino: int) -> None:
+        """A sealed replica about to change is first recorded unsealed: a takeover never takes changed bytes for the
+        sealed ones (it would find the xxh3 wrong and skip the file)."""
+        if self.store.is_sealed(self.owner, ino):
+            await self._run(ino, self.store.unseal, self.owner, ino)
+
     async def _write(self, ino: int, offset: int, length: int) -> None:
         """Receive `length` bytes into the replica at `offset`; bytes that cannot be kept are still read off the
         connection (it stays usable), the failure answered at the seal."""
         fd: int | None = None
+        await self._unseal(ino)
         if ino not in self.failed:
             try:
                 fd = self.store.reserve(self.owner, ino, offset + length)

@@ -124,6 +124,7 @@ class ReplicaStore:
         self._bytes: dict[tuple[str, int], int] = {}  # bytes each replica's data file takes (its size)
         self._fds: dict[tuple[str, int], int] = {}
         self._hashed: dict[tuple[str, int], _Hashed] = {}
+        self._sealed = {(o, i) for o, i in self.db.execute("SELECT owner, ino FROM replicas WHERE sealed = 1")}
         self._scan()
 
     def _scan(self) -> None:
@@ -205,6 +206,7 @@ class ReplicaStore:
     def drop(self, owner: str, ino: int) -> None:
         with self._lock:
             self.db.execute("DELETE FROM replicas WHERE owner = ? AND ino = ?", (owner, ino))
+            self._sealed.discard((owner, ino))
             self._forget_file(owner, ino)
 
     def _forget_file(self, owner: str, ino: int) -> None:
@@ -235,6 +237,7 @@ class ReplicaStore:
                 raise
             for o, ino in [k for k in self._bytes if k[0] == owner] + [k for k in self._fds if k[0] == owner]:
                 self._forget_file(o, ino)
+            self._sealed = {k for k in self._sealed if k[0] != owner}
             if NODE_NAME.fullmatch(owner):
                 try:
                     for f in os.scandir(self.root / owner):
@@ -251,11 +254,22 @@ class ReplicaStore:
         with self._lock:
             row = self.db.execute("SELECT version, sealed FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
             sealed = bool(row and row[0] == m["version"] and row[1])
+            if not sealed:
+                self._sealed.discard((owner, ino))
             self.db.execute(
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
                 "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND version = ?), ?, ?, ?, ?, ?)",
                 (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["version"], m["copy_from"],
                  m["marker"], m["seq"], m["mtime"], m["checkpoint"]))
+
+    def is_sealed(self, owner: str, ino: int) -> bool:
+        return (owner, ino) in self._sealed
+
+    def unseal(self, owner: str, ino: int) -> None:
+        """Record the replica unsealed (committed) before its bytes change. Blocking: run it in a thread."""
+        with self._lock:
+            self.db.execute("UPDATE replicas SET sealed = 0 WHERE owner = ? AND ino = ?", (owner, ino))
+            self._sealed.discard((owner, ino))
 
     def _fd(self, owner: str, ino: int) -> int:
         fd = self._fds.get((owner, ino))
@@ -331,6 +345,7 @@ class ReplicaStore:
         with self._lock:
             self.db.execute("UPDATE replicas SET sealed = 1, xxh3 = ?, version = ?, size = ? WHERE owner = ? AND ino = ?",
                             (mine, version, size, owner, ino))
+            self._sealed.add((owner, ino))
         return mine
 
     def _hash(self, owner: str, ino: int, fd: int, size: int) -> str:

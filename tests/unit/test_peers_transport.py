@@ -346,7 +346,10 @@ def test_past_peer_capacity_the_seal_answers_peer_full_and_the_link_goes_on(shm:
             await link.seal(2, 1, 3 * MiB, digest)
         assert listener.full_answers == 1 and listener.store.held_bytes() == 3 * MiB
         await link.forget(1, None)  # durable: its room is free again
-        await link.forget(2, None)
+        await link.forget(2, None)  # a replica that failed here is dropped all the same
+        await link.barrier()
+        assert listener.store.entries("node-a") == [] and listener.store.held_bytes() == 0
+        assert os.listdir(shm / "b" / "peers" / "node-a") == []
         await link.entry(2, entry_meta("two", 1, 3 * MiB, seq=2))
         await link.write(2, fd, 0, 3 * MiB)
         await link.seal(2, 1, 3 * MiB, digest)
@@ -371,6 +374,16 @@ def test_truncate_deletes_and_drops_reach_the_replica_store_in_order(shm: Path) 
         await link.write(4, fd, 0, 2 * MiB)
         await link.truncate(4, 1000)
         await link.seal(4, 1, 1000, xxhash.xxh3_128_hexdigest(src.read_bytes()[:1000]))
+        assert store.entries("node-a")[0].sealed
+        with open(src, "r+b") as f:
+            f.write(b"rewritten!")
+        await link.write(4, fd, 0, 10)  # the sealed replica changes: recorded unsealed before its bytes are
+        await link.barrier()
+        [entry] = store.entries("node-a")
+        assert not entry.sealed and not await trio.to_thread.run_sync(store.verify, entry)
+        await link.seal(4, 1, 1000, xxhash.xxh3_128_hexdigest(src.read_bytes()[:1000]))
+        [entry] = store.entries("node-a")
+        assert entry.sealed and await trio.to_thread.run_sync(store.verify, entry)
         os.close(fd)
         await link.delete(11, "old/a", 5)
         await link.delete(10, "old/b", 6)
@@ -407,3 +420,44 @@ def test_a_lost_or_silent_peer_is_a_peer_error_within_peer_timeout(shm: Path) ->
             await PeerLink.open(config(peer_timeout=0.3), "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
         mute.close()
     trio.run(main)
+
+
+def test_a_peer_addr_in_use_is_one_line_naming_it(shm: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    cfg = config(peer_addr=f"127.0.0.1:{taken.getsockname()[1]}")
+    (shm / "b").mkdir()
+    store = ReplicaStore(cfg, str(shm / "b"))
+
+    async def main() -> None:
+        await Listener(cfg, store, SECRET, "node-b").run()  # raised as it is, not in a group: the supervisor's start shows it
+
+    with pytest.raises(OSError, match=f"peer_addr = {cfg.peer_addr} cannot be listened on"):
+        trio.run(main)
+    taken.close()
+    store.close()
+
+
+def test_the_throttle_is_given_every_byte_sent(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 20 * MiB)
+    (shm / "b").mkdir()
+    counted: list[int] = []
+
+    async def throttle(n: int) -> None:
+        counted.append(n)
+        await trio.sleep(0)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        link.throttle = throttle
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("x", 1, 20 * MiB))
+        await link.write(1, fd, 0, 20 * MiB)
+        await link.seal(1, 1, 20 * MiB, digest)
+        os.close(fd)
+        assert sum(counted) == 20 * MiB
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
