@@ -495,3 +495,25 @@ def test_the_caches_clean_up_of_files_no_inode_owns_leaves_replicas_alone(shm: P
     assert Path(store.path("node-a", 3)).read_bytes() == b"hello"
     assert [e.sealed for e in store.entries("node-a")] == [True]
     store.close()
+
+
+def test_connections_past_the_handshake_limit_are_closed_at_once(shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckptfs.peers.listener as listener_module
+    monkeypatch.setattr(listener_module, "MAX_HANDSHAKES", 2)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        silent = [await trio.open_tcp_stream("127.0.0.1", listener.port) for _ in range(2)]
+        for s in silent:
+            assert await s.receive_some(1 << 16)  # each got its challenge: both handshakes are under way
+        third = await trio.open_tcp_stream("127.0.0.1", listener.port)
+        assert await third.receive_some(1 << 16) == b""  # no challenge: closed
+        assert listener.refused_connections == 1
+        for s in silent:
+            await s.aclose()
+        await wait_for(lambda: listener.refused_connections == 3)
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)  # room again
+        await link.barrier()
+        await link.aclose()
+
+    with_listener(config(peer_timeout=60.0), shm / "b", body)
