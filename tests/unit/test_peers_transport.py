@@ -517,3 +517,27 @@ def test_connections_past_the_handshake_limit_are_closed_at_once(shm: Path, monk
         await link.aclose()
 
     with_listener(config(peer_timeout=60.0), shm / "b", body)
+
+
+def test_a_cache_file_shorter_than_a_write_keeps_the_link_in_step(shm: Path) -> None:
+    """The file was truncated between the sender's look at its size and the sendfile: the frame is filled up with
+    zeros, the link goes on, and the truncate that follows makes the replica right."""
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, MiB)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("short", 1, MiB))
+        await link.write(1, fd, 0, 3 * MiB)
+        await link.barrier()
+        replica = Path(listener.store.path("node-a", 1))
+        assert replica.read_bytes() == src.read_bytes() + bytes(2 * MiB)
+        await link.truncate(1, MiB)
+        await link.seal(1, 1, MiB, digest)
+        assert replica.read_bytes() == src.read_bytes()
+        os.close(fd)
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
