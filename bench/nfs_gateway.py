@@ -19,6 +19,9 @@ FUSE work done in Ganesha's threads counts as Ganesha's system time) over the wi
 average before and after each part is kept, because the machine is shared.
 
 `python -m bench.nfs_gateway [--quick]` runs it alone; `make bench` runs it as the `nfs` target.
+`--compare CHECKOUT` exports a third mount, another checkout's daemon (`ckptfs_base`), through the same
+harness in the same run, the three exports' order rotating from run to run: a before/after of a change
+in one sitting, where the load of this shared machine moves more between sittings than the change does.
 """
 
 from __future__ import annotations
@@ -137,8 +140,9 @@ def plain_directory(root: Path, source: Path, size: int) -> dict[str, Any]:
         shutil.rmtree(root / "ganesha-plain", ignore_errors=True)
 
 
-def through_ckptfs(server: BenchServer, bucket: str, root: Path, source: Path, size: int, digest: str) -> dict[str, Any]:
-    with fresh_mount(server, bucket, root / "ck", **HELD_BACK) as mount:
+def through_ckptfs(server: BenchServer, bucket: str, root: Path, source: Path, size: int, digest: str,
+                   code_root: Path = ROOT) -> dict[str, Any]:
+    with fresh_mount(server, bucket, root / "ck", code_root=code_root, **HELD_BACK) as mount:
         before = mount.fuse_requests()
         out = through_export(mount.path, root / "ganesha-ckptfs", source, size, lambda: mount.pid)
         # what reached the daemon: under passthrough no WRITE, but a GETATTR and a GETXATTR per NFS WRITE
@@ -160,8 +164,9 @@ def through_ckptfs(server: BenchServer, bucket: str, root: Path, source: Path, s
 
 
 def nfs_gateway(server: BenchServer, work: Path, tag: str, log: Callable[[str], None], size: int = SIZE,
-                index: int = 1) -> dict[str, Any]:
-    """Both exports, one client then four each; which export goes first alternates with `index`."""
+                index: int = 1, compare_root: Path | None = None) -> dict[str, Any]:
+    """Both exports, one client then four each; which export goes first alternates with `index`. With
+    `compare_root`, a third: that checkout's daemon (`ckptfs_base`), the order rotating instead."""
     missing = missing_tools()
     if missing:
         return {"skipped": f"NFS gateway tools missing: {', '.join(missing)} (Debian: nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils)"}
@@ -184,8 +189,15 @@ def nfs_gateway(server: BenchServer, work: Path, tag: str, log: Callable[[str], 
         touch_memory(root / "warm.bin", size * sum(CLIENTS))
         parts = [("plain", lambda: plain_directory(root, source, size)),
                  ("ckptfs", lambda: through_ckptfs(server, f"bench-{tag}-nfs", root, source, size, digest))]
-        for name, part in parts if index % 2 else parts[::-1]:
-            log(f"NFS gateway: Ganesha over {'a plain directory' if name == 'plain' else 'ckptfs'}, "
+        if compare_root is not None:
+            parts.append(("ckptfs_base", lambda: through_ckptfs(server, f"bench-{tag}-nfsbase", root, source, size, digest,
+                                                                code_root=compare_root)))
+            turn = (index - 1) % len(parts)
+            order = parts[turn:] + parts[:turn]
+        else:
+            order = parts if index % 2 else parts[::-1]
+        for name, part in order:
+            log(f"NFS gateway: Ganesha over {'a plain directory' if name == 'plain' else name}, "
                 f"{' then '.join(str(c) for c in CLIENTS)} nfs-cp clients of {size >> 20} MiB each")
             out[name] = guarded(part)
     finally:
@@ -207,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=ROOT / "bench" / "results" / "tmp",
                    help="scratch directory for the S3 server (the caches and the plain directory go to /dev/shm)")
     p.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
+    p.add_argument("--compare", type=Path, default=None,
+                   help="another ckptfs checkout: export its daemon too (ckptfs_base), for a before/after in one run")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     size = QUICK_SIZE if args.quick else args.size_mib * MiB
     if size < MiB or args.runs < 1:
@@ -218,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         for i in range(args.runs):
-            runs.append(nfs_gateway(server, work, f"n{i + 1}-{os.getpid()}", log, size, i + 1))
+            runs.append(nfs_gateway(server, work, f"n{i + 1}-{os.getpid()}", log, size, i + 1,
+                                    args.compare.absolute() if args.compare else None))
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -226,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(runs, indent=1) + "\n")
     summary = report.summarise([{"nfs_gateway": r} for r in runs], {}, report.NFS_FIGURES)
     print(json.dumps({f["id"]: f["median"] if f["median"] is not None else f.get("why_missing") for f in summary}, indent=1))
-    return 0 if all("error" not in (r.get(k) or {}) for r in runs for k in ("plain", "ckptfs")) else 1
+    if args.compare:  # the same figures with the other checkout's daemon in ckptfs's place
+        base = report.summarise([{"nfs_gateway": {**r, "ckptfs": r.get("ckptfs_base")}} for r in runs], {}, report.NFS_FIGURES)
+        print(json.dumps({f"{f['id']} (base)": f["median"] if f["median"] is not None else f.get("why_missing") for f in base}, indent=1))
+    parts = ("plain", "ckptfs", "ckptfs_base") if args.compare else ("plain", "ckptfs")
+    return 0 if all("error" not in (r.get(k) or {}) for r in runs for k in parts) else 1
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+G = TypeVar("G", bound=Callable[..., Any])
 
 
 def _fuse(fn: F) -> F:
@@ -92,6 +93,37 @@ def _fuse(fn: F) -> F:
             raise OSError(errno.EIO, "internal error") from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _fuse_now(op: str) -> Callable[[G], G]:
+    """`_fuse` for the handlers answered at once (`getattr_now`, `getxattr_now`): counted under `op` when they
+    answer (a None result is counted by the coroutine the transport then asks)."""
+    requests = FUSE_COUNTERS.requests
+    requests.setdefault(op, 0)
+
+    def wrap(fn: G) -> G:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = fn(*args, **kwargs)
+            except OSError as e:
+                requests[op] += 1
+                FUSE_COUNTERS.error(op, e.errno or errno.EIO)
+                if not e.errno:
+                    raise OSError(errno.EIO, str(e)) from None
+                raise
+            except Exception:
+                requests[op] += 1
+                log.exception("internal error in %s", op)
+                FUSE_COUNTERS.error(op, errno.EIO)
+                raise OSError(errno.EIO, "internal error") from None
+            if result is not None:
+                requests[op] += 1
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
 
 
 def _name(raw: bytes) -> str:
@@ -290,6 +322,11 @@ class CkptFS(Operations):
 
     @_fuse
     async def getattr(self, ino: int, fh: int | None, ctx: RequestContext) -> Attr:
+        return self._entry(self.ns.files.row(ino))
+
+    @_fuse_now("getattr")
+    def getattr_now(self, ino: int, fh: int | None, ctx: RequestContext) -> Attr:
+        """Everything getattr does is at hand: the journal's row and, for a passthrough writer, its cache file."""
         return self._entry(self.ns.files.row(ino))
 
     @_fuse
@@ -599,6 +636,17 @@ class CkptFS(Operations):
             self.ns.tree.reap(h.ino)
 
     # ------------------------------------------------------------------ xattrs
+    @_fuse_now("getxattr")
+    def getxattr_now(self, inode: int, name: bytes, ctx: RequestContext) -> bytes | None:
+        """The names ckptfs does not have, answered at once: the kernel asks for security.capability before
+        a write to a file whose attributes it has refreshed since its last write (every write Ganesha
+        follows with a stat); None for ckptfs's own names, which may have to ask the lifecycle or fetcher."""
+        if inode == ROOT_INODE and name == XATTR_CONTROL:
+            return self.control_socket.encode()
+        if name not in FILE_XATTRS:
+            raise OSError(errno.ENODATA, "no such attribute")
+        return None
+
     @_fuse
     async def getxattr(self, inode: int, name: bytes, ctx: RequestContext) -> bytes:
         if inode == ROOT_INODE and name == XATTR_CONTROL:

@@ -150,21 +150,26 @@ def assert_nfs_gateway_result(nfs: dict, size: int) -> None:
 
 @pytest.mark.integration
 def test_nfs_gateway_bench_alone_at_one_mib(tmp_path: Path) -> None:
-    """`python -m bench.nfs_gateway`, the NFS workload run by itself, at 1 MiB per client."""
+    """`python -m bench.nfs_gateway`, the NFS workload run by itself, at 1 MiB per client; with `--compare`
+    (this checkout again), the third export measured as the second is, and its figures printed apart."""
     if not fuse_usable():
         pytest.skip("/dev/fuse is not usable here")
     missing = missing_tools()
     if missing:
         pytest.skip(f"NFS gateway tools missing: {', '.join(missing)}")
     out = tmp_path / "nfs.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.nfs_gateway", "--size-mib", "1", "--out", str(out), "--work", str(tmp_path / "work")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "bench.nfs_gateway", "--size-mib", "1", "--out", str(out), "--work", str(tmp_path / "work"),
+                           "--compare", str(ROOT)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (nfs,) = json.loads(out.read_text())
     assert_nfs_gateway_result(nfs, MiB)
-    printed = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert_nfs_gateway_result({**nfs, "ckptfs": nfs["ckptfs_base"]}, MiB)
+    decoder = json.JSONDecoder()
+    printed, end = decoder.raw_decode(proc.stdout, proc.stdout.index("{"))
+    base, _ = decoder.raw_decode(proc.stdout, proc.stdout.index("{", end))
     for fid in ("nfs_write_1", "nfs_write_4", "nfs_cpu_gateway"):
         assert isinstance(printed[fid], float) and printed[fid] >= 0, printed
+        assert isinstance(base[f"{fid} (base)"], float) and base[f"{fid} (base)"] >= 0, base
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())  # its scratch is gone
 
 

@@ -40,6 +40,21 @@ class RequestHandlers:
             return reply_error(req.unique, errno.ENOSYS), None
         return await handler(self, req, RequestContext(req.header.uid, req.header.gid, req.header.pid))
 
+    def now(self, req: Request) -> Parts | None:
+        """The reply to a GETATTR or GETXATTR the filesystem answers without waiting (`getattr_now`,
+        `getxattr_now`), None for any other request or where it would have to wait."""
+        try:
+            ctx = RequestContext(req.header.uid, req.header.gid, req.header.pid)
+            if req.opcode == abi.Op.GETATTR:
+                attr = self.ops.getattr_now(req.nodeid, req.args.fh, ctx)
+                return None if attr is None else reply(req.unique, encode_attr_out(attr))
+            if req.opcode == abi.Op.GETXATTR:
+                value = self.ops.getxattr_now(req.nodeid, req.args.name, ctx)
+                return None if value is None else _sized(req.unique, value, req.args.size)
+        except OSError as e:
+            return reply_error(req.unique, e.errno or errno.EIO)
+        return None
+
     def _entry(self, req: Request, attr: Attr) -> tuple[Parts, Undo]:
         async def undo() -> None:
             await self.ops.forget([(attr.ino, 1)])

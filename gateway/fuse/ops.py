@@ -175,6 +175,16 @@ class Operations:
     async def setattr(self, ino: int, fields: SetattrFields, ctx: RequestContext) -> Attr:
         raise _nosys()
 
+    # Answered at once, on the transport's thread, without a task of their own: requests the kernel sends in
+    # the serial chain of every write (a GETATTR after it, the security.capability GETXATTR before the next),
+    # where a task's cost is most of the round trip. Each returns None where it would have to wait (then the
+    # coroutine above is asked), raises OSError for an error reply.
+    def getattr_now(self, ino: int, fh: int | None, ctx: RequestContext) -> Attr | None:
+        return None
+
+    def getxattr_now(self, ino: int, name: bytes, ctx: RequestContext) -> bytes | None:
+        return None
+
     async def readlink(self, ino: int, ctx: RequestContext) -> bytes:
         raise _nosys()
 

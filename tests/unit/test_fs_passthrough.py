@@ -9,6 +9,7 @@ mode are not offered passthrough.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -45,6 +46,39 @@ def test_passthrough_writer_is_tracked_without_write_requests(tmp_path: Path) ->
     assert row.version > version_at_open
     assert ns.cache.used_bytes == 5100
     assert fs.passthrough_handles == 0
+
+
+def test_getattr_and_absent_xattrs_answer_at_once_for_a_passthrough_writer(tmp_path: Path) -> None:
+    """The kernel transport answers GETATTR and GETXATTR without a task (`getattr_now`, `getxattr_now`): for
+    a file the kernel writes itself the size is the cache file's, security.capability is ENODATA, ckptfs's
+    own names go to the coroutine (None), and each request answered is counted once."""
+    from ckptfs.metrics import FUSE_COUNTERS
+
+    ns = make_ns(tmp_path)
+    fs = CkptFS(ns, None, None, "")  # type: ignore[arg-type]
+    reply, attr = trio.run(fs.create, ROOT_INODE, b"ckpt.bin", stat.S_IFREG | 0o644, os.O_WRONLY, ROOT)
+    fs.opened(reply.fh, True)
+    assert reply.passthrough_fd is not None
+    getattrs, getxattrs = FUSE_COUNTERS.requests["getattr"], FUSE_COUNTERS.requests["getxattr"]
+    for n in (1, 2):
+        os.pwrite(reply.passthrough_fd, b"x" * (1 << 20), (n - 1) << 20)  # the kernel writing the cache file
+        got = fs.getattr_now(attr.ino, reply.fh, ROOT)
+        assert got is not None and got.size == n << 20 and got.mode == stat.S_IFREG | 0o644
+        try:
+            fs.getxattr_now(attr.ino, b"security.capability", ROOT)
+            raise AssertionError("security.capability answered")
+        except OSError as e:
+            assert e.errno == errno.ENODATA
+    assert fs.getxattr_now(attr.ino, b"user.ckptfs.state", ROOT) is None
+    assert trio.run(fs.getxattr, attr.ino, b"user.ckptfs.state", ROOT) == b"dirty"
+    assert FUSE_COUNTERS.requests["getattr"] - getattrs == 2
+    assert FUSE_COUNTERS.requests["getxattr"] - getxattrs == 3  # two absent, one state (counted by the coroutine)
+    try:
+        fs.getattr_now(987654, None, ROOT)
+        raise AssertionError("a missing inode answered")
+    except OSError as e:
+        assert e.errno == errno.ENOENT
+    trio.run(fs.release, reply.fh)
 
 
 def test_rewrite_of_a_closed_file_counts_as_modified_from_open(tmp_path: Path) -> None:

@@ -388,3 +388,35 @@ def test_iomode_drop_all_makes_no_ioctl() -> None:
     m.drop_all()
     assert m.passthrough_handles == 0 and m.mode_of(5) is None
     assert b.open == {1: 30}  # not closed by an ioctl
+
+
+class _AtOnce:
+    """An `ops` answering getattr and the xattrs it lacks at once, and its own xattr only by waiting."""
+
+    def getattr_now(self, ino: int, fh: int | None, ctx: object) -> Attr | None:
+        if ino == 404:
+            raise OSError(errno.ENOENT, "no such inode")
+        return attr(ino=ino, size=1 << 20)
+
+    def getxattr_now(self, ino: int, name: bytes, ctx: object) -> bytes | None:
+        if name.startswith(b"user.ckptfs."):
+            return None  # would have to wait: the coroutine is asked
+        raise OSError(errno.ENODATA, "no such attribute")
+
+
+def test_getattr_and_absent_xattrs_answered_without_a_task() -> None:
+    """What the kernel asks in the serial chain of every write under passthrough (a GETATTR after it, the
+    security.capability GETXATTR before the next) is answered by `RequestHandlers.now`, without a task;
+    what would have to wait, and every other request, is left to a task (None)."""
+    from ckptfs.fuse.handlers import RequestHandlers
+
+    handlers = RequestHandlers(_AtOnce(), IoModes(lambda fd: 1, lambda i: None, enabled=False))  # type: ignore[arg-type]
+    got = handlers.now(P.parse_request(request(abi.Op.GETATTR, struct.pack("<IIQ", abi.GETATTR_FH, 0, 3), nodeid=5)))
+    assert got is not None and got[0] == struct.pack("<IiQ", 16 + 104, 0, 7)
+    assert abi.ATTR.unpack_from(got[1], abi.ATTR_OUT_HEAD.size)[:2] == (5, 1 << 20)
+    missing = handlers.now(P.parse_request(request(abi.Op.GETATTR, struct.pack("<IIQ", 0, 0, 0), nodeid=404)))
+    assert missing == P.reply_error(7, errno.ENOENT)
+    cap = handlers.now(P.parse_request(request(abi.Op.GETXATTR, struct.pack("<II", 0, 0) + b"security.capability\0")))
+    assert cap == P.reply_error(7, errno.ENODATA)
+    assert handlers.now(P.parse_request(request(abi.Op.GETXATTR, struct.pack("<II", 64, 0) + b"user.ckptfs.state\0"))) is None
+    assert handlers.now(P.parse_request(request(abi.Op.LOOKUP, b"a\0"))) is None
