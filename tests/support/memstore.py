@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ckptfs.objects import CHANGED, NO_OBJECT, NO_UPLOAD, OTHER, Listing, RemoteObject, RemotePart, StoreError, crc32_b64
+from ckptfs.objects import CHANGED, NO_OBJECT, NO_UPLOAD, OTHER, Listing, ObjectInfo, RemoteObject, RemotePart, StoreError, crc32_b64
 from ckptfs.storageclass import ArchiveState
 
 
@@ -185,6 +185,14 @@ class MemoryStore:
         os.pwrite(fd, obj.body[start:start + length], start)
         self._answered()
         return dict(obj.metadata)
+
+    def head_object(self, key: str) -> ObjectInfo:
+        self._enter("head_object", key)
+        obj = self.objects.get(key)
+        if obj is None:
+            raise StoreError(NO_OBJECT, f"object not found (HeadObject {key})")
+        self._answered()
+        return ObjectInfo(len(obj.body), obj.etag, None, dict(obj.metadata), obj.mtime)
 
     def archive_state(self, key: str) -> ArchiveState:
         self._enter("archive_state", key)
