@@ -217,3 +217,49 @@ def test_one_winner_and_a_failed_request_leaves_the_takeover_to_run_again(tmp_pa
     [report] = run(t)  # the next round finishes it without claiming again
     assert report.uploaded == ["p/x/y.bin"] and membership.claims == ["a"]
     in_bucket(store, "p/x/y.bin", data)
+
+
+def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_generation(tmp_path: Path) -> None:
+    """The taker's tracker hears of the checkpoint through `on_taken_over` (Tracker.taken_over) and commits it once
+    quiet, though this node's journal never knew its files; the manifest rank 0's node wrote without rank 1's shard
+    gets a new generation that lists it. Without the hook nothing commits it."""
+    from types import SimpleNamespace
+
+    from ckptfs.lifecycle.manifest import MANIFEST, files_of, next_manifest, read_manifest, write_manifest
+    from ckptfs.lifecycle.tracker import Tracker
+    from ckptfs.patterns import Patterns
+    from tests.unit.test_journal import make_ns
+
+    (tmp_path / "taker").mkdir()
+    ns = make_ns(tmp_path / "taker", checkpoint_quiet_seconds=0, checkpoint_tags=False)  # its journal knows nothing of step_100
+    t, store, replicas, _ = setup(tmp_path)
+    shard0 = os.urandom(1000)
+    store.objects["p/step_100/shard0.distcp"] = StoredObject(shard0, "e0", {XXH3_META: digest(shard0)}, mtime=time.time() - 100)
+    listing = store.list("p/step_100/", recursive=True)
+    write_manifest(store, f"p/step_100/{MANIFEST}", lambda old: next_manifest(old, "step_100", 100, files_of(listing, "p/step_100/"),
+                                                                               "quiet", None))
+    shard1 = os.urandom(3000)
+    replicas.hold("a", 1, "p/step_100/shard1.distcp", shard1, seq=1, mtime=time.time(), checkpoint="step_100")
+    heard: list[list[str]] = []
+    t.on_taken_over.append(heard.append)
+
+    async def io(fn, *args):  # type: ignore[no-untyped-def]
+        return await trio.to_thread.run_sync(fn, *args)
+
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys, cfg=ns.cfg, store=store, io=io, on_commit=[])
+    tracker = Tracker(lc, str(tmp_path / "taker"))  # type: ignore[arg-type]
+    run(t)
+    store.objects["p/step_100/shard1.distcp"].mtime = time.time() - 100  # quiet in the bucket too
+    trio.run(tracker.tick)
+    assert read_manifest(store, f"p/step_100/{MANIFEST}").generation == 1  # type: ignore[union-attr]
+    tracker.settled("p/step_100/shard1.distcp")  # what the drain tells it: not enough, this journal has no step_100
+    trio.run(tracker.tick)
+    assert read_manifest(store, f"p/step_100/{MANIFEST}").generation == 1  # type: ignore[union-attr]
+
+    assert heard == [["step_100"]]
+    tracker.taken_over(heard[0])  # what the daemon wires to `on_taken_over`
+    trio.run(tracker.tick)
+    manifest = read_manifest(store, f"p/step_100/{MANIFEST}")
+    assert manifest is not None and manifest.generation == 2
+    assert sorted(f["path"] for f in manifest.files) == ["shard0.distcp", "shard1.distcp"]
+    assert {f["path"]: f["xxh3"] for f in manifest.files}["shard1.distcp"] == digest(shard1)
