@@ -22,6 +22,13 @@ already sent is sent again.
 
 Failed requests are retried forever for acknowledged data, with exponential
 backoff and jitter per file, capped at `retry_max_backoff`.
+
+A `gate` (with `durability = peer`: peers.Membership.admit, the fence) is awaited
+before every request that writes to the bucket: a small file's PutObject, the
+start of a multipart upload, each part, its completion, a copy, a delete, a
+`dir/` marker. A node that lost its lease (paused past it, or taken over by
+another node that uploaded its files) so sends nothing new; the requests already
+past the gate when it closed are the most it sends. No gate: no cost.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 import trio
 from . import threads
@@ -105,8 +112,10 @@ class Throughput:
 
 
 class Drainer:
-    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Metrics) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Metrics,
+                 gate: Callable[[], Awaitable[None]] | None = None) -> None:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
+        self.gate = gate  # awaited before each request that writes to the bucket (the fence); None: none
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
         self.multipart_files = trio.CapacityLimiter(max(2, cfg.max_parts_in_flight))
@@ -294,6 +303,8 @@ class Drainer:
         assert ticket.copy_from is not None
         try:
             async with self.parts:
+                if self.gate is not None:
+                    await self.gate()
                 self.metrics.parts_in_flight.inc()
                 try:
                     etag = await threads.call(functools.partial(
@@ -339,6 +350,8 @@ class Drainer:
         size = ticket.size
 
         async with self.small:
+            if self.gate is not None:
+                await self.gate()
             self._check(ticket)
             self.metrics.parts_in_flight.inc()
             self.throughput.started()
@@ -382,12 +395,16 @@ class Drainer:
             journal.forget_upload(ticket.ino)
             rec = None
         if rec is None:
+            if self.gate is not None:
+                await self.gate()
             upload_id = await threads.call(functools.partial(self.store.create_multipart, ticket.key, metadata))
             journal.start_upload(UploadRecord(ticket.ino, ticket.key, upload_id, part_size, ticket.size, xxh3, time.time(), {}))
         self.sent[ticket.ino] = sum(min(part_size, ticket.size - (n - 1) * part_size) for n in done)
 
         async def send(n: int) -> None:
             async with self.parts:
+                if self.gate is not None:
+                    await self.gate()
                 self._check(ticket)
                 offset = (n - 1) * part_size
                 length = min(part_size, ticket.size - offset)
@@ -411,6 +428,8 @@ class Drainer:
                 for n in range(1, count + 1):
                     if n not in done:
                         parts.start_soon(send, n)
+            if self.gate is not None:  # before CompleteMultipartUpload
+                await self.gate()
             self._check(ticket)
         except Abandoned:
             await threads.call(functools.partial(self.store.abort, ticket.key, upload_id))
@@ -497,6 +516,8 @@ class Drainer:
         store's connection pool, sized for them)."""
         try:
             async with self.small:
+                if self.gate is not None:
+                    await self.gate()
                 await threads.call(functools.partial(call, key), limiter=self.small_threads)
             self.delete_backoff.pop(op_id, None)
             return True
