@@ -19,12 +19,10 @@ Then the node rejoins (a new incarnation, its record live, the gate open).
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import trio
 
@@ -34,24 +32,10 @@ from ..journal import DURABLE
 from ..namespace import Namespace
 from ..objects import NO_OBJECT, ObjectInfo, StoreError
 from ..upload import XXH3_META, file_digests
+from .membership import Membership
 from .takeover import TakeoverStore
 
 log = logging.getLogger(__name__)
-
-WAIT_POLL_SECONDS = 1.0
-
-
-class ReconcileMembership(Protocol):
-    """What a returning owner asks of membership (peers/membership.py)."""
-
-    me: str
-    record_at_start: dict[str, Any] | None  # this node's record as the daemon found it at start
-
-    def dead(self) -> Any: ...
-
-    async def record(self, node: str) -> dict[str, Any] | None: ...  # a node's record as the bucket has it now
-
-    async def rejoin(self) -> None: ...
 
 
 @dataclass
@@ -66,49 +50,43 @@ class ReconcileReport:
 
 
 class Reconcile:
-    def __init__(self, cfg: Config, ns: Namespace, store: TakeoverStore, membership: ReconcileMembership,
-                 poll: float = WAIT_POLL_SECONDS) -> None:
-        self.cfg, self.ns, self.store, self.membership, self.poll = cfg, ns, store, membership, poll
+    def __init__(self, cfg: Config, ns: Namespace, store: TakeoverStore, membership: Membership) -> None:
+        self.cfg, self.ns, self.store, self.membership = cfg, ns, store, membership
         self.hashing = trio.CapacityLimiter(2)
         self.reconciles_total = 0
         self.bucket_won_total = 0
 
-    async def run(self, record: dict[str, Any] | None = None) -> ReconcileReport | None:
-        """Reconcile if `record` (this node's; default: as found at start) says it was taken over; then rejoin.
-        None when it was not: nothing to do, and membership goes on as usual."""
-        record = record if record is not None else self.membership.record_at_start
-        if not record or record.get("state") != "taken_over":
+    async def run(self) -> ReconcileReport | None:
+        """Reconcile if membership says this node was taken over (at start, or fenced while it ran); then rejoin.
+        None when it was not: nothing to do."""
+        m = self.membership
+        if not m.must_reconcile:
             return None
-        taker = str(record.get("taken_over_by") or "")
+        first = m.record_of(m.me) or m.record_at_start
         log.warning("this node (%s) was taken over by %s while it was away: waiting for that takeover to finish, then "
-                    "reconciling what it uploaded with this node's journal before uploading anything", self.membership.me, taker)
-        record = await self._wait_for_taker(record)
-        report = ReconcileReport(str(record.get("taken_over_by") or taker))
-        taken_at = float(record.get("taken_over_at") or time.time())
-        await self._files(report, taken_at)
-        await self._deletes(report, taken_at)
+                    "reconciling what it uploaded with this node's journal before uploading anything", m.me,
+                    first.taken_over_by if first is not None else "another node")
+        while True:
+            await m.wait_settled()
+            now = m.record_of(m.me)
+            # the first takeover's time: a later claim of our own record (its taker died) must not make files
+            # written before the takeover look like new work
+            times = [r.taken_over_at for r in (first, now) if r is not None and r.taken_over_at is not None]
+            known = first or now
+            report = ReconcileReport((known.taken_over_by or "") if known is not None else "")
+            taken_at = min(times) if times else time.time()
+            await self._files(report, taken_at)
+            await self._deletes(report, taken_at)
+            if await m.rejoin():
+                break
+            log.warning("node %s: a takeover of it is still running: reconciling again once it is done", m.me)
         self.reconciles_total += 1
         self.bucket_won_total += len(report.bucket_won)
         log.warning("reconciled after the takeover by %s: %d files durable without an upload, %d left to upload, %d replaced "
                     "in the bucket by another node (read from the bucket now), %d queued deletes dropped", report.taken_over_by,
                     len(report.durable), len(report.left_to_drain) + len(report.changed_since), len(report.bucket_won),
                     len(report.deletes_dropped))
-        await self.membership.rejoin()
         return report
-
-    async def _wait_for_taker(self, record: dict[str, Any]) -> dict[str, Any]:
-        """This node's record once its takeover is done, or its taker is dead (nobody finishes it then but us)."""
-        while True:
-            now = await self.membership.record(self.membership.me)
-            if now is None or now.get("state") != "taken_over" or now.get("takeover_done"):
-                return now if now is not None else record
-            dead = self.membership.dead()
-            if inspect.isawaitable(dead):
-                dead = await dead
-            if now.get("taken_over_by") in set(dead):
-                log.warning("%s, which took this node over, is dead before it finished: reconciling with what it did", now.get("taken_over_by"))
-                return now
-            await trio.sleep(self.poll)
 
     async def _head(self, key: str) -> ObjectInfo | None:
         try:

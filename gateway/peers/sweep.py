@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import trio
 
@@ -26,6 +26,8 @@ from .. import threads
 from ..config import Config
 from ..objects import NO_OBJECT, ObjectInfo, StoreError
 from ..upload import XXH3_META
+from .membership import Membership
+from .records import TAKEN_OVER, record_path
 
 if TYPE_CHECKING:
     from .replicas import ReplicaStore
@@ -34,13 +36,9 @@ log = logging.getLogger(__name__)
 
 
 class SweepStore(Protocol):
+    """What the sweep asks of the object store."""
+
     def head_object(self, key: str) -> ObjectInfo: ...
-
-
-class SweepMembership(Protocol):
-    me: str
-
-    async def record(self, node: str) -> dict[str, Any] | None: ...
 
 
 @dataclass
@@ -51,7 +49,7 @@ class SweepReport:
 
 
 class Sweep:
-    def __init__(self, cfg: Config, store: SweepStore, replicas: ReplicaStore, membership: SweepMembership,
+    def __init__(self, cfg: Config, store: SweepStore, replicas: ReplicaStore, membership: Membership,
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.store, self.replicas, self.membership, self.clock = cfg, store, replicas, membership, clock
         self.dropped_total = 0
@@ -77,10 +75,11 @@ class Sweep:
         report = SweepReport()
         old = self.clock() - self.cfg.peer_drop_grace / 2
         for owner in self.replicas.owners():
-            record = await self.membership.record(owner)
-            if record is None or (record.get("state") == "taken_over" and record.get("takeover_done")
-                                  and record.get("taken_over_by") != self.membership.me):
-                why = "its record is gone" if record is None else f"{record.get('taken_over_by')} took it over"
+            record = self.membership.record_of(owner)
+            if record is None and await self._head(self.membership.key_of(record_path(owner))) is not None:
+                continue  # not in the records last read, but there (a read that failed, a node just back): next time
+            if record is None or (record.state == TAKEN_OVER and record.takeover_done and record.taken_over_by != self.membership.me):
+                why = "its record is gone" if record is None else f"{record.taken_over_by} took it over"
                 log.info("replicas of %s dropped (%d bytes): %s", owner, self.replicas.held_bytes(owner), why)
                 self.replicas.drop_owner(owner)
                 report.owners_dropped.append(owner)

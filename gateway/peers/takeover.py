@@ -20,11 +20,10 @@ A failed request leaves the takeover unfinished (`takeover_done` false): it runs
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import trio
 
@@ -34,6 +33,8 @@ from ..namespace.keys import Keys
 from ..objects import NO_OBJECT, ObjectInfo, StoreError
 from ..sizes import part_size_for, small_objects_in_flight
 from ..upload import XXH3_META, Abandoned, file_digests, put_multipart, put_whole
+
+from .membership import Membership
 
 if TYPE_CHECKING:
     from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
@@ -66,16 +67,6 @@ class TakeoverStore(Protocol):
     def delete(self, key: str) -> None: ...
 
 
-class TakeoverMembership(Protocol):
-    """What a takeover asks of membership (peers/membership.py)."""
-
-    def dead(self) -> Any: ...  # the nodes dead now (iterable of names, or an awaitable of one)
-
-    async def claim(self, node: str) -> bool: ...  # True: this node owns `node`'s takeover (also when it already did)
-
-    async def mark_takeover_done(self, node: str) -> None: ...
-
-
 @dataclass
 class TakeoverReport:
     """What one takeover did, by entry."""
@@ -103,12 +94,8 @@ class _Checked:
 
 
 class Takeover:
-    def __init__(self, cfg: Config, store: TakeoverStore, replicas: ReplicaStore, membership: TakeoverMembership, keys: Keys,
-                 gate: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(self, cfg: Config, store: TakeoverStore, replicas: ReplicaStore, membership: Membership, keys: Keys) -> None:
         self.cfg, self.store, self.replicas, self.membership, self.keys = cfg, store, replicas, membership, keys
-        # this node's own fence (Membership.admit): a taker paused past its lease, its takeover taken over by
-        # another holder, sends nothing more
-        self.gate = gate
         self.on_taken_over: list[Callable[[list[str]], None]] = []
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.files = trio.CapacityLimiter(small_objects_in_flight(cfg.max_parts_in_flight))
@@ -132,10 +119,7 @@ class Takeover:
 
     async def round(self) -> list[TakeoverReport]:
         """One look: every held owner that is dead (or claimed here and unfinished) taken over; the reports of those done."""
-        dead = self.membership.dead()
-        if inspect.isawaitable(dead):
-            dead = await dead
-        dead_now = set(dead)
+        dead_now = set(self.membership.dead())
         done = []
         for owner in self.replicas.owners():
             if owner not in dead_now and owner not in self.claimed:
@@ -169,8 +153,12 @@ class Takeover:
             log.warning("node %s is dead: taking it over (%d files, %d deletes held here)", owner,
                         len(self.replicas.entries(owner)), len(self.replicas.deletes(owner)))
         report = await self.finish(owner)
-        await self.membership.mark_takeover_done(owner)
         self.claimed.discard(owner)
+        if not await self.membership.mark_takeover_done(owner):
+            # this node lost the claim meanwhile (paused past its own lease, and another holder took the takeover
+            # over): that holder finishes; what was uploaded here it finds in the bucket
+            log.warning("takeover of %s: this node no longer holds the claim; the node that does finishes it", owner)
+            return None
         self.replicas.drop_owner(owner)
         self.takeovers_total += 1
         log.warning("takeover of %s done: %d files uploaded (%d bytes), %d copied, %d already durable, %d deletes, %d markers; "
@@ -253,8 +241,7 @@ class Takeover:
         checked[e.ino] = _Checked(xxh3, crcs, part_size)
 
     async def _head(self, key: str) -> ObjectInfo | None:
-        if self.gate is not None:
-            await self.gate()
+        await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
         try:
             return await threads.call(functools.partial(self.store.head_object, key))
         except StoreError as e:
@@ -308,8 +295,7 @@ class Takeover:
         info = await self._head(e.key)
         if not self._judge(e, info, report, durable):
             return e.key in durable
-        if self.gate is not None:
-            await self.gate()
+        await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
         fd = os.open(e.path, os.O_RDONLY)
         try:
             if e.size < self.cfg.multipart_threshold:
@@ -330,8 +316,7 @@ class Takeover:
         """A delete the owner queued, unless a file it wrote at the key afterwards is in the bucket now."""
         if later.get(d.key, -1) > d.seq:
             return
-        if self.gate is not None:
-            await self.gate()
+        await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
         try:
             await threads.call(functools.partial(self.store.delete, d.key))
         except StoreError as e:

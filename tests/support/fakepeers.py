@@ -1,18 +1,16 @@
-"""Stand-ins for the peers package's membership and replica store, with the design's signatures (docs/peers.md), for
-unit tests of the takeover, the reconcile and the sweep: the replicas as a listener would have left them on disk, and
-node records a test sets by hand. Never proof the product works: the SeaweedFS tests with real daemons are.
+"""A stand-in for the peers' replica store (peers/replicas.py, the design's signatures) for unit tests of the takeover
+and the sweep: the replicas as a listener would have left them on disk, placed by the test. Never proof the product
+works: the SeaweedFS tests with real daemons are.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import xxhash
 
-from ckptfs.namespace.keys import Keys
 
 
 @dataclass
@@ -96,46 +94,3 @@ class FakeReplicaStore:
         folder = self.root / owner
         if folder.is_dir() and not os.listdir(folder):
             folder.rmdir()
-
-
-@dataclass
-class FakeMembership:
-    """Node records as a dict a test edits; `claim` is the conditional write: one winner, again True for it."""
-
-    me: str
-    records: dict[str, dict[str, Any]] = field(default_factory=dict)
-    record_at_start: dict[str, Any] | None = None
-    rejoined: int = 0
-    claims: list[str] = field(default_factory=list)
-
-    def dead(self) -> list[str]:
-        return sorted(n for n, r in self.records.items() if r.get("dead") and (
-            r.get("state") != "taken_over" or (not r.get("takeover_done") and self.records.get(r["taken_over_by"], {}).get("dead"))))
-
-    async def claim(self, node: str) -> bool:
-        self.claims.append(node)
-        r = self.records[node]
-        if r.get("state") == "taken_over" and r.get("taken_over_by") == self.me and not r.get("takeover_done"):
-            return True
-        if node not in self.dead():
-            return False
-        r.update(state="taken_over", taken_over_by=self.me, takeover_done=False)
-        return True
-
-    async def mark_takeover_done(self, node: str) -> None:
-        assert self.records[node]["taken_over_by"] == self.me
-        self.records[node]["takeover_done"] = True
-
-    async def record(self, node: str) -> dict[str, Any] | None:
-        return self.records.get(node)
-
-    async def rejoin(self) -> None:
-        self.rejoined += 1
-        self.records.setdefault(self.me, {}).update(state="live", dead=False)
-
-    async def admit(self) -> None:
-        return None
-
-
-def keys(prefix: str = "ck/") -> Keys:
-    return Keys(prefix)

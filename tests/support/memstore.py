@@ -192,7 +192,7 @@ class MemoryStore:
         if obj is None:
             raise StoreError(NO_OBJECT, f"{key} does not exist")
         self._answered()
-        return ObjectInfo(len(obj.body), obj.etag, None, dict(obj.metadata))
+        return ObjectInfo(len(obj.body), obj.etag, None, dict(obj.metadata), obj.mtime)
 
     def delete(self, key: str) -> None:
         self._enter("delete", key)
@@ -218,34 +218,6 @@ class MemoryStore:
         os.pwrite(fd, obj.body[start:start + length], start)
         self._answered()
         return dict(obj.metadata)
-
-    def get_bytes(self, key: str) -> tuple[bytes, str]:
-        self._enter("get_bytes", key)
-        obj = self.objects.get(key)
-        if obj is None:
-            raise StoreError(NO_OBJECT, f"object not found (GetObject {key})")
-        self._answered()
-        return obj.body, obj.etag
-
-    def put_bytes(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None,
-                  content_type: str = "application/json") -> str:
-        """A small object, written only if it does not exist (`if_none_match`) or has ETag `if_match`, as S3's conditional writes."""
-        self._enter("put_bytes", key)
-        with self._lock:
-            have = self.objects.get(key)
-            if (if_none_match and have is not None) or (if_match is not None and (have is None or have.etag != if_match)):
-                raise StoreError(PRECONDITION, f"PreconditionFailed: {key}")
-            etag = self._put(key, bytes(body), None, {})
-        self._answered()
-        return etag
-
-    def head_object(self, key: str) -> ObjectInfo:
-        self._enter("head_object", key)
-        obj = self.objects.get(key)
-        if obj is None:
-            raise StoreError(NO_OBJECT, f"object not found (HeadObject {key})")
-        self._answered()
-        return ObjectInfo(len(obj.body), obj.etag, None, dict(obj.metadata), obj.mtime)
 
     def archive_state(self, key: str) -> ArchiveState:
         self._enter("archive_state", key)

@@ -17,10 +17,11 @@ from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE, UploadRecord
 from ckptfs.peers.reconcile import Reconcile
 from ckptfs.peers.sweep import Sweep
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import FakeMembership, FakeReplicaStore
+from tests.support.fakepeers import FakeReplicaStore
 from tests.support.memstore import MemoryStore, StoredObject
 from tests.unit.test_drain_faults import PART, drain_until, drainer, namespace
 from tests.unit.test_journal import write_file
+from tests.unit.test_peers_takeover import TTL, member, record
 
 
 def digest(data: bytes) -> str:
@@ -54,9 +55,13 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     store.objects["p/step_3/reused.pt"] = reused
     assert "p/step_3/old.pt" not in store.objects and gone_data
 
-    record = {"state": "taken_over", "taken_over_by": "b", "taken_over_at": taken_over_at, "takeover_done": False}
-    membership = FakeMembership("a", {"a": record, "b": {"dead": False}}, record_at_start=dict(record))
-    rec = Reconcile(ns.cfg, ns, store, membership, poll=0.01)
+    # a (this node) went away; b took it over and is at it; then a comes back with its cache (a new incarnation)
+    member(store, "a", time.time() - 10 * TTL)
+    b = member(store, "b", taken_over_at)
+    assert trio.run(b.claim, "a")
+    a = member(store, "a", time.time(), incarnation="a-2")
+    assert a.must_reconcile and a.fenced
+    rec = Reconcile(ns.cfg, ns, store, a)
 
     async def main() -> object:
         async with trio.open_nursery() as nursery:
@@ -66,9 +71,9 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
                 done.append(await rec.run())
 
             nursery.start_soon(reconcile)
-            await trio.sleep(0.2)
-            assert not done and membership.rejoined == 0, "reconciled before the taker was done"
-            record["takeover_done"] = True
+            await trio.sleep(TTL)  # a asks every ttl/3
+            assert not done and a.fenced, "reconciled before the taker was done"
+            assert await b.mark_takeover_done("a")
             with trio.fail_after(30):
                 while not done:
                     await trio.sleep(0.01)
@@ -79,7 +84,8 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     assert report.left_to_drain == ["p/step_3/nobody.pt"]  # type: ignore[attr-defined]
     assert report.bucket_won == ["p/step_3/mine.pt"]  # type: ignore[attr-defined]
     assert sorted(report.deletes_dropped) == ["p/step_3/old.pt", "p/step_3/reused.pt"]  # type: ignore[attr-defined]
-    assert membership.rejoined == 1
+    assert not a.fenced and not a.must_reconcile and a.lease_valid()
+    assert record(store, "a")["state"] == "live" and record(store, "a")["incarnation"] == a.incarnation != "a-2"
     assert store.uploads == {}, "the multipart upload of a file now durable was left in the bucket"
     for ino, key, data in ((f_taken, "p/step_3/taken.pt", taken), (f_big, "p/step_3/big.pt", big)):
         row = ns.journal.get(ino)
@@ -105,9 +111,9 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
 def test_a_node_not_taken_over_has_nothing_to_reconcile(tmp_path: Path) -> None:
     ns, store = namespace(tmp_path), MemoryStore()
     write_file(ns, ROOT_INODE, "f", b"x")
-    membership = FakeMembership("a", {"a": {"state": "live"}}, record_at_start={"state": "live"})
-    assert trio.run(Reconcile(ns.cfg, ns, store, membership).run) is None
-    assert membership.rejoined == 0 and "head_object" not in store.calls
+    a = member(store, "a", time.time())
+    assert trio.run(Reconcile(ns.cfg, ns, store, a).run) is None
+    assert "head_object" not in store.calls and not a.fenced
 
 
 def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: Path) -> None:
@@ -124,14 +130,19 @@ def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: 
     replicas.hold("gone", 1, "p/g.bin", b"g", seq=1, mtime=old)
     replicas.hold("done", 1, "p/h.bin", b"h", seq=1, mtime=old)
     replicas.hold("pending", 1, "p/i.bin", b"i", seq=1, mtime=old)
-    membership = FakeMembership("me", {
-        "a": {"state": "live"},
-        "done": {"state": "taken_over", "taken_over_by": "c", "takeover_done": True},
-        "pending": {"state": "taken_over", "taken_over_by": "c", "takeover_done": False},  # c may die: keep them
-    })
+    now = time.time()
+    member(store, "a", now)
+    member(store, "done", now - 10 * TTL)
+    member(store, "pending", now - 10 * TTL)
+    c = member(store, "c", now)
+    assert trio.run(c.claim, "done") and trio.run(c.mark_takeover_done, "done")
+    assert trio.run(c.claim, "pending")  # c is at it, and may die: keep them
+    membership = member(store, "me", now)
     sweep = Sweep(ns.cfg, store, replicas, membership)
+    replicas.hold("unread", 1, "p/u.bin", b"u", seq=1, mtime=old)
+    member(store, "unread", now)  # its record appeared after the last read: kept until the next
     report = trio.run(sweep.once)
     assert report.entries_dropped == ["p/d.bin"] and report.deletes_dropped == ["p/deleted.bin"]
     assert sorted(report.owners_dropped) == ["done", "gone"]
     assert [e.key for e in replicas.entries("a")] == ["p/w.bin", "p/new.bin"] and replicas.deletes("a") == []
-    assert replicas.owners() == ["a", "pending"]
+    assert replicas.owners() == ["a", "pending", "unread"]

@@ -7,6 +7,7 @@ membership land; the node-loss trials with real daemons are the proof that the p
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -16,26 +17,60 @@ import xxhash
 
 from ckptfs.config import MiB, load_config
 from ckptfs.namespace.keys import Keys
+from ckptfs.objects import OTHER, StoreError
+from ckptfs.peers.membership import Membership
 from ckptfs.peers.takeover import Takeover
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import FakeMembership, FakeReplicaStore
+from tests.support.fakepeers import FakeReplicaStore
 from tests.support.memstore import MemoryStore, StoredObject
 
 PART = 5 * MiB
 PREFIX = "p/"
+TTL = 3.0
 
 
 def config(tmp_path: Path):  # type: ignore[no-untyped-def]
     return load_config(environ={}, overrides=dict(
         bucket="ckpt", prefix="p", mountpoint="/m", cache_dir=str(tmp_path), multipart_threshold=PART, part_size=PART,
-        max_parts_in_flight=3, peer_lease_ttl=3.0))
+        max_parts_in_flight=3, peer_lease_ttl=TTL))
 
 
-def setup(tmp_path: Path) -> tuple[Takeover, MemoryStore, FakeReplicaStore, FakeMembership]:
-    store = MemoryStore()
+class Clock:
+    """One node's wall and monotonic clock, where the test puts it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def member(store: MemoryStore, name: str, at: float, incarnation: str | None = None) -> Membership:
+    """A node's real Membership over the shared store, its clocks at `at`, announced and having read the others."""
+    clock = Clock(at)
+    m = Membership(config(Path("/tmp")), store, lambda path: PREFIX + path, name, incarnation or f"{name}-1",
+                   "127.0.0.1:7470", clock=clock, monotonic=clock)
+
+    async def start() -> None:
+        await m.announce()
+        await m.refresh()
+
+    trio.run(start)
+    return m
+
+
+def record(store: MemoryStore, name: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(store.objects[f"{PREFIX}.ckptfs/nodes/{name}.json"].body)  # type: ignore[no-any-return]
+
+
+def setup(tmp_path: Path, store: MemoryStore | None = None) -> tuple[Takeover, MemoryStore, FakeReplicaStore, Membership]:
+    """Node a announced long ago and is gone; b (now) holds its replicas and sees it dead."""
+    store = store if store is not None else MemoryStore()
+    member(store, "a", time.time() - 10 * TTL)
+    b = member(store, "b", time.time())
+    assert b.dead() == ["a"]
     replicas = FakeReplicaStore(str(tmp_path))
-    membership = FakeMembership("b", {"a": {"dead": True, "state": "live"}, "b": {}})
-    return Takeover(config(tmp_path), store, replicas, membership, Keys(PREFIX)), store, replicas, membership
+    return Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX)), store, replicas, b
 
 
 def run(t: Takeover) -> list:  # type: ignore[type-arg]
@@ -72,9 +107,8 @@ def logging_store() -> MemoryStore:
 
 
 def test_takeover_uploads_byte_identical_objects_in_the_owners_order(tmp_path: Path) -> None:
-    t, _, replicas, membership = setup(tmp_path)
     store = logging_store()
-    t.store = store
+    t, _, replicas, _ = setup(tmp_path, store)
     now = time.time()
     store.objects["p/old/big.bin"] = StoredObject(b"renamed bytes", "e-old", {XXH3_META: digest(b"renamed bytes")})
     store.objects["p/gone.bin"] = StoredObject(b"deleted by a", "e-gone", {})
@@ -108,52 +142,64 @@ def test_takeover_uploads_byte_identical_objects_in_the_owners_order(tmp_path: P
     assert last_upload < first_delete, f"deletes before the uploads finished: {ops}"
     assert ops[-1] == ("put_object_body", "p/step_100/.metadata"), f"the commit marker is not last: {ops}"
     assert len(store.calls["upload_part"]) == 4
-    assert membership.records["a"]["takeover_done"] is True and membership.records["a"]["taken_over_by"] == "b"
+    assert record(store, "a")["takeover_done"] is True and record(store, "a")["taken_over_by"] == "b"
     assert replicas.owners() == [] and not (tmp_path / "peers" / "a").exists()
     assert heard == [sorted({"step_100", "other/small.bin", "new/big.bin", "gone.bin", "old/big.bin"})]
     assert report.checkpoints == heard[0]
     assert t.takeovers_total == 1
 
 
-def test_a_second_run_uploads_nothing_that_is_already_there(tmp_path: Path) -> None:
-    """A takeover interrupted (the taker killed after some uploads) and run again, here or by another holder of the
-    same replicas: a HEAD with the xxh3 finds what is already durable, and nothing is sent twice."""
-    t, store, replicas, membership = setup(tmp_path)
+def test_a_takeover_run_again_uploads_nothing_that_is_already_there(tmp_path: Path) -> None:
+    """A takeover interrupted, here or by another holder of the same replicas, and run again: a HEAD with the xxh3
+    finds what is already durable, and nothing is sent twice."""
+    store = MemoryStore()
     now = time.time()
+    member(store, "a", now - 10 * TTL)
+    c = member(store, "c", now - 5 * TTL)  # a first taker, long dead too: its takeover of a is taken over
+    assert trio.run(c.claim, "a")
+    b = member(store, "b", now)
+    assert b.dead() == ["a", "c"]
+    replicas = FakeReplicaStore(str(tmp_path / "b"))
+    t = Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX))
     big = os.urandom(2 * PART + 7)
     files = {f"p/step_5/rank{i}.pt": os.urandom(1000 + i) for i in range(4)}
-    for i, (key, data) in enumerate(files.items()):
-        replicas.hold("a", 20 + i, key, data, seq=i, mtime=now, checkpoint="step_5")
-    replicas.hold("a", 30, "p/step_5/big.pt", big, seq=10, mtime=now, checkpoint="step_5")
-    replicas.hold("a", 31, "p/step_5/COMMIT", b"", seq=11, mtime=now, marker=True, checkpoint="step_5")
-    # a first taker got two files and the big one out before it was killed; the owner's drain got one out before it died
+
+    def hold(replicas: FakeReplicaStore) -> None:
+        for i, (key, data) in enumerate(files.items()):
+            replicas.hold("a", 20 + i, key, data, seq=i, mtime=now, checkpoint="step_5")
+        replicas.hold("a", 30, "p/step_5/big.pt", big, seq=10, mtime=now, checkpoint="step_5")
+        replicas.hold("a", 31, "p/step_5/COMMIT", b"", seq=11, mtime=now, marker=True, checkpoint="step_5")
+
+    hold(replicas)
+    # c got two files and the big one out before it died; nothing else of a is in the bucket
     for key in list(files)[:2]:
         store.objects[key] = StoredObject(files[key], "e", {XXH3_META: digest(files[key])})
     store.objects["p/step_5/big.pt"] = StoredObject(big, "e-big", {XXH3_META: digest(big)})
-    membership.records["a"].update(state="taken_over", taken_over_by="c", takeover_done=False)
-    membership.records["c"] = {"dead": True}  # ... and the first taker is dead too: its takeover is taken over
 
-    [report] = run(t)
+    async def killed_before_done(node: str) -> bool:
+        raise StoreError(OTHER, "b was killed here")
 
+    t.membership.mark_takeover_done = killed_before_done  # type: ignore[method-assign]
+    assert run(t) == [] and t.failures_total == 1  # b uploaded, then died before takeover_done
     for key, data in files.items():
         in_bucket(store, key, data)
-    assert sorted(report.already_durable) == sorted([*list(files)[:2], "p/step_5/big.pt"])
-    assert sorted(report.uploaded) == sorted([*list(files)[2:], "p/step_5/COMMIT"])
+    in_bucket(store, "p/step_5/big.pt", big)
     assert "upload_part" not in store.calls and "create_multipart" not in store.calls
-    assert membership.records["a"]["taken_over_by"] == "b" and membership.records["a"]["takeover_done"]
+    assert sorted(c[0] for op in ("put_object", "put_object_body") for c in store.calls.get(op, [])) == sorted(
+        [*list(files)[2:], "p/step_5/COMMIT"])
+    assert record(store, "a")["taken_over_by"] == "b" and not record(store, "a")["takeover_done"]
 
-    # everything again from the same replicas (a taker that died after the last upload, before `takeover_done`)
-    t2, _, replicas2, membership2 = setup(tmp_path / "second")
-    t2.store = store
-    for i, (key, data) in enumerate(files.items()):
-        replicas2.hold("a", 20 + i, key, data, seq=i, mtime=now)
-    replicas2.hold("a", 30, "p/step_5/big.pt", big, seq=10, mtime=now)
-    replicas2.hold("a", 31, "p/step_5/COMMIT", b"", seq=11, mtime=now, marker=True)
+    # d, a third holder, later: b is gone, so its takeover is taken over; everything is already there
+    d = member(store, "d", now + 5 * TTL)
+    assert "a" in d.dead()
+    replicas_d = FakeReplicaStore(str(tmp_path / "d"))
+    hold(replicas_d)
     sent = {op: len(calls) for op, calls in store.calls.items()}
-    [again] = run(t2)
+    [again] = run(Takeover(config(tmp_path), store, replicas_d, d, Keys(PREFIX)))
     assert again.uploaded == [] and len(again.already_durable) == 6
     for op in ("put_object", "put_object_body", "create_multipart", "upload_part", "complete", "copy"):
         assert len(store.calls.get(op, [])) == sent.get(op, 0), f"{op} sent again"
+    assert record(store, "a")["taken_over_by"] == "d" and record(store, "a")["takeover_done"]
 
 
 def test_an_object_another_node_wrote_since_is_never_overwritten(tmp_path: Path) -> None:
@@ -173,7 +219,7 @@ def test_an_object_another_node_wrote_since_is_never_overwritten(tmp_path: Path)
 
 
 def test_a_corrupt_or_unacknowledged_replica_is_not_uploaded_and_holds_its_marker(tmp_path: Path) -> None:
-    t, store, replicas, membership = setup(tmp_path)
+    t, store, replicas, _ = setup(tmp_path)
     now = time.time()
     good = os.urandom(5000)
     bad = replicas.hold("a", 50, "p/step_9/shard0.pt", os.urandom(5000), seq=1, mtime=now)
@@ -199,24 +245,32 @@ def test_a_corrupt_or_unacknowledged_replica_is_not_uploaded_and_holds_its_marke
     assert report.unsealed == ["p/step_10/shard0.pt"]
     assert report.markers_held == ["p/step_9/.metadata"]
     assert "create_multipart" not in store.calls
-    assert membership.records["a"]["takeover_done"]
+    assert record(store, "a")["takeover_done"]
 
 
 def test_one_winner_and_a_failed_request_leaves_the_takeover_to_run_again(tmp_path: Path) -> None:
-    t, store, replicas, membership = setup(tmp_path)
+    store = MemoryStore()
+    now = time.time()
+    member(store, "a", now - 10 * TTL)
+    b, c = member(store, "b", now), member(store, "c", now)
+    assert trio.run(c.claim, "a")  # c won: b holds replicas of a too, and leaves them to c
+    trio.run(b.refresh)
+    replicas = FakeReplicaStore(str(tmp_path))
     data = os.urandom(3000)
-    replicas.hold("a", 60, "p/x/y.bin", data, seq=1, mtime=time.time())
-    membership.records["a"].update(state="taken_over", taken_over_by="c", takeover_done=False)
-    membership.records["c"] = {"dead": False}  # c is alive and at it: not ours
+    replicas.hold("a", 60, "p/x/y.bin", data, seq=1, mtime=now)
+    t = Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX))
     assert run(t) == [] and "p/x/y.bin" not in store.objects and replicas.owners() == ["a"]
+    assert not trio.run(b.claim, "a")
 
-    membership.records["a"] = {"dead": True, "state": "live"}
+    t, store, replicas, b = setup(tmp_path / "second")
+    replicas.hold("a", 60, "p/x/y.bin", data, seq=1, mtime=now)
     store.fail("put_object_body", "server", times=1)
     assert run(t) == []  # the claim is won, the upload fails: not done
-    assert membership.records["a"]["takeover_done"] is False and t.failures_total == 1 and replicas.owners() == ["a"]
+    assert not record(store, "a")["takeover_done"] and t.failures_total == 1 and replicas.owners() == ["a"]
     [report] = run(t)  # the next round finishes it without claiming again
-    assert report.uploaded == ["p/x/y.bin"] and membership.claims == ["a"]
+    assert report.uploaded == ["p/x/y.bin"] and b.claims_total == 1
     in_bucket(store, "p/x/y.bin", data)
+    assert record(store, "a")["takeover_done"] and record(store, "a")["taken_over_by"] == "b"
 
 
 def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_generation(tmp_path: Path) -> None:
