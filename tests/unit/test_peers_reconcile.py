@@ -17,7 +17,7 @@ from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE, UploadRecord
 from ckptfs.peers.reconcile import Reconcile
 from ckptfs.peers.sweep import Sweep
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import FakeReplicaStore
+from tests.support.fakepeers import hold, hold_delete, replica_store
 from tests.support.memstore import MemoryStore, StoredObject
 from tests.unit.test_drain_faults import PART, drain_until, drainer, namespace
 from tests.unit.test_journal import write_file
@@ -118,18 +118,18 @@ def test_a_node_not_taken_over_has_nothing_to_reconcile(tmp_path: Path) -> None:
 
 def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: Path) -> None:
     ns, store = namespace(tmp_path), MemoryStore()
-    replicas = FakeReplicaStore(str(tmp_path / "holder"))
+    replicas = replica_store(ns.cfg, str(tmp_path / "holder"))
     old = time.time() - 3600
     durable = b"durable already"
     store.objects["p/d.bin"] = StoredObject(durable, "e", {XXH3_META: digest(durable)})
-    replicas.hold("a", 1, "p/d.bin", durable, seq=1, mtime=old)  # the owner's forget was lost
-    replicas.hold("a", 2, "p/w.bin", b"not yet durable", seq=2, mtime=old)
-    replicas.hold("a", 3, "p/new.bin", durable, seq=3, mtime=time.time())  # too young to ask the bucket about
+    hold(replicas, "a", 1, "p/d.bin", durable, seq=1, mtime=old)  # the owner's forget was lost
+    hold(replicas, "a", 2, "p/w.bin", b"not yet durable", seq=2, mtime=old)
+    hold(replicas, "a", 3, "p/new.bin", durable, seq=3, mtime=time.time())  # too young to ask the bucket about
     store.objects["p/new.bin"] = StoredObject(durable, "e", {XXH3_META: digest(durable)})
-    replicas.hold_delete("a", 7, "p/deleted.bin", seq=4)
-    replicas.hold("gone", 1, "p/g.bin", b"g", seq=1, mtime=old)
-    replicas.hold("done", 1, "p/h.bin", b"h", seq=1, mtime=old)
-    replicas.hold("pending", 1, "p/i.bin", b"i", seq=1, mtime=old)
+    hold_delete(replicas, "a", 7, "p/deleted.bin", seq=4)
+    hold(replicas, "gone", 1, "p/g.bin", b"g", seq=1, mtime=old)
+    hold(replicas, "done", 1, "p/h.bin", b"h", seq=1, mtime=old)
+    hold(replicas, "pending", 1, "p/i.bin", b"i", seq=1, mtime=old)
     now = time.time()
     member(store, "a", now)
     member(store, "done", now - 10 * TTL)
@@ -139,7 +139,7 @@ def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: 
     assert trio.run(c.claim, "pending")  # c is at it, and may die: keep them
     membership = member(store, "me", now)
     sweep = Sweep(ns.cfg, store, replicas, membership)
-    replicas.hold("unread", 1, "p/u.bin", b"u", seq=1, mtime=old)
+    hold(replicas, "unread", 1, "p/u.bin", b"u", seq=1, mtime=old)
     member(store, "unread", now)  # its record appeared after the last read: kept until the next
     report = trio.run(sweep.once)
     assert report.entries_dropped == ["p/d.bin"] and report.deletes_dropped == ["p/deleted.bin"]
