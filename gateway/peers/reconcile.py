@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -152,7 +153,7 @@ class Reconcile:
     async def _deletes(self, report: ReconcileReport, taken_at: float) -> None:
         for delete_id, key, _ in self.ns.journal.pending_deletes():
             info = await self._head(key)
-            if info is None or info.modified > taken_at:
+            if info is None or info.modified >= math.floor(taken_at):  # LastModified has whole seconds
                 self.ns.uploads.drop_delete(delete_id)
                 report.deletes_dropped.append(key)
                 if info is not None:

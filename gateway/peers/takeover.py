@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -257,7 +258,7 @@ class Takeover:
             report.already_durable.append(e.key)
             durable.add(e.key)
             return False
-        if info.modified > e.mtime:
+        if info.modified >= math.floor(e.mtime):  # LastModified has whole seconds: the same second counts as after
             self.conflicts_total += 1
             report.conflicts.append(e.key)
             durable.add(e.key)  # the key holds a newer file: later deletes of it must not remove that
