@@ -24,7 +24,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import trio
 
@@ -36,9 +36,7 @@ from ..sizes import part_size_for, small_objects_in_flight
 from ..upload import XXH3_META, Abandoned, file_digests, put_multipart, put_whole
 
 from .membership import Membership
-
-if TYPE_CHECKING:
-    from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
+from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from ckptfs.peers.membership import Membership
 from ckptfs.peers.takeover import Takeover
 from ckptfs.store import Store
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import hold, replica_store
+from tests.support.replicas import hold, replica_store
 from tests.unit.test_drain_faults import drain_until
 from tests.unit.test_journal import write_file
 

@@ -17,7 +17,7 @@ from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE, UploadRecord
 from ckptfs.peers.reconcile import Reconcile
 from ckptfs.peers.sweep import Sweep
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import hold, hold_delete, replica_store
+from tests.support.replicas import hold, hold_delete, replica_store
 from tests.support.memstore import MemoryStore, StoredObject
 from tests.unit.test_drain_faults import PART, drain_until, drainer, namespace
 from tests.unit.test_journal import write_file

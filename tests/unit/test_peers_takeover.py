@@ -22,7 +22,7 @@ from ckptfs.objects import OTHER, StoreError
 from ckptfs.peers.membership import Membership
 from ckptfs.peers.takeover import Takeover
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import hold, hold_delete, replica_store
+from tests.support.replicas import hold, hold_delete, replica_store
 from tests.support.memstore import MemoryStore, StoredObject
 
 PART = 5 * MiB
