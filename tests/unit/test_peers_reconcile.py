@@ -146,3 +146,35 @@ def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: 
     assert sorted(report.owners_dropped) == ["done", "gone"]
     assert [e.key for e in replicas.entries("a")] == ["p/w.bin", "p/new.bin"] and replicas.deletes("a") == []
     assert replicas.owners() == ["a", "pending", "unread"]
+
+
+def test_an_upload_waiting_at_the_fence_is_not_sent_once_reconcile_made_its_file_durable(tmp_path: Path) -> None:
+    """The drain takes a file and then waits at the gate (the fence) before its PutObject; reconcile meanwhile finds the
+    taker's object with the file's xxh3: when the gate opens, the upload is abandoned, not sent a second time."""
+    ns, store = namespace(tmp_path), MemoryStore()
+    data = os.urandom(2000)
+    ino = write_file(ns, ROOT_INODE, "f.pt", data)
+    gate = trio.Event()
+
+    async def fence() -> None:
+        await gate.wait()
+
+    d = drainer(ns, store)
+    d.gate = fence
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run)
+            with trio.fail_after(30):
+                while ino not in d.busy:
+                    await trio.sleep(0.005)
+            ns.uploads.durable_elsewhere(ino, "p/f.pt", "e-taker", digest(data))  # what reconcile does
+            gate.set()
+            while ino in d.busy:
+                await trio.sleep(0.005)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert "put_object_body" not in store.calls and "put_object" not in store.calls
+    row = ns.journal.get(ino)
+    assert row is not None and row.state == DURABLE and row.etag == "e-taker"
