@@ -292,7 +292,7 @@ def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_genera
     store.objects["p/step_100/shard0.distcp"] = StoredObject(shard0, "e0", {XXH3_META: digest(shard0)}, mtime=time.time() - 100)
     listing = store.list("p/step_100/", recursive=True)
     write_manifest(store, f"p/step_100/{MANIFEST}", lambda old: next_manifest(old, "step_100", 100, files_of(listing, "p/step_100/"),
-                                                                               "quiet", None))
+                                                                               "quiet", None, node="a"))
     shard1 = os.urandom(3000)
     hold(replicas, "a", 1, "p/step_100/shard1.distcp", shard1, seq=1, mtime=time.time(), checkpoint="step_100")
     heard: list[list[str]] = []
