@@ -245,6 +245,7 @@ def test_a_corrupt_or_unacknowledged_replica_is_not_uploaded_and_holds_its_marke
     assert sorted(report.corrupt) == ["p/step_11/big.pt", "p/step_9/shard0.pt"] and t.corrupt_total == 2
     assert report.unsealed == ["p/step_10/shard0.pt"]
     assert report.markers_held == ["p/step_9/.metadata"]
+    assert report.checkpoints == [], "an incomplete checkpoint was handed to the tracker to commit"
     assert "create_multipart" not in store.calls
     assert record(store, "a")["takeover_done"]
 
