@@ -182,10 +182,15 @@ class _Connection:
         elif kind is Kind.SEAL:
             await self._seal(m)
         elif kind is Kind.BARRIER:
+            await self._run(None, store.sync)  # the deletes and entries before it are on the disk
             failed, self.failed_other = self.failed_other, None
             await self._answer(int(m["id"]), failed)
         elif kind is Kind.HOLDINGS:
-            held = await trio.to_thread.run_sync(store.holdings, owner)
+            try:
+                held = await trio.to_thread.run_sync(store.holdings, owner)
+            except (OSError, sqlite3.Error) as e:  # the index cannot be read: the owner takes another peer
+                await self._answer(int(m["id"]), e)
+                return
             await self._reply(Kind.HELD, {"id": int(m["id"]), "held": held})
         else:
             raise _Dropped(f"unexpected frame {kind.name} from an owner")
