@@ -39,35 +39,22 @@ import math
 import os
 import random
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import trio
-import xxhash
-
 from . import threads
 from .cache import Cache
-from .config import MiB, Config, part_size_for, small_objects_in_flight
+from .config import Config, part_size_for, small_objects_in_flight
 from .journal import DiskFull, JournalIOError, UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
-from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError, crc32_b64
+from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError
 from .storeapi import ObjectStore
+from .upload import XXH3_META, Abandoned, file_digests, put_whole
 
 log = logging.getLogger(__name__)
-
-XXH3_META = "xxh3"  # user metadata key: x-amz-meta-xxh3 holds the whole file's xxh3-128 (hex)
-# A file up to this size is read whole into memory and sent as bytes: boto3 sends a file-like body
-# with `Expect: 100-continue`, a round trip to the store before the body for every small object.
-# Memory: at most this much per small PutObject in flight (`small_objects_in_flight`).
-BODY_IN_MEMORY = 1 * MiB
-
-
-class Abandoned(Exception):
-    """The file changed, moved or vanished while it was uploading."""
-
 
 @dataclass
 class Backoff:
@@ -122,37 +109,6 @@ class Throughput:
         sent = sum(n for _, n in self.completed)
         busy = sum(max(0.0, min(end, now) - max(start, cut)) for start, end in self.spells)
         return sent / busy if sent and busy > 0 else 0.0
-
-
-def read_whole(fd: int, size: int) -> bytes:
-    """The `size` bytes of a small cache file (the bytes sent are the bytes hashed)."""
-    data = os.pread(fd, size, 0)
-    while len(data) < size:
-        more = os.pread(fd, size - len(data), len(data))
-        if not more:
-            raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
-        data += more
-    return data
-
-
-def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tuple[str, list[str]]:
-    """One pass over the cached bytes: the whole file's xxh3-128 and each part's CRC32."""
-    h = xxhash.xxh3_128()
-    crcs: list[str] = []
-    offset = 0
-    while True:
-        part_end = min(size, offset + part_size)
-        crc = 0
-        while offset < part_end:
-            data = os.pread(fd, min(chunk, part_end - offset), offset)
-            if not data:
-                raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
-            h.update(data)
-            crc = zlib.crc32(data, crc)
-            offset += len(data)
-        crcs.append(crc32_b64(crc))
-        if offset >= size:
-            return h.hexdigest(), crcs
 
 
 class Drainer:
@@ -393,14 +349,6 @@ class Drainer:
         """
         size = ticket.size
 
-        def put(own: int) -> tuple[str, str]:
-            if size <= BODY_IN_MEMORY:
-                body = read_whole(own, size)
-                xxh3 = xxhash.xxh3_128_hexdigest(body)
-                return self.store.put_object_body(ticket.key, body, crc32_b64(zlib.crc32(body)), {XXH3_META: xxh3}), xxh3
-            xxh3, crcs = file_digests(own, size, max(size, 1))
-            return self.store.put_object(ticket.key, own, size, crcs[0], {XXH3_META: xxh3}), xxh3
-
         async with self.small:
             if self.gate is not None:
                 await self.gate()
@@ -408,7 +356,8 @@ class Drainer:
             self.metrics.parts_in_flight.inc()
             self.throughput.started()
             try:
-                etag, xxh3 = await threads.call_with_fd(fd, put, limiter=self.small_threads)
+                etag, xxh3 = await threads.call_with_fd(fd, functools.partial(put_whole, self.store, ticket.key, size=size),
+                                                         limiter=self.small_threads)
             finally:
                 self.metrics.parts_in_flight.dec()
                 self.throughput.stopped()

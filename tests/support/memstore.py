@@ -192,7 +192,7 @@ class MemoryStore:
         if obj is None:
             raise StoreError(NO_OBJECT, f"{key} does not exist")
         self._answered()
-        return ObjectInfo(len(obj.body), obj.etag, None, dict(obj.metadata))
+        return ObjectInfo(len(obj.body), obj.etag, None, dict(obj.metadata), obj.mtime)
 
     def delete(self, key: str) -> None:
         self._enter("delete", key)
