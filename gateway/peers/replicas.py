@@ -265,14 +265,16 @@ class ReplicaStore:
         """Upsert a file's entry. A new version is not sealed until the owner seals it. ValueError: malformed."""
         m = _check_meta(meta)
         with self._lock:
-            row = self.db.execute("SELECT version, sealed FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
-            sealed = bool(row and row[0] == m["version"] and row[1])
+            row = self.db.execute("SELECT version, sealed, size FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            # only write and truncate frames change a replica's bytes, and they unseal it first: a sealed replica
+            # given a new version of the same size (a close or fsync that changed no byte) holds that version's bytes
+            sealed = bool(row and row[1] and row[2] == m["size"])
             if not sealed:
                 self._sealed.discard((owner, ino))
             self.db.execute(
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
-                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND version = ?), ?, ?, ?, ?, ?)",
-                (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["version"], m["copy_from"],
+                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?)",
+                (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["size"], m["copy_from"],
                  m["marker"], m["seq"], m["mtime"], m["checkpoint"]))
 
     def is_sealed(self, owner: str, ino: int) -> bool:

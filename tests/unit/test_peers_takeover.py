@@ -373,10 +373,6 @@ def test_what_an_owner_streamed_through_the_transport_is_what_the_takeover_uploa
     assert replicas.owners() == [] and replicas.held_bytes() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="peers/replicas.py put_entry drops the seal (and its xxh3) when an entry comes with a new "
-                   "version but no new bytes (a close or fsync the sender counts as a version): the takeover then skips an "
-                   "acknowledged file as never sealed. Fix in peers-transport: keep the seal while the size is the same (a WRITE "
-                   "or TRUNCATE unseals first); remove this mark then")
 def test_a_file_sealed_then_given_a_new_version_without_new_bytes_is_still_taken_over(tmp_path: Path) -> None:
     """The sender seals a file at fsync (version 1), then its close (or a rename) sends the entry again with the version
     it counts now; no byte changed, so the replica is still what the owner acknowledged and must be uploaded."""

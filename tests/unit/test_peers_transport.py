@@ -392,11 +392,11 @@ def test_truncate_deletes_and_drops_reach_the_replica_store_in_order(shm: Path) 
         await link.barrier()
         assert [(d.op_id, d.key, d.seq) for d in store.deletes("node-a")] == [(11, "old/a", 5), (10, "old/b", 6)]
         await link.delete_done(11)
-        await link.entry(4, entry_meta("t", 2, 1000))  # a newer version: a forget of the older keeps it
+        await link.entry(4, entry_meta("t", 2, 1000))  # a newer version, no byte changed: still sealed; a forget of the older keeps it
         await link.forget(4, 1)
         await link.barrier()
         assert [d.op_id for d in store.deletes("node-a")] == [10]
-        assert [(e.version, e.sealed) for e in store.entries("node-a")] == [(2, False)]
+        assert [(e.version, e.sealed) for e in store.entries("node-a")] == [(2, True)]
         assert store.owners() == ["node-a"]
         store.drop_owner("node-a")
         assert store.owners() == [] and store.held_bytes() == 0
