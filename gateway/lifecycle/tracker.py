@@ -143,14 +143,6 @@ class Tracker:
         if ck is not None and ck.path not in self.active:
             self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
 
-    def taken_over(self, paths: list[str]) -> None:
-        """A takeover (peers/takeover.py) uploaded a dead node's files into these checkpoints (mount-relative paths):
-        each is committed once quiet, as if written here; a manifest that lacks the new files gets a new generation."""
-        for path in paths:
-            ck = self.lc.patterns.checkpoint_of(path)
-            if ck is not None and ck.path not in self.active:
-                self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
-
     def local_state(self, path: str) -> str | None:
         return self.work.get(path)
 
