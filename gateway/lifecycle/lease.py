@@ -40,7 +40,8 @@ import trio
 
 from ..objects import PRECONDITION, StoreError, json_document
 from ..storeapi import LifecycleStore
-from .manifest import node_name, now_iso, read_json
+from ..storeapi import read_json
+from .manifest import node_name, now_iso
 
 log = logging.getLogger(__name__)
 

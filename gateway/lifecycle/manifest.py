@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError, json_document
-from ..storeapi import LifecycleStore
+from ..storeapi import LifecycleStore, read_json  # noqa: F401 - read_json: the lifecycle's modules take it from here
 from ..namespace.keys import is_reserved
 
 FORMAT = "ckptfs-manifest/1"
@@ -141,25 +141,6 @@ class Manifest:
                        how=str(doc.get("how", "")), metadata=dict(doc.get("metadata") or {}), etag=etag)
         except (ValueError, KeyError, TypeError) as e:
             raise LifecycleError(f"the manifest is not one ckptfs can read ({e}): remove it with an S3 tool and commit again") from None
-
-
-def read_json(store: LifecycleStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The JSON object stored at `key` and its ETag; (None, None) if there is no such object.
-
-    A body that is not a JSON object reads as {} with its ETag: the object is there (written by
-    another version, or damaged), and a conditional write over it needs that ETag. A blocking
-    store call: run it in a worker thread. Other store errors propagate."""
-    try:
-        body, etag = store.get_bytes(key)
-    except StoreError as e:
-        if e.kind == NO_OBJECT:
-            return None, None
-        raise
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = {}
-    return (doc if isinstance(doc, dict) else {}), etag
 
 
 def read_manifest(store: LifecycleStore, key: str) -> Manifest | None:

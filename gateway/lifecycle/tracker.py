@@ -50,6 +50,9 @@ class Active:
     next_check: float = 0.0
     file: bool = False  # a checkpoint saved as one file (patterns.py)
     recovered: bool = False  # derived from the journal at start: it may have been committed before the stop
+    # files put in the bucket here for another node (a takeover of a dead peer): the bucket, not this node's
+    # journal, says whether the checkpoint is there
+    elsewhere: bool = False
 
 
 class Tracker:
@@ -143,6 +146,21 @@ class Tracker:
         if ck is not None and ck.path not in self.active:
             self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
 
+    def taken_over(self, paths: list[str]) -> None:
+        """A takeover here uploaded a dead node's files under these mount-relative paths (checkpoints or files in
+        them; peers/takeover.py `on_taken_over`): each checkpoint commits once quiet, as if its writer had finished.
+        A manifest that lacks the new files gets a new generation; one that already describes them is left alone."""
+        now = time.time()
+        for path in paths:
+            ck = self.lc.patterns.checkpoint_of(path, None)
+            if ck is None:
+                continue
+            a = self.active.get(ck.path)
+            if a is None:
+                self.active[ck.path] = Active(ck.step, now, file=ck.file, elsewhere=True)
+            else:
+                a.last_work, a.elsewhere, a.recovered = now, True, False
+
     def local_state(self, path: str) -> str | None:
         return self.work.get(path)
 
@@ -203,7 +221,7 @@ class Tracker:
         lc = self.lc
         ck = Checkpoint(path, a.step, a.file)
         row = lc.ns.journal.resolve(path)
-        if row is None or row.is_dir == ck.file:
+        if not a.elsewhere and (row is None or row.is_dir == ck.file):
             if ck.file:
                 await self._forget_file(ck)
             return True  # removed or moved away: nothing to commit

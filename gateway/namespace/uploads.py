@@ -328,6 +328,42 @@ class UploadQueue:
         self.backlog.changed(ticket.ino)
         self._on_change()
 
+    def durable_elsewhere(self, ino: int, key: str, etag: str, xxh3: str) -> None:
+        """Another node put exactly this file's bytes at `key` (a peer that took this node over, peers/reconcile.py):
+        durable as if the drain had uploaded them, without an upload. An upload of it in flight is forgotten (the
+        caller aborts it in the store)."""
+        j = self.journal
+        with j.transaction():
+            j.update(ino, state=DURABLE, etag=etag, xxh3=xxh3 or None, remote_key=key, copy_from=None, seen_at=time.time())
+            j.ancestors_durable(ino)
+            j.forget_upload(ino)
+        self.backlog.changed(ino)
+        self.on_settled(key)
+        self.space.freed()
+        self._on_change()
+
+    def replaced_elsewhere(self, ino: int, key: str, size: int, etag: str, xxh3: str | None, mtime: float) -> None:
+        """The bucket holds other bytes at the file's `key`, written by another node while this one was taken over: the
+        bucket wins. The row describes that object (durable, not cached: the next open fetches it) and the local copy
+        is dropped, as when a listing finds an object replaced (merge.py)."""
+        j = self.journal
+        row = j.get(ino)
+        if row is None:
+            return
+        mtime_ns = int(mtime * 1e9)
+        with j.transaction():
+            j.update(ino, state=DURABLE, size=size, etag=etag, xxh3=xxh3 or None, remote_key=key, copy_from=None, cached=0,
+                     version=row.version + 1, mtime_ns=mtime_ns, ctime_ns=mtime_ns, seen_at=time.time())
+            j.ancestors_durable(ino)
+            j.forget_upload(ino)
+        if row.cached:
+            self.space.cache.remove(ino, row.size)  # the journal first: never a row that claims a copy that is gone
+        self.files.live.pop(ino, None)
+        self.backlog.changed(ino)
+        self.on_settled(key)
+        self.space.freed()
+        self._on_change()
+
     def upload_failed(self, ino: int) -> None:
         row = self.journal.get(ino)
         if row is not None and row.state == UPLOADING:
