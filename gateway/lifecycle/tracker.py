@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 from ..journal import ROOT_INODE
+from ..peering import node_name_of
 from ..objects import StoreError, finite
 from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, signature, write_manifest
 from . import place, tiers
@@ -278,7 +279,7 @@ class Tracker:
         await self._checksums(ck.path, files)
         manifest, wrote = await lc.io(
             write_manifest, lc.store, place.own_key(lc.keys.prefix, ck, MANIFEST),
-            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, finite(metadata)),
+            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, finite(metadata), node=node_name_of(lc.cfg)),
         )
         self.active.pop(ck.path, None)
         if wrote:
