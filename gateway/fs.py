@@ -651,8 +651,6 @@ class CkptFS(Operations):
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
         if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
-        if name == XATTR_STATE and self.peers is not None and inode in self._pt_writers:
-            self._sync_passthrough(inode)  # what the kernel wrote since is a version no peer has yet
         if name == XATTR_STATE and row.state == DIRTY and self.peers is not None and self.peers.is_replicated(inode):
             value = REPLICATED  # between dirty and durable: on R peers' disks too
         if name == XATTR_STATE and row.state == DURABLE:

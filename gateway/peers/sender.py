@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -101,6 +102,18 @@ class Owed:
     def truncate(self, size: int) -> None:
         self.truncate_to = size if self.truncate_to is None else min(self.truncate_to, size)
         self.extents = [[s, min(e, size)] for s, e in self.extents if s < size]
+
+
+@dataclass(frozen=True)
+class Hashed:
+    """The last xxh3 taken of a file, and of which bytes: its version and size, and its cache file's size and mtime
+    then. While the cache file still has that size and mtime (and no write callback came), the peers sealed at that
+    version hold the file's bytes, even if a passthrough close or fsync has counted a new version since."""
+
+    version: int
+    size: int
+    stat: tuple[int, int]  # (st_size, st_mtime_ns) of the cache file when hashed
+    xxh3: str
 
 
 class Channel:
@@ -191,13 +204,12 @@ class Channel:
                     await link.truncate(ino, owed.truncate_to)
             await self.send_ranges(s, ino, owed.extents)
             live = s.ns.files.live.get(ino)
-            if (live is None or live.writers == 0) and self.sealed.get(ino) != version:
+            if (live is None or live.writers == 0) and not s.holds(self, ino, version):
                 self.seal_wanted.add(ino)  # closed: sealed without anyone asking, so it is replicated before it drains
         for ino in list(self.seal_wanted):
             if ino in self.owed:
                 continue  # its bytes first
-            did = True
-            await self.seal(s, ino)
+            did = await self.seal(s, ino) or did
         return did
 
     async def send_ranges(self, s: Sender, ino: int, extents: list[list[int]]) -> None:
@@ -220,6 +232,7 @@ class Channel:
                         await link.write(ino, fd, start, n)
                     self.replicated_bytes += n
                     s.replicated_bytes += n
+                    s.on_sent(n)
                     start += n
         finally:
             os.close(fd)
@@ -243,24 +256,26 @@ class Channel:
             did = True
         return did
 
-    async def seal(self, s: Sender, ino: int) -> None:
+    async def seal(self, s: Sender, ino: int) -> bool:
+        """Seal the file's current version on the peer; False if there was nothing to do or it must be tried again
+        (it changed while hashed: the pump looks again after POLL_SECONDS, or at the change)."""
         link = self.link
         assert link is not None
         cur = s.current(ino)
         if cur is None:
             self.seal_wanted.discard(ino)
-            return
+            return False
         row, version, size = cur
-        if self.sealed.get(ino) == version:
+        if s.holds(self, ino, version):
             self.seal_wanted.discard(ino)
-            return
+            return False
         if row.copy_from:
             with trio.fail_after(s.timeout):
                 await link.barrier()  # the entry naming the object its bytes are in has arrived
         else:
             xxh3 = await s.digest(ino, version, size)
             if xxh3 is None:
-                return  # it changed while hashed: the change is owed and the seal stays wanted
+                return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
             try:
                 with trio.fail_after(s.timeout):
                     await link.seal(ino, version, size, xxh3)
@@ -269,7 +284,7 @@ class Channel:
                 owed = self.owe(ino, s.clock())
                 owed.truncate(0)
                 owed.add(0, size)
-                return
+                return True
         self.seal_wanted.discard(ino)
         now = s.current(ino)
         if now is not None and now[1] == version:
@@ -277,6 +292,7 @@ class Channel:
             if s.sealed_on(ino, version) >= s.replicas:
                 s.single_since.pop(ino, None)
         s.notify()
+        return True
 
 
 class Sender:
@@ -296,8 +312,10 @@ class Sender:
         self.degraded_writes = 0
         self.replicated_bytes = 0
         self.passthrough_inos: Callable[[], Iterable[int]] = lambda: ()  # fs.py's passthrough writers (the daemon wires it)
+        self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
+        self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
         self._pt_sizes: dict[int, int] = {}
-        self._digests: dict[tuple[int, int], tuple[int, str]] = {}  # (ino, version) -> (size, xxh3)
+        self._hashed: dict[int, Hashed] = {}  # dropped at every change the namespace reports
         self._seq = 0
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -329,8 +347,25 @@ class Sender:
             return False
         return self.sealed_on(ino, cur[1]) >= self.replicas
 
+    def _versions_held(self, ino: int, version: int) -> set[int]:
+        """The sealed versions that hold the file's current bytes: `version`, and the one last hashed if its cache
+        file is as it was then (a passthrough close or fsync counts a version without a byte changed). None at all
+        if the cache file changed since that hash: the kernel wrote under passthrough, no version counted it yet."""
+        h = self._hashed.get(ino)
+        if h is None:
+            return {version}
+        try:
+            st = os.stat(self.ns.cache.path(ino))
+        except OSError:
+            return set()
+        return {version, h.version} if (st.st_size, st.st_mtime_ns) == h.stat else set()
+
+    def holds(self, ch: Channel, ino: int, version: int) -> bool:
+        return ch.ready and ch.sealed.get(ino) in self._versions_held(ino, version)
+
     def sealed_on(self, ino: int, version: int) -> int:
-        return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) == version)
+        held = self._versions_held(ino, version)
+        return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) in held)
 
     def notify(self) -> None:
         self._changed.set()
@@ -353,6 +388,7 @@ class Sender:
         return True
 
     def _on_bytes(self, ino: int, offset: int, length: int) -> None:
+        self._hashed.pop(ino, None)
         if not self._track(ino):
             return
         now = self.clock()
@@ -360,6 +396,7 @@ class Sender:
             ch.owe(ino, now).add(offset, offset + length)
 
     def _on_truncate(self, ino: int, size: int) -> None:
+        self._hashed.pop(ino, None)
         if not self._track(ino):
             return
         now = self.clock()
@@ -392,8 +429,7 @@ class Sender:
         self.single_since.pop(ino, None)
         self.degraded.discard(ino)
         self._pt_sizes.pop(ino, None)
-        for key in [k for k in self._digests if k[0] == ino]:
-            del self._digests[key]
+        self._hashed.pop(ino, None)
         for ch in self.channels.values():
             ch.owed.pop(ino, None)
             ch.seal_wanted.discard(ino)
@@ -436,12 +472,12 @@ class Sender:
                 return
             healthy = self._healthy()
             for ch in healthy:
-                if ch.sealed.get(ino) != version and ino not in ch.seal_wanted:
+                if not self.holds(ch, ino, version) and ino not in ch.seal_wanted:
                     ch.seal_wanted.add(ino)
                     ch.wake.set()
             self._fill()
             healthy = self._healthy()
-            if len(healthy) < self.replicas and all(ch.ready and ch.sealed.get(ino) == version for ch in healthy):
+            if len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
                 self._no_peer(ino, len(healthy))
                 return
             await self._changed.wait()
@@ -451,6 +487,7 @@ class Sender:
         if self.fail:
             raise OSError(errno.EIO, f"{path}: only {holders} of {self.replicas} peers hold a copy (on_no_peer = fail)")
         self.degraded_writes += 1
+        self.on_degraded()
         if ino not in self.degraded:
             self.degraded.add(ino)
             log.warning("%s: acknowledged with %d of %d peer copies: single-copy on this node until it drains "
@@ -565,7 +602,9 @@ class Sender:
             while True:
                 ch.wake = trio.Event()
                 if not await ch.pump(self):
-                    await ch.wake.wait()
+                    # a seal that found the file changing is tried again soon even if no callback says so
+                    with trio.move_on_after(POLL_SECONDS if ch.seal_wanted else math.inf):
+                        await ch.wake.wait()
         except (PeerError, OSError, trio.TooSlowError) as e:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
@@ -595,14 +634,23 @@ class Sender:
                 "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None}
 
     async def digest(self, ino: int, version: int, size: int) -> str | None:
-        """The xxh3-128 of the file's cache copy at `version` (shared by the channels); None if it changed meanwhile."""
-        known = self._digests.get((ino, version))
-        if known is not None and known[0] == size:
-            return known[1]
+        """The xxh3-128 of the file's cache copy at `version` (shared by the channels). None if the cache file is not
+        that version's bytes now: it changed while hashed, or the kernel wrote more under passthrough."""
+        path = self.ns.cache.path(ino)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        stat = (st.st_size, st.st_mtime_ns)
+        if st.st_size != size:
+            return None
+        known = self._hashed.get(ino)
+        if known is not None and (known.version, known.size, known.stat) == (version, size, stat):
+            return known.xxh3
 
         def hash_file() -> str:
             h = xxhash.xxh3_128()
-            with open(self.ns.cache.path(ino), "rb", buffering=0) as f:
+            with open(path, "rb", buffering=0) as f:
                 left = size
                 while left > 0:
                     chunk = f.read(min(CHUNK, left))
@@ -614,12 +662,12 @@ class Sender:
 
         try:
             value = await trio.to_thread.run_sync(hash_file, limiter=self._digest_threads)
-        except FileNotFoundError:
+            after = os.stat(path)
+        except OSError:
             return None
         cur = self.current(ino)
-        if cur is None or cur[1] != version or cur[2] != size:
+        if (after.st_size, after.st_mtime_ns) != stat or cur is None or cur[1] != version or cur[2] != size:
             return None
-        self._digests = {k: v for k, v in self._digests.items() if k[0] != ino}
-        self._digests[(ino, version)] = (size, value)
+        self._hashed[ino] = Hashed(version, size, stat, value)
         return value
 
