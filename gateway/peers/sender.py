@@ -649,15 +649,18 @@ class Sender:
             return known.xxh3
 
         def hash_file() -> str:
+            # into one buffer (a fresh bytes per read costs ~15% more CPU); not mmap: a truncate meanwhile is SIGBUS
             h = xxhash.xxh3_128()
+            buf = bytearray(min(CHUNK, max(size, 1)))
+            view = memoryview(buf)
             with open(path, "rb", buffering=0) as f:
                 left = size
                 while left > 0:
-                    chunk = f.read(min(CHUNK, left))
-                    if not chunk:
+                    n = f.readinto(view[:min(len(buf), left)])
+                    if not n:
                         break
-                    h.update(chunk)
-                    left -= len(chunk)
+                    h.update(view[:n])
+                    left -= n
             return h.hexdigest()
 
         try:
