@@ -18,11 +18,11 @@ import errno
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import trio
 
-from ..peering import parse_addr
+from ..peering import PeerOptionError, parse_addr
 from .wire import REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, Reader, SealMismatch, Session, WireError, client_handshake
 
 __all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "SealMismatch"]
@@ -60,12 +60,17 @@ class PeerLink:
         self._read_lock = trio.Lock()
         self._waiters: dict[int, _Waiter] = {}
         self._next_id = 1
+        # set by the sender: awaited with the byte count of each chunk sent (peer_max_bandwidth, all links together)
+        self.throttle: Callable[[int], Awaitable[None]] | None = None
 
     @classmethod
     async def open(cls, cfg: Any, me: str, incarnation: str, node: str, addr: str, secret: bytes) -> "PeerLink":
         """Connect to `node` at `addr` and prove the secret both ways; PeerError (one line) otherwise."""
-        host, port = parse_addr(addr, "peer address")
         where = f"peer {node} at {addr}"
+        try:
+            host, port = parse_addr(addr, "peer address")
+        except PeerOptionError as e:
+            raise PeerError(f"{where}: {e}") from None
         stream: trio.SocketStream | None = None
         try:
             with trio.fail_after(cfg.peer_timeout):
@@ -189,7 +194,10 @@ class PeerLink:
                 return
             offset += n
             self.bytes_sent += n
-            await trio.lowlevel.checkpoint()
+            if self.throttle is not None:
+                await self.throttle(n)  # after the bytes went: a debt the throttle makes us wait off
+            else:
+                await trio.lowlevel.checkpoint()
 
     async def _send_zeros(self, count: int) -> None:
         while count:

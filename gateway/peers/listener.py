@@ -17,7 +17,6 @@ import os
 import socket
 import sqlite3
 import time
-from functools import partial
 from typing import Any
 
 import trio
@@ -30,6 +29,7 @@ from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_hand
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 10.0  # seconds between two log lines about refused connections
+MAX_HANDSHAKES = 64  # connections not yet authenticated at once; more are closed at once (a flood costs no memory)
 WRITE_BUFFER = 1 << 20
 
 
@@ -64,6 +64,7 @@ class Listener:
         self.dropped_connections = 0  # authenticated, then a wrong MAC, a malformed frame, a stall
         self.full_answers = 0  # seals answered PeerFull
         self.bytes_received = 0
+        self._handshakes = 0
         self._log = _RateLimitedLog(LOG_EVERY)
 
     @property
@@ -72,11 +73,15 @@ class Listener:
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; reports started with the bound port (peer_addr may give port 0)."""
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(partial(trio.serve_tcp, self._serve, self.port, host=self.host))
-            self.port = listeners[0].socket.getsockname()[1]
-            log.info("peer listener on %s", self.addr)
-            task_status.started(self.port)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as e:
+            raise OSError(e.errno, f"peer_addr = {self.cfg.peer_addr} cannot be listened on ({e.strerror}): "
+                                   "give a free port of an address of this node (port 0: any free port)") from None
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("peer listener on %s", self.addr)
+        task_status.started(self.port)
+        await trio.serve_listeners(self._serve, listeners)
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
@@ -86,6 +91,11 @@ class Listener:
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
             reader = Reader(stream)
+            if self._handshakes >= MAX_HANDSHAKES:
+                self.refused_connections += 1
+                self._log.warning("peer connection from %s refused: %d others are not authenticated yet", where, self._handshakes)
+                return
+            self._handshakes += 1
             try:
                 with trio.fail_after(self.timeout):
                     session = await server_handshake(stream, reader, self.secret, self.me)
@@ -94,6 +104,8 @@ class Listener:
                 why = "no handshake within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
                 self._log.warning("peer connection from %s refused: %s", where, why)
                 return
+            finally:
+                self._handshakes -= 1
             self.accepted_connections += 1
             self.connections += 1
             log.info("peer %s (incarnation %s) connected from %s", session.peer, session.peer_incarnation, where)
@@ -156,12 +168,13 @@ class _Connection:
             await self._run(ino, store.put_entry, owner, ino, m["meta"])
         elif kind is Kind.TRUNCATE:
             ino = int(m["ino"])
+            await self._unseal(ino)
             await self._run(ino, store.truncate, owner, ino, int(m["size"]))
         elif kind is Kind.FORGET:
             ino = int(m["ino"])
             version = m.get("version")
+            self.failed.pop(ino, None)  # whatever failed of it, the replica goes
             await self._run(ino, store.forget, owner, ino, None if version is None else int(version))
-            self.failed.pop(ino, None)
         elif kind is Kind.DELETE:
             await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]))
         elif kind is Kind.DELETE_DONE:
@@ -172,7 +185,11 @@ class _Connection:
             failed, self.failed_other = self.failed_other, None
             await self._answer(int(m["id"]), failed)
         elif kind is Kind.HOLDINGS:
-            held = await trio.to_thread.run_sync(store.holdings, owner)
+            try:
+                held = await trio.to_thread.run_sync(store.holdings, owner)
+            except (OSError, sqlite3.Error) as e:  # the index cannot be read: the owner takes another peer
+                await self._answer(int(m["id"]), e)
+                return
             await self._reply(Kind.HELD, {"id": int(m["id"]), "held": held})
         else:
             raise _Dropped(f"unexpected frame {kind.name} from an owner")
@@ -191,10 +208,17 @@ class _Connection:
             else:
                 self.failed[ino] = e
 
+    async def _unseal(self, ino: int) -> None:
+        """A sealed replica about to change is first recorded unsealed: a takeover never takes changed bytes for the
+        sealed ones (it would find the xxh3 wrong and skip the file)."""
+        if self.store.is_sealed(self.owner, ino):
+            await self._run(ino, self.store.unseal, self.owner, ino)
+
     async def _write(self, ino: int, offset: int, length: int) -> None:
         """Receive `length` bytes into the replica at `offset`; bytes that cannot be kept are still read off the
         connection (it stays usable), the failure answered at the seal."""
         fd: int | None = None
+        await self._unseal(ino)
         if ino not in self.failed:
             try:
                 fd = self.store.reserve(self.owner, ino, offset + length)

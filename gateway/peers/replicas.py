@@ -51,6 +51,10 @@ class ReplicaFull(OSError):
         super().__init__(errno.ENOSPC, why)
 
 
+class ReplicaIndexError(Exception):
+    """replicas.db cannot be opened (the message is one line)."""
+
+
 class ReplicaMismatch(Exception):
     """This node's xxh3 (or size) of a replica differs from the owner's at seal."""
 
@@ -117,13 +121,19 @@ class ReplicaStore:
         # the node's own cache keeps its reserve: replicas never take the disk below it
         self.min_free = cfg.cache_min_free if getattr(cfg, "cache_min_free", None) is not None else auto_min_free(fs_size)
         self._lock = threading.RLock()
-        self.db = sqlite3.connect(self.root / "replicas.db", isolation_level=None, check_same_thread=False, factory=Connection)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")  # a commit is on the disk before a seal is acknowledged
-        self.db.executescript(_SCHEMA)
+        index = self.root / "replicas.db"
+        try:
+            self.db = sqlite3.connect(index, isolation_level=None, check_same_thread=False, factory=Connection)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")  # a commit is on the disk before a seal is acknowledged
+            self.db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as e:
+            raise ReplicaIndexError(f"the index of other nodes' replicas {index} cannot be opened ({e}): check the cache "
+                                    "disk; moved aside, this node forgets the replicas it holds (their owners send them again)") from None
         self._bytes: dict[tuple[str, int], int] = {}  # bytes each replica's data file takes (its size)
         self._fds: dict[tuple[str, int], int] = {}
         self._hashed: dict[tuple[str, int], _Hashed] = {}
+        self._sealed = {(o, i) for o, i in self.db.execute("SELECT owner, ino FROM replicas WHERE sealed = 1")}
         self._scan()
 
     def _scan(self) -> None:
@@ -184,13 +194,14 @@ class ReplicaStore:
             return sum(n for (o, _), n in self._bytes.items() if owner is None or o == owner)
 
     def verify(self, entry: ReplicaEntry) -> bool:
-        """The data file's xxh3-128 equals the entry's (blocking: run it in a thread)."""
+        """The data file's xxh3-128 equals the entry's (blocking: run it in a thread). An entry renamed from a durable
+        file (`copy_from`) with no data file holds no bytes to check: True."""
         if entry.xxh3 is None:
             return False
         try:
             fd = os.open(entry.path, os.O_RDONLY)
         except FileNotFoundError:
-            return entry.size == 0 and entry.xxh3 == xxhash.xxh3_128_hexdigest(b"")
+            return entry.copy_from is not None or entry.size == 0 and entry.xxh3 == xxhash.xxh3_128_hexdigest(b"")
         try:
             if os.fstat(fd).st_size != entry.size:
                 return False
@@ -205,6 +216,7 @@ class ReplicaStore:
     def drop(self, owner: str, ino: int) -> None:
         with self._lock:
             self.db.execute("DELETE FROM replicas WHERE owner = ? AND ino = ?", (owner, ino))
+            self._sealed.discard((owner, ino))
             self._forget_file(owner, ino)
 
     def _forget_file(self, owner: str, ino: int) -> None:
@@ -235,6 +247,7 @@ class ReplicaStore:
                 raise
             for o, ino in [k for k in self._bytes if k[0] == owner] + [k for k in self._fds if k[0] == owner]:
                 self._forget_file(o, ino)
+            self._sealed = {k for k in self._sealed if k[0] != owner}
             if NODE_NAME.fullmatch(owner):
                 try:
                     for f in os.scandir(self.root / owner):
@@ -251,11 +264,22 @@ class ReplicaStore:
         with self._lock:
             row = self.db.execute("SELECT version, sealed FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
             sealed = bool(row and row[0] == m["version"] and row[1])
+            if not sealed:
+                self._sealed.discard((owner, ino))
             self.db.execute(
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
                 "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND version = ?), ?, ?, ?, ?, ?)",
                 (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["version"], m["copy_from"],
                  m["marker"], m["seq"], m["mtime"], m["checkpoint"]))
+
+    def is_sealed(self, owner: str, ino: int) -> bool:
+        return (owner, ino) in self._sealed
+
+    def unseal(self, owner: str, ino: int) -> None:
+        """Record the replica unsealed (committed) before its bytes change. Blocking: run it in a thread."""
+        with self._lock:
+            self.db.execute("UPDATE replicas SET sealed = 0 WHERE owner = ? AND ino = ?", (owner, ino))
+            self._sealed.discard((owner, ino))
 
     def _fd(self, owner: str, ino: int) -> int:
         fd = self._fds.get((owner, ino))
@@ -331,6 +355,7 @@ class ReplicaStore:
         with self._lock:
             self.db.execute("UPDATE replicas SET sealed = 1, xxh3 = ?, version = ?, size = ? WHERE owner = ? AND ino = ?",
                             (mine, version, size, owner, ino))
+            self._sealed.add((owner, ino))
         return mine
 
     def _hash(self, owner: str, ino: int, fd: int, size: int) -> str:

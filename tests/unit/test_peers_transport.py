@@ -221,25 +221,27 @@ def test_the_listener_refuses_the_wrong_secret_garbage_and_silence_and_still_ser
     with_listener(cfg, shm / "b", body)
 
 
-def test_an_authenticated_peer_sending_a_malformed_or_forged_frame_is_dropped(shm: Path) -> None:
+def test_an_authenticated_peer_sending_a_malformed_forged_or_stalled_frame_is_dropped(shm: Path) -> None:
     async def body(listener: Listener, addr: str) -> None:
-        for bad in ("malformed", "forged"):
+        for bad in ("malformed", "forged", "stalled"):
             stream = await trio.open_tcp_stream("127.0.0.1", listener.port)
             reader = Reader(stream)
             session = await client_handshake(stream, reader, SECRET, "node-a", "i", "node-b")
             if bad == "malformed":
                 await stream.send_all(session.encode(Kind.ENTRY, {"ino": 1, "meta": {"key": 7}}))
-            else:
+            elif bad == "forged":
                 await stream.send_all(Session(os.urandom(32), False, "x").encode(Kind.BARRIER, {"id": 1}))
+            else:  # half a frame, then nothing for longer than peer_timeout
+                await stream.send_all(session.encode(Kind.WRITE, {"ino": 1, "offset": 0}, 1000) + b"x" * 10)
             assert await stream.receive_some(100) == b""  # closed, no answer
             await stream.aclose()
-        await wait_for(lambda: listener.dropped_connections == 2)
+        await wait_for(lambda: listener.dropped_connections == 3)
         link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
         await link.barrier()
         await link.aclose()
 
     (shm / "b").mkdir()
-    with_listener(config(), shm / "b", body)
+    with_listener(config(peer_timeout=1.0), shm / "b", body)
 
 
 # -- a real file over loopback ---------------------------------------------------------------------------------
@@ -346,7 +348,10 @@ def test_past_peer_capacity_the_seal_answers_peer_full_and_the_link_goes_on(shm:
             await link.seal(2, 1, 3 * MiB, digest)
         assert listener.full_answers == 1 and listener.store.held_bytes() == 3 * MiB
         await link.forget(1, None)  # durable: its room is free again
-        await link.forget(2, None)
+        await link.forget(2, None)  # a replica that failed here is dropped all the same
+        await link.barrier()
+        assert listener.store.entries("node-a") == [] and listener.store.held_bytes() == 0
+        assert os.listdir(shm / "b" / "peers" / "node-a") == []
         await link.entry(2, entry_meta("two", 1, 3 * MiB, seq=2))
         await link.write(2, fd, 0, 3 * MiB)
         await link.seal(2, 1, 3 * MiB, digest)
@@ -371,6 +376,16 @@ def test_truncate_deletes_and_drops_reach_the_replica_store_in_order(shm: Path) 
         await link.write(4, fd, 0, 2 * MiB)
         await link.truncate(4, 1000)
         await link.seal(4, 1, 1000, xxhash.xxh3_128_hexdigest(src.read_bytes()[:1000]))
+        assert store.entries("node-a")[0].sealed
+        with open(src, "r+b") as f:
+            f.write(b"rewritten!")
+        await link.write(4, fd, 0, 10)  # the sealed replica changes: recorded unsealed before its bytes are
+        await link.barrier()
+        [entry] = store.entries("node-a")
+        assert not entry.sealed and not await trio.to_thread.run_sync(store.verify, entry)
+        await link.seal(4, 1, 1000, xxhash.xxh3_128_hexdigest(src.read_bytes()[:1000]))
+        [entry] = store.entries("node-a")
+        assert entry.sealed and await trio.to_thread.run_sync(store.verify, entry)
         os.close(fd)
         await link.delete(11, "old/a", 5)
         await link.delete(10, "old/b", 6)
@@ -407,3 +422,98 @@ def test_a_lost_or_silent_peer_is_a_peer_error_within_peer_timeout(shm: Path) ->
             await PeerLink.open(config(peer_timeout=0.3), "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
         mute.close()
     trio.run(main)
+
+
+def test_a_peer_addr_in_use_is_one_line_naming_it(shm: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    cfg = config(peer_addr=f"127.0.0.1:{taken.getsockname()[1]}")
+    (shm / "b").mkdir()
+    store = ReplicaStore(cfg, str(shm / "b"))
+
+    async def main() -> None:
+        await Listener(cfg, store, SECRET, "node-b").run()  # raised as it is, not in a group: the supervisor's start shows it
+
+    with pytest.raises(OSError, match=f"peer_addr = {cfg.peer_addr} cannot be listened on"):
+        trio.run(main)
+    taken.close()
+    store.close()
+
+
+def test_the_throttle_is_given_every_byte_sent(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 20 * MiB)
+    (shm / "b").mkdir()
+    counted: list[int] = []
+
+    async def throttle(n: int) -> None:
+        counted.append(n)
+        await trio.sleep(0)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        link.throttle = throttle
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("x", 1, 20 * MiB))
+        await link.write(1, fd, 0, 20 * MiB)
+        await link.seal(1, 1, 20 * MiB, digest)
+        os.close(fd)
+        assert sum(counted) == 20 * MiB
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
+
+
+def test_replicas_keep_the_cache_disk_reserve_free(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, MiB)
+    (shm / "b").mkdir()
+    cfg = config(cache_min_free=1 << 62)  # more than the disk has: no byte may be added
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("one", 1, MiB))
+        await link.write(1, fd, 0, MiB)
+        with pytest.raises(PeerFull, match="reserve"):
+            await link.seal(1, 1, MiB, digest)
+        os.close(fd)
+        await link.aclose()
+
+    with_listener(cfg, shm / "b", body)
+
+
+def test_the_caches_clean_up_of_files_no_inode_owns_leaves_replicas_alone(shm: Path) -> None:
+    from ckptfs.cache import Cache
+    store = ReplicaStore(config(), str(shm))
+    store.put_entry("node-a", 3, entry_meta("k", 1, 5))
+    os.pwrite(store.reserve("node-a", 3, 5), b"hello", 0)
+    store.seal("node-a", 3, 1, 5, xxhash.xxh3_128_hexdigest(b"hello"))
+    cache = Cache(shm, 0, 0)
+    cache.scan(set())  # no inode owns anything: every file under data/ goes
+    assert Path(store.path("node-a", 3)).read_bytes() == b"hello"
+    assert [e.sealed for e in store.entries("node-a")] == [True]
+    store.close()
+
+
+def test_connections_past_the_handshake_limit_are_closed_at_once(shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckptfs.peers.listener as listener_module
+    monkeypatch.setattr(listener_module, "MAX_HANDSHAKES", 2)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        silent = [await trio.open_tcp_stream("127.0.0.1", listener.port) for _ in range(2)]
+        for s in silent:
+            assert await s.receive_some(1 << 16)  # each got its challenge: both handshakes are under way
+        third = await trio.open_tcp_stream("127.0.0.1", listener.port)
+        assert await third.receive_some(1 << 16) == b""  # no challenge: closed
+        assert listener.refused_connections == 1
+        for s in silent:
+            await s.aclose()
+        await wait_for(lambda: listener.refused_connections == 3)
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)  # room again
+        await link.barrier()
+        await link.aclose()
+
+    with_listener(config(peer_timeout=60.0), shm / "b", body)
