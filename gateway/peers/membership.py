@@ -49,12 +49,17 @@ from .records import DOWN, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_
 
 log = logging.getLogger(__name__)
 
+ANNOUNCE_ATTEMPTS = 5  # writes of our record at start that may each find it changed (a claim racing the restart)
 MARGIN = 0.25  # of the ttl: the lease is trusted locally until ttl * (1 - MARGIN) after its renewal was sent
 
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def boottime() -> float:
-    """Seconds on a clock that counts a stopped process and a suspended machine (a paused node must see the pause)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
+    """Seconds on a clock that counts a stopped process and a suspended machine (a paused node must see the pause):
+    CLOCK_BOOTTIME; where there is none, the monotonic clock (which stops while a machine is suspended)."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
 
 
 def new_incarnation() -> str:
@@ -123,7 +128,8 @@ class Membership:
         if self.static:
             for p in self.static.values():
                 rec = self._records.get(p.name)
-                out.append(PeerState(p.name, p.addr, p.failure_domain, LIVE if is_live(rec, now) else DOWN,
+                domain = p.failure_domain or (rec.failure_domain if rec else "")  # the list's, else the node's own
+                out.append(PeerState(p.name, p.addr, domain, LIVE if is_live(rec, now) else DOWN,
                                      rec.incarnation if rec else None))
         else:
             for rec in self._records.values():
@@ -161,13 +167,18 @@ class Membership:
     # ------------------------------------------------------------ store calls
     async def _read(self, node: str) -> NodeRecord | None:
         """`node`'s record now (None: no record, or one this version cannot read)."""
+        return (await self._read_etag(node))[0]
+
+    async def _read_etag(self, node: str) -> tuple[NodeRecord | None, str | None]:
+        """(`node`'s record or None, the object's ETag or None if there is no object): our own record is written over
+        (If-Match that ETag) even when this version cannot read what is there."""
         doc, etag = await threads.call(lambda: read_json(self.store, self.key_of(record_path(node))))
         if doc is None:
-            return None
+            return None, None
         rec = NodeRecord.from_doc(doc, etag)
         if rec is None:
             log.warning("node record %s is not one this version reads: ignored", self.key_of(record_path(node)))
-        return rec
+        return rec, etag
 
     async def _write(self, rec: NodeRecord, if_match: str | None) -> NodeRecord | None:
         """Write `rec` (If-Match `if_match`, or If-None-Match when None); the record as written, or None if the condition failed."""
@@ -188,17 +199,22 @@ class Membership:
     async def announce(self) -> None:
         """Read what an earlier incarnation left; fence if it was taken over, else write ours live."""
         async with self._own_lock:
-            rec = await self._read(self.me)
-            self.record_at_start = rec
-            while True:
+            rec, etag = await self._read_etag(self.me)
+            if not self.announced.is_set():
+                self.record_at_start = rec  # a run restarted by the supervisor announces again: the first read stays
+            for _ in range(ANNOUNCE_ATTEMPTS):
                 if rec is not None and rec.state == TAKEN_OVER:
                     self._fence(rec)
                     break
-                if await self._write_live(rec.etag if rec is not None else None):
+                if self._fenced:
+                    break  # fenced before (a restarted run): only rejoin writes our record live again
+                if await self._write_live(etag):
                     log.info("node %s announced (incarnation %s, peer_addr %s, failure_domain %s)", self.me, self.incarnation,
                              self.peer_addr, self.failure_domain or "-")
                     break
-                rec = await self._read(self.me)  # a claim got there first (or a record appeared): look again
+                rec, etag = await self._read_etag(self.me)  # a claim got there first (or a record appeared): look again
+            else:
+                raise StoreError(PRECONDITION, f"{self.key_of(record_path(self.me))} changed under each of {ANNOUNCE_ATTEMPTS} writes")
         self.announced.set()
 
     async def _write_live(self, if_match: str | None) -> bool:
@@ -229,14 +245,15 @@ class Membership:
             return
         async with self._own_lock:
             own = self._own
-            assert own is not None
+            if own is None:  # announced but fenced on a record since removed by hand: rejoin writes it again
+                return
             if self._fenced:
                 if own.taken_over_by == self.me and own.taken_over_by_incarnation == self.incarnation and not own.takeover_done:
                     await self._renew_self_claim(own)  # reconciling our own files: nobody else may claim them meanwhile
                 return
             if await self._write_live(own.etag):
                 return
-            rec = await self._read(self.me)
+            rec, etag = await self._read_etag(self.me)
             if rec is not None and rec.state == TAKEN_OVER:
                 self._fence(rec)
                 return
@@ -245,7 +262,7 @@ class Membership:
                 log.error("another daemon wrote node %s's record (incarnation %s, peer_addr %s): two mounts share node_name %s; "
                           "give each its own node_name", self.me, rec.incarnation, rec.peer_addr, self.me)
             # ours with a lost answer (the write happened), another incarnation, or none: write it back
-            await self._write_live(rec.etag if rec is not None else None)
+            await self._write_live(etag)
 
     async def _renew_self_claim(self, own: NodeRecord) -> None:
         now = self.clock()
@@ -263,8 +280,7 @@ class Membership:
         async with self._own_lock:
             rec = await self._read(self.me)
             if rec is None or rec.state == LIVE:
-                self._own = rec
-                return True  # nothing to wait for (a record removed by hand, or rejoined already)
+                return True  # nothing to wait for (a record removed by hand, or rejoined already): rejoin writes it
             self._own = rec
             if rec.takeover_done or (rec.taken_over_by == self.me and rec.taken_over_by_incarnation == self.incarnation):
                 return True
@@ -296,13 +312,13 @@ class Membership:
         async with self._own_lock:
             if not self._fenced:
                 return True
-            rec = await self._read(self.me)
+            rec, etag = await self._read_etag(self.me)
             if rec is not None and rec.state == TAKEN_OVER and not rec.takeover_done and not (
                     rec.taken_over_by == self.me and rec.taken_over_by_incarnation == self.incarnation):
                 return False
             previous = self.incarnation
             self.incarnation = incarnation or new_incarnation()
-            if not await self._write_live(rec.etag if rec is not None else None):
+            if not await self._write_live(etag):
                 self.incarnation = previous
                 return False
             self._fenced = False

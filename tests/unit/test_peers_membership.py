@@ -453,6 +453,37 @@ def test_static_peers_give_addresses_and_domains_and_the_records_give_liveness()
     assert [p.node for p in me.targets()] == ["b"]  # c down, d in my domain
 
 
+def test_a_static_peer_without_a_domain_takes_the_one_its_record_announces() -> None:
+    store, clock = MemoryStore(), Clock()
+    me = node(store, "me", clock, domain="rack1", peers=["b=10.1.0.2:7470", "c=10.1.0.3:7470"])
+    b, c = node(store, "b", clock, domain="rack1"), node(store, "c", clock, domain="rack2")
+
+    async def main() -> None:
+        for m in (me, b, c):
+            await m.announce()
+        await me.refresh()
+
+    run(main)
+    assert [(p.node, p.failure_domain) for p in me.peers()] == [("b", "rack1"), ("c", "rack2")]
+    assert [p.node for p in me.targets()] == ["c"]
+
+
+def test_a_record_this_version_cannot_read_is_ignored_and_our_own_is_written_over() -> None:
+    store, clock = MemoryStore(), Clock()
+    a = node(store, "a", clock)
+    for name in ("a", "b"):
+        store.put_bytes(f"p/.ckptfs/nodes/{name}.json", b'{"format": "ckptfs-node/9", "node": "%s"}' % name.encode())
+
+    async def main() -> None:
+        await a.announce()
+        await a.refresh()
+
+    run(main)
+    assert record(store, "a")["state"] == LIVE and a.lease_valid()
+    assert a.peers() == [] and a.dead() == []  # b's record says nothing this version may act on
+    assert record(store, "b")["format"] == "ckptfs-node/9"  # and it is left alone
+
+
 def test_is_dead_of_a_takeover_follows_its_taker() -> None:
     clock = Clock()
     store = MemoryStore()
@@ -473,7 +504,7 @@ def test_run_announces_renews_and_reads_the_others_on_its_own() -> None:
     """With real clocks and a short ttl: the record's renewed_at moves on, and another node appears live."""
     store = MemoryStore()
     cfg = config(failure_domain="")
-    cfg.peer_lease_ttl = 0.6
+    cfg.peer_lease_ttl = 1.5
     a = Membership(cfg, store, key_of, "a", "a-1", "127.0.0.1:7470")
     b = Membership(cfg, store, key_of, "b", "b-1", "127.0.0.1:7471")
 
