@@ -244,9 +244,10 @@ class UploadQueue:
                             renames=self.renames, named=key)
 
     def bytes_current(self, ticket: UploadTicket) -> bool:
-        """True while the file still exists with the bytes `ticket` uploads, wherever it is now."""
+        """True while the file still exists with the bytes `ticket` uploads, wherever it is now, and still needs them
+        uploaded: one made durable meanwhile by another node's upload (`durable_elsewhere`) does not."""
         row = self.journal.get(ticket.ino)
-        if row is None or row.parent is None:
+        if row is None or row.parent is None or row.state == DURABLE:
             return False
         live = self.files.live.get(ticket.ino)
         return (live.version if live is not None else row.version) == ticket.version

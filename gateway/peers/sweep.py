@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 import trio
 
@@ -28,9 +28,7 @@ from ..objects import NO_OBJECT, ObjectInfo, StoreError
 from ..upload import XXH3_META
 from .membership import Membership
 from .records import TAKEN_OVER, record_path
-
-if TYPE_CHECKING:
-    from .replicas import ReplicaStore
+from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
 

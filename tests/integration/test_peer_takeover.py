@@ -29,7 +29,7 @@ from ckptfs.peers.membership import Membership
 from ckptfs.peers.takeover import Takeover
 from ckptfs.store import Store
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import FakeReplicaStore
+from tests.support.replicas import hold, replica_store
 from tests.unit.test_drain_faults import drain_until
 from tests.unit.test_journal import write_file
 
@@ -97,12 +97,12 @@ def test_takeover_skips_what_the_drain_uploaded_and_never_overwrites_a_newer_obj
     member(store, "a", now - 10 * TTL, cfg)
     b = member(store, "b", now, cfg)
     assert b.dead() == ["a"]
-    replicas = FakeReplicaStore(str(tmp_path / "b"))
+    replicas = replica_store(cfg, str(tmp_path / "b"))
     big = os.urandom(2 * PART + 4321)
-    replicas.hold("a", 1, "p/step_1/drained.pt", drained, seq=1, mtime=written_at)
-    replicas.hold("a", 2, "p/step_1/theirs.pt", b"the owner's older bytes", seq=2, mtime=written_at)
-    replicas.hold("a", 3, "p/step_1/big.pt", big, seq=3, mtime=written_at)
-    replicas.hold("a", 4, "p/step_1/.metadata", b"{}", seq=4, mtime=written_at, marker=True)
+    hold(replicas, "a", 1, "p/step_1/drained.pt", drained, seq=1, mtime=written_at)
+    hold(replicas, "a", 2, "p/step_1/theirs.pt", b"the owner's older bytes", seq=2, mtime=written_at)
+    hold(replicas, "a", 3, "p/step_1/big.pt", big, seq=3, mtime=written_at)
+    hold(replicas, "a", 4, "p/step_1/.metadata", b"{}", seq=4, mtime=written_at, marker=True)
     counts = counting(store)
     t = Takeover(cfg, store, replicas, b, Keys("p/"))
     [report] = trio.run(t.round)
@@ -120,11 +120,11 @@ def test_takeover_skips_what_the_drain_uploaded_and_never_overwrites_a_newer_obj
 
     # the same replicas again (another holder, or this one after a crash before takeover_done): nothing is sent
     before = dict(counts)
-    again = FakeReplicaStore(str(tmp_path / "again"))
+    again = replica_store(cfg, str(tmp_path / "again"))
     for e in (1, 3, 4):
         src = {1: drained, 3: big, 4: b"{}"}[e]
         key = {1: "p/step_1/drained.pt", 3: "p/step_1/big.pt", 4: "p/step_1/.metadata"}[e]
-        again.hold("a", e, key, src, seq=e, mtime=written_at, marker=e == 4)
+        hold(again, "a", e, key, src, seq=e, mtime=written_at, marker=e == 4)
     second = Takeover(cfg, store, again, b, Keys("p/"))
     report2 = trio.run(second.finish, "a")
     assert sorted(report2.already_durable) == ["p/step_1/.metadata", "p/step_1/big.pt", "p/step_1/drained.pt"]

@@ -17,7 +17,7 @@ from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE, UploadRecord
 from ckptfs.peers.reconcile import Reconcile
 from ckptfs.peers.sweep import Sweep
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import FakeReplicaStore
+from tests.support.replicas import hold, hold_delete, replica_store
 from tests.support.memstore import MemoryStore, StoredObject
 from tests.unit.test_drain_faults import PART, drain_until, drainer, namespace
 from tests.unit.test_journal import write_file
@@ -40,6 +40,8 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     f_big = write_file(ns, step.ino, "big.pt", big)
     f_nobody = write_file(ns, step.ino, "nobody.pt", nobody)
     f_mine = write_file(ns, step.ino, "mine.pt", mine)
+    prev = os.urandom(1500)
+    f_prev = write_file(ns, step.ino, "prev.pt", prev)  # rewritten here after its previous version was uploaded
     # this node had started a multipart upload of big.pt before it was lost
     upload_id = store.create_multipart("p/step_3/big.pt", {XXH3_META: digest(big)})
     ns.journal.start_upload(UploadRecord(f_big, "p/step_3/big.pt", upload_id, PART, len(big), digest(big), time.time(), {}))
@@ -51,6 +53,7 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     store.objects["p/step_3/big.pt"] = StoredObject(big, "e-big-2", {XXH3_META: digest(big)})
     theirs = StoredObject(b"another node's file", "e-theirs", {XXH3_META: digest(b"another node's file")}, mtime=taken_over_at + 5)
     store.objects["p/step_3/mine.pt"] = theirs
+    store.objects["p/step_3/prev.pt"] = StoredObject(b"its previous version", "e-prev", {}, mtime=time.time() - 600)
     reused = StoredObject(b"written at a deleted key", "e-reused", {}, mtime=taken_over_at + 5)
     store.objects["p/step_3/reused.pt"] = reused
     assert "p/step_3/old.pt" not in store.objects and gone_data
@@ -81,7 +84,7 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
 
     report = trio.run(main)
     assert sorted(report.durable) == ["p/step_3/big.pt", "p/step_3/taken.pt"]  # type: ignore[attr-defined]
-    assert report.left_to_drain == ["p/step_3/nobody.pt"]  # type: ignore[attr-defined]
+    assert sorted(report.left_to_drain) == ["p/step_3/nobody.pt", "p/step_3/prev.pt"]  # type: ignore[attr-defined]
     assert report.bucket_won == ["p/step_3/mine.pt"]  # type: ignore[attr-defined]
     assert sorted(report.deletes_dropped) == ["p/step_3/old.pt", "p/step_3/reused.pt"]  # type: ignore[attr-defined]
     assert not a.fenced and not a.must_reconcile and a.lease_valid()
@@ -99,9 +102,11 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     # the drain afterwards: only what nobody uploaded goes out; nothing is overwritten or deleted
     before = {op: len(c) for op, c in store.calls.items()}
     d = drainer(ns, store)
-    drain_until(d, lambda: ns.journal.get(f_nobody).state == DURABLE and not ns.journal.pending_deletes())  # type: ignore[union-attr]
+    drain_until(d, lambda: all(ns.journal.get(i).state == DURABLE for i in (f_nobody, f_prev))  # type: ignore[union-attr]
+                and not ns.journal.pending_deletes())
     puts = [c[0] for op in ("put_object", "put_object_body") for c in store.calls.get(op, [])[before.get(op, 0):]]
-    assert puts == ["p/step_3/nobody.pt"]
+    assert sorted(puts) == ["p/step_3/nobody.pt", "p/step_3/prev.pt"]
+    assert store.objects["p/step_3/prev.pt"].body == prev
     assert len(store.calls.get("create_multipart", [])) == before.get("create_multipart", 0)
     assert store.objects["p/step_3/mine.pt"] is theirs and store.objects["p/step_3/reused.pt"] is reused
     assert "delete" not in store.calls
@@ -118,18 +123,18 @@ def test_a_node_not_taken_over_has_nothing_to_reconcile(tmp_path: Path) -> None:
 
 def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: Path) -> None:
     ns, store = namespace(tmp_path), MemoryStore()
-    replicas = FakeReplicaStore(str(tmp_path / "holder"))
+    replicas = replica_store(ns.cfg, str(tmp_path / "holder"))
     old = time.time() - 3600
     durable = b"durable already"
     store.objects["p/d.bin"] = StoredObject(durable, "e", {XXH3_META: digest(durable)})
-    replicas.hold("a", 1, "p/d.bin", durable, seq=1, mtime=old)  # the owner's forget was lost
-    replicas.hold("a", 2, "p/w.bin", b"not yet durable", seq=2, mtime=old)
-    replicas.hold("a", 3, "p/new.bin", durable, seq=3, mtime=time.time())  # too young to ask the bucket about
+    hold(replicas, "a", 1, "p/d.bin", durable, seq=1, mtime=old)  # the owner's forget was lost
+    hold(replicas, "a", 2, "p/w.bin", b"not yet durable", seq=2, mtime=old)
+    hold(replicas, "a", 3, "p/new.bin", durable, seq=3, mtime=time.time())  # too young to ask the bucket about
     store.objects["p/new.bin"] = StoredObject(durable, "e", {XXH3_META: digest(durable)})
-    replicas.hold_delete("a", 7, "p/deleted.bin", seq=4)
-    replicas.hold("gone", 1, "p/g.bin", b"g", seq=1, mtime=old)
-    replicas.hold("done", 1, "p/h.bin", b"h", seq=1, mtime=old)
-    replicas.hold("pending", 1, "p/i.bin", b"i", seq=1, mtime=old)
+    hold_delete(replicas, "a", 7, "p/deleted.bin", seq=4)
+    hold(replicas, "gone", 1, "p/g.bin", b"g", seq=1, mtime=old)
+    hold(replicas, "done", 1, "p/h.bin", b"h", seq=1, mtime=old)
+    hold(replicas, "pending", 1, "p/i.bin", b"i", seq=1, mtime=old)
     now = time.time()
     member(store, "a", now)
     member(store, "done", now - 10 * TTL)
@@ -139,10 +144,42 @@ def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: 
     assert trio.run(c.claim, "pending")  # c is at it, and may die: keep them
     membership = member(store, "me", now)
     sweep = Sweep(ns.cfg, store, replicas, membership)
-    replicas.hold("unread", 1, "p/u.bin", b"u", seq=1, mtime=old)
+    hold(replicas, "unread", 1, "p/u.bin", b"u", seq=1, mtime=old)
     member(store, "unread", now)  # its record appeared after the last read: kept until the next
     report = trio.run(sweep.once)
     assert report.entries_dropped == ["p/d.bin"] and report.deletes_dropped == ["p/deleted.bin"]
     assert sorted(report.owners_dropped) == ["done", "gone"]
     assert [e.key for e in replicas.entries("a")] == ["p/w.bin", "p/new.bin"] and replicas.deletes("a") == []
     assert replicas.owners() == ["a", "pending", "unread"]
+
+
+def test_an_upload_waiting_at_the_fence_is_not_sent_once_reconcile_made_its_file_durable(tmp_path: Path) -> None:
+    """The drain takes a file and then waits at the gate (the fence) before its PutObject; reconcile meanwhile finds the
+    taker's object with the file's xxh3: when the gate opens, the upload is abandoned, not sent a second time."""
+    ns, store = namespace(tmp_path), MemoryStore()
+    data = os.urandom(2000)
+    ino = write_file(ns, ROOT_INODE, "f.pt", data)
+    gate = trio.Event()
+
+    async def fence() -> None:
+        await gate.wait()
+
+    d = drainer(ns, store)
+    d.gate = fence
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run)
+            with trio.fail_after(30):
+                while ino not in d.busy:
+                    await trio.sleep(0.005)
+            ns.uploads.durable_elsewhere(ino, "p/f.pt", "e-taker", digest(data))  # what reconcile does
+            gate.set()
+            while ino in d.busy:
+                await trio.sleep(0.005)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert "put_object_body" not in store.calls and "put_object" not in store.calls
+    row = ns.journal.get(ino)
+    assert row is not None and row.state == DURABLE and row.etag == "e-taker"

@@ -11,6 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 import xxhash
@@ -21,7 +22,7 @@ from ckptfs.objects import OTHER, StoreError
 from ckptfs.peers.membership import Membership
 from ckptfs.peers.takeover import Takeover
 from ckptfs.upload import XXH3_META
-from tests.support.fakepeers import FakeReplicaStore
+from tests.support.replicas import hold, hold_delete, replica_store
 from tests.support.memstore import MemoryStore, StoredObject
 
 PART = 5 * MiB
@@ -29,10 +30,10 @@ PREFIX = "p/"
 TTL = 3.0
 
 
-def config(tmp_path: Path):  # type: ignore[no-untyped-def]
+def config(tmp_path: Path, **over: Any):  # type: ignore[no-untyped-def]
     return load_config(environ={}, overrides=dict(
         bucket="ckpt", prefix="p", mountpoint="/m", cache_dir=str(tmp_path), multipart_threshold=PART, part_size=PART,
-        max_parts_in_flight=3, peer_lease_ttl=TTL))
+        max_parts_in_flight=3, peer_lease_ttl=TTL, **over))
 
 
 class Clock:
@@ -63,13 +64,13 @@ def record(store: MemoryStore, name: str) -> dict:  # type: ignore[type-arg]
     return json.loads(store.objects[f"{PREFIX}.ckptfs/nodes/{name}.json"].body)  # type: ignore[no-any-return]
 
 
-def setup(tmp_path: Path, store: MemoryStore | None = None) -> tuple[Takeover, MemoryStore, FakeReplicaStore, Membership]:
+def setup(tmp_path: Path, store: MemoryStore | None = None) -> tuple[Takeover, MemoryStore, Any, Membership]:
     """Node a announced long ago and is gone; b (now) holds its replicas and sees it dead."""
     store = store if store is not None else MemoryStore()
     member(store, "a", time.time() - 10 * TTL)
     b = member(store, "b", time.time())
     assert b.dead() == ["a"]
-    replicas = FakeReplicaStore(str(tmp_path))
+    replicas = replica_store(config(tmp_path), str(tmp_path))
     return Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX)), store, replicas, b
 
 
@@ -116,13 +117,13 @@ def test_takeover_uploads_byte_identical_objects_in_the_owners_order(tmp_path: P
     shard1 = os.urandom(200_000)
     small = b"x" * (2 * MiB)  # a PutObject from the file, above BODY_IN_MEMORY
     meta = b'{"shards": 2}'
-    replicas.hold("a", 10, "p/step_100/.metadata", meta, seq=9, mtime=now, marker=True, checkpoint="step_100")
-    replicas.hold("a", 11, "p/step_100/shard0.distcp", shard0, seq=3, mtime=now, checkpoint="step_100")
-    replicas.hold("a", 12, "p/step_100/shard1.distcp", shard1, seq=4, mtime=now, checkpoint="step_100")
-    replicas.hold("a", 13, "p/other/small.bin", small, seq=5, mtime=now)
-    replicas.hold("a", 14, "p/new/big.bin", b"", seq=2, mtime=now, copy_from="p/old/big.bin", xxh3=digest(b"renamed bytes"))
-    replicas.hold_delete("a", 1, "p/gone.bin", seq=6)
-    replicas.hold_delete("a", 2, "p/old/big.bin", seq=7)
+    hold(replicas, "a", 10, "p/step_100/.metadata", meta, seq=9, mtime=now, marker=True, checkpoint="step_100")
+    hold(replicas, "a", 11, "p/step_100/shard0.distcp", shard0, seq=3, mtime=now, checkpoint="step_100")
+    hold(replicas, "a", 12, "p/step_100/shard1.distcp", shard1, seq=4, mtime=now, checkpoint="step_100")
+    hold(replicas, "a", 13, "p/other/small.bin", small, seq=5, mtime=now)
+    hold(replicas, "a", 14, "p/new/big.bin", b"", seq=2, mtime=now, copy_from="p/old/big.bin", xxh3=digest(b"renamed bytes"), size=13)
+    hold_delete(replicas, "a", 1, "p/gone.bin", seq=6)
+    hold_delete(replicas, "a", 2, "p/old/big.bin", seq=7)
     heard: list[list[str]] = []
     t.on_taken_over.append(heard.append)
 
@@ -159,18 +160,18 @@ def test_a_takeover_run_again_uploads_nothing_that_is_already_there(tmp_path: Pa
     assert trio.run(c.claim, "a")
     b = member(store, "b", now)
     assert b.dead() == ["a", "c"]
-    replicas = FakeReplicaStore(str(tmp_path / "b"))
+    replicas = replica_store(config(tmp_path), str(tmp_path / "b"))
     t = Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX))
     big = os.urandom(2 * PART + 7)
     files = {f"p/step_5/rank{i}.pt": os.urandom(1000 + i) for i in range(4)}
 
-    def hold(replicas: FakeReplicaStore) -> None:
+    def hold_all(replicas: Any) -> None:
         for i, (key, data) in enumerate(files.items()):
-            replicas.hold("a", 20 + i, key, data, seq=i, mtime=now, checkpoint="step_5")
-        replicas.hold("a", 30, "p/step_5/big.pt", big, seq=10, mtime=now, checkpoint="step_5")
-        replicas.hold("a", 31, "p/step_5/COMMIT", b"", seq=11, mtime=now, marker=True, checkpoint="step_5")
+            hold(replicas, "a", 20 + i, key, data, seq=i, mtime=now, checkpoint="step_5")
+        hold(replicas, "a", 30, "p/step_5/big.pt", big, seq=10, mtime=now, checkpoint="step_5")
+        hold(replicas, "a", 31, "p/step_5/COMMIT", b"", seq=11, mtime=now, marker=True, checkpoint="step_5")
 
-    hold(replicas)
+    hold_all(replicas)
     # c got two files and the big one out before it died; nothing else of a is in the bucket
     for key in list(files)[:2]:
         store.objects[key] = StoredObject(files[key], "e", {XXH3_META: digest(files[key])})
@@ -192,8 +193,8 @@ def test_a_takeover_run_again_uploads_nothing_that_is_already_there(tmp_path: Pa
     # d, a third holder, later: b is gone, so its takeover is taken over; everything is already there
     d = member(store, "d", now + 5 * TTL)
     assert "a" in d.dead()
-    replicas_d = FakeReplicaStore(str(tmp_path / "d"))
-    hold(replicas_d)
+    replicas_d = replica_store(config(tmp_path), str(tmp_path / "d"))
+    hold_all(replicas_d)
     sent = {op: len(calls) for op, calls in store.calls.items()}
     [again] = run(Takeover(config(tmp_path), store, replicas_d, d, Keys(PREFIX)))
     assert again.uploaded == [] and len(again.already_durable) == 6
@@ -204,12 +205,12 @@ def test_a_takeover_run_again_uploads_nothing_that_is_already_there(tmp_path: Pa
 
 def test_an_object_another_node_wrote_since_is_never_overwritten(tmp_path: Path) -> None:
     t, store, replicas, _ = setup(tmp_path)
-    replicas.hold("a", 40, "p/step_7/model.pt", b"a's version", seq=1, mtime=time.time() - 30)
+    hold(replicas, "a", 40, "p/step_7/model.pt", b"a's version", seq=1, mtime=time.time() - 30)
     newer = StoredObject(b"written by c after a's last change", "e-c", {XXH3_META: digest(b"written by c after a's last change")})
     store.objects["p/step_7/model.pt"] = newer
     older = StoredObject(b"an old object a replaced", "e-old", {}, mtime=time.time() - 60)
     store.objects["p/step_7/optim.pt"] = older
-    replicas.hold("a", 41, "p/step_7/optim.pt", b"a's optimizer state", seq=2, mtime=time.time() - 30)
+    hold(replicas, "a", 41, "p/step_7/optim.pt", b"a's optimizer state", seq=2, mtime=time.time() - 30)
 
     [report] = run(t)
 
@@ -222,16 +223,16 @@ def test_a_corrupt_or_unacknowledged_replica_is_not_uploaded_and_holds_its_marke
     t, store, replicas, _ = setup(tmp_path)
     now = time.time()
     good = os.urandom(5000)
-    bad = replicas.hold("a", 50, "p/step_9/shard0.pt", os.urandom(5000), seq=1, mtime=now)
+    bad = hold(replicas, "a", 50, "p/step_9/shard0.pt", os.urandom(5000), seq=1, mtime=now)
     with open(bad.path, "r+b") as f:  # a flipped byte on the holder's disk
         f.seek(100)
         byte = f.read(1)
         f.seek(100)
         f.write(bytes([byte[0] ^ 0xFF]))
-    replicas.hold("a", 51, "p/step_9/shard1.pt", good, seq=2, mtime=now)
-    replicas.hold("a", 52, "p/step_9/.metadata", b"{}", seq=3, mtime=now, marker=True)
-    replicas.hold("a", 53, "p/step_10/shard0.pt", b"half written", seq=4, mtime=now, sealed=False)
-    big_bad = replicas.hold("a", 54, "p/step_11/big.pt", os.urandom(PART + 1), seq=5, mtime=now)
+    hold(replicas, "a", 51, "p/step_9/shard1.pt", good, seq=2, mtime=now)
+    hold(replicas, "a", 52, "p/step_9/.metadata", b"{}", seq=3, mtime=now, marker=True)
+    hold(replicas, "a", 53, "p/step_10/shard0.pt", b"half written", seq=4, mtime=now, sealed=False)
+    big_bad = hold(replicas, "a", 54, "p/step_11/big.pt", os.urandom(PART + 1), seq=5, mtime=now)
     with open(big_bad.path, "r+b") as f:
         f.truncate(PART)  # shorter than its size
 
@@ -244,6 +245,7 @@ def test_a_corrupt_or_unacknowledged_replica_is_not_uploaded_and_holds_its_marke
     assert sorted(report.corrupt) == ["p/step_11/big.pt", "p/step_9/shard0.pt"] and t.corrupt_total == 2
     assert report.unsealed == ["p/step_10/shard0.pt"]
     assert report.markers_held == ["p/step_9/.metadata"]
+    assert report.checkpoints == [], "an incomplete checkpoint was handed to the tracker to commit"
     assert "create_multipart" not in store.calls
     assert record(store, "a")["takeover_done"]
 
@@ -255,15 +257,15 @@ def test_one_winner_and_a_failed_request_leaves_the_takeover_to_run_again(tmp_pa
     b, c = member(store, "b", now), member(store, "c", now)
     assert trio.run(c.claim, "a")  # c won: b holds replicas of a too, and leaves them to c
     trio.run(b.refresh)
-    replicas = FakeReplicaStore(str(tmp_path))
+    replicas = replica_store(config(tmp_path), str(tmp_path))
     data = os.urandom(3000)
-    replicas.hold("a", 60, "p/x/y.bin", data, seq=1, mtime=now)
+    hold(replicas, "a", 60, "p/x/y.bin", data, seq=1, mtime=now)
     t = Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX))
     assert run(t) == [] and "p/x/y.bin" not in store.objects and replicas.owners() == ["a"]
     assert not trio.run(b.claim, "a")
 
     t, store, replicas, b = setup(tmp_path / "second")
-    replicas.hold("a", 60, "p/x/y.bin", data, seq=1, mtime=now)
+    hold(replicas, "a", 60, "p/x/y.bin", data, seq=1, mtime=now)
     store.fail("put_object_body", "server", times=1)
     assert run(t) == []  # the claim is won, the upload fails: not done
     assert not record(store, "a")["takeover_done"] and t.failures_total == 1 and replicas.owners() == ["a"]
@@ -291,9 +293,9 @@ def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_genera
     store.objects["p/step_100/shard0.distcp"] = StoredObject(shard0, "e0", {XXH3_META: digest(shard0)}, mtime=time.time() - 100)
     listing = store.list("p/step_100/", recursive=True)
     write_manifest(store, f"p/step_100/{MANIFEST}", lambda old: next_manifest(old, "step_100", 100, files_of(listing, "p/step_100/"),
-                                                                               "quiet", None))
+                                                                               "quiet", None, node="a"))
     shard1 = os.urandom(3000)
-    replicas.hold("a", 1, "p/step_100/shard1.distcp", shard1, seq=1, mtime=time.time(), checkpoint="step_100")
+    hold(replicas, "a", 1, "p/step_100/shard1.distcp", shard1, seq=1, mtime=time.time(), checkpoint="step_100")
     heard: list[list[str]] = []
     t.on_taken_over.append(heard.append)
 
@@ -317,3 +319,54 @@ def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_genera
     assert manifest is not None and manifest.generation == 2
     assert sorted(f["path"] for f in manifest.files) == ["shard0.distcp", "shard1.distcp"]
     assert {f["path"]: f["xxh3"] for f in manifest.files}["shard1.distcp"] == digest(shard1)
+
+
+def test_what_an_owner_streamed_through_the_transport_is_what_the_takeover_uploads(tmp_path: Path) -> None:
+    """The whole chain but the S3 server: owner a streams its files to b's listener (real PeerLink, real listener and
+    ReplicaStore on b's disk), seals them, queues a delete, and dies; b takes a over and the bucket ends up holding a's
+    bytes, marker last, the delete done."""
+    from ckptfs.peers.link import PeerLink
+    from ckptfs.peers.listener import Listener
+
+    store = MemoryStore()
+    store.objects["p/step_2/old.pt"] = StoredObject(b"deleted by a", "e", {})
+    files = {1: ("p/step_2/shard0.pt", os.urandom(PART + 777)), 2: ("p/step_2/shard1.pt", os.urandom(40_000)),
+             3: ("p/step_2/.metadata", b'{"done": true}')}
+    secret = b"k" * 40
+    cfg = config(tmp_path / "b", peer_addr="127.0.0.1:0")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+
+    async def main() -> Any:
+        replicas = replica_store(cfg, str(tmp_path / "b"))
+        listener = Listener(cfg, replicas, secret, "b")
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(listener.run)
+            link = await PeerLink.open(cfg, "a", "a-1", "b", f"127.0.0.1:{port}", secret)
+            for ino, (key, data) in files.items():
+                path = tmp_path / "a" / str(ino)
+                path.write_bytes(data)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    await link.entry(ino, {"key": key, "version": 1, "size": len(data), "copy_from": None,
+                                           "marker": key.endswith(".metadata"), "seq": ino, "mtime": time.time() - 5,
+                                           "checkpoint": "step_2"})
+                    await link.write(ino, fd, 0, len(data))
+                    await link.seal(ino, 1, len(data), digest(data))
+                finally:
+                    os.close(fd)
+            await link.delete(9, "p/step_2/old.pt", 2)
+            await link.barrier()
+            await link.aclose()  # a is lost
+            nursery.cancel_scope.cancel()
+        return replicas
+
+    replicas = trio.run(main)
+    member(store, "a", time.time() - 10 * TTL)
+    b = member(store, "b", time.time())
+    [report] = run(Takeover(cfg, store, replicas, b, Keys(PREFIX)))
+    for key, data in files.values():
+        in_bucket(store, key, data)
+    assert "p/step_2/old.pt" not in store.objects
+    assert report.markers == ["p/step_2/.metadata"] and report.deleted == ["p/step_2/old.pt"]
+    assert replicas.owners() == [] and replicas.held_bytes() == 0
