@@ -72,3 +72,29 @@ def test_a_close_without_fsync_waits_for_the_peer(make_mount: Any, tmp_path: Pat
     held = replica_files(b.cache_dir, "a")
     assert len(held) == 1 and xxh3_of(held[0]) == xxhash.xxh3_128_hexdigest(data)
     assert os.getxattr(a.path / "weights.safetensors", STATE) == b"replicated"
+
+
+def test_no_peer_fail_answers_eio_and_degrade_acknowledges_and_says_so(make_mount: Any, tmp_path: Path) -> None:
+    import errno
+
+    import pytest
+
+    # one node alone: no peer to hold a copy
+    strict = make_mount("a", **peer_options(tmp_path, "a", on_no_peer="fail", upload_delay=3600))
+    fd = os.open(strict.path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"alone")
+        with pytest.raises(OSError) as e:
+            os.fsync(fd)
+        assert e.value.errno == errno.EIO
+    finally:
+        with pytest.raises(OSError):  # the close's FLUSH: EIO too
+            os.close(fd)
+    lenient = make_mount("c", prefix="other", **peer_options(tmp_path, "c", upload_delay=3600))
+    with open(lenient.path / "g", "wb") as f:
+        f.write(b"alone")
+        f.flush()
+        os.fsync(f.fileno())  # acknowledged on the local disk alone
+    assert os.getxattr(lenient.path / "g", STATE) == b"dirty"
+    log = (lenient.cache_dir / "ckptfs.log").read_text()
+    assert "g: acknowledged with 0 of 1 peer copies" in log and log.count("single-copy on this node") == 1  # once per file
