@@ -192,7 +192,10 @@ class Channel:
                 continue
             row, version, size = cur
             if owed.entry or ino not in self.entries_sent:
-                meta = s.meta_of(ino, row, version, size)
+                # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
+                # version the peer sealed: an entry of another version would unseal its copy of the same bytes
+                held = self.sealed.get(ino) if s.holds(self, ino, version) else None
+                meta = s.meta_of(ino, row, version if held is None else held, size)
                 if meta is not None:
                     with trio.fail_after(s.timeout):
                         await link.entry(ino, meta)

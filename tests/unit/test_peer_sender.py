@@ -79,7 +79,10 @@ class FakeLink:
 
     async def entry(self, ino: int, meta: dict[str, Any]) -> None:
         await self._op("entry")
-        self.peer.replicas.setdefault(ino, Replica()).meta = dict(meta)
+        r = self.peer.replicas.setdefault(ino, Replica())
+        r.meta = dict(meta)
+        if r.sealed and r.sealed[0] != meta["version"]:
+            r.sealed = None  # as the ReplicaStore: a new version is not sealed until the owner seals it
 
     async def write(self, ino: int, fd: int, offset: int, length: int) -> None:
         await self._op("write")
@@ -465,4 +468,27 @@ async def test_a_file_made_by_mknod_is_replicated(tmp_path: Path) -> None:
         row = ns.tree.create(ROOT_INODE, "COMMIT", 0o644, 0, 0, closed=True)
         await wait_for(lambda: sender.is_replicated(row.ino))
         assert b.replicas[row.ino].meta["key"] == "p/COMMIT"
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_version_counted_without_a_byte_changed_keeps_the_peers_copy_sealed(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "x.tmp")
+        ns.files.write(ino, fd, 0, b"shard")
+        close(ns, ino, fd)
+        await sender.replicated(ino)
+        sealed, written = b.replicas[ino].sealed, b.written
+        ns.files.abandon_upload(ino)  # a new version, no byte changed (as a passthrough writer's close counts one)
+        ns.tree.rename(ROOT_INODE, "x.tmp", ROOT_INODE, "x", False)  # the entry goes again, under its new key
+        await wait_for(lambda: b.replicas[ino].meta["key"] == "p/x")
+        await sender.replicated(ino)
+        # still sealed at the version the peer checked: a survivor uploads it under x (an entry of the new version
+        # would have unsealed it, and a takeover skips an unsealed replica as never acknowledged)
+        assert b.replicas[ino].sealed == sealed and b.written == written
+        assert sender.is_replicated(ino)
         nursery.cancel_scope.cancel()
