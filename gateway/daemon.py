@@ -46,7 +46,8 @@ from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
 from .preflight import UserError, check_cache_dir, check_cold_extra, check_fuse, check_mountpoint, lock_cache_dir, secure_cache_dir
 from .objects import StoreError
-from .peering import node_name_of
+from .peering import PeerOptionError, node_name_of
+from .peers.service import Peers
 from .remote import Remote
 from .replication.service import Replicator
 from .store import Store
@@ -79,7 +80,7 @@ class Daemon:
         self.ready = False  # the mount came up (READY sent)
         self.failure: str | None = None  # why the daemon stops on its own (the FUSE session, the journal): exit status 1
         self.supervisor = Supervisor(fatal=journal_failed_for_good, on_fatal=self._fatal, faults=faults_from_environment())
-        self.peers: Any = None  # ckptfs.peers.service.Peers with durability = peer (built in prepare), else None
+        self.peers: Peers | None = None  # durability = peer (built in prepare), else None
 
     # ---- wiring, before trio
     def prepare(self) -> None:
@@ -117,13 +118,23 @@ class Daemon:
                             "check that disk (dmesg), then mount again") from None
         self.metrics = Metrics(self.status, peers=cfg.durability == "peer")
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
-        self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
+        if cfg.durability == "peer":
+            try:
+                self.peers = Peers(cfg, self.ns, self.cache, self.store, self.metrics, self.supervisor)
+            except PeerOptionError as e:
+                raise UserError(str(e)) from None
+            except OSError as e:
+                raise UserError(f"peer replicas in {cfg.cache_dir}/peers cannot be read or written ({e.strerror}): "
+                                "check that disk, then mount again") from None
+        self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics, gate=self.peers.gate if self.peers is not None else None)
         self.fetcher = Fetcher(cfg, self.ns, self.store)
         self.remote = Remote(self.ns, self.store, cfg)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
         self.metrics.registry.register(UsageCollector(self.lifecycle))
         self.metrics.registry.register(MoveCollector(self.lifecycle.mover))
+        if self.peers is not None:  # a takeover's checkpoints commit as if their writer had finished
+            self.peers.on_taken_over.append(self.lifecycle.tracker.taken_over)
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:
             self.metrics.registry.register(self.replicator.collector())
@@ -305,7 +316,10 @@ class Daemon:
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
-        if self.peers is not None:  # ... `replicated` once every file of it not yet durable is on peers' disks
+        if self.peers is not None:
+            fs.peers = self.peers  # fsync and a writer's close wait for the peers' copies
+            self.peers.sender.passthrough_inos = fs.passthrough_writers
+            # a checkpoint directory is `replicated` once every file of it not yet durable is on peers' disks
             self.lifecycle.tracker.replicated = self.peers.is_replicated
         self.fuse_transport = choose_transport(cfg.fuse_transport)
         supervise, critical = self.supervisor.supervise, self.supervisor.critical
@@ -319,6 +333,11 @@ class Daemon:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(supervise, "fetcher", self.fetcher.run)
             await nursery.start(supervise, "listings", self.remote.run)
+            if self.peers is not None:  # before the mount: the first fsync finds its peers chosen
+                try:
+                    await nursery.start(self.peers.run)  # each part supervised inside
+                except OSError as e:
+                    raise UserError(f"cannot listen for peers on {cfg.peer_addr}: {e.strerror}: choose another peer_addr") from None
             session = self.session = self._mount(fs)
             await nursery.start(critical, "fuse", self._serve_fuse, session)
             if self.fuse_transport == "kernel":

@@ -73,6 +73,8 @@ class UploadQueue:
         self._on_change = on_change
         self.on_durable: Callable[[float], None] = lambda seconds: None
         self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
+        # (ino, version): that version of a file is durable (peers/sender.py: its peers may drop their replicas)
+        self.on_file_durable: Callable[[int, int], None] = lambda ino, version: None
         # before a file is made durable or published by a copy: stop writes the journal does not see
         # coming (the copy workers'); False if one may have changed the bytes uploaded (fs.py)
         self.stop_fast_writes: Callable[[int], bool] = lambda ino: True
@@ -288,6 +290,7 @@ class UploadQueue:
             self.backlog.changed(ticket.ino)
             self.on_durable(max(0.0, time.time() - ticket.closed_at))
             self.on_settled(ticket.key)
+            self.on_file_durable(ticket.ino, ticket.version)
             self.space.freed()  # a durable file can be evicted to make room
             self._on_change()
             return True
