@@ -44,20 +44,14 @@ import trio
 
 from .fetch import Download, Fetcher
 from .fuse.ops import Attr, DirEntry, FastHandle, OpenReply, Operations, RequestContext, SetattrFields, StatFs
-from .journal import DIRTY, DURABLE, ROOT_INODE, Row
+from .journal import DURABLE, ROOT_INODE, Row
 from .metrics import FUSE_COUNTERS
 from .namespace import NAME_MAX, Namespace
 from .namespace.keys import is_reserved
 from .remote import Remote
+from .xattrs import CheckpointStates, Replication, Xattrs
 
 log = logging.getLogger(__name__)
-
-XATTR_STATE = b"user.ckptfs.state"
-XATTR_ETAG = b"user.ckptfs.etag"
-XATTR_XXH3 = b"user.ckptfs.xxh3"
-XATTR_CONTROL = b"user.ckptfs.control"  # on the root: path of the control socket
-REPLICATED = "replicated"  # user.ckptfs.state of a dirty file whose current version R peers hold (durability = peer)
-FILE_XATTRS = (XATTR_STATE, XATTR_ETAG, XATTR_XXH3)
 
 ATTR_TIMEOUT = 1.0
 # entries per readdir reply: the kernel asks with a page (4 KiB), which holds about 25 READDIRPLUS or 100 READDIR
@@ -163,29 +157,6 @@ class Guard(Protocol):
         """Before changing the bytes or attributes of inode `ino`."""
 
 
-class CheckpointStates(Protocol):
-    """A checkpoint directory's state for its `user.ckptfs.state` attribute (lifecycle/service.Lifecycle, wired by the
-    daemon): the word `ckptfs.state()` and `ckptfs checkpoints` give, so the two never disagree."""
-
-    def is_checkpoint(self, path: str) -> bool:
-        """Whether mount-relative directory `path` is a checkpoint (no I/O)."""
-
-    async def checkpoint_state(self, path: str) -> str | None:
-        """writing, draining, committed, protected or expiring; None if `path` is not a checkpoint. OSError (EIO) when
-        the bucket cannot say."""
-
-
-class Replication(Protocol):
-    """Peer durability (peers/service.Peers, wired by the daemon when `durability = peer`): fsync and a writer's
-    close wait until R peers hold the file too."""
-
-    async def replicated(self, ino: int) -> None:
-        """Until the file's current version is on R peers' disks; OSError(EIO) if none answers and on_no_peer = fail."""
-
-    def is_replicated(self, ino: int) -> bool:
-        """The file's current version is on R peers' disks (its `user.ckptfs.state`: `replicated`)."""
-
-
 class ReservedNames:
     """The guard of a mount without a lifecycle: only ckptfs's own names (.ckptfs*) are refused."""
 
@@ -274,6 +245,7 @@ class CkptFS(Operations):
         self.remote = remote
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
         self.control_socket = control_socket
+        self.xattrs = Xattrs(ns, fetcher, control_socket)
         self.checkpoint_states: CheckpointStates | None = None  # a checkpoint directory's user.ckptfs.state (the lifecycle)
         self.peers: Replication | None = None  # durability = peer: fsync and FLUSH wait for the peers' copies
         self.handles: dict[int, Handle] = {}
@@ -670,54 +642,18 @@ class CkptFS(Operations):
                 self.ns.on_change()
             self.ns.tree.reap(h.ino)
 
-    # ------------------------------------------------------------------ xattrs
+    # ------------------------------------------------------------------ xattrs (their values: xattrs.py)
     @_fuse_now("getxattr")
     def getxattr_now(self, inode: int, name: bytes, ctx: RequestContext) -> bytes | None:
-        """The names ckptfs does not have, answered at once: the kernel asks for security.capability before
-        a write to a file whose attributes it has refreshed since its last write (every write Ganesha
-        follows with a stat); None for ckptfs's own names, which may have to ask the lifecycle or fetcher."""
-        if inode == ROOT_INODE and name == XATTR_CONTROL:
-            return self.control_socket.encode()
-        if name not in FILE_XATTRS:
-            raise OSError(errno.ENODATA, "no such attribute")
-        return None
+        return self.xattrs.known_now(inode, name)
 
     @_fuse
     async def getxattr(self, inode: int, name: bytes, ctx: RequestContext) -> bytes:
-        if inode == ROOT_INODE and name == XATTR_CONTROL:
-            return self.control_socket.encode()
-        if name not in FILE_XATTRS:
-            # the kernel asks for security.capability and the like on every new file: no need to read the journal
-            raise OSError(errno.ENODATA, "no such attribute")
-        row = self.ns.files.row(inode)
-        if row.is_dir:
-            path = self.ns.journal.path_of(inode) if name == XATTR_STATE and self.checkpoint_states is not None else None
-            state = await self.checkpoint_states.checkpoint_state(path) if path and self.checkpoint_states else None
-            if state is None:
-                raise OSError(errno.ENODATA, "no such attribute")  # a directory that is not a checkpoint: no state of its own
-            return state.encode()
-        value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
-        if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
-            value = None
-        if name == XATTR_STATE and row.state == DIRTY and self.peers is not None and self.peers.is_replicated(inode):
-            value = REPLICATED  # between dirty and durable: on R peers' disks too
-        if name == XATTR_STATE and row.state == DURABLE:
-            archived = await self.fetcher.archive_state(inode)  # None unless listed in a class that may need a restore
-            if archived is not None and archived.label:
-                value = archived.label  # archived | restoring: not readable until restored
-        if not value:
-            raise OSError(errno.ENODATA, "no such attribute")
-        return value.encode()
+        return await self.xattrs.value(inode, name, self.checkpoint_states, self.peers)
 
     @_fuse
     async def listxattr(self, inode: int, ctx: RequestContext) -> list[bytes]:
-        if inode == ROOT_INODE:
-            return [XATTR_CONTROL]
-        row = self.ns.files.row(inode)
-        if row.is_dir:
-            path = self.ns.journal.path_of(inode) if self.checkpoint_states is not None else None
-            return [XATTR_STATE] if path and self.checkpoint_states and self.checkpoint_states.is_checkpoint(path) else []
-        return [XATTR_STATE] + ([XATTR_ETAG, XATTR_XXH3] if row.state == DURABLE else [])
+        return self.xattrs.names(inode, self.checkpoint_states)
 
     @_fuse
     async def setxattr(self, inode: int, name: bytes, value: bytes, flags: int, ctx: RequestContext) -> None:

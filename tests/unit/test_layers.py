@@ -33,7 +33,7 @@ LAYERS = [
     "preflight | control",
     "fuse.kernel | fuse.libfuse | replication",
     "fs | lifecycle | fuse.handlers | fuse.workers | warmup",
-    "drain | fetch | remote | peers",
+    "drain | fetch | remote | peers | xattrs",
     "namespace",
     "journal | cache | store | upload",
     "config | threads | dbconnection | metrics | ui | policy | storeapi | fuse.messages | fuse.iomode | fuse.mount | fuse.session",
