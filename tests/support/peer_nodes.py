@@ -346,7 +346,8 @@ class TrialResult:
     acknowledged_bytes: int
     undrained_bytes: int  # of those, not in the bucket when the node was lost
     lost: list[str]  # acknowledged files in the bucket under neither name, or with other bytes
-    misnamed: list[str]  # renamed before the loss, but in the bucket under the tmp name only
+    misnamed: list[str]  # renamed, and an fsync returned after that before the loss, but in the bucket under the tmp name only
+    under_tmp_name: list[str]  # renamed just before the loss (no fsync after it): in the bucket under the tmp name
     durable_s: float | None  # from the loss until every acknowledged file was in the bucket
     taken_over_by: list[str]  # survivors whose ckptfs_peer_takeovers_total went up
     completed_twice: dict[str, int]  # object key -> times its object was made beyond the first
@@ -420,15 +421,17 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
     present = cluster.heads(keys.values()) | cluster.heads(k + ".tmp" for k in keys.values())
     undrained = sum(a.size for a in files if keys[a.name] not in present and keys[a.name] + ".tmp" not in present)
 
+    def rename_confirmed(a: Acknowledged) -> bool:
+        """A rename survives the node's loss once an fsync that waited for the peers returned after it (as on a
+        local file system after power loss, docs/semantics.md): in this save, the next file's."""
+        return a.renamed_at is not None and any(a.renamed_at < b.fsynced_at <= lost_at for b in files)
+
     def where(a: Acknowledged) -> str | None:
         k = keys[a.name]
         if cluster.object_sha256(k) == a.sha256:
             return "final"
-        if a.renamed_at is None or a.renamed_at > lost_at:  # the rename may not have been acknowledged
-            if cluster.object_sha256(k + ".tmp") == a.sha256:
-                return "tmp"
-        elif cluster.object_sha256(k + ".tmp") == a.sha256:
-            return "misnamed"
+        if cluster.object_sha256(k + ".tmp") == a.sha256:
+            return "misnamed" if rename_confirmed(a) else "tmp"
         return None
 
     durable_at: float | None = None
@@ -449,6 +452,7 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
     return TrialResult(
         acknowledged=len(files), acknowledged_bytes=sum(a.size for a in files), undrained_bytes=undrained,
         lost=sorted(n for n, v in found.items() if v is None), misnamed=sorted(n for n, v in found.items() if v == "misnamed"),
+        under_tmp_name=sorted(n for n, v in found.items() if v == "tmp"),
         durable_s=None if durable_at is None else durable_at - lost_at, taken_over_by=takers,
         completed_twice=twice, twice_bytes=sum(sizes.get(k, 0) * n for k, n in twice.items()),
         killed_after_first_fsync_s=lost_at - first)
