@@ -118,6 +118,9 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     else:
         lines.append(_line("drain", Text("nothing dirty: everything is in the bucket", style="green")))
 
+    if st.get("durability") == "peer":
+        lines.append(peers_line(st))
+
     # upload: how fast, how long until the dirty bytes are in
     rate = g("upload_bytes_per_second")
     window = g("upload_rate_window_seconds", 30)
@@ -192,6 +195,32 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     return lines
 
 
+def peers_line(st: dict[str, Any]) -> Text:
+    """Peer durability (durability = peer): this node's own state, each peer's, and the single-copy window (bytes
+    acknowledged that only this node holds: losing it now would lose them)."""
+    state = st.get("peer_state") or "?"
+    own = Text(f"{st.get('node') or 'this node'} {state}", style="green" if state == "live" else "bold red")
+    parts: list[Text | str] = [own]
+    for p in st.get("peers") or []:
+        lag = p.get("lag_seconds")
+        detail = f" (lag {fmt_duration(lag)})" if p.get("state") == "live" and lag else ""
+        parts.append(Text(f"{p.get('node')} {p.get('state')}{detail}", style="" if p.get("state") == "live" else "bold red"))
+    if not st.get("peers"):
+        parts.append(Text("no peer known", style="bold red"))
+    single = st.get("single_copy_bytes") or 0
+    if single:
+        parts.append(Text(f"{fmt_bytes(single)} single-copy for {fmt_duration(st.get('single_copy_oldest_age_seconds') or 0)}", style="yellow"))
+    else:
+        parts.append(Text("nothing single-copy", style="green"))
+    if st.get("peer_degraded_writes_total"):
+        parts.append(Text(plural(st["peer_degraded_writes_total"], "write") + " acknowledged without a peer", style="bold red"))
+    if st.get("peer_replica_bytes"):
+        parts.append(f"holding {fmt_bytes(st['peer_replica_bytes'])} for others")
+    if st.get("peer_takeovers_total"):
+        parts.append(plural(st["peer_takeovers_total"], "takeover"))
+    return _line("peers", *parts)
+
+
 def services_line(services: dict[str, dict[str, Any]]) -> Text:
     """The daemon's background services: all running, or which restarted (or are restarting) and their last error."""
     troubled = {name: s for name, s in sorted(services.items()) if s.get("restarts") or s.get("state") != "running"}
@@ -263,8 +292,10 @@ class FlushProgress:
     shows a stuck flush too.
     """
 
-    def __init__(self, label: str, console: Console, quiet_interval: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, label: str, console: Console, quiet_interval: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 level: str = "durable") -> None:
         self.label = label
+        self.level = level  # durable, or replicated (`flush --level replicated`: no upload rate, so no ETA)
         self.console = console
         self.quiet_interval = quiet_interval
         self.clock = clock
@@ -292,6 +323,7 @@ class FlushProgress:
         self.completed = self.total - left
         rate = float(msg.get("upload_bytes_per_second", 0))
         eta = fmt_duration(left / rate) if rate else "unknown"
+        pace = f", {fmt_rate(rate)}, ETA {eta}" if self.level == "durable" else ""
         what = plural(int(msg["files"]), "file") + " left"
         if msg.get("deletes"):
             what += f", {plural(msg['deletes'], 'deletion')}"
@@ -304,8 +336,8 @@ class FlushProgress:
             self.printed_tenth = max(self.printed_tenth, tenth)
             self.printed_at = now
             pct = 100 * self.completed / self.total if self.total else 100.0
-            self.console.print(f"ckptfs: flush {self.label}: {fmt_bytes(self.completed)} of {fmt_bytes(self.total)} durable "
-                               f"({pct:.0f}%), {fmt_rate(rate)}, ETA {eta}, {what}", soft_wrap=True)
+            self.console.print(f"ckptfs: flush {self.label}: {fmt_bytes(self.completed)} of {fmt_bytes(self.total)} {self.level} "
+                               f"({pct:.0f}%){pace}, {what}", soft_wrap=True)
 
     def finish(self) -> None:
         if self.progress is not None:

@@ -20,8 +20,9 @@ import typer
 
 from ckptfs.cli.app import MOUNT_POINT, PATH_IN_MOUNT, TIMEOUT, app, fail, one_line_errors, positive_timeout
 from ckptfs.cli.client import dead_mount, find_mount_root, get_status, one_reply, process_state, rel_path, until_done, until_durable
-from ckptfs.cli.errors import CliError, NotAllowed, StoppedEarly
+from ckptfs.cli.errors import EXIT_USAGE, CliError, NotAllowed, StoppedEarly
 from ckptfs.config import fmt_bytes
+from ckptfs.peering import FLUSH_LEVELS
 
 
 @app.command()
@@ -130,12 +131,17 @@ def status(
 def flush(
     path: str = PATH_IN_MOUNT,
     timeout: Optional[float] = TIMEOUT,
+    level: str = typer.Option("durable", "--level", metavar="LEVEL", show_default=False,
+                              help="durable: in the bucket (default); replicated: in the bucket or on peer_replicas other nodes' "
+                                   "disks (a mount with durability = peer)."),
 ) -> None:
-    """Block until every file under PATH is durable in the bucket."""
+    """Block until every file under PATH is durable in the bucket (or, with --level replicated, on peers' disks too)."""
+    if level not in FLUSH_LEVELS:
+        raise CliError(f"--level {level}: give durable (in the bucket) or replicated (on peers' disks too, with durability = peer)", EXIT_USAGE)
     positive_timeout(timeout)
     root = find_mount_root(path)
-    wait_durable(root, rel_path(root, path), timeout, label=path)
-    typer.echo(f"ckptfs: {path} is durable")
+    wait_durable(root, rel_path(root, path), timeout, label=path, level=level)
+    typer.echo(f"ckptfs: {path} is {level}")
 
 
 @app.command()
@@ -181,14 +187,14 @@ def evict(
     typer.echo(f"ckptfs: evicted {plural(msg['files'], 'file')} ({fmt_bytes(msg['bytes'])}){note}")
 
 
-def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None) -> None:
+def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None, level: str = "durable") -> None:
     """Flush `rel` and show its progress by bytes (parts already in the bucket count), with throughput and ETA."""
     from ckptfs.cli import display
 
     label = label or str(root)
-    progress = display.FlushProgress(label, display.make_console())
+    progress = display.FlushProgress(label, display.make_console(), level=level)
     try:
-        until_durable(root, rel, timeout, label, on_progress=progress.update)
+        until_durable(root, rel, timeout, label, on_progress=progress.update, level=level)
         progress.finish()
     finally:
         progress.close()

@@ -27,12 +27,14 @@ import sniffio
 
 from ckptfs.client import CkptfsError, file_state, locate, locate_above, one_reply, requester, until_done, until_durable
 from ckptfs.objects import finite
+from ckptfs.peering import FLUSH_LEVELS
 
 T = TypeVar("T")
 
 # a file's state (its upload), or a checkpoint directory's (docs/lifecycle.md)
-State = Literal["dirty", "uploading", "durable", "archived", "restoring",
+State = Literal["dirty", "uploading", "replicated", "durable", "archived", "restoring",
                 "writing", "draining", "committed", "protected", "expiring"]
+Level = Literal["durable", "replicated"]  # what wait_durable waits for (FLUSH_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Checkpoint:
 
     path: Path  # the checkpoint's directory on this node
     step: int
-    state: str  # writing, draining, committed, protected or expiring
+    state: str  # writing, draining, replicated, committed, protected or expiring
     committed: bool  # a manifest describes it
     protected: bool
     metadata: dict[str, Any] = field(default_factory=dict)  # what the job gave when it committed it
@@ -63,8 +65,8 @@ class Commit:
 
 # ------------------------------------------------------------------ the calls
 def state(path: str | os.PathLike[str]) -> State:
-    """A file's upload state (dirty, uploading, durable; archived or restoring if its class needs a restore),
-    or a checkpoint directory's (writing, draining, committed, protected, expiring)."""
+    """A file's upload state (dirty, uploading, replicated with durability = peer, durable; archived or restoring if
+    its class needs a restore), or a checkpoint directory's (writing, draining, replicated, committed, protected, expiring)."""
     path = _path(path, "state")
     root, rel = locate(path)
     if not os.path.isdir(path):
@@ -78,16 +80,21 @@ def state(path: str | os.PathLike[str]) -> State:
                       "give a checkpoint directory, or a file")
 
 
-def wait_durable(path: str | os.PathLike[str], timeout: float | None = None) -> None:
+def wait_durable(path: str | os.PathLike[str], timeout: float | None = None, level: Level = "durable") -> None:
     """Block until every file under `path` written on this node is durable in the bucket (`ckptfs flush`).
 
-    TimedOut (a CkptfsError) after `timeout` seconds, saying how much is not durable yet.
+    With `level="replicated"` (a mount with durability = peer), until each is durable or on `peer_replicas` other
+    nodes' disks (`ckptfs flush --level replicated`): safe from the loss of this node, usually long before the bucket
+    has it. TimedOut (a CkptfsError) after `timeout` seconds, saying how much is not durable (replicated) yet.
     """
+    if level not in FLUSH_LEVELS:  # before anything is sent
+        raise CkptfsError(f"wait_durable: level {level!r}: give \"durable\" (in the bucket) or \"replicated\" "
+                          "(on peers' disks too, with durability = peer)")
     path = _path(path, "wait_durable")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise CkptfsError(f"wait_durable: timeout {timeout!r}: give a number of seconds greater than 0, or None to wait as long as it takes")
     root, rel = locate(path)
-    until_durable(root, rel, timeout, path)
+    until_durable(root, rel, timeout, path, level=level)
 
 
 def commit(path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None) -> Commit:
@@ -179,9 +186,9 @@ async def state_async(path: str | os.PathLike[str]) -> State:
     return await _in_thread(state, path)
 
 
-async def wait_durable_async(path: str | os.PathLike[str], timeout: float | None = None) -> None:
+async def wait_durable_async(path: str | os.PathLike[str], timeout: float | None = None, level: Level = "durable") -> None:
     """`wait_durable` without blocking the event loop (asyncio or trio)."""
-    await _in_thread(wait_durable, path, timeout)
+    await _in_thread(wait_durable, path, timeout, level)
 
 
 async def commit_async(path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None) -> Commit:

@@ -356,11 +356,12 @@ def until_done(mount_root: Path, req: dict[str, Any], what: str, timeout: float 
 
 
 def until_durable(mount_root: Path, rel: str, timeout: float | None, label: str,
-                  on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """Block until every file under `rel` is durable in the bucket (`ckptfs flush`, `ckptfs.wait_durable`).
+                  on_progress: Callable[[dict[str, Any]], None] | None = None, level: str = "durable") -> None:
+    """Block until every file under `rel` is durable in the bucket (`ckptfs flush`, `ckptfs.wait_durable`), or with
+    level `replicated` durable or on peers' disks (`flush --level replicated`; a mount with durability = peer).
 
-    Each progress line (files, bytes, deletes not yet durable; bytes of them in the bucket already) goes to
-    `on_progress`. Past `timeout` seconds: TimedOut, saying what under `label` is not durable yet.
+    Each progress line (files, bytes, deletes not yet there; bytes of them in the bucket already) goes to
+    `on_progress`. Past `timeout` seconds: TimedOut, saying what under `label` is not durable (replicated) yet.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -371,19 +372,22 @@ def until_durable(mount_root: Path, rel: str, timeout: float | None, label: str,
             from ckptfs.config import fmt_bytes  # here, not at the top: a training job's `import ckptfs` need not load the config
 
             in_bucket = f", {fmt_bytes(msg['uploaded_bytes'])} of it in the bucket already" if msg.get("uploaded_bytes") else ""
+            deletes = f" and {_plural(msg['deletes'], 'deletion')}" if level == "durable" or msg.get("deletes") else ""
             raise TimedOut(
-                f"timed out after {timeout:g}s: {_plural(msg['files'], 'file')} ({fmt_bytes(msg['bytes'])}{in_bucket}) and "
-                f"{_plural(msg['deletes'], 'deletion')} under {label} are not durable yet; see `ckptfs status {mount_root}`"
+                f"timed out after {timeout:g}s: {_plural(msg['files'], 'file')} ({fmt_bytes(msg['bytes'])}{in_bucket}){deletes} "
+                f"under {label} are not {level} yet; see `ckptfs status {mount_root}`"
             )
 
     sock_timeout = None if timeout is None else max(timeout, 1.0)
+    request = {"cmd": "flush", "path": rel} if level == "durable" else {"cmd": "flush", "path": rel, "level": level}
     try:
-        until_done(mount_root, {"cmd": "flush", "path": rel}, "flush", timeout=sock_timeout, on_progress=progress)
+        until_done(mount_root, request, "flush", timeout=sock_timeout, on_progress=progress)
     except TimedOut:
         raise
     except CkptfsError as e:
         if "did not answer in time" in str(e) and timeout is not None:
-            raise TimedOut(f"timed out after {timeout:g}s waiting for {label} to become durable; see `ckptfs status {mount_root}`") from None
+            verb = "become durable" if level == "durable" else f"be {level}"
+            raise TimedOut(f"timed out after {timeout:g}s waiting for {label} to {verb}; see `ckptfs status {mount_root}`") from None
         raise
 
 

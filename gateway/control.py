@@ -10,6 +10,10 @@ xattr on the mount root. One JSON object per line each way:
                                             path; uploaded_bytes of those bytes are in the bucket already
                                             (parts of running uploads); the drain's current throughput
                                             ... then {"ok": true, "done": true}
+  {"cmd": "flush", "path": "a/b", "level": "replicated"}
+                                         -> the same lines, counting what is neither durable nor on peer_replicas
+                                            peers' disks (durability = peer; refused with one line on a mount
+                                            with durability = local); "level": "durable" is the default
   {"cmd": "warmup", "paths": ["a", "b/c"]} -> progress lines {"files", "bytes", "done_bytes"}
                                             ... then {"ok": true, "done": true, "failed": [[path, error], ...]}
   {"cmd": "evict", "path": "a"}          -> {"ok": true, "files": N, "bytes": N, "skipped": N}
@@ -43,6 +47,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
+from .peering import FLUSH_LEVELS
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,7 @@ class Daemon(Protocol):
     def stop_reported(self) -> None: ...
     def inject_fault(self, service: str) -> None: ...
     supervisor: Supervisor  # the services and their restarts; `faults` names those a test may break
+    peers: Any  # peers.service.Peers with durability = peer, else None
     lifecycle: Any  # lifecycle.service.Lifecycle: checkpoints, commit, verify, protect (docs/lifecycle.md)
 
 
@@ -136,8 +142,15 @@ class ControlServer:
             await send({"ok": True, "status": self.daemon.status()})
         elif cmd == "flush":
             path = str(request.get("path", "")).strip("/")
+            level = request.get("level", "durable")
+            if level not in FLUSH_LEVELS:
+                await send({"ok": False, "error": f"flush: unknown level {level!r}: give durable (in the bucket) or replicated (on peers' disks too)"})
+                return
             if not self.daemon.exists(path):
                 await send({"ok": False, "error": f"{path or '/'}: no such file or directory in the mount"})
+                return
+            if level == "replicated":
+                await self._flush_replicated(path, send)
                 return
             while True:
                 progress = self.daemon.flush_progress(path)
@@ -185,6 +198,45 @@ class ControlServer:
                 self.daemon.stop_reported()
         else:
             await send({"ok": False, "error": f"unknown command {cmd!r}"})
+
+
+    async def _flush_replicated(self, path: str, send: Callable[[Any], Awaitable[None]]) -> None:
+        """Progress lines until everything under `path` is durable or replicated. The wait is the peers' (it may
+        send what they lack); the client ends it by going away (its timeout): then the wait is cancelled."""
+        peers = getattr(self.daemon, "peers", None)  # peers.service.Peers
+        if peers is None:
+            await send({"ok": False, "error": "level replicated needs durability = peer, and this mount has durability = local "
+                                              "(no peer holds copies): wait for level durable, or mount with durability = peer (docs/peers.md)"})
+            return
+        done = trio.Event()
+        failed: list[str] = []
+        client_gone = False
+
+        async def wait() -> None:
+            try:
+                await peers.wait_replicated_under(path)
+            except OSError as e:  # on_no_peer = fail and no peer answers
+                failed.append(f"{path or '/'}: not replicated: {e.strerror or e}")
+            except Exception as e:  # noqa: BLE001 - as any handler's bug: one line, the server goes on
+                log.exception("waiting for replicas failed unexpectedly")
+                failed.append(f"internal error: {type(e).__name__}: {e} (see the daemon's log)".splitlines()[0])
+            finally:
+                done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait)
+            try:
+                while not done.is_set():
+                    files, size = peers.unreplicated_under(path)  # neither durable nor on peer_replicas peers' disks
+                    await send({"ok": True, "files": files, "bytes": size, "deletes": 0})
+                    with trio.move_on_after(PROGRESS_INTERVAL):
+                        await done.wait()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                client_gone = True
+                nursery.cancel_scope.cancel()
+        if client_gone:
+            return
+        await send({"ok": False, "error": failed[0]} if failed else {"ok": True, "done": True})
 
 
 async def _answer(stream: trio.SocketStream, error: str) -> None:

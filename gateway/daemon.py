@@ -46,6 +46,8 @@ from .namespace import Namespace, under
 from .namespace.keys import PROBE_NAME_PREFIX
 from .preflight import UserError, check_cache_dir, check_cold_extra, check_fuse, check_mountpoint, lock_cache_dir, secure_cache_dir
 from .objects import StoreError
+from .peering import PeerOptionError, node_name_of
+from .peers.service import Peers
 from .remote import Remote
 from .replication.service import Replicator
 from .store import Store
@@ -78,6 +80,7 @@ class Daemon:
         self.ready = False  # the mount came up (READY sent)
         self.failure: str | None = None  # why the daemon stops on its own (the FUSE session, the journal): exit status 1
         self.supervisor = Supervisor(fatal=journal_failed_for_good, on_fatal=self._fatal, faults=faults_from_environment())
+        self.peers: Peers | None = None  # durability = peer (built in prepare), else None
 
     # ---- wiring, before trio
     def prepare(self) -> None:
@@ -113,15 +116,25 @@ class Daemon:
                 raise UserError(disk_full_message(cfg.cache_dir)) from None
             raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
                             "check that disk (dmesg), then mount again") from None
-        self.metrics = Metrics(self.status)
+        self.metrics = Metrics(self.status, peers=cfg.durability == "peer")
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
-        self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics)
+        if cfg.durability == "peer":
+            try:
+                self.peers = Peers(cfg, self.ns, self.cache, self.store, self.metrics, self.supervisor)
+            except PeerOptionError as e:
+                raise UserError(str(e)) from None
+            except OSError as e:
+                raise UserError(f"peer replicas in {cfg.cache_dir}/peers cannot be read or written ({e.strerror}): "
+                                "check that disk, then mount again") from None
+        self.drainer = Drainer(cfg, self.ns, self.cache, self.store, self.metrics, gate=self.peers.gate if self.peers is not None else None)
         self.fetcher = Fetcher(cfg, self.ns, self.store)
         self.remote = Remote(self.ns, self.store, cfg)
         self.lifecycle = Lifecycle(cfg, self.ns, self.store, self.remote)
         self.metrics.registry.register(self.lifecycle.collector())
         self.metrics.registry.register(UsageCollector(self.lifecycle))
         self.metrics.registry.register(MoveCollector(self.lifecycle.mover))
+        if self.peers is not None:  # a takeover's checkpoints commit as if their writer had finished
+            self.peers.on_taken_over.append(self.lifecycle.tracker.taken_over)
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:
             self.metrics.registry.register(self.replicator.collector())
@@ -188,6 +201,9 @@ class Daemon:
             open_for_writing=self.open_for_writing(),
             uptime_seconds=round(time.time() - self.started, 1),
             services=self.supervisor.status(),
+            durability=self.cfg.durability,
+            node=node_name_of(self.cfg),
+            **peer_fields(peer_status(self.peers), s["dirty_bytes"], oldest_close_age(self.ns)),
         )
         return s
 
@@ -300,6 +316,11 @@ class Daemon:
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
+        if self.peers is not None:
+            fs.peers = self.peers  # fsync and a writer's close wait for the peers' copies
+            self.peers.sender.passthrough_inos = fs.passthrough_writers
+            # a checkpoint directory is `replicated` once every file of it not yet durable is on peers' disks
+            self.lifecycle.tracker.replicated = self.peers.is_replicated
         self.fuse_transport = choose_transport(cfg.fuse_transport)
         supervise, critical = self.supervisor.supervise, self.supervisor.critical
         async with trio.open_nursery() as nursery:
@@ -312,6 +333,11 @@ class Daemon:
                     raise UserError(f"cannot listen for metrics on {cfg.metrics_addr}: {e.strerror}: choose another --metrics-addr") from None
             await nursery.start(supervise, "fetcher", self.fetcher.run)
             await nursery.start(supervise, "listings", self.remote.run)
+            if self.peers is not None:  # before the mount: the first fsync finds its peers chosen
+                try:
+                    await nursery.start(self.peers.run)  # each part supervised inside
+                except OSError as e:
+                    raise UserError(f"cannot listen for peers on {cfg.peer_addr}: {e.strerror}: choose another peer_addr") from None
             session = self.session = self._mount(fs)
             await nursery.start(critical, "fuse", self._serve_fuse, session)
             if self.fuse_transport == "kernel":
@@ -478,6 +504,48 @@ class Daemon:
                 self.ns.uploads.mark_urgent("")
                 with trio.move_on_after(0.1):
                     await self._stop_now.wait()
+
+
+def peer_status(peers: Any) -> dict[str, Any] | None:
+    """`Peers.status()` (None with durability = local). Its failure (a bug) must not fail `ckptfs status` and every
+    scrape with it: the rest is answered, this node's peer state says `unknown`, the log has the traceback."""
+    if peers is None:
+        return None
+    try:
+        return dict(peers.status())
+    except Exception:  # noqa: BLE001 - reported as a state, never a failed status
+        log.exception("could not read the peers' status")
+        return {"state": "unknown", "peers": []}
+
+
+def oldest_close_age(ns: Namespace) -> float:
+    """Seconds since the oldest close of a file not yet durable, held ones included (not lagging, but on this node's
+    disk only all the same): the single-copy window's age with durability = local."""
+    closes = [e.closed_at for e in ns.backlog.entries() if e.closed_at]
+    return round(max(0.0, time.time() - min(closes)), 3) if closes else 0.0
+
+
+def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age: float) -> dict[str, Any]:
+    """What `ckptfs status` (and the metrics) say of peer durability: the peers and their state, this node's own
+    (`live`, `fenced`, `reconciling`), and the single-copy window, from `Peers.status()`. With durability = local
+    (`peers` None) no peer holds anything: every byte not yet durable is single-copy, since its file's last close."""
+    if peers is None:
+        return {"peers": [], "peer_state": None, "peer_addr": None, "failure_domain": None, "peer_replica_bytes": 0,
+                "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
+                "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0}
+    return {
+        "peers": list(peers.get("peers") or []),
+        "peer_state": peers.get("state"),
+        "peer_addr": peers.get("peer_addr"),
+        "failure_domain": peers.get("failure_domain"),
+        "peer_replica_bytes": peers.get("replica_bytes_held", 0),
+        # unknown (the peers' status failed): as without peers, the worst case
+        "single_copy_bytes": peers.get("single_copy_bytes", dirty_bytes),
+        "single_copy_oldest_age_seconds": peers.get("single_copy_oldest_age_seconds", oldest_close_age),
+        "peer_replicated_bytes_total": peers.get("replicated_bytes", 0),
+        "peer_degraded_writes_total": peers.get("degraded_writes", 0),
+        "peer_takeovers_total": peers.get("takeovers", 0),
+    }
 
 
 def set_kernel_read_ahead(mountpoint: str, size: int) -> None:

@@ -22,6 +22,13 @@ already sent is sent again.
 
 Failed requests are retried forever for acknowledged data, with exponential
 backoff and jitter per file, capped at `retry_max_backoff`.
+
+A `gate` (with `durability = peer`: peers.Membership.admit, the fence) is awaited
+before every request that writes to the bucket: a small file's PutObject, the
+start of a multipart upload, each part, its completion, a copy, a delete, a
+`dir/` marker. A node that lost its lease (paused past it, or taken over by
+another node that uploaded its files) so sends nothing new; the requests already
+past the gate when it closed are the most it sends. No gate: no cost.
 """
 
 from __future__ import annotations
@@ -32,35 +39,22 @@ import math
 import os
 import random
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 import trio
-import xxhash
-
 from . import threads
 from .cache import Cache
-from .config import MiB, Config, part_size_for, small_objects_in_flight
+from .config import Config, part_size_for, small_objects_in_flight
 from .journal import DiskFull, JournalIOError, UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
-from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError, crc32_b64
+from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError
 from .storeapi import ObjectStore
+from .upload import XXH3_META, Abandoned, file_digests, put_whole
 
 log = logging.getLogger(__name__)
-
-XXH3_META = "xxh3"  # user metadata key: x-amz-meta-xxh3 holds the whole file's xxh3-128 (hex)
-# A file up to this size is read whole into memory and sent as bytes: boto3 sends a file-like body
-# with `Expect: 100-continue`, a round trip to the store before the body for every small object.
-# Memory: at most this much per small PutObject in flight (`small_objects_in_flight`).
-BODY_IN_MEMORY = 1 * MiB
-
-
-class Abandoned(Exception):
-    """The file changed, moved or vanished while it was uploading."""
-
 
 @dataclass
 class Backoff:
@@ -117,40 +111,11 @@ class Throughput:
         return sent / busy if sent and busy > 0 else 0.0
 
 
-def read_whole(fd: int, size: int) -> bytes:
-    """The `size` bytes of a small cache file (the bytes sent are the bytes hashed)."""
-    data = os.pread(fd, size, 0)
-    while len(data) < size:
-        more = os.pread(fd, size - len(data), len(data))
-        if not more:
-            raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
-        data += more
-    return data
-
-
-def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tuple[str, list[str]]:
-    """One pass over the cached bytes: the whole file's xxh3-128 and each part's CRC32."""
-    h = xxhash.xxh3_128()
-    crcs: list[str] = []
-    offset = 0
-    while True:
-        part_end = min(size, offset + part_size)
-        crc = 0
-        while offset < part_end:
-            data = os.pread(fd, min(chunk, part_end - offset), offset)
-            if not data:
-                raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
-            h.update(data)
-            crc = zlib.crc32(data, crc)
-            offset += len(data)
-        crcs.append(crc32_b64(crc))
-        if offset >= size:
-            return h.hexdigest(), crcs
-
-
 class Drainer:
-    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Metrics) -> None:
+    def __init__(self, cfg: Config, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Metrics,
+                 gate: Callable[[], Awaitable[None]] | None = None) -> None:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
+        self.gate = gate  # awaited before each request that writes to the bucket (the fence); None: none
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
         self.multipart_files = trio.CapacityLimiter(max(2, cfg.max_parts_in_flight))
@@ -338,6 +303,8 @@ class Drainer:
         assert ticket.copy_from is not None
         try:
             async with self.parts:
+                if self.gate is not None:
+                    await self.gate()
                 self.metrics.parts_in_flight.inc()
                 try:
                     etag = await threads.call(functools.partial(
@@ -382,20 +349,15 @@ class Drainer:
         """
         size = ticket.size
 
-        def put(own: int) -> tuple[str, str]:
-            if size <= BODY_IN_MEMORY:
-                body = read_whole(own, size)
-                xxh3 = xxhash.xxh3_128_hexdigest(body)
-                return self.store.put_object_body(ticket.key, body, crc32_b64(zlib.crc32(body)), {XXH3_META: xxh3}), xxh3
-            xxh3, crcs = file_digests(own, size, max(size, 1))
-            return self.store.put_object(ticket.key, own, size, crcs[0], {XXH3_META: xxh3}), xxh3
-
         async with self.small:
+            if self.gate is not None:
+                await self.gate()
             self._check(ticket)
             self.metrics.parts_in_flight.inc()
             self.throughput.started()
             try:
-                etag, xxh3 = await threads.call_with_fd(fd, put, limiter=self.small_threads)
+                etag, xxh3 = await threads.call_with_fd(fd, functools.partial(put_whole, self.store, ticket.key, size=size),
+                                                         limiter=self.small_threads)
             finally:
                 self.metrics.parts_in_flight.dec()
                 self.throughput.stopped()
@@ -433,12 +395,16 @@ class Drainer:
             journal.forget_upload(ticket.ino)
             rec = None
         if rec is None:
+            if self.gate is not None:
+                await self.gate()
             upload_id = await threads.call(functools.partial(self.store.create_multipart, ticket.key, metadata))
             journal.start_upload(UploadRecord(ticket.ino, ticket.key, upload_id, part_size, ticket.size, xxh3, time.time(), {}))
         self.sent[ticket.ino] = sum(min(part_size, ticket.size - (n - 1) * part_size) for n in done)
 
         async def send(n: int) -> None:
             async with self.parts:
+                if self.gate is not None:
+                    await self.gate()
                 self._check(ticket)
                 offset = (n - 1) * part_size
                 length = min(part_size, ticket.size - offset)
@@ -462,6 +428,8 @@ class Drainer:
                 for n in range(1, count + 1):
                     if n not in done:
                         parts.start_soon(send, n)
+            if self.gate is not None:  # before CompleteMultipartUpload
+                await self.gate()
             self._check(ticket)
         except Abandoned:
             await threads.call(functools.partial(self.store.abort, ticket.key, upload_id))
@@ -548,6 +516,8 @@ class Drainer:
         store's connection pool, sized for them)."""
         try:
             async with self.small:
+                if self.gate is not None:
+                    await self.gate()
                 await threads.call(functools.partial(call, key), limiter=self.small_threads)
             self.delete_backoff.pop(op_id, None)
             return True

@@ -44,7 +44,7 @@ import trio
 
 from .fetch import Download, Fetcher
 from .fuse.ops import Attr, DirEntry, FastHandle, OpenReply, Operations, RequestContext, SetattrFields, StatFs
-from .journal import DURABLE, ROOT_INODE, Row
+from .journal import DIRTY, DURABLE, ROOT_INODE, Row
 from .metrics import FUSE_COUNTERS
 from .namespace import NAME_MAX, Namespace
 from .namespace.keys import is_reserved
@@ -56,6 +56,7 @@ XATTR_STATE = b"user.ckptfs.state"
 XATTR_ETAG = b"user.ckptfs.etag"
 XATTR_XXH3 = b"user.ckptfs.xxh3"
 XATTR_CONTROL = b"user.ckptfs.control"  # on the root: path of the control socket
+REPLICATED = "replicated"  # user.ckptfs.state of a dirty file whose current version R peers hold (durability = peer)
 FILE_XATTRS = (XATTR_STATE, XATTR_ETAG, XATTR_XXH3)
 
 ATTR_TIMEOUT = 1.0
@@ -72,7 +73,7 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 def _fuse(fn: F) -> F:
-    op = fn.__name__
+    op = fn.__name__.lstrip("_")  # `_flush`: the FLUSH a `flush` under durability = peer passes on
     requests = FUSE_COUNTERS.requests  # counted per request: a plain dict increment
     requests.setdefault(op, 0)
 
@@ -140,6 +141,17 @@ class CheckpointStates(Protocol):
     async def checkpoint_state(self, path: str) -> str | None:
         """writing, draining, committed, protected or expiring; None if `path` is not a checkpoint. OSError (EIO) when
         the bucket cannot say."""
+
+
+class Replication(Protocol):
+    """Peer durability (peers/service.Peers, wired by the daemon when `durability = peer`): fsync and a writer's
+    close wait until R peers hold the file too."""
+
+    async def replicated(self, ino: int) -> None:
+        """Until the file's current version is on R peers' disks; OSError(EIO) if none answers and on_no_peer = fail."""
+
+    def is_replicated(self, ino: int) -> bool:
+        """The file's current version is on R peers' disks (its `user.ckptfs.state`: `replicated`)."""
 
 
 class ReservedNames:
@@ -231,6 +243,7 @@ class CkptFS(Operations):
         self._opened_etag: dict[int, tuple[str | None, int]] = {}  # (etag, version) of the bytes the kernel may still cache
         self.control_socket = control_socket
         self.checkpoint_states: CheckpointStates | None = None  # a checkpoint directory's user.ckptfs.state (the lifecycle)
+        self.peers: Replication | None = None  # durability = peer: fsync and FLUSH wait for the peers' copies
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
@@ -577,6 +590,28 @@ class CkptFS(Operations):
         await trio.to_thread.run_sync(os.fsync, h.fd, limiter=self._fsyncs)
         self._sync_passthrough(h.ino)
         await self.ns.files.fsync(h.ino)
+        if self.peers is not None:
+            await self.peers.replicated(h.ino)
+
+    async def flush(self, fh: int) -> None:
+        """close(2). Under `durability = local` ENOSYS: the kernel then never sends FLUSH again (one request less per
+        close). Under `peer` the close of a write handle waits for the peers' copies, as an fsync does: torch.save and
+        safetensors never call fsync."""
+        if self.peers is None:
+            raise OSError(errno.ENOSYS, "not implemented")
+        await self._flush(fh)
+
+    @_fuse
+    async def _flush(self, fh: int) -> None:
+        h = self.handles.get(fh)
+        if h is None or not h.write or self.peers is None:
+            return
+        self._sync_passthrough(h.ino)  # what the kernel wrote under passthrough: a new version to seal
+        await self.peers.replicated(h.ino)
+
+    def passthrough_writers(self) -> list[int]:
+        """Files the kernel is writing itself now (passthrough): the peers' sender polls their sizes."""
+        return list(self._pt_writers)
 
     @_fuse
     async def release(self, fh: int) -> None:
@@ -616,6 +651,8 @@ class CkptFS(Operations):
         value = {XATTR_STATE: row.state, XATTR_ETAG: row.etag, XATTR_XXH3: row.xxh3}.get(name)
         if name in (XATTR_ETAG, XATTR_XXH3) and row.state != DURABLE:
             value = None
+        if name == XATTR_STATE and row.state == DIRTY and self.peers is not None and self.peers.is_replicated(inode):
+            value = REPLICATED  # between dirty and durable: on R peers' disks too
         if name == XATTR_STATE and row.state == DURABLE:
             archived = await self.fetcher.archive_state(inode)  # None unless listed in a class that may need a restore
             if archived is not None and archived.label:

@@ -7,6 +7,14 @@ updated by the drainer as things happen. FUSE requests are counted by fs.py in
 trio thread, so no locks, and no prometheus_client object touched per
 request), turned into metric families only when scraped.
 
+Peer durability (docs/peers.md): the single-copy window (`single_copy_*`) is served by every mount,
+read from the daemon's status (with durability = local, the namespace's files not yet durable).
+The `ckptfs_peer_*` metrics are served only with durability = peer, all read from the status at
+scrape time, which has them from `Peers.status()`: the gauges (`peer_up` and
+`peer_replication_lag_seconds` by peer, so a peer that leaves leaves no stale series;
+`peer_replica_bytes`) and the counters the peers package keeps (takeovers, bytes replicated,
+degraded writes), so `ckptfs status` and the metrics never disagree.
+
 Every metric is documented in docs/metrics.md; a test compares that table
 with a scrape of a live mount, and `promtool check metrics` lints the scrape.
 
@@ -45,6 +53,8 @@ GAUGES = {
     "stalled_writers": "Writes waiting for the drain to free cache space (backpressure).",
     "stale_directories": "Directories served without a current listing because the store did not answer one in time (retried in the background).",
     "passthrough_handles": "Open file handles the kernel reads and writes itself (FUSE passthrough).",
+    "single_copy_bytes": "Bytes acknowledged to writers that exist on this node's disk only: with durability = local every byte not yet durable in the bucket, with durability = peer those neither durable nor replicated to peer_replicas peers. Losing the node now loses them.",
+    "single_copy_oldest_age_seconds": "Seconds since the oldest file counted in single_copy_bytes was closed (0 when none): how long the window has been open.",
 }
 
 # totals kept by the namespace and fetcher, exported as counters (names without _total)
@@ -95,9 +105,10 @@ FUSE_COUNTERS = FuseCounters()
 
 
 class _StateCollector(Collector):
-    def __init__(self, read: Callable[[], dict[str, Any]], fuse: FuseCounters) -> None:
+    def __init__(self, read: Callable[[], dict[str, Any]], fuse: FuseCounters, peers: bool = False) -> None:
         self.read = read
         self.fuse = fuse
+        self.peers = peers
         self.version = VERSION
 
     def collect(self):  # type: ignore[no-untyped-def]
@@ -144,10 +155,40 @@ class _StateCollector(Collector):
         for service, state in sorted((values.get("services") or {}).items()):
             restarts.add_metric([service], float(state.get("restarts", 0)))
         yield restarts
+        if self.peers:
+            yield from peer_families(values)
+
+
+PEER_COUNTERS = {
+    "peer_takeovers": "Dead nodes whose replicas this node took over and uploaded.",
+    "peer_replicated_bytes": "Bytes of this node's files sent to peers and acknowledged by them.",
+    "peer_degraded_writes": "Fsyncs and closes acknowledged on this node alone because no peer took a copy in time "
+                            "(on_no_peer = degrade): those files are single-copy until they drain.",
+}
+
+
+def peer_families(values: dict[str, Any]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """The peer metrics (durability = peer), from the status: its `peers` list, `peer_replica_bytes`, the counters."""
+    up = GaugeMetricFamily("ckptfs_peer_up", "1 while the peer's node record is live (renewed within peer_lease_ttl), 0 while it is down.",
+                           labels=["peer"])
+    lag = GaugeMetricFamily("ckptfs_peer_replication_lag_seconds", "Seconds the peer's copies are behind what this node wrote for it "
+                            "(0: it holds everything sent to it).", labels=["peer"])
+    for p in sorted((p for p in values.get("peers") or [] if p.get("node")), key=lambda p: str(p["node"])):
+        up.add_metric([str(p["node"])], 1.0 if p.get("state") == "live" else 0.0)
+        if p.get("lag_seconds") is not None:
+            lag.add_metric([str(p["node"])], float(p["lag_seconds"]))
+    held = GaugeMetricFamily("ckptfs_peer_replica_bytes", "Bytes of other nodes' files this node holds as their peer until the bucket has them (peer_capacity).")
+    held.add_metric([], float(values.get("peer_replica_bytes", 0)))
+    families: list[GaugeMetricFamily | CounterMetricFamily] = [up, lag, held]
+    for name, doc in PEER_COUNTERS.items():
+        c = CounterMetricFamily(f"ckptfs_{name}", doc)
+        c.add_metric([], float(values.get(f"{name}_total", 0)))
+        families.append(c)
+    return families
 
 
 class Metrics:
-    def __init__(self, read_state: Callable[[], dict[str, Any]], fuse: FuseCounters = FUSE_COUNTERS) -> None:
+    def __init__(self, read_state: Callable[[], dict[str, Any]], fuse: FuseCounters = FUSE_COUNTERS, peers: bool = False) -> None:
         disable_created_metrics()  # the *_created series only clutter dashboards
         self.registry = CollectorRegistry()
         r = self.registry
@@ -162,7 +203,7 @@ class Metrics:
             "ckptfs_time_to_durable_seconds", "Seconds from a file's last close to it being durable in the bucket.",
             buckets=DURABLE_BUCKETS, registry=r,
         )
-        r.register(_StateCollector(read_state, fuse))
+        r.register(_StateCollector(read_state, fuse, peers))  # `peers`: durability = peer, the ckptfs_peer_* metrics too
         ProcessCollector(registry=r)  # process_* (CPU, memory, open fds, start time): restarts and leaks show
         for kind in ("network", "server", "auth", "no-bucket", "no-upload", "other"):
             self.upload_errors.labels(kind)

@@ -65,6 +65,7 @@ class ObjectInfo:
     etag: str
     version_id: str | None
     metadata: dict[str, str]
+    modified: float = 0.0  # LastModified (wall clock, seconds): a takeover never overwrites an object written after its replica
 
 
 @dataclass

@@ -18,6 +18,9 @@ from typing import Any
 
 DURABILITY_LEVELS = ("local", "peer")
 ON_NO_PEER = ("degrade", "fail")
+# what `ckptfs flush --level` and `ckptfs.wait_durable(level=)` wait for: in the bucket, or on peer_replicas peers' disks
+# too (durability = peer; a durable file counts as replicated)
+FLUSH_LEVELS = ("durable", "replicated")
 SECRET_MIN_BYTES = 32
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 

@@ -8,13 +8,16 @@ mock and failure clients), while the SeaweedFS tests stay the proof that the pro
 Protocol names exactly the methods its users call, so a second implementation knows what it owes.
 
 Every method blocks and runs in a worker thread (threads.py); every failure is a `StoreError`.
+`read_json` is the one way a small JSON object (a manifest, a lease, a node record) is read with its
+ETag, for the conditional write that replaces it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Protocol
 
-from .objects import Listing, NoncurrentVersions, ObjectInfo, RemotePart
+from .objects import NO_OBJECT, Listing, NoncurrentVersions, ObjectInfo, RemotePart, StoreError
 from .storageclass import ArchiveState
 
 
@@ -99,3 +102,22 @@ class LifecycleStore(ObjectStore, Protocol):
     def noncurrent(self, prefix: str) -> NoncurrentVersions: ...
 
     def restore(self, key: str, days: int, tier: str) -> bool: ...
+
+
+def read_json(store: LifecycleStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON object stored at `key` and its ETag; (None, None) if there is no such object.
+
+    A body that is not a JSON object reads as {} with its ETag: the object is there (written by
+    another version, or damaged), and a conditional write over it needs that ETag. A blocking
+    store call: run it in a worker thread. Other store errors propagate."""
+    try:
+        body, etag = store.get_bytes(key)
+    except StoreError as e:
+        if e.kind == NO_OBJECT:
+            return None, None
+        raise
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = {}
+    return (doc if isinstance(doc, dict) else {}), etag

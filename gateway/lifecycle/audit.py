@@ -15,7 +15,8 @@ import uuid
 from typing import Any
 
 from ..objects import json_document
-from .manifest import node_name, now_iso
+from ..peering import node_name_of
+from .manifest import now_iso
 from .context import Context
 
 AUDIT_DIR = ".ckptfs/audit/"
@@ -23,11 +24,11 @@ AUDIT_DIR = ".ckptfs/audit/"
 
 async def record(lc: Context, action: str, path: str, who: dict[str, Any], reason: str, **details: Any) -> dict[str, Any]:
     now = time.time()
-    event = {"action": action, "path": path, "reason": reason, "who": who, "node": node_name(), "at": now, "at_iso": now_iso(now),
+    event = {"action": action, "path": path, "reason": reason, "who": who, "node": node_name_of(lc.cfg), "at": now, "at_iso": now_iso(now),
              **details}
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int((now % 1) * 1e6):06d}Z"
     day = time.strftime("%Y/%m/%d", time.gmtime(now))
-    key = lc.keys.of(f"{AUDIT_DIR}{day}/{stamp}-{node_name()}-{uuid.uuid4().hex[:8]}.json")
+    key = lc.keys.of(f"{AUDIT_DIR}{day}/{stamp}-{node_name_of(lc.cfg)}-{uuid.uuid4().hex[:8]}.json")
     await lc.io(lambda: lc.store.put_bytes(key, json_document(event), if_none_match=True))
     return event
 

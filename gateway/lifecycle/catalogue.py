@@ -34,7 +34,10 @@ from . import place
 log = logging.getLogger(__name__)
 
 MAX_DEPTH = 8  # directory levels walked looking for checkpoints (run/.../step)
-STATES = ("writing", "draining", "committed", "protected", "expiring")
+# local work on this node (tracker.py): a file open for writing; closed files not yet durable; all of those replicated to
+# peers (durability = peer: safe from the loss of this node, not yet in the bucket)
+LOCAL_STATES = ("writing", "draining", "replicated")
+STATES = (*LOCAL_STATES, "committed", "protected", "expiring")
 
 
 class Catalogue:

@@ -39,10 +39,12 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..peering import node_name_of
 from ..objects import NO_OBJECT, PRECONDITION, StoreError, json_document
 from . import audit, tiers
+from .catalogue import LOCAL_STATES
 from .lease import Lease, kept
-from .manifest import MANIFEST, MOVED_FORMAT, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, node_name, now_iso, read_json, read_manifest
+from .manifest import MANIFEST, MOVED_FORMAT, MOVED, MOVED_STATE, MOVING, RESTORED, RESTORING, LifecycleError, Manifest, files_of, now_iso, read_json, read_manifest
 from ..patterns import Checkpoint
 from .verify import verify
 from .context import Bucket, Context
@@ -90,7 +92,7 @@ def plan(entries: list[dict[str, Any]], cfg: Any, now: float, busy: dict[str, st
             out.append((path, "cancel" if state == MOVING else "keep", "protected"))
         elif e.get("state") == "expiring" and state != MOVING:
             out.append((path, "keep", "expiring (retention deletes it after its grace period)"))
-        elif e.get("state") in ("writing", "draining") or path in busy:
+        elif e.get("state") in LOCAL_STATES or path in busy:
             out.append((path, "keep", f"in use on this node ({busy.get(path) or e.get('state')})"))
         elif state == MOVING:
             out.append((path, "resume", "a move was interrupted: finished now"))
@@ -111,7 +113,8 @@ class Mover:
         cfg = lc.cfg
         self.name = cfg.tier_move_target
         self.targets: dict[str, Destination] = {}
-        self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl) if self.name else None
+        self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl,
+                                     node=node_name_of(cfg)) if self.name else None
         self.moved_total = self.moved_bytes_total = self.moved_stored_bytes_total = self.restored_total = self.errors_total = 0
         self.last_error: str | None = None
         self.last_error_at: float | None = None
@@ -239,7 +242,7 @@ class Mover:
         now = time.time()
         return {"state": state, "target": t.replica.name, "target_url": t.replica.url,
                 "endpoint_url": t.replica.endpoint_url, "manifest_etag": manifest.etag, "generation": manifest.generation,
-                "files": len(manifest.files), "bytes": manifest.bytes, "at": now, "at_iso": now_iso(now), "node": node_name(),
+                "files": len(manifest.files), "bytes": manifest.bytes, "at": now, "at_iso": now_iso(now), "node": node_name_of(self.lc.cfg),
                 **extra}
 
     # ------------------------------------------------------------------- move

@@ -35,9 +35,10 @@ from typing import Any, Awaitable, Callable
 import trio
 import xxhash
 
+from ..peering import node_name_of
 from ..objects import NETWORK, PRECONDITION, StoreError, json_document
 from . import codec, coldcopy, place, ranges
-from .manifest import LifecycleError, Manifest, files_of, node_name, now_iso, read_json
+from .manifest import LifecycleError, Manifest, files_of, now_iso, read_json
 from ..patterns import Checkpoint
 from .context import Bucket, Context
 
@@ -133,7 +134,7 @@ async def restore(lc: Bucket, ck: Checkpoint, manifest: Manifest, target: Path,
     unexpected = sorted(f.path for f in files_of(listing, base) if f.path not in expected)
     whole = not (missing or changed or unexpected)
     return {
-        "path": ck.path, "step": ck.step, "generation": manifest.generation, "dir": str(target), "node": node_name(),
+        "path": ck.path, "step": ck.step, "generation": manifest.generation, "dir": str(target), "node": node_name_of(lc.cfg),
         "pid": os.getpid(), "at": started, "at_iso": now_iso(started), "files": len(manifest.files), "bytes": total,
         "restore_seconds": round(seconds, 3), "bytes_per_second": round(total / seconds, 1) if seconds > 0 else 0.0,
         "verify": "whole" if whole else "broken",

@@ -1,4 +1,4 @@
-"""A lease in the bucket: one object saying which node (host and pid) may run a job until when.
+"""A lease in the bucket: one object saying which node (its node_name and pid) may run a job until when.
 
 Used so that one node at a time runs a bucket-wide job on a schedule
 (retention today; replication will take another name). Key:
@@ -39,8 +39,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import trio
 
 from ..objects import PRECONDITION, StoreError, json_document
-from ..storeapi import LifecycleStore
-from .manifest import node_name, now_iso, read_json
+from ..storeapi import LifecycleStore, read_json
+from .manifest import now_iso
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,14 @@ class Holder:
 
 
 class Lease:
-    def __init__(self, store: LifecycleStore, key: str, name: str, ttl: float, margin: float | None = None,
-                 node: str | None = None, pid: int | None = None,
+    def __init__(self, store: LifecycleStore, key: str, name: str, ttl: float, margin: float | None = None, *,
+                 node: str, pid: int | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         if ttl <= 0:
             raise ValueError("a lease needs a positive ttl")
         self.store, self.key, self.name, self.ttl = store, key, name, ttl
         self.margin = ttl / 4 if margin is None else margin
-        self.node = node or node_name()
+        self.node = node  # peering.node_name_of(cfg)
         self.pid = os.getpid() if pid is None else pid
         self.token = uuid.uuid4().hex
         self.clock, self.monotonic = clock, monotonic

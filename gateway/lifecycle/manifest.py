@@ -18,13 +18,12 @@ both replace it), and is marked `changed` from then on.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..objects import Listing, NO_OBJECT, PRECONDITION, StoreError, json_document
-from ..storeapi import LifecycleStore
+from ..storeapi import LifecycleStore, read_json  # noqa: F401 - read_json: the lifecycle's modules take it from here
 from ..namespace.keys import is_reserved
 
 FORMAT = "ckptfs-manifest/1"
@@ -64,10 +63,6 @@ def first_store_error(group: BaseExceptionGroup) -> StoreError | None:  # type: 
     if leaves and all(isinstance(e, StoreError) for e in leaves):
         return leaves[0]  # type: ignore[return-value]
     return None
-
-
-def node_name() -> str:
-    return socket.gethostname()
 
 
 def is_own(rel: str) -> bool:
@@ -143,25 +138,6 @@ class Manifest:
             raise LifecycleError(f"the manifest is not one ckptfs can read ({e}): remove it with an S3 tool and commit again") from None
 
 
-def read_json(store: LifecycleStore, key: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The JSON object stored at `key` and its ETag; (None, None) if there is no such object.
-
-    A body that is not a JSON object reads as {} with its ETag: the object is there (written by
-    another version, or damaged), and a conditional write over it needs that ETag. A blocking
-    store call: run it in a worker thread. Other store errors propagate."""
-    try:
-        body, etag = store.get_bytes(key)
-    except StoreError as e:
-        if e.kind == NO_OBJECT:
-            return None, None
-        raise
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = {}
-    return (doc if isinstance(doc, dict) else {}), etag
-
-
 def read_manifest(store: LifecycleStore, key: str) -> Manifest | None:
     """The manifest at `key`, or None if there is none. Blocking (run in a thread)."""
     try:
@@ -200,19 +176,20 @@ def write_manifest(store: LifecycleStore, key: str, build: Callable[[Manifest | 
 
 
 def next_manifest(existing: Manifest | None, path: str, step: int, files: list[FileEntry], how: str,
-                  metadata: dict[str, Any] | None, now: float | None = None) -> Manifest | None:
-    """The manifest to write given the one in the bucket (None: keep it)."""
+                  metadata: dict[str, Any] | None, now: float | None = None, *, node: str) -> Manifest | None:
+    """The manifest to write given the one in the bucket (None: keep it); `node`: the committing node's name
+    (peering.node_name_of)."""
     now = time.time() if now is None else now
     entries = [{"path": f.path, "key": f.key, "size": f.size, "etag": f.etag, "xxh3": f.xxh3} for f in files]
     newest = max((f.mtime for f in files), default=0.0)
     if existing is None:
-        return Manifest(path, step, entries, 1, False, now, now, newest, node_name(), how, dict(metadata or {}))
+        return Manifest(path, step, entries, 1, False, now, now, newest, node, how, dict(metadata or {}))
     same = signature(existing.files) == signature(files)
     merged = {**existing.metadata, **(metadata or {})}
     if same and merged == existing.metadata:
         return None  # already describes this content: nothing to write
     return Manifest(path, step, entries if not same else existing.files, existing.generation + 1, existing.changed or not same,
-                    now, existing.first_committed_at, newest if not same else existing.newest_file_at, node_name(), how, merged)
+                    now, existing.first_committed_at, newest if not same else existing.newest_file_at, node, how, merged)
 
 
 def now_iso(t: float | None = None) -> str:

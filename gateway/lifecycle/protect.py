@@ -24,9 +24,10 @@ import trio
 
 from ..journal import Journal
 from ..namespace.keys import is_reserved
+from ..peering import node_name_of
 from ..objects import NO_OBJECT, StoreError, json_document
 from . import audit, place, tiers
-from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, node_name, now_iso, read_json
+from .manifest import MANIFEST, PROTECTED, LifecycleError, Manifest, now_iso, read_json
 from ..patterns import Checkpoint
 from .catalogue import Catalogue
 from .context import Context
@@ -90,7 +91,7 @@ async def protect(lc: Context, ck: Checkpoint, reason: str, who: dict[str, Any])
         return {"path": ck.path, "changed": False, "protection": existing,
                 "message": f"{ck.path} is already protected (since {existing.get('at_iso')}, reason: {existing.get('reason')}); nothing changed"}
     now = time.time()
-    info: dict[str, Any] = {"reason": reason, "who": who, "node": node_name(), "at": now, "at_iso": now_iso(now),
+    info: dict[str, Any] = {"reason": reason, "who": who, "node": node_name_of(lc.cfg), "at": now, "at_iso": now_iso(now),
                             "generation": manifest.generation, "object_lock": False, "held": []}
     # first the ckptfs protection (every mount refuses changes from here on), then the store's holds
     await lc.io(lc.store.put_bytes, marker, json_document(info))

@@ -46,11 +46,13 @@ from typing import Any
 
 import trio
 
+from ..peering import node_name_of
 from ..config import Config
 from ..objects import NO_OBJECT, PRECONDITION, StoreError, json_document
 from . import audit, place
+from .catalogue import LOCAL_STATES
 from .lease import Lease, kept
-from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, node_name, now_iso, read_json
+from .manifest import MOVED, PROTECTED, RETENTION, LifecycleError, is_own, now_iso, read_json
 from ..patterns import Checkpoint, Patterns
 from .verify import verify
 from .context import Context
@@ -159,7 +161,7 @@ def plan(entries: list[dict[str, Any]], cfg: Config, now: float | None = None) -
             mark = _mark(e)
             if e.get("protected"):
                 d.reason = "protected" + (f": {e['protection'].get('reason')}" if e.get("protection") else "")
-            elif e["state"] in ("writing", "draining") and e.get("committed"):
+            elif e["state"] in LOCAL_STATES and e.get("committed"):
                 d.reason = f"being changed on this node ({e['state']})"
             elif not e.get("committed"):
                 d.reason = "not committed (no manifest: being written, or written without ckptfs)"
@@ -264,7 +266,7 @@ async def _expire(lc: Context, d: Decision, e: dict[str, Any], who: dict[str, An
         return
     now = time.time()
     mark = {"state": "expiring", "since": now, "since_iso": now_iso(now), "delete_after": d.delete_after,
-            "delete_after_iso": now_iso(d.delete_after or now), "node": node_name(), "who": who, "generation": e.get("generation"),
+            "delete_after_iso": now_iso(d.delete_after or now), "node": node_name_of(lc.cfg), "who": who, "generation": e.get("generation"),
             "reason": d.reason}
     key = place.own_key(lc.keys.prefix, d.ck, RETENTION)
     body = json_document(mark)
@@ -382,7 +384,7 @@ async def restore(lc: Context, ck: Checkpoint, who: dict[str, Any], reason: str)
     if mark.get("state") != "expiring":
         return {"path": ck.path, "changed": False, "message": f"{ck.path} is not expiring; nothing changed"}
     now = time.time()
-    new = {"state": "restored", "at": now, "at_iso": now_iso(now), "who": who, "node": node_name(), "reason": reason,
+    new = {"state": "restored", "at": now, "at_iso": now_iso(now), "who": who, "node": node_name_of(lc.cfg), "reason": reason,
            "expiring_since": mark.get("since_iso")}
     try:
         await lc.io(lambda: lc.store.put_bytes(key, json_document(new), if_match=etag))
@@ -407,7 +409,7 @@ async def apply_leased(lc: Context, path: str, who: dict[str, Any], only: str | 
     lease = lc.retention_lease
     temporary = lease is None
     if lease is None:
-        lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, lease_ttl(lc.cfg))
+        lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, lease_ttl(lc.cfg), node=node_name_of(lc.cfg))
     async with lc.retention_lock:
         if not await lc.io(lease.acquire):
             holder = await lc.io(lease.holder)

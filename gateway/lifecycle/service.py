@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from .. import threads
+from ..peering import node_name_of
 from ..config import Config
 from ..namespace import Namespace
 from ..remote import Remote
@@ -65,7 +66,8 @@ class Lifecycle:
         # up to replication_interval later
         self.on_commit: list[Callable[[str], None]] = []
         if cfg.retention_interval > 0:
-            self.retention_lease = Lease.for_mount(store, self.keys.of, retention.LEASE_NAME, retention.lease_ttl(cfg))
+            self.retention_lease = Lease.for_mount(store, self.keys.of, retention.LEASE_NAME, retention.lease_ttl(cfg),
+                                                  node=node_name_of(cfg))
             if not retention.policy_enabled(cfg):
                 log.warning("retention_interval is set but every retention_keep_* rule is 0: scheduled retention keeps everything")
         remote.on_listing = self.catalogue.learn_listing

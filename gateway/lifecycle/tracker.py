@@ -3,7 +3,10 @@
 The namespace says which files are not durable yet (dirty, uploading), which
 are open for writing and which deletions are queued; the checkpoint each
 belongs to is *writing* (a file open for writing) or *draining* (closed, not
-yet durable) on this node. A checkpoint that had local work becomes *active*;
+yet durable) on this node, or *replicated* (with durability = peer: every such
+file is on peers' disks too, so the loss of this node loses none of it; the
+daemon hands in `replicated`, the peers' answer per inode, so the lifecycle
+never imports the peers package). A checkpoint that had local work becomes *active*;
 once it has had none for `checkpoint_quiet_seconds`, and the bucket agrees
 (no multipart upload in progress under it, no object newer than the quiet
 period: other nodes may be writing shards of the same step), the manifest is
@@ -24,11 +27,12 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
 from ..journal import ROOT_INODE
+from ..peering import node_name_of
 from ..objects import StoreError, finite
 from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, signature, write_manifest
 from . import place, tiers
@@ -41,6 +45,7 @@ LEGACY_STATE_FILE = "lifecycle-active.json"  # what versions before issue 35 kep
 RETRY_SECONDS = 10.0
 RECOVER_PAGE = 2000  # journal rows read at a time while deriving the work left by the last run
 RECOVERED_PER_TICK = 32  # checkpoints derived at start that one tick checks against the bucket
+WORK_RANK = {"replicated": 0, "draining": 1, "writing": 2}  # a checkpoint shows the busiest of its files' states
 
 
 @dataclass
@@ -50,13 +55,19 @@ class Active:
     next_check: float = 0.0
     file: bool = False  # a checkpoint saved as one file (patterns.py)
     recovered: bool = False  # derived from the journal at start: it may have been committed before the stop
+    # files put in the bucket here for another node (a takeover of a dead peer): the bucket, not this node's
+    # journal, says whether the checkpoint is there
+    elsewhere: bool = False
 
 
 class Tracker:
     def __init__(self, lc: Context, cache_dir: str) -> None:
         self.lc = lc
         self.active: dict[str, Active] = {}
-        self.work: dict[str, str] = {}  # checkpoint path -> writing | draining, as of the last tick
+        self.work: dict[str, str] = {}  # checkpoint path -> writing | draining | replicated, as of the last tick
+        # durability = peer: whether a file (by inode) not yet durable is on peer_replicas peers' disks (Peers.is_replicated,
+        # wired by the daemon); None: no peers, a file is durable or single-copy
+        self.replicated: Callable[[int], bool] | None = None
         self.commits_total = 0
         self.commit_errors_total = 0
         try:
@@ -99,7 +110,8 @@ class Tracker:
 
     # ------------------------------------------------------------- local work
     def scan(self) -> dict[str, str]:
-        """Checkpoints with local work now: path -> 'writing' (open for writing) or 'draining'."""
+        """Checkpoints with local work now: path -> 'writing' (open for writing), 'draining', or 'replicated' (every
+        file of it not yet durable is on peers' disks; queued deletions count as draining)."""
         lc = self.lc
         j = lc.ns.journal
         files = lc.ns.files
@@ -115,17 +127,19 @@ class Tracker:
             if path is None:
                 return
             ck = lc.patterns.checkpoint_of(path, is_dir)
-            if ck is not None and out.get(ck.path) != "writing":
+            if ck is not None and WORK_RANK[state] > WORK_RANK.get(out.get(ck.path, ""), -1):
                 out[ck.path] = state
                 if ck.path not in self.active:
                     self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
 
         # the namespace's in-memory backlog and delete queue: a path lookup per directory, not per file waiting
+        replicated = self.replicated
         for e in lc.ns.backlog.entries():
             parent = path_of(e.parent)
             live = files.live.get(e.ino)
             note(None if parent is None else f"{parent}/{e.name}".lstrip("/"), False,
-                 "writing" if live is not None and live.writers else "draining")
+                 "writing" if live is not None and live.writers else
+                 "replicated" if replicated is not None and replicated(e.ino) else "draining")
         for ino, live in files.live.items():
             if live.writers:
                 note(path_of(ino), False, "writing")
@@ -143,11 +157,26 @@ class Tracker:
         if ck is not None and ck.path not in self.active:
             self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
 
+    def taken_over(self, paths: list[str]) -> None:
+        """A takeover here uploaded a dead node's files under these mount-relative paths (checkpoints or files in
+        them; peers/takeover.py `on_taken_over`): each checkpoint commits once quiet, as if its writer had finished.
+        A manifest that lacks the new files gets a new generation; one that already describes them is left alone."""
+        now = time.time()
+        for path in paths:
+            ck = self.lc.patterns.checkpoint_of(path, None)
+            if ck is None:
+                continue
+            a = self.active.get(ck.path)
+            if a is None:
+                self.active[ck.path] = Active(ck.step, now, file=ck.file, elsewhere=True)
+            else:
+                a.last_work, a.elsewhere, a.recovered = now, True, False
+
     def local_state(self, path: str) -> str | None:
         return self.work.get(path)
 
     def local_checkpoints(self) -> list[Checkpoint]:
-        """Checkpoints with work on this node now (writing, draining), which the bucket may not show yet. One that
+        """Checkpoints with work on this node now (writing, draining, replicated), which the bucket may not show yet. One that
         waits only for quiet is in the bucket (the catalogue's walk finds it); one that is neither is not listed:
         a checkpoint with no file open and nothing to upload is never shown as being written here."""
         return [Checkpoint(p, a.step, a.file) for p, a in self.active.items() if p in self.work]
@@ -203,7 +232,7 @@ class Tracker:
         lc = self.lc
         ck = Checkpoint(path, a.step, a.file)
         row = lc.ns.journal.resolve(path)
-        if row is None or row.is_dir == ck.file:
+        if not a.elsewhere and (row is None or row.is_dir == ck.file):
             if ck.file:
                 await self._forget_file(ck)
             return True  # removed or moved away: nothing to commit
@@ -260,7 +289,7 @@ class Tracker:
         await self._checksums(ck.path, files)
         manifest, wrote = await lc.io(
             write_manifest, lc.store, place.own_key(lc.keys.prefix, ck, MANIFEST),
-            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, finite(metadata)),
+            lambda existing: next_manifest(existing, ck.path, ck.step, files, how, finite(metadata), node=node_name_of(lc.cfg)),
         )
         self.active.pop(ck.path, None)
         if wrote:

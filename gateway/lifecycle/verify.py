@@ -27,9 +27,10 @@ import trio
 import xxhash
 
 from ..storageclass import may_need_restore
+from ..peering import node_name_of
 from ..objects import ARCHIVED, StoreError, json_document
 from . import codec, coldcopy, place, ranges
-from .manifest import VERIFY, LifecycleError, Manifest, files_of, node_name, now_iso
+from .manifest import VERIFY, LifecycleError, Manifest, files_of, now_iso
 from ..patterns import Checkpoint
 from .context import Bucket
 
@@ -102,7 +103,7 @@ async def verify(lc: Bucket, ck: Checkpoint, manifest: Manifest, deep: bool,
     outcome = "whole" if not (missing or changed or unexpected) else "broken"
     result = {
         "path": ck.path, "step": ck.step, "outcome": outcome, "deep": deep, "at": time.time(), "at_iso": now_iso(),
-        "seconds": round(time.time() - started, 3), "node": node_name(), "generation": manifest.generation,
+        "seconds": round(time.time() - started, 3), "node": node_name_of(lc.cfg), "generation": manifest.generation,
         "files": len(expected), "bytes": manifest.bytes, "checked_bytes": checked_bytes,
         "missing": sorted(missing)[:LIST_LIMIT], "changed": sorted(set(changed))[:LIST_LIMIT],
         "unexpected": unexpected[:LIST_LIMIT], "unchecked": sorted(unchecked)[:LIST_LIMIT],

@@ -18,6 +18,7 @@ import errno
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from ..cache import Cache
 from ..config import Config
@@ -52,6 +53,10 @@ class OpenFiles:
         self.cfg, self.journal, self.cache, self.backlog = cfg, journal, cache, backlog
         self.live: dict[int, Live] = {}
         self.fetching: set[int] = set()  # being read in from the bucket: never evicted meanwhile
+        # which bytes changed, as they change (peers/sender.py streams them to the peers under durability = peer):
+        # (ino, offset, length) after bytes reached the cache file; (ino, size) after a truncate. Must not raise.
+        self.on_bytes: Callable[[int, int, int], None] = lambda ino, offset, length: None
+        self.on_truncate: Callable[[int, int], None] = lambda ino, size: None
 
     def row(self, ino: int) -> Row:
         """The journal's row with the in-memory size, mtime and state of a file in use."""
@@ -83,6 +88,7 @@ class OpenFiles:
     def started(self, row: Row) -> None:
         """A new file: even an empty one is a change to persist and upload on its last close."""
         self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, ctime_ns=row.ctime_ns, modified=True, unclosed=True)
+        self.on_bytes(row.ino, 0, 0)  # an empty file (a commit marker) is replicated too
 
     def abandon_upload(self, ino: int) -> None:
         """Bump the version of a file in use so an upload in flight is not published."""
@@ -184,6 +190,7 @@ class OpenFiles:
         if offset + n < end and end > live.size:  # a short write (the disk filled up meanwhile): account what it took
             self.cache.grow(end, max(live.size, offset + n))
         self.modified(ino, live, max(live.size, offset + n))
+        self.on_bytes(ino, offset, n)
         return n
 
     def wrote(self, ino: int, offset: int, lent: int, written: int) -> None:
@@ -199,6 +206,7 @@ class OpenFiles:
         if end > live.size:
             self.cache.resized(live.size, end)
         self.modified(ino, live, max(live.size, end))
+        self.on_bytes(ino, offset, written)
 
     def truncate(self, ino: int, size: int) -> None:
         if size > self.cfg.file_size_limit:
@@ -212,6 +220,7 @@ class OpenFiles:
             self.cache.grow(size, live.size)
             raise
         self.modified(ino, live, size)
+        self.on_truncate(ino, size)
         if not live.handles:
             self.persist(ino, closed=True)
 
@@ -284,7 +293,9 @@ class OpenFiles:
         except OSError:
             self.cache.grow(end, live.size)
             raise
+        start = live.size
         self.modified(ino, live, end)
+        self.on_bytes(ino, start, end - start)
 
     def forget_if_idle(self, ino: int) -> None:
         """Drop the in-memory state of a file nobody uses and that has nothing left to persist."""
@@ -300,6 +311,7 @@ class OpenFiles:
             self.journal.update(ino, cached=1)
             live.size = 0
             self.modified(ino, live, 0)
+        self.on_truncate(ino, 0)
 
     def fetched(self, ino: int, etag: str, xxh3: str) -> None:
         self.journal.update(ino, cached=1, atime=time.time(), etag=etag, xxh3=xxh3)

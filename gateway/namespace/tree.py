@@ -40,6 +40,8 @@ class Tree:
                  on_change: Callable[[], None]) -> None:
         self.journal, self.cache, self.backlog, self.files, self.space, self.uploads = journal, cache, backlog, files, space, uploads
         self._on_change = on_change
+        # files whose path changed (renamed, moved with a directory, unlinked, replaced): peers/sender.py tells the peers
+        self.on_paths_changed: Callable[[list[int]], None] = lambda inos: None
         self.lookups: dict[int, int] = {}
 
     # ---------------------------------------------------------------- lookups
@@ -197,6 +199,7 @@ class Tree:
             self._touch_dir(parent)
             self.uploads.marker_if_empty(parent)
         self.reap(row.ino)
+        self.on_paths_changed([row.ino])
         self._on_change()
 
     def rmdir(self, parent: int, name: str) -> None:
@@ -291,6 +294,7 @@ class Tree:
                 self._touch_dir(new_parent)
         if dst is not None:
             self.reap(dst.ino)
+        self.on_paths_changed([row.ino for row in moved if not row.is_dir] + ([dst.ino] if dst is not None and not dst.is_dir else []))
         self._on_change()
 
 

@@ -73,6 +73,8 @@ class UploadQueue:
         self._on_change = on_change
         self.on_durable: Callable[[float], None] = lambda seconds: None
         self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
+        # (ino, version): that version of a file is durable (peers/sender.py: its peers may drop their replicas)
+        self.on_file_durable: Callable[[int, int], None] = lambda ino, version: None
         # before a file is made durable or published by a copy: stop writes the journal does not see
         # coming (the copy workers'); False if one may have changed the bytes uploaded (fs.py)
         self.stop_fast_writes: Callable[[int], bool] = lambda ino: True
@@ -242,9 +244,10 @@ class UploadQueue:
                             renames=self.renames, named=key)
 
     def bytes_current(self, ticket: UploadTicket) -> bool:
-        """True while the file still exists with the bytes `ticket` uploads, wherever it is now."""
+        """True while the file still exists with the bytes `ticket` uploads, wherever it is now, and still needs them
+        uploaded: one made durable meanwhile by another node's upload (`durable_elsewhere`) does not."""
         row = self.journal.get(ticket.ino)
-        if row is None or row.parent is None:
+        if row is None or row.parent is None or row.state == DURABLE:
             return False
         live = self.files.live.get(ticket.ino)
         return (live.version if live is not None else row.version) == ticket.version
@@ -287,6 +290,7 @@ class UploadQueue:
             self.backlog.changed(ticket.ino)
             self.on_durable(max(0.0, time.time() - ticket.closed_at))
             self.on_settled(ticket.key)
+            self.on_file_durable(ticket.ino, ticket.version)
             self.space.freed()  # a durable file can be evicted to make room
             self._on_change()
             return True
@@ -323,6 +327,42 @@ class UploadQueue:
             for key in old_dirs:
                 j.queue_delete(key)
         self.backlog.changed(ticket.ino)
+        self._on_change()
+
+    def durable_elsewhere(self, ino: int, key: str, etag: str, xxh3: str) -> None:
+        """Another node put exactly this file's bytes at `key` (a peer that took this node over, peers/reconcile.py):
+        durable as if the drain had uploaded them, without an upload. An upload of it in flight is forgotten (the
+        caller aborts it in the store)."""
+        j = self.journal
+        with j.transaction():
+            j.update(ino, state=DURABLE, etag=etag, xxh3=xxh3 or None, remote_key=key, copy_from=None, seen_at=time.time())
+            j.ancestors_durable(ino)
+            j.forget_upload(ino)
+        self.backlog.changed(ino)
+        self.on_settled(key)
+        self.space.freed()
+        self._on_change()
+
+    def replaced_elsewhere(self, ino: int, key: str, size: int, etag: str, xxh3: str | None, mtime: float) -> None:
+        """The bucket holds other bytes at the file's `key`, written by another node while this one was taken over: the
+        bucket wins. The row describes that object (durable, not cached: the next open fetches it) and the local copy
+        is dropped, as when a listing finds an object replaced (merge.py)."""
+        j = self.journal
+        row = j.get(ino)
+        if row is None:
+            return
+        mtime_ns = int(mtime * 1e9)
+        with j.transaction():
+            j.update(ino, state=DURABLE, size=size, etag=etag, xxh3=xxh3 or None, remote_key=key, copy_from=None, cached=0,
+                     version=row.version + 1, mtime_ns=mtime_ns, ctime_ns=mtime_ns, seen_at=time.time())
+            j.ancestors_durable(ino)
+            j.forget_upload(ino)
+        if row.cached:
+            self.space.cache.remove(ino, row.size)  # the journal first: never a row that claims a copy that is gone
+        self.files.live.pop(ino, None)
+        self.backlog.changed(ino)
+        self.on_settled(key)
+        self.space.freed()
         self._on_change()
 
     def upload_failed(self, ino: int) -> None:

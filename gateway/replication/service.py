@@ -36,11 +36,12 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..peering import node_name_of
 from ..config import Config, Replica
 from ..lifecycle import audit, drill, place
 from ..lifecycle.catalogue import walk
 from ..lifecycle.lease import Lease, kept
-from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, is_own, moved_away, node_name, read_json, read_manifest
+from ..lifecycle.manifest import MANIFEST, MOVED, PROTECTED, LifecycleError, Manifest, is_own, moved_away, read_json, read_manifest
 from ..patterns import Checkpoint
 from ..lifecycle.retention import keep_rules
 from ..lifecycle.verify import verify
@@ -147,7 +148,8 @@ class Replicator:
         # the cold target of tier_move_target is the mover's (lifecycle/coldmove.py), not a replica
         self.targets = {name: Target(r, cfg) for name, r in cfg.replica.items() if name != cfg.tier_move_target}
         self.limiter = trio.CapacityLimiter(cfg.replication_parts_in_flight * max(1, len(self.targets)) + 8)
-        self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl) if self.targets else None
+        self.lease = Lease.for_mount(lc.store, lc.keys.of, LEASE_NAME, cfg.replication_lease_ttl,
+                                     node=node_name_of(cfg)) if self.targets else None
         self.primary: dict[str, Primary] = {}
         self.primary_paths: set[str] | None = None  # every checkpoint on the primary, committed or not (None: not surveyed)
         self.primary_error: str | None = None
@@ -313,7 +315,7 @@ class Replicator:
             pass
 
     async def _write_failures(self, t: Target) -> None:
-        doc = {"target": t.replica.url, "node": node_name(), "at": time.time(), "failures": t.failed, "error": t.error}
+        doc = {"target": t.replica.url, "node": node_name_of(self.cfg), "at": time.time(), "failures": t.failed, "error": t.error}
         try:
             await self.io(self.lc.store.put_bytes, self._status_key(t), json_document(doc, indent=1))
         except StoreError as e:

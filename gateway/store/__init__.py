@@ -569,8 +569,10 @@ class Store(BucketGovernance):
 
     def head_object(self, key: str) -> ObjectInfo:
         r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
+        modified = r.get("LastModified")
         return ObjectInfo(r["ContentLength"], r["ETag"].strip('"'), r.get("VersionId"),
-                          {k.lower(): v for k, v in r.get("Metadata", {}).items()})
+                          {k.lower(): v for k, v in r.get("Metadata", {}).items()},
+                          modified.timestamp() if modified is not None else 0.0)
 
     # ----------------------------------------------- replication (copies to a second store)
     def put_object_bytes(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:

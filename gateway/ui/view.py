@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from ..sizes import fmt_bytes
 from ..storageclass import fmt_money
 
-STATES = ("writing", "draining", "committed", "protected", "expiring")
+STATES = ("writing", "draining", "replicated", "committed", "protected", "expiring")
 SORT_KEYS = ("step", "path", "state", "bytes", "files", "committed", "cost", "verified")
 PER_PAGE = 50
 MAX_PER_PAGE = 500

@@ -91,19 +91,19 @@ def expect_eperm(fn: Any, *args: Any) -> None:
 @pytest.fixture
 def two(make_mount) -> tuple[Mount, Mount]:  # type: ignore[no-untyped-def]
     # B lists on every lookup: what A did in the bucket shows at once, without sleeping out a TTL
-    a = make_mount("a", checkpoint_quiet_seconds=1)
-    b = make_mount("b", metadata_ttl=0, checkpoint_quiet_seconds=1)
+    a = make_mount("a", checkpoint_quiet_seconds=1, node_name="node-a")
+    b = make_mount("b", metadata_ttl=0, checkpoint_quiet_seconds=1, node_name="node-b")
     return a, b
 
 
 # ------------------------------------------------------------------ commit and manifests
 def test_dcp_step_from_several_processes_is_committed_once_quiet(make_mount) -> None:  # type: ignore[no-untyped-def]
-    m: Mount = make_mount(checkpoint_quiet_seconds=1)
+    m: Mount = make_mount(checkpoint_quiet_seconds=1, node_name="trainer-7")
     files = dcp_save(m.path / "run7" / "step_100")
     wait_for("step_100 committed", lambda: catalogue(m).get("run7/step_100", {}).get("state") == "committed", timeout=120)
     doc = manifest(m, "run7/step_100")
     assert doc["step"] == 100 and doc["path"] == "run7/step_100" and doc["generation"] == 1 and not doc["changed"]
-    assert doc["node"] == os.uname().nodename and doc["how"] == "quiet"
+    assert doc["node"] == "trainer-7" and doc["how"] == "quiet"  # node_name, not the host's name
     assert sorted(f["path"] for f in doc["files"]) == sorted(files)
     client = m.s3.client()
     for f in doc["files"]:
@@ -253,6 +253,7 @@ def test_two_nodes_share_the_catalogue_and_protection(two: tuple[Mount, Mount]) 
     for path in seen_a:
         for field in ("step", "state", "files", "bytes", "protected", "generation", "committed_at", "node"):
             assert seen_a[path][field] == seen_b[path][field], (path, field)
+        assert seen_a[path]["node"] == "node-a"  # committed by A, named by its node_name
 
     proc = a.cli("protect", str(a.path / "run/step_1"), "--reason", "golden: eval 71.3")
     assert proc.returncode == 0, proc.stderr
@@ -292,8 +293,9 @@ def test_two_nodes_share_the_catalogue_and_protection(two: tuple[Mount, Mount]) 
     events = cli_json(b, "audit", str(b.path))
     assert [(e["action"], e["path"], e["reason"]) for e in events] == [
         ("protect", "run/step_1", "golden: eval 71.3"), ("unprotect", "run/step_1", "superseded by step 2")]
+    assert [e["node"] for e in events] == ["node-a", "node-b"]  # each mount's node_name, though one host
     for e in events:
-        assert e["node"] == os.uname().nodename and e["who"]["uid"] == os.getuid() and e["at"] > 0
+        assert e["who"]["uid"] == os.getuid() and e["at"] > 0
     audit_keys = [k for k in a.keys() if k.startswith(a.key(".ckptfs/audit/"))]
     assert len(audit_keys) == 2
     assert ".ckptfs" not in os.listdir(a.path)

@@ -68,8 +68,9 @@ def test_every_metric_documented_and_lint_clean(make_mount) -> None:  # type: ig
                  version=value_label(text, "ckptfs_mount_info", "version")) == 1
 
     # docs/metrics.md lists exactly what is served, with the right types and labels
-    # (the replication metrics are served only with [replica.NAME] targets: test_replication checks them)
-    documented = {k: v for k, v in documented_metrics().items() if not k.startswith("ckptfs_replication_")}
+    # (the replication metrics are served only with [replica.NAME] targets: test_replication checks them;
+    # the peer metrics only with durability = peer)
+    documented = {k: v for k, v in documented_metrics().items() if not k.startswith(("ckptfs_replication_", "ckptfs_peer_"))}
     served = {f.name if f.type != "counter" else f.name + "_total": f for f in text_string_to_metric_families(text)}
     assert sorted(served) == sorted(documented), "docs/metrics.md and /metrics differ"
     for name, family in served.items():
@@ -83,6 +84,41 @@ def test_every_metric_documented_and_lint_clean(make_mount) -> None:  # type: ig
         pytest.skip("promtool is not installed (Debian package prometheus); the rest was checked")
     lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert lint.returncode == 0 and lint.stdout.strip() == "" and lint.stderr.strip() == "", lint.stdout + lint.stderr
+
+
+def test_single_copy_window_with_durability_local(make_mount) -> None:  # type: ignore[no-untyped-def]
+    """With durability = local every acknowledged byte not yet in the bucket exists on this node only: the window
+    opens when a save returns and closes when the drain has the bytes. No peer is listed or measured, and a wait for
+    level replicated is refused in one line, by the CLI and the API alike."""
+    import ckptfs
+
+    m: Mount = make_mount(start=False, upload_delay=3600)
+    m.metrics_port = free_port()
+    m.start()
+    text = scrape(m.metrics_port)
+    assert value(text, "ckptfs_single_copy_bytes") == 0
+    assert value(text, "ckptfs_single_copy_oldest_age_seconds") == 0
+    (m.path / "step_1").mkdir()
+    digest = write_random(m.path / "step_1" / "model.pt", 3 * MiB, seed=91)  # written, fsynced, closed: acknowledged
+    text = scrape(m.metrics_port)
+    assert value(text, "ckptfs_single_copy_bytes") == 3 * MiB
+    assert not [f.name for f in text_string_to_metric_families(text) if f.name.startswith("ckptfs_peer_")]
+    wait_for("the single-copy window to age", lambda: value(scrape(m.metrics_port), "ckptfs_single_copy_oldest_age_seconds") > 0, timeout=60)
+    st = m.status()
+    assert st["durability"] == "local" and st["peers"] == [] and st["peer_state"] is None
+    assert st["single_copy_bytes"] == 3 * MiB and st["single_copy_oldest_age_seconds"] > 0
+
+    refused = m.cli("flush", "--level", "replicated", str(m.path / "step_1"), "--timeout", "60", timeout=90)
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout + refused.stderr
+    assert refused.stderr.count("\n") == 1 and "level replicated needs durability = peer" in refused.stderr, refused.stderr
+    with pytest.raises(ckptfs.CkptfsError, match="level replicated needs durability = peer, and this mount has durability = local"):
+        ckptfs.wait_durable(m.path / "step_1", timeout=60, level="replicated")
+
+    m.flush()  # level durable: the drain uploads it
+    assert m.object_sha256("step_1/model.pt") == digest
+    text = scrape(m.metrics_port)
+    assert value(text, "ckptfs_single_copy_bytes") == 0
+    assert value(text, "ckptfs_single_copy_oldest_age_seconds") == 0
 
 
 def value_label(text: str, name: str, label: str) -> str:

@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ckptfs.objects import CHANGED, NO_OBJECT, NO_UPLOAD, OTHER, Listing, RemoteObject, RemotePart, StoreError, crc32_b64
+from ckptfs.objects import CHANGED, NO_OBJECT, NO_UPLOAD, OTHER, PRECONDITION, Listing, ObjectInfo, RemoteObject, RemotePart, StoreError, crc32_b64
 from ckptfs.storageclass import ArchiveState
 
 
@@ -160,6 +160,39 @@ class MemoryStore:
         self._enter("put_marker", key)
         self._put(key, b"", None, {})
         self._answered()
+
+    def put_bytes(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None,
+                  content_type: str = "application/json") -> str:
+        """A small object, conditional as S3 makes it: If-None-Match on an existing key and If-Match on another
+        ETag answer 412 (PRECONDITION), If-Match on a missing key 404 (NO_OBJECT); check and write are one step."""
+        self._enter("put_bytes", key, len(body))
+        with self._lock:
+            obj = self.objects.get(key)
+            if if_none_match and obj is not None:
+                raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile")
+            if if_match is not None and obj is None:
+                raise StoreError(NO_OBJECT, f"{key} does not exist")
+            if if_match is not None and obj is not None and obj.etag != if_match:
+                raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile")
+            etag = self._put(key, bytes(body), None, {})
+        self._answered()
+        return etag
+
+    def get_bytes(self, key: str) -> tuple[bytes, str]:
+        self._enter("get_bytes", key)
+        obj = self.objects.get(key)
+        if obj is None:
+            raise StoreError(NO_OBJECT, f"{key} does not exist")
+        self._answered()
+        return obj.body, obj.etag
+
+    def head_object(self, key: str) -> ObjectInfo:
+        self._enter("head_object", key)
+        obj = self.objects.get(key)
+        if obj is None:
+            raise StoreError(NO_OBJECT, f"{key} does not exist")
+        self._answered()
+        return ObjectInfo(len(obj.body), obj.etag, None, dict(obj.metadata), obj.mtime)
 
     def delete(self, key: str) -> None:
         self._enter("delete", key)

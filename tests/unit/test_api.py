@@ -237,3 +237,37 @@ def test_committer_keeps_the_best_protected(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_missing_framework_says_what_to_install() -> None:
     with pytest.raises(ImportError, match="ckptfs.integrations.x needs no-such-framework, which is not installed here: pip install no-such-framework"):
         require("no_such_framework", "no-such-framework", "ckptfs.integrations.x")
+
+
+def test_wait_durable_for_level_replicated_asks_the_daemon_for_it(daemon: FakeDaemon, tmp_path: Path) -> None:
+    daemon.replies += [[{"ok": True, "files": 1, "bytes": 5, "deletes": 0}, {"ok": True, "done": True}]] * 2
+    ckptfs.wait_durable(tmp_path / "mnt" / "run", level="replicated")
+    ckptfs.wait_durable(tmp_path / "mnt" / "run")
+    assert daemon.requests == [{"cmd": "flush", "path": "run", "level": "replicated"},
+                               {"cmd": "flush", "path": "run"}]  # durable: the request an older daemon understands too
+
+
+def test_wait_durable_with_a_level_that_is_not_one_is_refused_before_sending(daemon: FakeDaemon, tmp_path: Path) -> None:
+    with pytest.raises(ckptfs.CkptfsError, match=r"""^wait_durable: level 'on-peers': give "durable" \(in the bucket\) or "replicated" """
+                                                 r"""\(on peers' disks too, with durability = peer\)$"""):
+        ckptfs.wait_durable(tmp_path / "mnt" / "run", level="on-peers")  # type: ignore[arg-type]
+    assert daemon.requests == []
+
+
+def test_wait_replicated_past_its_timeout_says_what_is_not_replicated(daemon: FakeDaemon, tmp_path: Path) -> None:
+    daemon.replies.append([{"ok": True, "files": 2, "bytes": 2 << 20, "deletes": 0}] * 50)
+    with pytest.raises(ckptfs.TimedOut, match=r"timed out after 1e-06s: 2 files \(2\.0 MiB\) under .*/run are not replicated yet; "
+                                              r"see `ckptfs status"):
+        ckptfs.wait_durable(tmp_path / "mnt" / "run", timeout=1e-6, level="replicated")
+
+
+def test_a_mount_without_peers_refuses_level_replicated_in_one_line(daemon: FakeDaemon, tmp_path: Path) -> None:
+    import asyncio
+
+    line = "level replicated needs durability = peer, and this mount has durability = local (no peer holds copies): ..."
+    daemon.replies += [[{"ok": False, "error": line}]] * 2
+    with pytest.raises(ckptfs.CkptfsError, match="^level replicated needs durability = peer"):
+        ckptfs.wait_durable(tmp_path / "mnt" / "run", level="replicated")
+    with pytest.raises(ckptfs.CkptfsError, match="^level replicated needs durability = peer"):
+        asyncio.run(ckptfs.wait_durable_async(tmp_path / "mnt" / "run", 60, "replicated"))
+    assert daemon.requests[-1] == {"cmd": "flush", "path": "run", "level": "replicated"}

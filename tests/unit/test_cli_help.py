@@ -133,3 +133,12 @@ def test_drill_dir_refuses_a_missing_parent(tmp_path: Path, capsys: pytest.Captu
     assert drill_dir(str(tmp_path / "a" / "b"), True) == str(tmp_path / "a" / "b")
     assert f"creating {tmp_path / 'a'}, {tmp_path / 'a' / 'b'}" in capsys.readouterr().err
     assert drill_dir(str(tmp_path / "c"), False) == str(tmp_path / "c")  # its parent exists: created, and said
+
+
+def test_flush_level_is_durable_or_replicated(tmp_path: Path) -> None:
+    proc = run("flush", "--level", "on-tape", str(tmp_path))  # refused before looking for a mount
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("ckptfs: error: --level on-tape: give durable (in the bucket) or replicated (on peers' disks too, "
+                           "with durability = peer)\n")
+    help_text = run("flush", "--help").stdout
+    assert "--level" in help_text and "replicated" in help_text

@@ -56,7 +56,8 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
     assert names == {"CkptfsDown", "CkptfsDrainLagAboveSLO", "CkptfsUploadErrors", "CkptfsStoreRejectsCredentials",
                      "CkptfsCacheNearlyFull", "CkptfsWritersStalled", "CkptfsWritesRefused", "CkptfsServiceRestarts", "CkptfsNoCommittedCheckpoint",
                      "CkptfsDrillFailedOrTooOld",
-                     "CkptfsReplicationLagHigh", "CkptfsReplicaUnreachable"}
+                     "CkptfsReplicationLagHigh", "CkptfsReplicaUnreachable",
+                     "CkptfsSingleCopyAgeHigh", "CkptfsPeerDown", "CkptfsPeerDegradedWrites"}
     assert names - firing == set(), "alerts never tested firing"
     assert names - silent == set(), "alerts never tested staying silent"
 

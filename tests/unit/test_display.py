@@ -112,3 +112,33 @@ def test_status_screen_names_the_services_that_restarted() -> None:
     line = next(l for l in screen({**BUSY, "services": troubled}).splitlines() if l.startswith("services"))
     assert line == "services drainer restarting (3 restarts): RuntimeError: boom · listings running again (1 restart): KeyError: 'x' · 1 other running"
     assert "services" not in screen(BUSY)  # an older daemon says nothing about them
+
+
+PEERS = {"node": "node-a", "durability": "peer", "peer_state": "live", "single_copy_bytes": 0, "single_copy_oldest_age_seconds": 0,
+         "peers": [{"node": "node-b", "addr": "10.0.0.6:7470", "state": "live", "lag_seconds": 2.4},
+                   {"node": "node-c", "addr": "10.0.0.7:7470", "state": "down", "lag_seconds": None}],
+         "peer_replica_bytes": 3 * MiB, "peer_takeovers_total": 1, "peer_degraded_writes_total": 0}
+
+
+def test_status_screen_lists_the_peers_and_the_single_copy_window() -> None:
+    text = screen({**BUSY, **PEERS})
+    peers = next(line for line in text.splitlines() if line.startswith("peers"))
+    assert peers == ("peers    node-a live · node-b live (lag 2s) · node-c down · nothing single-copy · holding 3.0 MiB for others · "
+                     "1 takeover")
+    degraded = screen({**BUSY, **PEERS, "peer_state": "fenced", "peers": [], "single_copy_bytes": 5 * MiB,
+                       "single_copy_oldest_age_seconds": 130, "peer_degraded_writes_total": 2, "peer_takeovers_total": 0})
+    assert ("peers    node-a fenced · no peer known · 5.0 MiB single-copy for 2m 10s · 2 writes acknowledged without a peer · "
+            "holding 3.0 MiB for others") in degraded
+    # durability = local: no peers line (the drain line says what is on this node only)
+    assert "peers" not in screen({**BUSY, "durability": "local", "peers": [], "single_copy_bytes": 100 * MiB})
+
+
+def test_flush_progress_of_level_replicated_counts_toward_replicated_without_an_upload_rate() -> None:
+    out = io.StringIO()
+    progress = FlushProgress("/mnt/ckpt/step_1", make_console(out), level="replicated")
+    progress.update({"files": 2, "bytes": 8 * MiB, "deletes": 0})
+    progress.update({"files": 0, "bytes": 0, "deletes": 0})
+    assert out.getvalue().splitlines() == [
+        "ckptfs: flush /mnt/ckpt/step_1: 0 B of 8.0 MiB replicated (0%), 2 files left",
+        "ckptfs: flush /mnt/ckpt/step_1: 8.0 MiB of 8.0 MiB replicated (100%), 0 files left",
+    ]

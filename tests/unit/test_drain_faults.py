@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 import trio
 
-from ckptfs import drain
+from ckptfs import drain, upload
 from ckptfs.cache import Cache
 from ckptfs.config import MiB, load_config
 from ckptfs.drain import Drainer
@@ -171,8 +171,9 @@ def test_a_cache_file_that_cannot_be_read_is_reported_and_retried(tmp_path: Path
     data = os.urandom(size)
     ino = write_file(ns, ROOT_INODE, "f.bin", data)
     failures: list[int] = []
-    reader = "read_whole" if size < PART else "file_digests"
-    real = getattr(drain, reader)
+    # a small file is read by the PutObject shared with the takeover (upload.put_whole), a large one hashed by the drain
+    module, reader = (upload, "read_whole") if size < PART else (drain, "file_digests")
+    real = getattr(module, reader)
 
     def failing(*args: object, **kw: object) -> object:
         if not failures:
@@ -180,7 +181,7 @@ def test_a_cache_file_that_cannot_be_read_is_reported_and_retried(tmp_path: Path
             raise OSError(code, os.strerror(code))
         return real(*args, **kw)
 
-    monkeypatch.setattr(drain, reader, failing)
+    monkeypatch.setattr(module, reader, failing)
     d = drainer(ns, store)
     drain_until(d, lambda: durable(ns, ino))
     assert failures == [code]

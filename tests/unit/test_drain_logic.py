@@ -8,7 +8,8 @@ from pathlib import Path
 import xxhash
 
 from ckptfs.config import MiB
-from ckptfs.drain import Backoff, file_digests, part_size_for
+from ckptfs.drain import Backoff, part_size_for
+from ckptfs.upload import file_digests
 
 
 def test_part_size_grows_past_ten_thousand_parts() -> None:

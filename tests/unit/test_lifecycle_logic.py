@@ -66,19 +66,20 @@ def files(*specs: tuple[str, int, str]) -> list[FileEntry]:
 
 
 def test_manifest_generations() -> None:
-    first = next_manifest(None, "step_1", 1, files(("a", 1, "e1"), ("b", 2, "e2")), "quiet", None, now=100.0)
+    first = next_manifest(None, "step_1", 1, files(("a", 1, "e1"), ("b", 2, "e2")), "quiet", None, now=100.0, node="node-1")
+    assert first is not None and first.node == "node-1"  # the committing node as node_name names it, not the host
     assert first is not None and (first.generation, first.changed, first.bytes) == (1, False, 3)
     first.etag = "m1"
     # the same content again: nothing to write
-    assert next_manifest(first, "step_1", 1, files(("b", 2, "e2"), ("a", 1, "e1")), "quiet", None) is None
+    assert next_manifest(first, "step_1", 1, files(("b", 2, "e2"), ("a", 1, "e1")), "quiet", None, node="node-1") is None
     # metadata only: a new generation, not a change
-    meta = next_manifest(first, "step_1", 1, files(("a", 1, "e1"), ("b", 2, "e2")), "command", {"loss": 1.5}, now=200.0)
+    meta = next_manifest(first, "step_1", 1, files(("a", 1, "e1"), ("b", 2, "e2")), "command", {"loss": 1.5}, now=200.0, node="node-1")
     assert meta is not None and (meta.generation, meta.changed, meta.metadata) == (2, False, {"loss": 1.5})
     assert meta.first_committed_at == 100.0 and meta.committed_at == 200.0
     # another file's bytes: a change, and it stays marked
-    changed = next_manifest(meta, "step_1", 1, files(("a", 1, "e9"), ("b", 2, "e2")), "quiet", None)
+    changed = next_manifest(meta, "step_1", 1, files(("a", 1, "e9"), ("b", 2, "e2")), "quiet", None, node="node-1")
     assert changed is not None and (changed.generation, changed.changed, changed.metadata) == (3, True, {"loss": 1.5})
-    later = next_manifest(changed, "step_1", 1, files(("a", 1, "e9"), ("b", 2, "e2")), "command", {"x": 1})
+    later = next_manifest(changed, "step_1", 1, files(("a", 1, "e9"), ("b", 2, "e2")), "command", {"x": 1}, node="node-1")
     assert later is not None and later.changed
     assert Manifest.from_json(changed.to_json(), "m3").files == changed.files
 
@@ -110,18 +111,18 @@ class RacingStore:
 
 def test_conditional_write_that_loses_reads_the_winner() -> None:
     mine = files(("a", 1, "e1"))
-    theirs = next_manifest(None, "step_1", 1, mine, "quiet", None)
+    theirs = next_manifest(None, "step_1", 1, mine, "quiet", None, node="node-1")
     assert theirs is not None
     store = RacingStore(theirs)
     manifest, wrote = write_manifest(store, "k/.ckptfs-manifest.json",  # type: ignore[arg-type]
-                                     lambda existing: next_manifest(existing, "step_1", 1, mine, "quiet", None))
+                                     lambda existing: next_manifest(existing, "step_1", 1, mine, "quiet", None, node="node-1"))
     assert not wrote and manifest.etag == "theirs" and store.puts == [{"if_none_match": True, "if_match": None}]
     # the winner described other content: ours replaces it with If-Match on its ETag, as a change
-    other = next_manifest(None, "step_1", 1, files(("a", 1, "old")), "quiet", None)
+    other = next_manifest(None, "step_1", 1, files(("a", 1, "old")), "quiet", None, node="node-1")
     assert other is not None
     store = RacingStore(other)
     manifest, wrote = write_manifest(store, "k/.ckptfs-manifest.json",  # type: ignore[arg-type]
-                                     lambda existing: next_manifest(existing, "step_1", 1, mine, "quiet", None))
+                                     lambda existing: next_manifest(existing, "step_1", 1, mine, "quiet", None, node="node-1"))
     assert wrote and (manifest.generation, manifest.changed) == (2, True)
     assert store.puts[-1] == {"if_none_match": False, "if_match": "theirs"}
 
@@ -149,7 +150,7 @@ def test_json_written_into_the_bucket_is_strict_json_with_nan_as_null() -> None:
     assert strict(json_document({"loss": math.nan, "curve": [1.0, math.inf, (-math.inf, 2)], "n": 3})) == \
         {"loss": None, "curve": [1.0, None, [None, 2]], "n": 3}
     files = [FileEntry("model.bin", "ckpt/step_1/model.bin", 10, "e1", "x1", 5.0)]
-    m = next_manifest(None, "step_1", 1, files, "command", {"loss": math.nan}, now=10.0)
+    m = next_manifest(None, "step_1", 1, files, "command", {"loss": math.nan}, now=10.0, node="node-1")
     assert m is not None
     doc = strict(m.to_json())
     assert doc["metadata"] == {"loss": None} and doc["format"] == "ckptfs-manifest/1"  # type: ignore[index]

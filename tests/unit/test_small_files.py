@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from ckptfs.drain import Abandoned, read_whole
 from ckptfs.fs import CkptFS
 from ckptfs.fuse import abi
 from ckptfs.fuse import messages as P
@@ -27,6 +26,7 @@ from ckptfs.fuse.iomode import IoModes
 from ckptfs.fuse.ops import Operations, RequestContext
 from ckptfs.journal import DURABLE, ROOT_INODE, Journal, UploadRecord
 from ckptfs.objects import crc32_b64
+from ckptfs.upload import Abandoned, read_whole
 from tests.unit.test_encryption import store
 from tests.unit.test_fuse_protocol import request
 from tests.unit.test_journal import make_ns, write_file

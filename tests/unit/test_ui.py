@@ -265,3 +265,22 @@ def test_a_slow_first_catalogue_gives_a_page_that_says_so(monkeypatch: pytest.Mo
     first, second = trio.run(main)
     assert b"still reading the catalogue" in first and b"runs/big" not in first
     assert b"runs/big" in second
+
+
+def test_a_checkpoint_on_peers_disks_shows_replicated_and_filters_so() -> None:
+    """durability = peer: a checkpoint whose files not yet durable are all on peers' disks is `replicated` in the
+    catalogue; the page shows it so, and the state filter offers it."""
+    states = {1: "committed", 2: "replicated", 3: "draining", 4: "writing"}
+    catalogue = {"ok": True, "path": "", "retention_policy": False, "drills": {},
+                 "checkpoints": [{**entry(step), "path": f"runs/p/step_{step}", "state": state, "committed": state == "committed",
+                                  "protected": False, "protection": None} for step, state in states.items()]}
+
+    async def ask(request: dict[str, Any]) -> dict[str, Any]:
+        return catalogue if request["cmd"] == "catalogue" and not request.get("files") else {"ok": False, "error": "no"}
+
+    page = CatalogueApp(Snapshots(ask, ""), "/mnt/ckpt")
+    _, _, html = get(page, "/run?run=runs/p&state=replicated")
+    assert rows(html) == ["runs/p/step_2"]
+    assert '<span class="state s-replicated">replicated</span>' in html
+    assert "<option selected>replicated</option>" in html  # a state the filter offers
+    assert ".s-replicated" in html  # and has a colour of its own

@@ -508,6 +508,39 @@ def test_the_tracker_sees_checkpoints_with_local_work_from_the_backlog_and_the_d
 
 
 
+def test_a_checkpoint_whose_files_are_all_on_peers_is_replicated_until_durable(tmp_path: Path) -> None:
+    """With durability = peer the daemon hands the tracker the peers' answer per inode: a checkpoint whose files not
+    yet durable are all replicated shows `replicated`; one file that is not, or one open for writing, outranks it."""
+    from types import SimpleNamespace
+
+    from ckptfs.lifecycle.tracker import Tracker
+    from ckptfs.patterns import Patterns
+
+    ns = make_ns(tmp_path)
+    s1 = ns.tree.mkdir(ROOT_INODE, "step_1", 0o755, 0, 0)
+    s2 = ns.tree.mkdir(ROOT_INODE, "step_2", 0o755, 0, 0)
+    a = write_file(ns, s1.ino, "a", b"1")
+    b = write_file(ns, s1.ino, "b", b"2")
+    c = write_file(ns, s2.ino, "c", b"3")
+    on_peers: set[int] = {a, b}
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys)
+    tracker = Tracker(lc, str(tmp_path))  # type: ignore[arg-type]
+    assert tracker.scan() == {"step_1": "draining", "step_2": "draining"}  # no peers (durability = local)
+    tracker.replicated = on_peers.__contains__
+    assert tracker.scan() == {"step_1": "replicated", "step_2": "draining"}
+    fd = open_file(ns, a)  # written again: open for writing
+    assert tracker.scan() == {"step_1": "writing", "step_2": "draining"}
+    close_file(ns, a, fd)
+    on_peers.discard(a)  # its new version not yet sealed on the peers
+    assert tracker.scan() == {"step_1": "draining", "step_2": "draining"}
+    on_peers |= {a, c}
+    tracker.refresh()
+    assert tracker.local_state("step_1") == tracker.local_state("step_2") == "replicated"
+    for ino in (a, b, c):
+        upload(ns, ino)
+    assert tracker.scan() == {}  # durable: no local work left; the bucket says the rest
+
+
 def test_after_a_restart_the_tracker_derives_the_checkpoints_to_commit_from_the_journal(tmp_path: Path) -> None:
     """What a close on this node left to upload, durable or not, makes its checkpoint active again; files only
     listed from the bucket do not; no state file is read or written (issue 35)."""

@@ -1,0 +1,258 @@
+"""The owner's side of one connection to a peer (docs/peers.md): what the sender streams, and the waits for the
+peer's acknowledgements.
+
+Frames are pipelined: `entry`, `write`, `truncate`, `forget`, `delete` go out without waiting; the peer
+applies them in order, so a `seal` or `barrier` answered means everything sent before it was applied. A
+failure of a pipelined frame on the peer (its capacity, its disk) is answered at the file's seal (or at the
+next barrier). Data bytes go with `os.sendfile` from the cache file straight to the socket: they never
+pass through Python.
+
+A link that lost its connection, timed out (`peer_timeout` without progress on a send, or without an
+answer to a seal, barrier or holdings), or was cancelled mid-frame is broken: every later call raises
+PeerError and the sender opens a new link (or takes the next candidate).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from ..peering import PeerOptionError, parse_addr
+from .wire import REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, Reader, SealMismatch, Session, WireError, client_handshake
+
+__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "SealMismatch"]
+
+SENDFILE_CHUNK = 8 << 20  # per call: the event loop gets a turn between them
+ZEROS = bytes(1 << 16)
+
+
+@dataclass
+class Held:
+    """What a peer holds of one of our files."""
+
+    ino: int
+    version: int
+    size: int
+    sealed: bool
+    xxh3: str | None
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.reply: Frame | None = None
+
+
+class PeerLink:
+    node: str  # the peer's name
+
+    def __init__(self, cfg: Any, node: str, addr: str, stream: trio.SocketStream, reader: Reader, session: Session) -> None:
+        self.node, self.addr = node, addr
+        self.timeout: float = cfg.peer_timeout
+        self.stream, self.reader, self.session = stream, reader, session
+        self.broken: str | None = None  # why the link can no longer be used
+        self.bytes_sent = 0  # data bytes (the files' bytes) sent
+        self._send_lock = trio.StrictFIFOLock()
+        self._read_lock = trio.Lock()
+        self._waiters: dict[int, _Waiter] = {}
+        self._next_id = 1
+        # set by the sender: awaited with the byte count of each chunk sent (peer_max_bandwidth, all links together)
+        self.throttle: Callable[[int], Awaitable[None]] | None = None
+
+    @classmethod
+    async def open(cls, cfg: Any, me: str, incarnation: str, node: str, addr: str, secret: bytes) -> "PeerLink":
+        """Connect to `node` at `addr` and prove the secret both ways; PeerError (one line) otherwise."""
+        where = f"peer {node} at {addr}"
+        try:
+            host, port = parse_addr(addr, "peer address")
+        except PeerOptionError as e:
+            raise PeerError(f"{where}: {e}") from None
+        stream: trio.SocketStream | None = None
+        try:
+            with trio.fail_after(cfg.peer_timeout):
+                stream = await trio.open_tcp_stream(host, port)
+                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+                reader = Reader(stream)
+                session = await client_handshake(stream, reader, secret, me, incarnation, node)
+        except trio.TooSlowError:
+            await _close(stream)
+            raise PeerError(f"{where} did not answer within peer_timeout ({cfg.peer_timeout:g} s)") from None
+        except WireError as e:
+            await _close(stream)
+            if str(e).startswith("connection closed"):
+                raise PeerError(f"{where} refused the connection during the handshake (is peer_secret_file the same on both nodes?)") from None
+            raise PeerError(f"{where} refused: {e}") from None
+        except (OSError, trio.BrokenResourceError) as e:
+            await _close(stream)
+            raise PeerError(f"{where} cannot be reached: {getattr(e, 'strerror', None) or e}") from None
+        except BaseException:
+            await _close(stream)
+            raise
+        return cls(cfg, node, addr, stream, reader, session)
+
+    # -- pipelined frames ------------------------------------------------------------------------------
+
+    async def entry(self, ino: int, meta: dict[str, Any]) -> None:
+        """Upsert a file's metadata on the peer (see the design: key, version, size, copy_from, marker, seq, ...)."""
+        await self._send(Kind.ENTRY, {"ino": ino, "meta": meta})
+
+    async def write(self, ino: int, fd: int, offset: int, length: int) -> None:
+        """`length` bytes of our cache file `fd` at `offset`, sent by sendfile. A file shorter than that (truncated
+        meanwhile) is sent padded with zeros: the seal's size and xxh3 tell the truth."""
+        if length > 0:
+            await self._send(Kind.WRITE, {"ino": ino, "offset": offset}, fd, offset, length)
+
+    async def truncate(self, ino: int, size: int) -> None:
+        await self._send(Kind.TRUNCATE, {"ino": ino, "size": size})
+
+    async def forget(self, ino: int, version: int | None) -> None:
+        """The file is durable at `version` (or removed: None): the peer drops its replica unless it holds a newer one."""
+        await self._send(Kind.FORGET, {"ino": ino, "version": version})
+
+    async def delete(self, op_id: int, key: str, seq: int) -> None:
+        await self._send(Kind.DELETE, {"op_id": op_id, "key": key, "seq": seq})
+
+    async def delete_done(self, op_id: int) -> None:
+        await self._send(Kind.DELETE_DONE, {"op_id": op_id})
+
+    # -- answered -----------------------------------------------------------------------------------------
+
+    async def seal(self, ino: int, version: int, size: int, xxh3: str) -> None:
+        """Wait until the peer applied every earlier frame of the file, fsynced its data and index and found the
+        same xxh3-128 in its copy. SealMismatch (send the whole file again), PeerFull, PeerError."""
+        await self._request(Kind.SEAL, {"ino": ino, "version": version, "size": size, "xxh3": xxh3})
+
+    async def barrier(self) -> None:
+        """Wait until everything sent before is applied (a failed delete is raised here)."""
+        await self._request(Kind.BARRIER, {})
+
+    async def holdings(self) -> dict[int, Held]:
+        """What the peer holds of our files (at connect: sealed ones need not be sent again)."""
+        reply = await self._request(Kind.HOLDINGS, {})
+        out: dict[int, Held] = {}
+        for h in reply.meta.get("held", []):
+            out[int(h["ino"])] = Held(int(h["ino"]), int(h["version"]), int(h["size"]), bool(h["sealed"]), h.get("xxh3"))
+        return out
+
+    async def aclose(self) -> None:
+        if self.broken is None:
+            self.broken = f"the link to peer {self.node} is closed"
+        await _close(self.stream)
+
+    # -- the connection -----------------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise PeerError(self.broken)
+
+    def _break(self, why: str) -> PeerError:
+        if self.broken is None:
+            self.broken = f"peer {self.node} at {self.addr}: {why}"
+        return PeerError(self.broken)
+
+    async def _send(self, kind: Kind, meta: dict[str, Any], fd: int = -1, offset: int = 0, length: int = 0) -> None:
+        self._check()
+        async with self._send_lock:
+            self._check()
+            head = self.session.encode(kind, meta, length)
+            try:
+                with trio.fail_after(self.timeout):
+                    await self.stream.send_all(head)
+                if length:
+                    await self._sendfile(fd, offset, length)
+            except trio.TooSlowError:
+                raise self._break(f"no progress sending for peer_timeout ({self.timeout:g} s)") from None
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})") from None
+            except BaseException:
+                self._break("cancelled in the middle of a frame")  # the stream is out of step: never used again
+                raise
+
+    async def _sendfile(self, fd: int, offset: int, length: int) -> None:
+        """Our file's bytes straight from the page cache to the socket; each wait for room bounded by peer_timeout."""
+        sock = self.stream.socket
+        out = sock.fileno()
+        end = offset + length
+        while offset < end:
+            try:
+                n = os.sendfile(out, fd, offset, min(SENDFILE_CHUNK, end - offset))
+            except BlockingIOError:
+                with trio.fail_after(self.timeout):
+                    await trio.lowlevel.wait_writable(sock)
+                continue
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                raise
+            if n == 0:  # the file ended before `end`: the frame promised the bytes
+                await self._send_zeros(end - offset)
+                self.bytes_sent += end - offset
+                return
+            offset += n
+            self.bytes_sent += n
+            if self.throttle is not None:
+                await self.throttle(n)  # after the bytes went: a debt the throttle makes us wait off
+            else:
+                await trio.lowlevel.checkpoint()
+
+    async def _send_zeros(self, count: int) -> None:
+        while count:
+            chunk = ZEROS[:min(count, len(ZEROS))]
+            with trio.fail_after(self.timeout):
+                await self.stream.send_all(chunk)
+            count -= len(chunk)
+
+    async def _request(self, kind: Kind, meta: dict[str, Any]) -> Frame:
+        """Send a request and wait for its answer (peer_timeout after it was sent). Whoever waits reads the
+        connection for everybody: answers come in the order of the requests."""
+        request = self._next_id
+        self._next_id += 1
+        waiter = self._waiters[request] = _Waiter()
+        try:
+            await self._send(kind, {**meta, "id": request})
+            with trio.move_on_after(self.timeout) as scope:
+                while waiter.reply is None:
+                    self._check()
+                    async with self._read_lock:
+                        if waiter.reply is not None:
+                            break
+                        self._check()
+                        await self._read_one()
+            if scope.cancelled_caught:
+                raise self._break(f"no answer within peer_timeout ({self.timeout:g} s)")
+        finally:
+            self._waiters.pop(request, None)
+        reply = waiter.reply
+        assert reply is not None
+        if reply.kind is Kind.ERROR:
+            message = f"peer {self.node}: {reply.meta.get('message', 'refused')}"
+            error = reply.meta.get("error")
+            if error == "full":
+                raise PeerFull(message)
+            if error == "mismatch":
+                raise SealMismatch(message)
+            raise PeerError(message)
+        return reply
+
+    async def _read_one(self) -> None:
+        try:
+            frame = await self.session.receive(self.reader, REPLY_META_MAX)
+        except WireError as e:
+            raise self._break(str(e)) from None
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})") from None
+        if frame.kind not in (Kind.ACK, Kind.ERROR, Kind.HELD):
+            raise self._break(f"unexpected frame {frame.kind.name} from the peer")
+        waiter = self._waiters.get(int(frame.meta.get("id", -1)))
+        if waiter is not None:
+            waiter.reply = frame
+
+
+async def _close(stream: trio.SocketStream | None) -> None:
+    if stream is not None:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()

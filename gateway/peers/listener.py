@@ -1,0 +1,259 @@
+"""The replication listener on `peer_addr` (docs/peers.md): other nodes' links connect here, prove the shared
+secret, and stream their files' entries and bytes into the ReplicaStore.
+
+One task per connection, frames applied in the order they arrive, so an owner's renames, deletes and seals
+keep its order. Nothing a client does takes the listener down: a connection that does not complete the
+handshake within `peer_timeout`, proves a wrong secret, sends a frame with a wrong MAC or a malformed one, or
+stalls mid-frame for `peer_timeout`, is closed without a word, counted and logged in one line (at most a
+few a minute). An authenticated owner's frames that fail on this disk (capacity, ENOSPC, EIO) are remembered
+per file and answered at its seal (`PeerFull`, an error): the connection goes on, the owner tries another peer.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import sqlite3
+import time
+from typing import Any
+
+import trio
+
+from ..dbconnection import DiskFull
+from ..peering import parse_addr
+from .replicas import ReplicaFull, ReplicaMismatch, ReplicaStore, ReplicaUnknown
+from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_handshake
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY = 10.0  # seconds between two log lines about refused connections
+WRITE_BUFFER = 1 << 20
+
+
+class _Dropped(Exception):
+    """The connection is closed: the peer broke the protocol or stalled."""
+
+
+class _RateLimitedLog:
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.last = -1e9
+        self.suppressed = 0
+
+    def warning(self, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            self.suppressed += 1
+            return
+        more = f" ({self.suppressed} more since the last line)" if self.suppressed else ""
+        self.last, self.suppressed = now, 0
+        log.warning(msg + more, *args)
+
+
+class Listener:
+    def __init__(self, cfg: Any, store: ReplicaStore, secret: bytes, me: str) -> None:
+        self.cfg, self.store, self.secret, self.me = cfg, store, secret, me
+        self.host, self.port = parse_addr(cfg.peer_addr)  # port: the bound one once `run` started
+        self.timeout: float = cfg.peer_timeout
+        self.connections = 0  # open, authenticated
+        self.accepted_connections = 0
+        self.refused_connections = 0  # never authenticated: wrong secret, not a peer, too slow
+        self.dropped_connections = 0  # authenticated, then a wrong MAC, a malformed frame, a stall
+        self.full_answers = 0  # seals answered PeerFull
+        self.bytes_received = 0
+        self._log = _RateLimitedLog(LOG_EVERY)
+
+    @property
+    def addr(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; reports started with the bound port (peer_addr may give port 0)."""
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as e:
+            raise OSError(e.errno, f"peer_addr = {self.cfg.peer_addr} cannot be listened on ({e.strerror}): "
+                                   "give a free port of an address of this node (port 0: any free port)") from None
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("peer listener on %s", self.addr)
+        task_status.started(self.port)
+        await trio.serve_listeners(self._serve, listeners)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        try:
+            where = "%s:%s" % stream.socket.getpeername()[:2]
+        except OSError:
+            where = "?"
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+            reader = Reader(stream)
+            try:
+                with trio.fail_after(self.timeout):
+                    session = await server_handshake(stream, reader, self.secret, self.me)
+            except (WireError, trio.TooSlowError, trio.BrokenResourceError, OSError) as e:
+                self.refused_connections += 1
+                why = "no handshake within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
+                self._log.warning("peer connection from %s refused: %s", where, why)
+                return
+            self.accepted_connections += 1
+            self.connections += 1
+            log.info("peer %s (incarnation %s) connected from %s", session.peer, session.peer_incarnation, where)
+            try:
+                await _Connection(self, stream, reader, session).serve()
+            except (_Dropped, WireError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                if isinstance(e, WireError) and str(e) == "connection closed":
+                    log.info("peer %s disconnected", session.peer)
+                else:
+                    self.dropped_connections += 1
+                    why = "stalled mid-frame for peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
+                    self._log.warning("peer connection from %s (%s) dropped: %s", where, session.peer, why)
+            finally:
+                self.connections -= 1
+        except Exception as e:  # noqa: BLE001 - one connection never takes the listener down
+            self.dropped_connections += 1
+            log.error("peer connection from %s failed: %s", where, e, exc_info=True)
+        finally:
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await stream.aclose()
+
+
+class _Connection:
+    """One authenticated owner's frames applied to the store, in order."""
+
+    def __init__(self, listener: Listener, stream: trio.SocketStream, reader: Reader, session: Session) -> None:
+        self.listener, self.stream, self.reader, self.session = listener, stream, reader, session
+        self.store = listener.store
+        self.owner = session.peer
+        self.failed: dict[int, Exception] = {}  # ino -> the first failure of its frames since its last seal
+        self.failed_other: Exception | None = None  # a delete's: answered at the next barrier
+        self.buffer = bytearray(WRITE_BUFFER)
+
+    async def serve(self) -> None:
+        while True:
+            frame = await self._next_frame()
+            try:
+                await self._apply(frame)
+            except (ValueError, KeyError, TypeError) as e:
+                raise _Dropped(f"malformed {frame.kind.name} frame ({e})") from None
+
+    async def _next_frame(self) -> Frame:
+        if not self.reader.pending():  # between frames an owner may be idle as long as it likes
+            await self.reader.fill(1)
+        with trio.fail_after(self.listener.timeout):
+            return await self.session.receive(self.reader, META_MAX)
+
+    async def _reply(self, kind: Kind, meta: dict[str, Any]) -> None:
+        with trio.fail_after(self.listener.timeout):
+            await self.stream.send_all(self.session.encode(kind, meta))
+
+    async def _apply(self, frame: Frame) -> None:
+        m, store, owner = frame.meta, self.store, self.owner
+        kind = frame.kind
+        if kind is Kind.WRITE:
+            await self._write(int(m["ino"]), int(m["offset"]), frame.data_length)
+        elif kind is Kind.ENTRY:
+            ino = int(m["ino"])
+            await self._run(ino, store.put_entry, owner, ino, m["meta"])
+        elif kind is Kind.TRUNCATE:
+            ino = int(m["ino"])
+            await self._unseal(ino)
+            await self._run(ino, store.truncate, owner, ino, int(m["size"]))
+        elif kind is Kind.FORGET:
+            ino = int(m["ino"])
+            version = m.get("version")
+            self.failed.pop(ino, None)  # whatever failed of it, the replica goes
+            await self._run(ino, store.forget, owner, ino, None if version is None else int(version))
+        elif kind is Kind.DELETE:
+            await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]))
+        elif kind is Kind.DELETE_DONE:
+            await self._run(None, store.drop_delete, owner, int(m["op_id"]))
+        elif kind is Kind.SEAL:
+            await self._seal(m)
+        elif kind is Kind.BARRIER:
+            failed, self.failed_other = self.failed_other, None
+            await self._answer(int(m["id"]), failed)
+        elif kind is Kind.HOLDINGS:
+            held = await trio.to_thread.run_sync(store.holdings, owner)
+            await self._reply(Kind.HELD, {"id": int(m["id"]), "held": held})
+        else:
+            raise _Dropped(f"unexpected frame {kind.name} from an owner")
+
+    async def _run(self, ino: int | None, fn: Any, *args: Any) -> None:
+        """A store change in a thread; its failure is remembered for the file's seal (or the next barrier)."""
+        if ino is not None and ino in self.failed:
+            return  # the file's replica is already broken here: its seal says so
+        try:
+            await trio.to_thread.run_sync(fn, *args)
+        except ValueError:
+            raise
+        except (OSError, sqlite3.Error) as e:
+            if ino is None:
+                self.failed_other = self.failed_other or e
+            else:
+                self.failed[ino] = e
+
+    async def _unseal(self, ino: int) -> None:
+        """A sealed replica about to change is first recorded unsealed: a takeover never takes changed bytes for the
+        sealed ones (it would find the xxh3 wrong and skip the file)."""
+        if self.store.is_sealed(self.owner, ino):
+            await self._run(ino, self.store.unseal, self.owner, ino)
+
+    async def _write(self, ino: int, offset: int, length: int) -> None:
+        """Receive `length` bytes into the replica at `offset`; bytes that cannot be kept are still read off the
+        connection (it stays usable), the failure answered at the seal."""
+        fd: int | None = None
+        await self._unseal(ino)
+        if ino not in self.failed:
+            try:
+                fd = self.store.reserve(self.owner, ino, offset + length)
+                self.store.wrote(self.owner, ino, offset)
+            except OSError as e:
+                self.failed[ino] = e
+        view = memoryview(self.buffer)
+        done = 0
+        with trio.fail_after(self.listener.timeout) as scope:
+            while done < length:
+                n = await self.reader.into(view[:min(len(view), length - done)])
+                scope.deadline = trio.current_time() + self.listener.timeout  # a stall, not a long transfer, is too slow
+                if fd is not None:
+                    try:
+                        _pwrite_all(fd, view[:n], offset + done)
+                    except OSError as e:
+                        self.failed[ino] = ReplicaFull(str(e)) if e.errno in (errno.ENOSPC, errno.EDQUOT) else e
+                        fd = None
+                done += n
+        self.listener.bytes_received += length
+
+    async def _seal(self, m: dict[str, Any]) -> None:
+        request, ino = int(m["id"]), int(m["ino"])
+        version, size, xxh3 = int(m["version"]), int(m["size"]), str(m["xxh3"])
+        failed = self.failed.pop(ino, None)
+        if failed is None:
+            try:
+                await trio.to_thread.run_sync(self.store.seal, self.owner, ino, version, size, xxh3)
+            except (OSError, sqlite3.Error, ReplicaMismatch, ReplicaUnknown) as e:
+                failed = e
+        await self._answer(request, failed)
+
+    async def _answer(self, request: int, failed: Exception | None) -> None:
+        if failed is None:
+            await self._reply(Kind.ACK, {"id": request})
+            return
+        if isinstance(failed, (ReplicaFull, DiskFull)) or isinstance(failed, OSError) and failed.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.listener.full_answers += 1
+            what = "full"
+        elif isinstance(failed, ReplicaMismatch):
+            what = "mismatch"
+        else:
+            what = "error"
+        message = failed.strerror if isinstance(failed, OSError) and failed.strerror else str(failed)
+        await self._reply(Kind.ERROR, {"id": request, "error": what, "message": message})
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n

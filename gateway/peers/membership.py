@@ -1,0 +1,419 @@
+"""Membership: this node's record in the bucket, its lease, the fence, the others' records, takeover claims.
+
+Why in the bucket: every node already reaches it, and its conditional writes (If-None-Match: *,
+If-Match: ETag) give the one thing a takeover needs, exactly one winner, without a cluster of its
+own. The records are `records.NodeRecord`s at `.ckptfs/nodes/<node>.json` under the mount's prefix.
+
+* Announce (`run`, at start): the record an earlier incarnation of this node left is read first
+  (`record_at_start`). If it says `taken_over`, this node was declared dead while it was away and
+  another node uploaded its replicas: it is fenced (`must_reconcile`), writes nothing of its own
+  record, and its drain waits until the takeover helper's reconcile has run and called `rejoin()`.
+  Otherwise the record is written live with this incarnation (If-Match on what was there, or
+  If-None-Match when nothing was: a claim racing the restart wins or loses as a whole).
+* Renew every ttl/3 with If-Match on the ETag last written. The lease is valid *locally* until
+  the moment the renewal was sent + ttl - margin (margin = ttl/4), on CLOCK_BOOTTIME, which keeps
+  counting while the process is stopped and while the machine is suspended. Other nodes judge
+  `expires_at` by their wall clocks, so clocks must agree within the margin (NTP: milliseconds).
+  A renewal whose If-Match fails reads the record: `taken_over` -> this node is fenced.
+* The fence: `admit()` returns at once while the lease is valid and the node is not fenced;
+  otherwise it waits for the next renewal (or for `rejoin`). The drain awaits it before every
+  request that writes to the bucket, so a node paused past its ttl sends at most the requests
+  already in flight when it stopped.
+* The others: every ttl/3 one LIST of `.ckptfs/nodes/` and a GET of each record whose ETag changed
+  since the last read. Every live node renews every ttl/3, so in steady state that is one PUT, one
+  LIST and N-1 GETs per node per ttl/3; the cluster makes N*(N+1) requests per ttl/3 (16 nodes with
+  the default ttl of 30 s: 27 requests/s in all; 64 nodes: 420/s). Small objects: the cost is the
+  requests, not the bytes.
+* `claim(node)`: a holder of a dead node's replicas writes its record `taken_over` by itself, If-Match
+  on the ETag it judged dead: of any number of claimers exactly one wins. A takeover whose taker died
+  before `mark_takeover_done` is dead again and can be claimed again (records.is_dead).
+
+The store calls block: they run in worker threads (`threads.call`), one at a time per record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import trio
+
+from .. import threads
+from ..objects import NO_OBJECT, PRECONDITION, StoreError
+from ..peering import StaticPeer, parse_peer
+from ..storeapi import LifecycleStore, read_json
+from .records import DOWN, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_live, other_domain, record_path, rendezvous
+
+log = logging.getLogger(__name__)
+
+ANNOUNCE_ATTEMPTS = 5  # writes of our record at start that may each find it changed (a claim racing the restart)
+MARGIN = 0.25  # of the ttl: the lease is trusted locally until ttl * (1 - MARGIN) after its renewal was sent
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boottime() -> float:
+    """Seconds on a clock that counts a stopped process and a suspended machine (a paused node must see the pause):
+    CLOCK_BOOTTIME; where there is none, the monotonic clock (which stops while a machine is suspended)."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+def new_incarnation() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True)
+class PeerState:
+    """Another node as this one sees it: where its listener is, its domain, whether it renews its record."""
+
+    node: str
+    addr: str
+    failure_domain: str
+    state: str  # LIVE | DOWN
+    incarnation: str | None  # of its record (None: no record read)
+
+
+class Membership:
+    def __init__(self, cfg: Any, store: LifecycleStore, key_of: Callable[[str], str], me: str, incarnation: str,
+                 peer_addr_bound: str, *, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = boottime) -> None:
+        self.store, self.key_of, self.me, self.incarnation = store, key_of, me, incarnation
+        self.peer_addr, self.failure_domain = peer_addr_bound, cfg.failure_domain
+        self.ttl: float = cfg.peer_lease_ttl
+        self.margin = self.ttl * MARGIN
+        self.clock, self.monotonic = clock, monotonic
+        self.static: dict[str, StaticPeer] = {p.name: p for p in map(parse_peer, cfg.peers) if p.name != me}
+        self.record_at_start: NodeRecord | None = None  # what an earlier incarnation left (read at announce)
+        self.must_reconcile = False  # taken over while away: reconcile, then rejoin()
+        self.announced = trio.Event()  # set once the record at start is known (and ours written, unless fenced)
+        self._own: NodeRecord | None = None  # our record as last written or read by us (its etag: the next If-Match)
+        self._fenced = False
+        self._valid_until = 0.0  # monotonic
+        self._records: dict[str, NodeRecord] = {}  # the others, as last read
+        self._changed = trio.Event()  # set (and replaced) whenever admit() may now answer otherwise
+        self._own_lock = trio.Lock()
+        self._warned_other_incarnation = 0.0
+        self.renewals_failed_total = 0
+        self.claims_total = 0  # claims this node won
+
+    # ------------------------------------------------------------ state
+    @property
+    def fenced(self) -> bool:
+        """Taken over while away (or paused): uploads nothing until reconcile has run and `rejoin` succeeded."""
+        return self._fenced
+
+    def lease_valid(self) -> bool:
+        return not self._fenced and self._own is not None and self.monotonic() < self._valid_until
+
+    def state(self) -> str:
+        return "fenced" if self._fenced else LIVE if self.lease_valid() else "expired"
+
+    async def admit(self) -> None:
+        """The drain's fence: returns at once while the lease is valid; else waits for a renewal (or `rejoin`)."""
+        while not self.lease_valid():
+            await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def peers(self) -> list[PeerState]:
+        """The other nodes, live or down: the static `peers` list if one is configured (liveness still from records)."""
+        now = self.clock()
+        out = []
+        if self.static:
+            for p in self.static.values():
+                rec = self._records.get(p.name)
+                domain = p.failure_domain or (rec.failure_domain if rec else "")  # the list's, else the node's own
+                out.append(PeerState(p.name, p.addr, domain, LIVE if is_live(rec, now) else DOWN,
+                                     rec.incarnation if rec else None))
+        else:
+            for rec in self._records.values():
+                out.append(PeerState(rec.node, rec.peer_addr, rec.failure_domain, LIVE if is_live(rec, now) else DOWN,
+                                     rec.incarnation))
+        return sorted(out, key=lambda p: p.node)
+
+    def targets(self) -> list[PeerState]:
+        """Live peers outside this node's failure domain, in the order this node's replicas go to them (rendezvous)."""
+        live = {p.node: p for p in self.peers() if p.state == LIVE and other_domain(self.failure_domain, p.failure_domain)}
+        return [live[n] for n in rendezvous(self.me, live)]
+
+    def dead(self) -> list[str]:
+        """Other nodes that may be claimed now (records.is_dead), by the records last read."""
+        now = self.clock()
+        records = self._with_own()
+        return sorted(n for n, rec in self._records.items() if is_dead(rec, records, now))
+
+    def _with_own(self) -> dict[str, NodeRecord]:
+        """The others' records and ours (a takeover by this node is alive while ours is)."""
+        records = dict(self._records)
+        if self._own is not None:
+            records[self.me] = self._own
+        return records
+
+    def record_of(self, node: str) -> NodeRecord | None:
+        """`node`'s record as last read (ours: as last written)."""
+        return self._own if node == self.me else self._records.get(node)
+
+    def status(self) -> dict[str, Any]:
+        return {"node": self.me, "incarnation": self.incarnation, "state": self.state(), "failure_domain": self.failure_domain,
+                "peer_addr": self.peer_addr, "must_reconcile": self.must_reconcile,
+                "peers": [{"node": p.node, "addr": p.addr, "state": p.state, "failure_domain": p.failure_domain} for p in self.peers()]}
+
+    # ------------------------------------------------------------ store calls
+    async def _read(self, node: str) -> NodeRecord | None:
+        """`node`'s record now (None: no record, or one this version cannot read)."""
+        return (await self._read_etag(node))[0]
+
+    async def _read_etag(self, node: str) -> tuple[NodeRecord | None, str | None]:
+        """(`node`'s record or None, the object's ETag or None if there is no object): our own record is written over
+        (If-Match that ETag) even when this version cannot read what is there."""
+        doc, etag = await threads.call(lambda: read_json(self.store, self.key_of(record_path(node))))
+        if doc is None:
+            return None, None
+        rec = NodeRecord.from_doc(doc, etag)
+        if rec is None:
+            log.warning("node record %s is not one this version reads: ignored", self.key_of(record_path(node)))
+        return rec, etag
+
+    async def _write(self, rec: NodeRecord, if_match: str | None) -> NodeRecord | None:
+        """Write `rec` (If-Match `if_match`, or If-None-Match when None); the record as written, or None if the condition failed."""
+        key = self.key_of(record_path(rec.node))
+        body = rec.to_json()
+        try:
+            etag = await threads.call(lambda: self.store.put_bytes(key, body, if_none_match=if_match is None, if_match=if_match))
+        except StoreError as e:
+            if e.kind in (PRECONDITION, NO_OBJECT):  # NO_OBJECT: If-Match on a record deleted meanwhile (S3 answers 404)
+                return None
+            raise
+        return replace(rec, etag=etag)
+
+    def _live_record(self, now: float) -> NodeRecord:
+        return NodeRecord(self.me, self.incarnation, self.peer_addr, self.failure_domain, LIVE, now + self.ttl, now)
+
+    # ------------------------------------------------------------ our record
+    async def announce(self) -> None:
+        """Read what an earlier incarnation left; fence if it was taken over, else write ours live."""
+        async with self._own_lock:
+            rec, etag = await self._read_etag(self.me)
+            if not self.announced.is_set():
+                self.record_at_start = rec  # a run restarted by the supervisor announces again: the first read stays
+            for _ in range(ANNOUNCE_ATTEMPTS):
+                if rec is not None and rec.state == TAKEN_OVER:
+                    self._fence(rec)
+                    break
+                if self._fenced:
+                    break  # fenced before (a restarted run): only rejoin writes our record live again
+                if await self._write_live(etag):
+                    log.info("node %s announced (incarnation %s, peer_addr %s, failure_domain %s)", self.me, self.incarnation,
+                             self.peer_addr, self.failure_domain or "-")
+                    break
+                rec, etag = await self._read_etag(self.me)  # a claim got there first (or a record appeared): look again
+            else:
+                raise StoreError(PRECONDITION, f"{self.key_of(record_path(self.me))} changed under each of {ANNOUNCE_ATTEMPTS} writes")
+        self.announced.set()
+
+    async def _write_live(self, if_match: str | None) -> bool:
+        """Our record live for another ttl; the local lease runs from when it was sent."""
+        sent = self.monotonic()
+        written = await self._write(self._live_record(self.clock()), if_match)
+        if written is None:
+            return False
+        self._own = written
+        self._valid_until = sent + self.ttl - self.margin
+        self._notify()
+        return True
+
+    def _fence(self, rec: NodeRecord) -> None:
+        if not self._fenced:
+            log.error("node %s was taken over by %s while it was away: it uploads nothing until it has reconciled",
+                      self.me, rec.taken_over_by)
+        self._own = rec
+        self._fenced = True
+        self.must_reconcile = True
+        self._valid_until = 0.0
+        self._notify()
+
+    async def renew(self) -> None:
+        """One renewal (If-Match our last ETag); a record found taken over fences this node."""
+        if not self.announced.is_set():  # the store did not answer at start: announce now
+            await self.announce()
+            return
+        async with self._own_lock:
+            own = self._own
+            if own is None:  # announced but fenced on a record since removed by hand: rejoin writes it again
+                return
+            if self._fenced:
+                if own.taken_over_by == self.me and own.taken_over_by_incarnation == self.incarnation and not own.takeover_done:
+                    await self._renew_self_claim(own)  # reconciling our own files: nobody else may claim them meanwhile
+                return
+            if await self._write_live(own.etag):
+                return
+            rec, etag = await self._read_etag(self.me)
+            if rec is not None and rec.state == TAKEN_OVER:
+                self._fence(rec)
+                return
+            if rec is not None and rec.incarnation != self.incarnation and self.clock() - self._warned_other_incarnation > self.ttl:
+                self._warned_other_incarnation = self.clock()
+                log.error("another daemon wrote node %s's record (incarnation %s, peer_addr %s): two mounts share node_name %s; "
+                          "give each its own node_name", self.me, rec.incarnation, rec.peer_addr, self.me)
+            # ours with a lost answer (the write happened), another incarnation, or none: write it back
+            await self._write_live(etag)
+
+    async def _renew_self_claim(self, own: NodeRecord) -> None:
+        now = self.clock()
+        written = await self._write(replace(own, expires_at=now + self.ttl, renewed_at=now), own.etag)
+        if written is not None:
+            self._own = written
+        else:
+            rec = await self._read(self.me)
+            if rec is not None:
+                self._own = rec
+
+    async def takeover_settled(self) -> bool:
+        """For the reconcile of a fenced node: True once this node may reconcile (its takeover finished, or it holds
+        its own record's claim because the taker died unfinished: claimed here, so nobody else re-claims it meanwhile)."""
+        async with self._own_lock:
+            rec = await self._read(self.me)
+            if rec is None or rec.state == LIVE:
+                return True  # nothing to wait for (a record removed by hand, or rejoined already): rejoin writes it
+            self._own = rec
+            if rec.takeover_done or (rec.taken_over_by == self.me and rec.taken_over_by_incarnation == self.incarnation):
+                return True
+            records = self._with_own()
+            if rec.taken_over_by and rec.taken_over_by != self.me:
+                taker = await self._read(rec.taken_over_by)
+                if taker is not None:
+                    records[taker.node] = taker
+                else:
+                    records.pop(rec.taken_over_by, None)
+            if not is_dead(rec, records, self.clock()):
+                return False
+            now = self.clock()
+            written = await self._write(rec.claimed_by(self.me, self.incarnation, now, now + self.ttl), rec.etag)
+            if written is None:
+                return False
+            log.warning("node %s: its taker %s died before finishing: this node reconciles its own files", self.me, rec.taken_over_by)
+            self._own = written
+            return True
+
+    async def wait_settled(self) -> None:
+        """`takeover_settled`, asked every ttl/3 until it is."""
+        while not await self.takeover_settled():
+            await trio.sleep(self.ttl / 3)
+
+    async def rejoin(self, incarnation: str | None = None) -> bool:
+        """After reconcile: our record live again under a new incarnation, the gate open. False if the record says
+        another node's takeover is still running (reconcile was early): stay fenced, wait, reconcile again."""
+        async with self._own_lock:
+            if not self._fenced:
+                return True
+            rec, etag = await self._read_etag(self.me)
+            if rec is not None and rec.state == TAKEN_OVER and not rec.takeover_done and not (
+                    rec.taken_over_by == self.me and rec.taken_over_by_incarnation == self.incarnation):
+                return False
+            previous = self.incarnation
+            self.incarnation = incarnation or new_incarnation()
+            if not await self._write_live(etag):
+                self.incarnation = previous
+                return False
+            self._fenced = False
+            self.must_reconcile = False
+            self._notify()
+            log.info("node %s rejoined after reconciling (incarnation %s)", self.me, self.incarnation)
+            return True
+
+    # ------------------------------------------------------------ the others
+    async def refresh(self) -> None:
+        """One LIST of the records and a GET of each one changed since (see the module's docstring for the cost)."""
+        prefix = self.key_of(NODES_DIR)
+        listing = await threads.call(lambda: self.store.list(prefix))
+        seen: dict[str, NodeRecord] = {}
+        for obj in listing.objects:
+            if not obj.name.endswith(".json"):
+                continue
+            node = obj.name[: -len(".json")]
+            if node == self.me:
+                continue
+            old = self._records.get(node)
+            if old is not None and old.etag == obj.etag:
+                seen[node] = old
+                continue
+            rec = await self._read(node)
+            if rec is not None and rec.node == node:
+                seen[node] = rec
+        self._records = seen
+
+    async def claim(self, node: str) -> bool:
+        """Take `node` over: its record `taken_over` by this node, If-Match on the ETag judged dead. True: this node
+        won and must finish the takeover, then `mark_takeover_done`. False: not dead after all, or another won."""
+        if node == self.me or not self.lease_valid():
+            return False  # a node that cannot prove it is live itself takes nobody over
+        rec = await self._read(node)
+        if rec is None:
+            return False
+        records = self._with_own()
+        records[node] = rec
+        if rec.state == TAKEN_OVER and rec.taken_over_by not in (None, node, self.me):
+            taker = await self._read(rec.taken_over_by)  # type: ignore[arg-type]
+            if taker is not None:
+                records[taker.node] = taker
+            else:
+                records.pop(rec.taken_over_by, None)  # type: ignore[arg-type]
+        now = self.clock()
+        if not is_dead(rec, records, now):
+            self._records[node] = rec
+            return False
+        written = await self._write(rec.claimed_by(self.me, self.incarnation, now), rec.etag)
+        if written is None:
+            return False
+        self._records[node] = written
+        self.claims_total += 1
+        log.warning("node %s: took over %s", self.me, rec.describe())
+        return True
+
+    async def mark_takeover_done(self, node: str) -> bool:
+        """`node`'s takeover finished (its replicas uploaded): its record says so, If-Match. False if this node no
+        longer holds the claim (judged dead itself meanwhile and re-claimed by another)."""
+        rec = await self._read(node)
+        if rec is None or rec.state != TAKEN_OVER or rec.taken_over_by != self.me or rec.taken_over_by_incarnation != self.incarnation:
+            return False
+        written = await self._write(replace(rec, takeover_done=True, etag=None), rec.etag)
+        if written is None:
+            return False
+        self._records[node] = written
+        return True
+
+    # ------------------------------------------------------------ the service
+    async def _every_third(self, step: Callable[[], Any], what: str) -> None:
+        wait = self.ttl / 3
+        while True:
+            await trio.sleep(wait)
+            try:
+                await step()
+                wait = self.ttl / 3
+            except StoreError as e:
+                if what == "renew":
+                    self.renewals_failed_total += 1
+                wait = self.ttl / 6
+                log.warning("node %s: could not %s the node records (%s): again in %.1fs", self.me, what, e, wait)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Announce, then renew and read the others every ttl/3. Reports started after the first attempt to announce
+        (a store that does not answer leaves the lease invalid and the drain waiting, never the mount's start)."""
+        try:
+            await self.announce()
+        except StoreError as e:
+            log.warning("node %s: could not announce itself (%s): retrying", self.me, e)
+        try:
+            await self.refresh()
+        except StoreError as e:
+            log.warning("node %s: could not read the node records (%s): retrying", self.me, e)
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._every_third, self.refresh, "read")
+            nursery.start_soon(self._every_third, self.renew, "renew")

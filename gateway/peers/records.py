@@ -1,0 +1,128 @@
+"""Node records: what one node says of itself in the bucket, and what a reader concludes from them.
+
+Pure logic, no store calls (membership.py reads and writes the records): the record's fields, who
+is dead, and which nodes hold an owner's replicas (rendezvous hashing). Kept apart so that every
+node computes the same answers from the same records: the takeover of a dead node rests on all
+of them agreeing whose replicas a node holds and when a node is dead.
+
+A record (`.ckptfs/nodes/<node>.json` under the mount's prefix, `FORMAT`) says: the node's name and
+incarnation (random per daemon start), the address its peer listener answers on, its failure
+domain, `state` (`live`, or `taken_over` once another node claimed it), `expires_at` (wall time,
+Unix seconds: renewed every ttl/3) and, once taken over, by whom (`taken_over_by` and that
+node's incarnation), when, and whether the takeover finished (`takeover_done`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable
+
+import xxhash
+
+from ..objects import json_document
+
+NODES_DIR = ".ckptfs/nodes/"
+FORMAT = "ckptfs-node/1"
+LIVE = "live"
+TAKEN_OVER = "taken_over"
+DOWN = "down"  # a peer's state as peers() reports it: not live (expired, taken over, or no record)
+
+
+def record_path(node: str) -> str:
+    """The mount-relative path of `node`'s record."""
+    return f"{NODES_DIR}{node}.json"
+
+
+@dataclass
+class NodeRecord:
+    node: str
+    incarnation: str
+    peer_addr: str
+    failure_domain: str
+    state: str  # LIVE | TAKEN_OVER
+    expires_at: float  # wall clock
+    renewed_at: float
+    taken_over_by: str | None = None
+    taken_over_by_incarnation: str | None = None
+    taken_over_at: float | None = None
+    takeover_done: bool = False
+    etag: str | None = field(default=None, compare=False)  # of the object it was read from or written as
+
+    def to_json(self) -> bytes:
+        doc = asdict(self)
+        doc.pop("etag")
+        doc["format"] = FORMAT
+        doc["expires_at_iso"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.expires_at))
+        return json_document(doc)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], etag: str | None) -> "NodeRecord | None":
+        """The record in `doc`; None if it is not one this version can read (then nobody may act on it)."""
+        try:
+            if doc.get("format") != FORMAT or doc["state"] not in (LIVE, TAKEN_OVER):
+                return None
+            by = doc.get("taken_over_by")
+            by_inc = doc.get("taken_over_by_incarnation")
+            at = doc.get("taken_over_at")
+            return cls(str(doc["node"]), str(doc["incarnation"]), str(doc.get("peer_addr") or ""),
+                       str(doc.get("failure_domain") or ""), doc["state"], float(doc["expires_at"]),
+                       float(doc.get("renewed_at") or 0.0), None if by is None else str(by),
+                       None if by_inc is None else str(by_inc), None if at is None else float(at),
+                       bool(doc.get("takeover_done", False)), etag)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def claimed_by(self, node: str, incarnation: str, now: float, expires_at: float | None = None) -> "NodeRecord":
+        """This record taken over by `node`: what a claim writes (If-Match on the ETag it was read with)."""
+        return replace(self, state=TAKEN_OVER, taken_over_by=node, taken_over_by_incarnation=incarnation,
+                       taken_over_at=now, takeover_done=False,
+                       expires_at=self.expires_at if expires_at is None else expires_at, etag=None)
+
+    def describe(self) -> str:
+        if self.state == LIVE:
+            return f"{self.node} (incarnation {self.incarnation}, until {time.strftime('%H:%M:%S', time.gmtime(self.expires_at))} UTC)"
+        done = "finished" if self.takeover_done else "unfinished"
+        return f"{self.node} (taken over by {self.taken_over_by}, {done})"
+
+
+def is_live(rec: NodeRecord | None, now: float) -> bool:
+    """A node that renews its record: replicas may go to it."""
+    return rec is not None and rec.state == LIVE and rec.expires_at > now
+
+
+def is_dead(rec: NodeRecord, records: dict[str, NodeRecord], now: float) -> bool:
+    """True if a holder of `rec.node`'s replicas may claim it now (records: the others, by node; the taker's among them).
+
+    Dead: a live record that expired; or a takeover that did not finish whose taker is gone (its record
+    expired, taken over itself, or renewed by another incarnation: a taker that restarted has forgotten
+    its takeover), so that takeover can be taken over. A node taken over by itself (an owner back after a
+    takeover whose taker died, reconciling its own files) renews `expires_at` meanwhile and is dead only
+    when that passes. A finished takeover is not dead: there is nothing left to take over.
+    """
+    if rec.state == LIVE:
+        return rec.expires_at <= now
+    if rec.takeover_done:
+        return False
+    if rec.taken_over_by == rec.node:
+        return rec.expires_at <= now
+    taker = records.get(rec.taken_over_by or "")
+    return taker is None or not is_live(taker, now) or taker.incarnation != rec.taken_over_by_incarnation
+
+
+def other_domain(mine: str, theirs: str) -> bool:
+    """Replicas go only to another failure domain; an empty domain differs from every other."""
+    return not mine or not theirs or mine != theirs
+
+
+def rendezvous_score(owner: str, candidate: str) -> int:
+    return xxhash.xxh3_64_intdigest(f"{owner}\0{candidate}".encode())
+
+
+def rendezvous(owner: str, candidates: Iterable[str]) -> list[str]:
+    """`candidates` in the order `owner`'s replicas go to them: score xxh3_64(owner NUL candidate), highest first.
+
+    Rendezvous (highest random weight) hashing: every node computes the same order from the names alone,
+    and a node joining or leaving moves only the owners whose first choices it is.
+    """
+    return sorted((c for c in set(candidates) if c != owner), key=lambda c: (rendezvous_score(owner, c), c), reverse=True)

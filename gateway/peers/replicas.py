@@ -1,0 +1,385 @@
+"""Other nodes' replicas on this node's disk (docs/peers.md): `CACHE_DIR/peers/<owner>/<ino>` and their index
+`CACHE_DIR/peers/replicas.db`.
+
+Apart from the node's own files: outside `data/`, so the cache's clean-up of files no inode owns and its
+eviction never see them, in a capacity of their own (`peer_capacity`; 0: a quarter of the cache file
+system), and kept until the owner (or a sweep) says the file is durable. A seal is acknowledged only once
+the data file and the index are on the disk (fsync; the index commits with synchronous=FULL), and once this
+node's own xxh3-128 of the bytes on its disk equals the owner's: what a takeover later uploads is what the
+owner acknowledged. The index survives a restart of this daemon with the files.
+
+A full disk or capacity is `ReplicaFull` (ENOSPC) and a failing one an OSError (EIO), both answered to the
+owner by the listener; the index goes through `dbconnection.Connection`, which maps SQLite's full/failing
+disk to those errnos.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ..config import auto_min_free
+from ..dbconnection import Connection
+from ..peering import NODE_NAME
+
+HASH_CHUNK = 4 << 20
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS replicas (
+    owner TEXT NOT NULL, ino INTEGER NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, size INTEGER NOT NULL,
+    sealed INTEGER NOT NULL DEFAULT 0, xxh3 TEXT, copy_from TEXT, marker INTEGER NOT NULL DEFAULT 0,
+    seq INTEGER NOT NULL DEFAULT 0, mtime REAL NOT NULL DEFAULT 0, checkpoint TEXT,
+    PRIMARY KEY (owner, ino));
+CREATE TABLE IF NOT EXISTS deletes (
+    owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
+    PRIMARY KEY (owner, op_id));
+"""
+_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint"
+
+
+class ReplicaFull(OSError):
+    """`peer_capacity` or the disk has no room for these bytes: the owner is told PeerFull."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(errno.ENOSPC, why)
+
+
+class ReplicaMismatch(Exception):
+    """This node's xxh3 (or size) of a replica differs from the owner's at seal."""
+
+
+class ReplicaUnknown(Exception):
+    """A seal of a file the owner never sent an entry for."""
+
+
+@dataclass
+class ReplicaEntry:
+    owner: str
+    ino: int
+    key: str
+    version: int
+    size: int
+    sealed: bool
+    xxh3: str | None
+    copy_from: str | None
+    marker: bool
+    seq: int
+    mtime: float
+    checkpoint: str | None
+    path: str  # its data file
+
+
+@dataclass
+class ReplicaDelete:
+    owner: str
+    op_id: int
+    key: str
+    seq: int
+
+
+@dataclass
+class _Hashed:
+    """The xxh3 of a replica's first `upto` bytes as they were on disk at the last seal: a later seal after more
+    bytes were appended reads only the new ones. Any write or truncate below `upto` forgets it."""
+
+    state: Any
+    upto: int
+
+
+def _check_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """An entry's meta as the owner sent it, its types checked (ValueError: the frame is malformed)."""
+    def typed(name: str, kinds: tuple[type, ...], default: Any = ...) -> Any:
+        value = meta.get(name, default)
+        if value is ... or not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+            raise ValueError(f"entry field {name!r} missing or of the wrong type")
+        return value
+    return {"key": typed("key", (str,)), "version": typed("version", (int,)), "size": typed("size", (int,)),
+            "copy_from": typed("copy_from", (str, type(None)), None), "marker": typed("marker", (bool,), False),
+            "seq": typed("seq", (int,), 0), "mtime": float(typed("mtime", (int, float), 0.0)),
+            "checkpoint": typed("checkpoint", (str, type(None)), None)}
+
+
+class ReplicaStore:
+    def __init__(self, cfg: Any, cache_dir: str) -> None:
+        self.root = Path(cache_dir) / "peers"
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        st = os.statvfs(self.root)
+        fs_size = st.f_blocks * st.f_frsize
+        self.capacity = cfg.peer_capacity if cfg.peer_capacity > 0 else fs_size // 4
+        # the node's own cache keeps its reserve: replicas never take the disk below it
+        self.min_free = cfg.cache_min_free if getattr(cfg, "cache_min_free", None) is not None else auto_min_free(fs_size)
+        self._lock = threading.RLock()
+        self.db = sqlite3.connect(self.root / "replicas.db", isolation_level=None, check_same_thread=False, factory=Connection)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a commit is on the disk before a seal is acknowledged
+        self.db.executescript(_SCHEMA)
+        self._bytes: dict[tuple[str, int], int] = {}  # bytes each replica's data file takes (its size)
+        self._fds: dict[tuple[str, int], int] = {}
+        self._hashed: dict[tuple[str, int], _Hashed] = {}
+        self._sealed = {(o, i) for o, i in self.db.execute("SELECT owner, ino FROM replicas WHERE sealed = 1")}
+        self._scan()
+
+    def _scan(self) -> None:
+        """Account the files the index names; remove those it does not (a connection lost before the entry)."""
+        known = {(o, i) for o, i in self.db.execute("SELECT owner, ino FROM replicas")}
+        for owner_dir in os.scandir(self.root):
+            if not owner_dir.is_dir(follow_symlinks=False):
+                continue
+            for f in os.scandir(owner_dir.path):
+                try:
+                    ident = (owner_dir.name, int(f.name))
+                except ValueError:
+                    continue
+                if ident in known:
+                    self._bytes[ident] = f.stat().st_size
+                else:
+                    os.unlink(f.path)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            self.db.close()
+
+    # -- what the takeover reads ------------------------------------------------------------------------
+
+    def path(self, owner: str, ino: int) -> str:
+        return str(self.root / owner / str(ino))
+
+    def owners(self) -> list[str]:
+        with self._lock:
+            rows = self.db.execute("SELECT owner FROM replicas UNION SELECT owner FROM deletes ORDER BY 1").fetchall()
+        return [r[0] for r in rows]
+
+    def _entry(self, row: tuple[Any, ...]) -> ReplicaEntry:
+        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint = row
+        return ReplicaEntry(owner, ino, key, version, size, bool(sealed), xxh3, copy_from, bool(marker), seq, mtime,
+                            checkpoint, self.path(owner, ino))
+
+    def entries(self, owner: str) -> list[ReplicaEntry]:
+        with self._lock:
+            rows = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE owner = ? ORDER BY seq, ino", (owner,)).fetchall()
+        return [self._entry(r) for r in rows]
+
+    def entry(self, owner: str, ino: int) -> ReplicaEntry | None:
+        with self._lock:
+            row = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+        return None if row is None else self._entry(row)
+
+    def deletes(self, owner: str) -> list[ReplicaDelete]:
+        with self._lock:
+            rows = self.db.execute("SELECT owner, op_id, key, seq FROM deletes WHERE owner = ? ORDER BY seq, op_id", (owner,)).fetchall()
+        return [ReplicaDelete(*r) for r in rows]
+
+    def held_bytes(self, owner: str | None = None) -> int:
+        with self._lock:
+            return sum(n for (o, _), n in self._bytes.items() if owner is None or o == owner)
+
+    def verify(self, entry: ReplicaEntry) -> bool:
+        """The data file's xxh3-128 equals the entry's (blocking: run it in a thread)."""
+        if entry.xxh3 is None:
+            return False
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return entry.size == 0 and entry.xxh3 == xxhash.xxh3_128_hexdigest(b"")
+        try:
+            if os.fstat(fd).st_size != entry.size:
+                return False
+            h = xxhash.xxh3_128()
+            _hash_range(fd, h, 0, entry.size)
+            return h.hexdigest() == entry.xxh3
+        finally:
+            os.close(fd)
+
+    # -- dropping ----------------------------------------------------------------------------------------
+
+    def drop(self, owner: str, ino: int) -> None:
+        with self._lock:
+            self.db.execute("DELETE FROM replicas WHERE owner = ? AND ino = ?", (owner, ino))
+            self._sealed.discard((owner, ino))
+            self._forget_file(owner, ino)
+
+    def _forget_file(self, owner: str, ino: int) -> None:
+        fd = self._fds.pop((owner, ino), None)
+        if fd is not None:
+            os.close(fd)
+        self._hashed.pop((owner, ino), None)
+        self._bytes.pop((owner, ino), None)
+        try:
+            os.unlink(self.path(owner, ino))
+        except FileNotFoundError:
+            pass
+
+    def drop_delete(self, owner: str, op_id: int) -> None:
+        with self._lock:
+            self.db.execute("DELETE FROM deletes WHERE owner = ? AND op_id = ?", (owner, op_id))
+
+    def drop_owner(self, owner: str) -> None:
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("DELETE FROM replicas WHERE owner = ?", (owner,))
+                self.db.execute("DELETE FROM deletes WHERE owner = ?", (owner,))
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+            for o, ino in [k for k in self._bytes if k[0] == owner] + [k for k in self._fds if k[0] == owner]:
+                self._forget_file(o, ino)
+            self._sealed = {k for k in self._sealed if k[0] != owner}
+            if NODE_NAME.fullmatch(owner):
+                try:
+                    for f in os.scandir(self.root / owner):
+                        os.unlink(f.path)
+                    os.rmdir(self.root / owner)
+                except FileNotFoundError:
+                    pass
+
+    # -- what the listener applies (an owner's frames, in order) -------------------------------------------
+
+    def put_entry(self, owner: str, ino: int, meta: dict[str, Any]) -> None:
+        """Upsert a file's entry. A new version is not sealed until the owner seals it. ValueError: malformed."""
+        m = _check_meta(meta)
+        with self._lock:
+            row = self.db.execute("SELECT version, sealed FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            sealed = bool(row and row[0] == m["version"] and row[1])
+            if not sealed:
+                self._sealed.discard((owner, ino))
+            self.db.execute(
+                f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
+                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND version = ?), ?, ?, ?, ?, ?)",
+                (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["version"], m["copy_from"],
+                 m["marker"], m["seq"], m["mtime"], m["checkpoint"]))
+
+    def is_sealed(self, owner: str, ino: int) -> bool:
+        return (owner, ino) in self._sealed
+
+    def unseal(self, owner: str, ino: int) -> None:
+        """Record the replica unsealed (committed) before its bytes change. Blocking: run it in a thread."""
+        with self._lock:
+            self.db.execute("UPDATE replicas SET sealed = 0 WHERE owner = ? AND ino = ?", (owner, ino))
+            self._sealed.discard((owner, ino))
+
+    def _fd(self, owner: str, ino: int) -> int:
+        fd = self._fds.get((owner, ino))
+        if fd is None:
+            (self.root / owner).mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(self.path(owner, ino), os.O_RDWR | os.O_CREAT, 0o600)
+            self._fds[(owner, ino)] = fd
+            self._bytes.setdefault((owner, ino), os.fstat(fd).st_size)
+        return fd
+
+    def room(self) -> int:
+        """Bytes replicas may still add: the capacity left, and the disk above the cache's reserve."""
+        st = os.statvfs(self.root)
+        with self._lock:
+            held = sum(self._bytes.values())
+        return min(self.capacity - held, st.f_bavail * st.f_frsize - self.min_free)
+
+    def reserve(self, owner: str, ino: int, end: int) -> int:
+        """Make room for the replica to reach `end` bytes (ReplicaFull if there is none); returns its fd."""
+        with self._lock:
+            fd = self._fd(owner, ino)
+            grow = end - self._bytes.get((owner, ino), 0)
+            if grow > 0:
+                room = self.room()
+                if grow > room:
+                    raise ReplicaFull(f"replicas of other nodes would pass peer_capacity ({self.capacity} bytes) "
+                                      f"or the cache disk's reserve: {max(room, 0)} bytes left, {grow} needed")
+                self._bytes[(owner, ino)] = end
+            return fd
+
+    def wrote(self, owner: str, ino: int, offset: int) -> None:
+        """Bytes were written at `offset`: a hash state past it no longer holds."""
+        hashed = self._hashed.get((owner, ino))
+        if hashed is not None and offset < hashed.upto:
+            del self._hashed[(owner, ino)]
+
+    def truncate(self, owner: str, ino: int, size: int) -> None:
+        with self._lock:
+            fd = self.reserve(owner, ino, size)
+            os.ftruncate(fd, size)
+            self._bytes[(owner, ino)] = size
+            self.wrote(owner, ino, size)
+
+    def seal(self, owner: str, ino: int, version: int, size: int, xxh3: str) -> str:
+        """Make the replica durable and check it: fsync the data, hash it from the disk, compare with the owner's
+        xxh3, record it sealed (committed, fsynced). Raises ReplicaMismatch, ReplicaUnknown, OSError.
+        Blocking: run it in a thread. An entry renamed from a durable file (`copy_from`) with no bytes sent is
+        sealed as metadata: its bytes are in the bucket already."""
+        entry = self.entry(owner, ino)
+        if entry is None:
+            raise ReplicaUnknown(f"no entry for inode {ino} of {owner}")
+        if entry.copy_from is not None and (owner, ino) not in self._bytes:
+            mine = xxh3
+        else:
+            with self._lock:
+                fd = self._fd(owner, ino)
+            os.fsync(fd)
+            on_disk = os.fstat(fd).st_size
+            if on_disk != size:
+                raise ReplicaMismatch(f"the peer holds {on_disk} bytes of inode {ino}, the owner sealed {size}")
+            mine = self._hash(owner, ino, fd, size)
+            with self._lock:  # a sealed replica is read again only by a takeover or a later write
+                fd = self._fds.pop((owner, ino), None)
+                if fd is not None:
+                    os.close(fd)
+            dir_fd = os.open(self.root / owner, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)  # the file's name is durable too
+            finally:
+                os.close(dir_fd)
+        if mine != xxh3:
+            raise ReplicaMismatch(f"the peer's xxh3 of inode {ino} ({size} bytes) is {mine}, the owner's {xxh3}")
+        with self._lock:
+            self.db.execute("UPDATE replicas SET sealed = 1, xxh3 = ?, version = ?, size = ? WHERE owner = ? AND ino = ?",
+                            (mine, version, size, owner, ino))
+            self._sealed.add((owner, ino))
+        return mine
+
+    def _hash(self, owner: str, ino: int, fd: int, size: int) -> str:
+        with self._lock:
+            hashed = self._hashed.pop((owner, ino), None)
+        if hashed is None or hashed.upto > size:
+            hashed = _Hashed(xxhash.xxh3_128(), 0)
+        _hash_range(fd, hashed.state, hashed.upto, size)
+        hashed.upto = size
+        with self._lock:
+            self._hashed[(owner, ino)] = hashed
+        return hashed.state.copy().hexdigest()
+
+    def forget(self, owner: str, ino: int, version: int | None) -> None:
+        """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one."""
+        with self._lock:
+            row = self.db.execute("SELECT version FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            if version is None or row is None or row[0] <= version:
+                self.drop(owner, ino)
+
+    def add_delete(self, owner: str, op_id: int, key: str, seq: int) -> None:
+        with self._lock:
+            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq) VALUES (?, ?, ?, ?)", (owner, op_id, key, seq))
+
+    def holdings(self, owner: str) -> list[dict[str, Any]]:
+        return [{"ino": e.ino, "version": e.version, "size": e.size, "sealed": e.sealed, "xxh3": e.xxh3}
+                for e in self.entries(owner)]
+
+
+def _hash_range(fd: int, h: Any, start: int, end: int) -> None:
+    offset = start
+    while offset < end:
+        data = os.pread(fd, min(HASH_CHUNK, end - offset), offset)
+        if not data:
+            raise OSError(errno.EIO, f"replica file shorter than {end} bytes")
+        h.update(data)
+        offset += len(data)

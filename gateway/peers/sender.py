@@ -1,0 +1,673 @@
+"""The owner's side of peer durability: which bytes go to which peer when, and when a file is `replicated`.
+
+Why the bytes stream while they are written: an fsync (or the FLUSH of a close) under `durability = peer`
+returns once R peers hold the file, and a checkpoint shard is written in seconds; sending it only at fsync
+would make every save wait for a whole second copy over the network. So each change is noticed as it
+happens (copy mode: the namespace's `OpenFiles.on_bytes`/`on_truncate`, on the trio thread; a file the
+kernel writes itself under passthrough: its cache file's size, polled while it is open) and each peer is
+owed the changed ranges, read from the cache file when sent (a range written twice before it goes out goes
+once). An fsync then waits only for the tail and the seal.
+
+A *channel* is one chosen peer (`Membership.targets()` order: the first R that answer). It owes its peer,
+per file, byte ranges, a truncate, the entry meta (key, copy_from, commit marker, checkpoint) and a seal.
+A seal carries the whole file's xxh3-128 (what the drain computes), so the peer's copy is checked end to
+end: a copy that differs (a range the kernel rewrote in place under passthrough, which no size poll sees)
+is sent again whole. A file is replicated when its current version is sealed on R channels: in memory,
+re-learnt after a restart from `PeerLink.holdings()` (sealed, same version and size: nothing resent).
+A channel that fails (PeerError, PeerFull, no answer within `peer_timeout`) is dropped and its node rested
+for `peer_timeout`; the next candidate gets every file not yet durable again. When fewer than R answer,
+`on_no_peer` decides: `degrade` acknowledges (counted, logged once per file) or `fail` answers EIO.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
+
+import trio
+import xxhash
+
+from ..journal import DURABLE, Row
+from ..namespace import Namespace, under
+from ..patterns import Patterns
+from .link import Held, PeerError, PeerLink, SealMismatch
+
+log = logging.getLogger(__name__)
+
+CHUNK = 16 << 20  # bytes per write frame (sendfile from the cache file)
+MAX_EXTENTS = 64  # ranges owed per file before they are merged into one covering range
+POLL_SECONDS = 0.05  # passthrough writers' sizes
+HOUSEKEEPING_SECONDS = 1.0  # queued deletes looked at, missing channels filled
+
+
+class Target(Protocol):
+    """A candidate peer (membership.PeerState)."""
+
+    node: str
+    addr: str
+
+
+LinkOpener = Callable[[str, str], Awaitable[PeerLink]]  # (node, addr) -> a connected, authenticated link
+
+
+class TokenBucket:
+    """`peer_max_bandwidth`: bytes per second over all channels (one second of burst; a chunk larger than
+    the burst is let through and paid for by waiting after). 0: no cap. A dozen lines, where the rate
+    limiters on PyPI are asyncio's or threads'."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.clock = rate, clock
+        self.tokens = rate
+        self.at = clock()
+
+    async def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        while True:
+            now = self.clock()
+            self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            need = min(n, self.rate)
+            if self.tokens >= need:
+                self.tokens -= n
+                return
+            await trio.sleep((need - self.tokens) / self.rate)
+
+
+@dataclass
+class Owed:
+    """What one channel still has to send its peer of one file."""
+
+    since: float  # monotonic: the oldest change not yet sent
+    extents: list[list[int]] = field(default_factory=list)  # [start, end), in the order written
+    truncate_to: int | None = None  # the smallest size truncated to since the last send
+    entry: bool = True  # the entry meta (key...) to (re)send
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        last = self.extents[-1] if self.extents else None
+        if last is not None and start <= last[1] and end >= last[0]:
+            last[0], last[1] = min(last[0], start), max(last[1], end)
+        else:
+            self.extents.append([start, end])
+        if len(self.extents) > MAX_EXTENTS:
+            self.extents = [[min(e[0] for e in self.extents), max(e[1] for e in self.extents)]]
+
+    def truncate(self, size: int) -> None:
+        self.truncate_to = size if self.truncate_to is None else min(self.truncate_to, size)
+        self.extents = [[s, min(e, size)] for s, e in self.extents if s < size]
+
+
+@dataclass(frozen=True)
+class Hashed:
+    """The last xxh3 taken of a file, and of which bytes: its version and size, and its cache file's size and mtime
+    then. While the cache file still has that size and mtime (and no write callback came), the peers sealed at that
+    version hold the file's bytes, even if a passthrough close or fsync has counted a new version since."""
+
+    version: int
+    size: int
+    stat: tuple[int, int]  # (st_size, st_mtime_ns) of the cache file when hashed
+    xxh3: str
+
+
+class Channel:
+    """One chosen peer and what it is owed."""
+
+    def __init__(self, node: str, addr: str) -> None:
+        self.node, self.addr = node, addr
+        self.link: PeerLink | None = None
+        self.ready = False  # connected and its holdings learnt
+        self.failed = False
+        self.owed: dict[int, Owed] = {}
+        self.sealed: dict[int, int] = {}  # ino -> version sealed on the peer
+        self.seal_wanted: set[int] = set()
+        self.forgets: dict[int, int | None] = {}  # ino -> version durable (None: removed) to tell the peer
+        self.deletes_sent: set[int] = set()
+        self.deletes_due = True  # the queued deletes to be looked at again
+        self.entries_sent: set[int] = set()
+        self.replicated_bytes = 0
+        self.wake = trio.Event()
+
+    def owe(self, ino: int, now: float) -> Owed:
+        owed = self.owed.get(ino)
+        if owed is None:
+            owed = self.owed[ino] = Owed(since=now)
+        self.wake.set()
+        return owed
+
+    def learn(self, s: Sender, held: dict[int, Held]) -> None:
+        """A new channel owes its peer every file not yet durable, but for those it already holds sealed at their
+        current version and size (after a restart: replicated without resending)."""
+        now = s.clock()
+        for ino in list(s.files):
+            cur = s.current(ino)
+            if cur is None:
+                continue
+            _, version, size = cur
+            h = held.get(ino)
+            if h is not None and h.sealed and h.version == version and h.size == size:
+                self.sealed[ino] = version
+                self.entries_sent.add(ino)
+                self.owe(ino, now)  # the entry again: it may have been renamed meanwhile
+                continue
+            owed = self.owe(ino, now)
+            owed.truncate(0)
+            owed.add(0, size)
+        for ino, h in held.items():
+            if ino not in s.files:
+                self.forgets[ino] = None  # durable or removed meanwhile
+        self.wake.set()
+
+    async def pump(self, s: Sender) -> bool:
+        """Send some of what the peer is owed; True if it did anything (look again before sleeping)."""
+        link = self.link
+        assert link is not None
+        did = False
+        for ino, version in list(self.forgets.items()):
+            del self.forgets[ino]
+            with trio.fail_after(s.timeout):
+                await link.forget(ino, version)
+            did = True
+        if self.deletes_due:
+            self.deletes_due = False
+            did = await self.send_deletes(s) or did
+        for ino in list(self.owed):
+            owed = self.owed.pop(ino, None)
+            if owed is None:
+                continue
+            did = True
+            cur = s.current(ino)
+            if cur is None:
+                if ino in self.entries_sent or ino in self.sealed:
+                    self.forgets[ino] = None
+                    self.sealed.pop(ino, None)
+                    self.entries_sent.discard(ino)
+                s.files.discard(ino)
+                continue
+            row, version, size = cur
+            if owed.entry or ino not in self.entries_sent:
+                meta = s.meta_of(ino, row, version, size)
+                if meta is not None:
+                    with trio.fail_after(s.timeout):
+                        await link.entry(ino, meta)
+                    self.entries_sent.add(ino)
+            if row.copy_from:
+                continue  # its bytes are in the bucket (a durable file renamed): the entry says where
+            if owed.truncate_to is not None:
+                with trio.fail_after(s.timeout):
+                    await link.truncate(ino, owed.truncate_to)
+            await self.send_ranges(s, ino, owed.extents)
+            live = s.ns.files.live.get(ino)
+            if (live is None or live.writers == 0) and not s.holds(self, ino, version):
+                self.seal_wanted.add(ino)  # closed: sealed without anyone asking, so it is replicated before it drains
+        for ino in list(self.seal_wanted):
+            if ino in self.owed:
+                continue  # its bytes first
+            did = await self.seal(s, ino) or did
+        return did
+
+    async def send_ranges(self, s: Sender, ino: int, extents: list[list[int]]) -> None:
+        if not extents:
+            return
+        link = self.link
+        assert link is not None
+        try:
+            fd = os.open(s.ns.cache.path(ino), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # removed meanwhile: the next pump forgets it
+        try:
+            size = os.fstat(fd).st_size
+            for start, end in extents:
+                end = min(end, size)
+                while start < end:
+                    n = min(CHUNK, end - start)
+                    await s.bandwidth.take(n)
+                    with trio.fail_after(s.timeout):
+                        await link.write(ino, fd, start, n)
+                    self.replicated_bytes += n
+                    s.replicated_bytes += n
+                    s.on_sent(n)
+                    start += n
+        finally:
+            os.close(fd)
+
+    async def send_deletes(self, s: Sender) -> bool:
+        """Object deletes queued by unlinks and renames of durable files, in order; done ones retired."""
+        link = self.link
+        assert link is not None
+        queued = {delete_id: key for delete_id, key, _ in s.ns.deletes}
+        did = False
+        for delete_id, key in queued.items():
+            if delete_id not in self.deletes_sent:
+                with trio.fail_after(s.timeout):
+                    await link.delete(delete_id, key, s.next_seq())
+                self.deletes_sent.add(delete_id)
+                did = True
+        for delete_id in [d for d in self.deletes_sent if d not in queued]:
+            with trio.fail_after(s.timeout):
+                await link.delete_done(delete_id)
+            self.deletes_sent.discard(delete_id)
+            did = True
+        return did
+
+    async def seal(self, s: Sender, ino: int) -> bool:
+        """Seal the file's current version on the peer; False if there was nothing to do or it must be tried again
+        (it changed while hashed: the pump looks again after POLL_SECONDS, or at the change)."""
+        link = self.link
+        assert link is not None
+        cur = s.current(ino)
+        if cur is None:
+            self.seal_wanted.discard(ino)
+            return False
+        row, version, size = cur
+        if s.holds(self, ino, version):
+            self.seal_wanted.discard(ino)
+            return False
+        if row.copy_from:
+            with trio.fail_after(s.timeout):
+                await link.barrier()  # the entry naming the object its bytes are in has arrived
+        else:
+            xxh3 = await s.digest(ino, version, size)
+            if xxh3 is None:
+                return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
+            try:
+                with trio.fail_after(s.timeout):
+                    await link.seal(ino, version, size, xxh3)
+            except SealMismatch:
+                log.info("peer %s: its copy of %s differs; sending it whole", self.node, s.ns.journal.path_of(ino))
+                owed = self.owe(ino, s.clock())
+                owed.truncate(0)
+                owed.add(0, size)
+                return True
+        self.seal_wanted.discard(ino)
+        now = s.current(ino)
+        if now is not None and now[1] == version:
+            self.sealed[ino] = version
+            if s.sealed_on(ino, version) >= s.replicas:
+                s.single_since.pop(ino, None)
+        s.notify()
+        return True
+
+
+class Sender:
+    def __init__(self, cfg: Any, ns: Namespace, open_link: LinkOpener, targets: Callable[[], Sequence[Target]],
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg, self.ns, self.open_link, self.targets, self.clock = cfg, ns, open_link, targets, clock
+        self.replicas: int = cfg.peer_replicas
+        self.timeout: float = cfg.peer_timeout
+        self.fail = cfg.on_no_peer == "fail"
+        self.bandwidth = TokenBucket(cfg.peer_max_bandwidth, clock)
+        self.checkpoints = Patterns(cfg.checkpoint_patterns)
+        self.channels: dict[str, Channel] = {}
+        self.rested: dict[str, float] = {}  # node -> monotonic time its channel failed: not tried again for peer_timeout
+        self.files: set[int] = set()  # every file not yet durable that the peers must hold
+        self.single_since: dict[int, float] = {}  # files not replicated -> monotonic time they became so
+        self.degraded: set[int] = set()  # files acknowledged single-copy (logged once each)
+        self.degraded_writes = 0
+        self.replicated_bytes = 0
+        self.passthrough_inos: Callable[[], Iterable[int]] = lambda: ()  # fs.py's passthrough writers (the daemon wires it)
+        self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
+        self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
+        self._pt_sizes: dict[int, int] = {}
+        self._hashed: dict[int, Hashed] = {}  # dropped at every change the namespace reports
+        self._seq = 0
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._digest_threads = trio.CapacityLimiter(2)
+        ns.files.on_bytes = self._on_bytes
+        ns.files.on_truncate = self._on_truncate
+        ns.tree.on_paths_changed = self._on_paths_changed
+        ns.uploads.on_file_durable = self._on_durable
+
+    # ------------------------------------------------------------------ state
+    def current(self, ino: int) -> tuple[Row, int, int] | None:
+        """(row, version, size) of a file the peers must hold; None if durable, removed or not a file."""
+        try:
+            row = self.ns.files.row(ino)
+        except OSError:
+            return None
+        if row.kind != "file" or row.parent is None or row.state == DURABLE:
+            return None
+        live = self.ns.files.live.get(ino)
+        return (row, live.version, live.size) if live is not None else (row, row.version, row.size)
+
+    def _healthy(self) -> list[Channel]:
+        return [ch for ch in self.channels.values() if not ch.failed]
+
+    def is_replicated(self, ino: int) -> bool:
+        """The file's current version is sealed on R peers (False for a durable file: it is more than that)."""
+        cur = self.current(ino)
+        if cur is None:
+            return False
+        return self.sealed_on(ino, cur[1]) >= self.replicas
+
+    def _versions_held(self, ino: int, version: int) -> set[int]:
+        """The sealed versions that hold the file's current bytes: `version`, and the one last hashed if its cache
+        file is as it was then (a passthrough close or fsync counts a version without a byte changed). None at all
+        if the cache file changed since that hash: the kernel wrote under passthrough, no version counted it yet."""
+        h = self._hashed.get(ino)
+        if h is None:
+            return {version}
+        try:
+            st = os.stat(self.ns.cache.path(ino))
+        except OSError:
+            return set()
+        return {version, h.version} if (st.st_size, st.st_mtime_ns) == h.stat else set()
+
+    def holds(self, ch: Channel, ino: int, version: int) -> bool:
+        return ch.ready and ch.sealed.get(ino) in self._versions_held(ino, version)
+
+    def sealed_on(self, ino: int, version: int) -> int:
+        held = self._versions_held(ino, version)
+        return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) in held)
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def next_seq(self) -> int:
+        """The owner's order of changes (entries, deletes), increasing across restarts too (wall-clock based)."""
+        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        return self._seq
+
+    # -------------------------------------------------- the namespace's callbacks
+    def _track(self, ino: int) -> bool:
+        """A file changed: it is single-copy until sealed again. False if the peers need not hold it."""
+        if ino not in self.files:
+            if self.current(ino) is None:
+                return False
+            self.files.add(ino)
+        self.single_since.setdefault(ino, self.clock())
+        self.notify()
+        return True
+
+    def _on_bytes(self, ino: int, offset: int, length: int) -> None:
+        self._hashed.pop(ino, None)
+        if not self._track(ino):
+            return
+        now = self.clock()
+        for ch in self._healthy():
+            ch.owe(ino, now).add(offset, offset + length)
+
+    def _on_truncate(self, ino: int, size: int) -> None:
+        self._hashed.pop(ino, None)
+        if not self._track(ino):
+            return
+        now = self.clock()
+        for ch in self._healthy():
+            ch.owe(ino, now).truncate(size)
+
+    def _on_paths_changed(self, inos: list[int]) -> None:
+        """Renamed, moved with a directory, unlinked or replaced: the peers get the new key (or forget the file)."""
+        now = self.clock()
+        for ch in self._healthy():
+            ch.deletes_due = True
+            ch.wake.set()
+        for ino in inos:
+            cur = self.current(ino)
+            if cur is None and ino not in self.files:
+                continue
+            if ino not in self.files:  # a durable file renamed: its bytes are in the bucket, copied to its new key
+                self.files.add(ino)
+                self.single_since.setdefault(ino, now)
+            for ch in self._healthy():
+                ch.owe(ino, now).entry = True
+        self.notify()
+
+    def _on_durable(self, ino: int, version: int) -> None:
+        """The drain made `version` durable: the peers drop their replicas of it."""
+        self._drop(ino, version)
+
+    def _drop(self, ino: int, version: int | None) -> None:
+        self.files.discard(ino)
+        self.single_since.pop(ino, None)
+        self.degraded.discard(ino)
+        self._pt_sizes.pop(ino, None)
+        self._hashed.pop(ino, None)
+        for ch in self.channels.values():
+            ch.owed.pop(ino, None)
+            ch.seal_wanted.discard(ino)
+            if ch.sealed.pop(ino, None) is not None or ino in ch.entries_sent:
+                ch.entries_sent.discard(ino)
+                ch.forgets[ino] = version
+                ch.wake.set()
+        self.notify()
+
+    def _poll_passthrough(self, ino: int) -> None:
+        """What the kernel wrote to a passthrough file since the last look: its new tail (a rewrite in place is
+        caught by the seal's checksum and sent again whole)."""
+        try:
+            size = os.stat(self.ns.cache.path(ino)).st_size
+        except OSError:
+            return
+        last = self._pt_sizes.get(ino)
+        self._pt_sizes[ino] = size
+        if last is None:
+            self._on_bytes(ino, 0, size)
+        elif size > last:
+            self._on_bytes(ino, last, size - last)
+        elif size < last:
+            self._on_truncate(ino, size)
+
+    # ------------------------------------------------------ what fs and control wait on
+    async def replicated(self, ino: int) -> None:
+        """Until the file's current version is sealed on R peers. No R peers answering: `degrade` returns
+        (counted, logged once per file), `fail` raises OSError(EIO)."""
+        if ino in self._pt_sizes or ino in set(self.passthrough_inos()):
+            self._poll_passthrough(ino)
+        while True:
+            cur = self.current(ino)
+            if cur is None:
+                return  # durable, or removed: nothing to wait for
+            self._track(ino)
+            version = cur[1]
+            if self.sealed_on(ino, version) >= self.replicas:
+                self.single_since.pop(ino, None)
+                return
+            healthy = self._healthy()
+            for ch in healthy:
+                if not self.holds(ch, ino, version) and ino not in ch.seal_wanted:
+                    ch.seal_wanted.add(ino)
+                    ch.wake.set()
+            self._fill()
+            healthy = self._healthy()
+            if len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
+                self._no_peer(ino, len(healthy))
+                return
+            await self._changed.wait()
+
+    def _no_peer(self, ino: int, holders: int) -> None:
+        path = self.ns.journal.path_of(ino) or f"inode {ino}"
+        if self.fail:
+            raise OSError(errno.EIO, f"{path}: only {holders} of {self.replicas} peers hold a copy (on_no_peer = fail)")
+        self.degraded_writes += 1
+        self.on_degraded()
+        if ino not in self.degraded:
+            self.degraded.add(ino)
+            log.warning("%s: acknowledged with %d of %d peer copies: single-copy on this node until it drains "
+                        "(no other peer answers; on_no_peer = degrade)", path, holders, self.replicas)
+
+    def unreplicated_under(self, path: str) -> tuple[int, int]:
+        """(files, bytes) under mount-relative `path` that are neither durable nor replicated."""
+        files = size = 0
+        for ino in list(self.files):
+            cur = self.current(ino)
+            p = self.ns.journal.path_of(ino) if cur is not None else None
+            if p is not None and under(path, p) and self.sealed_on(ino, cur[1]) < self.replicas:  # type: ignore[index]
+                files += 1
+                size += cur[2]  # type: ignore[index]
+        return files, size
+
+    async def wait_replicated_under(self, path: str) -> None:
+        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable)."""
+        for ino in list(self.files):
+            p = self.ns.journal.path_of(ino)
+            if p is not None and under(path, p):
+                await self.replicated(ino)
+
+    # -------------------------------------------------------------- figures
+    def single_copy(self) -> tuple[int, float]:
+        """(bytes not yet durable and not replicated, age in seconds of the oldest of them)."""
+        now = self.clock()
+        size, oldest = 0, 0.0
+        for ino, since in list(self.single_since.items()):
+            cur = self.current(ino)
+            if cur is None:
+                continue
+            size += cur[2]
+            oldest = max(oldest, now - since)
+        return size, oldest
+
+    def channel_status(self) -> dict[str, dict[str, Any]]:
+        now = self.clock()
+        out = {}
+        for node, ch in self.channels.items():
+            waiting = [o.since for o in ch.owed.values()] + [self.single_since[i] for i in ch.seal_wanted if i in self.single_since]
+            out[node] = {"connected": ch.ready and not ch.failed, "lag_seconds": round(now - min(waiting), 3) if waiting else 0.0,
+                         "replicated_bytes": ch.replicated_bytes}
+        return out
+
+    # ------------------------------------------------------------------ run
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Channels to the first R targets that answer, kept filled; the passthrough poll; queued deletes."""
+        for row in self.ns.journal.pending_files():
+            if row.parent is not None:
+                self.files.add(row.ino)
+                self.single_since.setdefault(row.ino, self.clock())
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._fill()
+                task_status.started()
+                last_housekeeping = 0.0
+                while True:
+                    for ino in list(self.passthrough_inos()):
+                        self._poll_passthrough(ino)
+                    open_pt = set(self.passthrough_inos())
+                    for ino in [i for i in self._pt_sizes if i not in open_pt]:
+                        self._poll_passthrough(ino)  # its last bytes, then it is an ordinary file again
+                        del self._pt_sizes[ino]
+                        if self._track(ino):  # its close made a new version: sealed again, bytes or not
+                            for ch in self._healthy():
+                                ch.owe(ino, self.clock())
+                    if self.clock() - last_housekeeping >= HOUSEKEEPING_SECONDS:
+                        last_housekeeping = self.clock()
+                        self._fill()
+                        for ch in self._healthy():
+                            ch.deletes_due = True
+                            ch.wake.set()
+                    await trio.sleep(POLL_SECONDS)
+        finally:
+            self._nursery = None
+            for ch in self.channels.values():
+                ch.failed = True
+            self.channels.clear()
+
+    def _fill(self) -> None:
+        """Open channels to the next candidates until R are healthy (or none is left to try)."""
+        if self._nursery is None:
+            return
+        now = self.clock()
+        for node in [n for n, at in self.rested.items() if now - at >= self.timeout]:
+            del self.rested[node]
+        missing = self.replicas - len(self._healthy())
+        if missing <= 0:
+            return
+        for target in self.targets():
+            if missing <= 0:
+                break
+            if target.node in self.channels or target.node in self.rested:
+                continue
+            ch = self.channels[target.node] = Channel(target.node, target.addr)
+            self._nursery.start_soon(self._serve, ch)
+            missing -= 1
+
+    async def _serve(self, ch: Channel) -> None:
+        """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails."""
+        failed = False
+        try:
+            with trio.fail_after(self.timeout):
+                ch.link = await self.open_link(ch.node, ch.addr)
+                held = await ch.link.holdings()
+            ch.learn(self, held)
+            ch.ready = True
+            log.info("replicating to peer %s (%s)", ch.node, ch.addr)
+            self.notify()
+            while True:
+                ch.wake = trio.Event()
+                if not await ch.pump(self):
+                    # a seal that found the file changing is tried again soon even if no callback says so
+                    with trio.move_on_after(POLL_SECONDS if ch.seal_wanted else math.inf):
+                        await ch.wake.wait()
+        except (PeerError, OSError, trio.TooSlowError) as e:
+            failed = True
+            why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
+            log.warning("peer %s (%s) dropped: %s; its files go to the next candidate", ch.node, ch.addr, why)
+        finally:
+            ch.failed = True
+            if self.channels.get(ch.node) is ch:
+                del self.channels[ch.node]
+            self.rested[ch.node] = self.clock()
+            if ch.link is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    try:
+                        await ch.link.aclose()
+                    except (PeerError, OSError):
+                        pass
+            self.notify()
+        if failed:
+            self._fill()
+
+    def meta_of(self, ino: int, row: Row, version: int, size: int) -> dict[str, Any] | None:
+        path = self.ns.journal.path_of(ino)
+        if path is None:
+            return None
+        cp = self.checkpoints.checkpoint_of(path, is_dir=False)
+        return {"key": self.ns.keys.of(path), "version": version, "size": size, "copy_from": row.copy_from,
+                "marker": self.ns.backlog.is_marker(path.rsplit("/", 1)[-1]), "seq": self.next_seq(),
+                "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None}
+
+    async def digest(self, ino: int, version: int, size: int) -> str | None:
+        """The xxh3-128 of the file's cache copy at `version` (shared by the channels). None if the cache file is not
+        that version's bytes now: it changed while hashed, or the kernel wrote more under passthrough."""
+        path = self.ns.cache.path(ino)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        stat = (st.st_size, st.st_mtime_ns)
+        if st.st_size != size:
+            return None
+        known = self._hashed.get(ino)
+        if known is not None and (known.version, known.size, known.stat) == (version, size, stat):
+            return known.xxh3
+
+        def hash_file() -> str:
+            h = xxhash.xxh3_128()
+            with open(path, "rb", buffering=0) as f:
+                left = size
+                while left > 0:
+                    chunk = f.read(min(CHUNK, left))
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    left -= len(chunk)
+            return h.hexdigest()
+
+        try:
+            value = await trio.to_thread.run_sync(hash_file, limiter=self._digest_threads)
+            after = os.stat(path)
+        except OSError:
+            return None
+        cur = self.current(ino)
+        if (after.st_size, after.st_mtime_ns) != stat or cur is None or cur[1] != version or cur[2] != size:
+            return None
+        self._hashed[ino] = Hashed(version, size, stat, value)
+        return value
+

@@ -1,0 +1,129 @@
+"""`Peers`: what the rest of the daemon sees of peer durability, and the services behind it, each supervised.
+
+Why one facade: fs.py waits on `replicated`, the drain on `gate`, the control socket reads `status` and
+`unreplicated_under`, the lifecycle hears `on_taken_over`; none of them needs to know that a listener,
+node records, a sender and a takeover loop do the work. Built by the daemon only with `durability = peer`.
+
+Each part runs under the daemon's supervisor (`supervisor.supervise`): a peer that misbehaves, a broken
+connection or a full replica disk is an error of that part, logged, counted and restarted; the mount goes on.
+Order at start: the listener first (its bound port goes into the node record), then the node record and the
+others' (the sender chooses among them), then the sender and the takeover loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import trio
+
+from ..cache import Cache
+from ..namespace import Namespace
+from ..peering import node_name_of, read_secret
+from ..storeapi import ObjectStore
+from ..supervisor import Supervisor
+from .link import PeerLink
+from .listener import Listener
+from .membership import Membership, new_incarnation
+from .reconcile import Reconcile
+from .replicas import ReplicaStore
+from .sender import Sender
+from .sweep import Sweep
+from .takeover import Takeover
+
+log = logging.getLogger(__name__)
+
+
+class Peers:
+    def __init__(self, cfg: Any, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Any, supervisor: Supervisor) -> None:
+        self.cfg, self.ns, self.cache, self.store, self.metrics, self.supervisor = cfg, ns, cache, store, metrics, supervisor
+        self.me = node_name_of(cfg)
+        self.incarnation = new_incarnation()
+        self.secret = read_secret(cfg.peer_secret_file)
+        self.replicas = ReplicaStore(cfg, cfg.cache_dir)
+        self.listener = Listener(cfg, self.replicas, self.secret, self.me)
+        self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr)
+        self.sender = Sender(cfg, ns, self._open_link, self.membership.targets)
+        self.takeover = Takeover(cfg, store, self.replicas, self.membership, ns.keys)  # type: ignore[arg-type]
+        self.reconcile = Reconcile(cfg, ns, store, self.membership)  # type: ignore[arg-type]
+        self.sweep = Sweep(cfg, store, self.replicas, self.membership)  # type: ignore[arg-type]
+        self._reconciling = False
+        # mount-relative checkpoint paths a takeover uploaded files into (the daemon: the lifecycle tracker)
+        self.on_taken_over: list[Callable[[list[str]], None]] = self.takeover.on_taken_over
+        # the counters metrics.py declares for the peers (peers-surface); absent there, nothing is counted
+        sent, degraded = getattr(metrics, "peer_replicated_bytes", None), getattr(metrics, "peer_degraded_writes", None)
+        takeovers = getattr(metrics, "peer_takeovers", None)
+        if sent is not None and degraded is not None and takeovers is not None:
+            self.sender.on_sent = sent.inc
+            self.sender.on_degraded = degraded.inc
+            self.on_taken_over.append(lambda paths: takeovers.inc())
+
+    async def _open_link(self, node: str, addr: str) -> PeerLink:
+        return await PeerLink.open(self.cfg, self.me, self.incarnation, node, addr, self.secret)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listener, membership, sender, each supervised. An address the listener cannot bind raises the OSError
+        before started (the daemon's one line)."""
+        supervise = self.supervisor.supervise
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervise, "peer-listener", self.listener.run)
+            self.membership.peer_addr = self.listener.addr  # port 0: the one bound, announced in the node record
+            await nursery.start(supervise, "peer-membership", self.membership.run)
+            await nursery.start(supervise, "peer-reconcile", self._reconcile)
+            await nursery.start(supervise, "peer-sender", self.sender.run)
+            await nursery.start(supervise, "peer-takeover", self.takeover.run)
+            await nursery.start(supervise, "peer-sweep", self.sweep.run)
+            task_status.started()
+
+    async def _reconcile(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Taken over while away (at start) or while paused (fenced later): set the journal right, then rejoin."""
+        task_status.started()
+        while True:
+            if self.membership.must_reconcile:
+                self._reconciling = True
+                try:
+                    await self.reconcile.run()
+                finally:
+                    self._reconciling = False
+            await trio.sleep(max(0.2, self.cfg.peer_lease_ttl / 6))
+
+    async def gate(self) -> None:
+        """The drain's fence: at once while this node's lease is valid; a fenced node waits for its reconcile."""
+        await self.membership.admit()
+
+    async def replicated(self, ino: int) -> None:
+        await self.sender.replicated(ino)
+
+    def is_replicated(self, ino: int) -> bool:
+        return self.sender.is_replicated(ino)
+
+    def unreplicated_under(self, path: str) -> tuple[int, int]:
+        return self.sender.unreplicated_under(path)
+
+    async def wait_replicated_under(self, path: str) -> None:
+        await self.sender.wait_replicated_under(path)
+
+    def status(self) -> dict[str, Any]:
+        """This node, its peers and the single-copy window (`ckptfs status --json`'s `peers` is the list here)."""
+        own = self.membership.status()
+        channels = self.sender.channel_status()
+        peers = []
+        for p in own.get("peers", []):
+            ch = channels.get(p["node"], {})
+            peers.append({**p, "lag_seconds": ch.get("lag_seconds", 0.0), "replicated_bytes": ch.get("replicated_bytes", 0),
+                          "connected": ch.get("connected", False)})
+        single_bytes, single_age = self.sender.single_copy()
+        return {
+            "node": self.me,
+            "incarnation": self.incarnation,
+            "state": "reconciling" if self._reconciling else own.get("state"),
+            "failure_domain": self.cfg.failure_domain,
+            "peer_addr": self.listener.addr,
+            "peers": peers,
+            "single_copy_bytes": single_bytes,
+            "single_copy_oldest_age_seconds": round(single_age, 3),
+            "replicated_bytes": self.sender.replicated_bytes,
+            "replica_bytes_held": self.replicas.held_bytes(),
+            "takeovers": self.takeover.takeovers_total,
+            "degraded_writes": self.sender.degraded_writes,
+        }

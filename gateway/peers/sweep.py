@@ -1,0 +1,101 @@
+"""Replicas that outlived their file's durability, dropped: no replica stays more than `peer_drop_grace` after it.
+
+The owner tells its peers as soon as a file is durable (`forget`); that message can be lost (a broken
+connection, the owner killed right after its upload), and an owner can be gone for good, taken over by
+another holder. So every half of `peer_drop_grace` the sweep asks the bucket:
+
+* an owner whose record is gone, or whose takeover another node finished: all its replicas go (the
+  bucket has what could be made durable);
+* an entry older than half the grace whose key holds an object with the entry's xxh3: durable, dropped;
+* a queued delete whose key holds nothing: done, dropped.
+An owner taken over by another node that has not finished keeps its replicas here: that takeover may
+have to be taken over.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import trio
+
+from .. import threads
+from ..config import Config
+from ..objects import NO_OBJECT, ObjectInfo, StoreError
+from ..upload import XXH3_META
+from .membership import Membership
+from .records import TAKEN_OVER, record_path
+from .replicas import ReplicaStore
+
+log = logging.getLogger(__name__)
+
+
+class SweepStore(Protocol):
+    """What the sweep asks of the object store."""
+
+    def head_object(self, key: str) -> ObjectInfo: ...
+
+
+@dataclass
+class SweepReport:
+    owners_dropped: list[str] = field(default_factory=list)
+    entries_dropped: list[str] = field(default_factory=list)  # keys
+    deletes_dropped: list[str] = field(default_factory=list)
+
+
+class Sweep:
+    def __init__(self, cfg: Config, store: SweepStore, replicas: ReplicaStore, membership: Membership,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg, self.store, self.replicas, self.membership, self.clock = cfg, store, replicas, membership, clock
+        self.dropped_total = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.cfg.peer_drop_grace / 2)
+            try:
+                await self.once()
+            except (StoreError, OSError) as e:  # the next sweep asks again; replicas are kept meanwhile, never lost
+                log.warning("sweep of replicas held for other nodes stopped short: %s", e)
+
+    async def _head(self, key: str) -> ObjectInfo | None:
+        try:
+            return await threads.call(functools.partial(self.store.head_object, key))
+        except StoreError as e:
+            if e.kind == NO_OBJECT:
+                return None
+            raise
+
+    async def once(self) -> SweepReport:
+        report = SweepReport()
+        old = self.clock() - self.cfg.peer_drop_grace / 2
+        for owner in self.replicas.owners():
+            record = self.membership.record_of(owner)
+            if record is None and await self._head(self.membership.key_of(record_path(owner))) is not None:
+                continue  # not in the records last read, but there (a read that failed, a node just back): next time
+            if record is None or (record.state == TAKEN_OVER and record.takeover_done and record.taken_over_by != self.membership.me):
+                why = "its record is gone" if record is None else f"{record.taken_over_by} took it over"
+                log.info("replicas of %s dropped (%d bytes): %s", owner, self.replicas.held_bytes(owner), why)
+                self.replicas.drop_owner(owner)
+                report.owners_dropped.append(owner)
+                continue
+            for e in self.replicas.entries(owner):
+                if e.mtime > old or not e.sealed or not e.xxh3:
+                    continue
+                info = await self._head(e.key)
+                if info is not None and info.size == e.size and info.metadata.get(XXH3_META) == e.xxh3:
+                    self.replicas.drop(owner, e.ino)
+                    report.entries_dropped.append(e.key)
+            for d in self.replicas.deletes(owner):
+                if await self._head(d.key) is None:
+                    self.replicas.drop_delete(owner, d.op_id)
+                    report.deletes_dropped.append(d.key)
+        dropped = len(report.entries_dropped) + len(report.deletes_dropped)
+        self.dropped_total += dropped
+        if dropped:
+            log.info("sweep: %d replicas of durable files and %d done deletes dropped (their owners' word was lost)",
+                     len(report.entries_dropped), len(report.deletes_dropped))
+        return report

@@ -1,0 +1,337 @@
+"""Taking over a dead node: what it acknowledged and the bucket lacks is uploaded from its replicas here, as it would have.
+
+A node holding replicas of a node whose lease ran out claims it (one conditional write of its record:
+exactly one holder wins), then finishes its work in the owner's order: renamed durable files copied
+inside the store, files uploaded, deletes applied, commit markers last, so a reader of the bucket sees the
+checkpoint commit as if its writer had finished. Then the record says `takeover_done`, the replicas go,
+and the `on_taken_over` hooks (the lifecycle tracker) hear which checkpoints had work.
+
+Never worse than doing nothing:
+* a replica whose bytes do not have the xxh3 its owner sealed it with is not uploaded (counted, logged);
+  an entry never sealed was never acknowledged, and is not uploaded either;
+* a HEAD before each upload: an object with the entry's xxh3 is durable already (skipped: a takeover
+  interrupted and run again, here or by another holder, sends nothing twice); an object written after the
+  entry's last change was written by another node since, and is never replaced (a conflict, counted);
+* a commit marker whose directory holds a file that could not be made durable is held back: a checkpoint
+  is never marked complete over a missing shard.
+A failed request leaves the takeover unfinished (`takeover_done` false): it runs again, here or elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import trio
+
+from .. import threads
+from ..config import Config
+from ..namespace.keys import Keys
+from ..objects import NO_OBJECT, ObjectInfo, StoreError
+from ..sizes import part_size_for, small_objects_in_flight
+from ..upload import XXH3_META, Abandoned, file_digests, put_multipart, put_whole
+
+from .membership import Membership
+from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
+
+log = logging.getLogger(__name__)
+
+RETRIED = (StoreError, OSError, Abandoned)  # a takeover that meets one is not done: the next round goes on with it
+HASHING_THREADS = 2  # replicas checked at once: each a sequential read of its file, on a node with its own work to do
+
+
+class TakeoverStore(Protocol):
+    """What a takeover asks of the object store (store.Store has it all)."""
+
+    def head_object(self, key: str) -> ObjectInfo: ...
+
+    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str: ...
+
+    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str: ...
+
+    def create_multipart(self, key: str, metadata: dict[str, str]) -> str: ...
+
+    def upload_part(self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int, crc32: str) -> str: ...
+
+    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]]) -> str: ...
+
+    def abort(self, key: str, upload_id: str) -> None: ...
+
+    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+@dataclass
+class TakeoverReport:
+    """What one takeover did, by entry."""
+
+    owner: str
+    uploaded: list[str] = field(default_factory=list)  # keys
+    uploaded_bytes: int = 0
+    copied: list[str] = field(default_factory=list)
+    already_durable: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)  # an object another node wrote since: left alone
+    corrupt: list[str] = field(default_factory=list)  # replica bytes without the sealed xxh3: not uploaded
+    unsealed: list[str] = field(default_factory=list)  # never acknowledged: not uploaded
+    lost: list[str] = field(default_factory=list)  # a renamed durable file whose source object is gone, no bytes here
+    deleted: list[str] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)
+    markers_held: list[str] = field(default_factory=list)  # a file under their directory is not in the bucket
+    checkpoints: list[str] = field(default_factory=list)  # mount-relative paths handed to `on_taken_over`
+
+
+@dataclass
+class _Checked:
+    xxh3: str
+    crcs: list[str]
+    part_size: int
+
+
+class Takeover:
+    def __init__(self, cfg: Config, store: TakeoverStore, replicas: ReplicaStore, membership: Membership, keys: Keys) -> None:
+        self.cfg, self.store, self.replicas, self.membership, self.keys = cfg, store, replicas, membership, keys
+        self.on_taken_over: list[Callable[[list[str]], None]] = []
+        self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
+        self.files = trio.CapacityLimiter(small_objects_in_flight(cfg.max_parts_in_flight))
+        self.hashing = trio.CapacityLimiter(HASHING_THREADS)
+        self.claimed: set[str] = set()  # won, not finished (a failed request): finished on the next round
+        self.takeovers_total = 0
+        self.uploaded_files_total = 0
+        self.uploaded_bytes_total = 0
+        self.conflicts_total = 0
+        self.corrupt_total = 0
+        self.failures_total = 0
+        self.last_error = ""
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Look for dead owners this node holds replicas of every third of the lease TTL, and take each over."""
+        task_status.started()
+        while True:
+            await self.round()
+            await trio.sleep(max(0.2, self.cfg.peer_lease_ttl / 3))
+
+    async def round(self) -> list[TakeoverReport]:
+        """One look: every held owner that is dead (or claimed here and unfinished) taken over; the reports of those done."""
+        dead_now = set(self.membership.dead())
+        done = []
+        for owner in self.replicas.owners():
+            if owner not in dead_now and owner not in self.claimed:
+                continue
+            try:
+                try:
+                    report = await self.take_over(owner)
+                except BaseExceptionGroup as group:  # from the parallel checks and uploads
+                    _, other = group.split(RETRIED)
+                    if other is not None:
+                        raise
+                    raise first(group) from None
+            except RETRIED as e:
+                self.failures_total += 1
+                self.last_error = f"takeover of {owner}: {e}"
+                log.warning("takeover of %s not finished, tried again in %.0fs: %s", owner, self.cfg.peer_lease_ttl / 3, e)
+                continue
+            if report is not None:
+                done.append(report)
+        return done
+
+    async def take_over(self, owner: str) -> TakeoverReport | None:
+        """Claim `owner` (unless claimed here already) and finish its work; None if another node won the claim."""
+        if owner not in self.claimed:
+            if not await self.membership.claim(owner):
+                # the winner uploads; ours stay until its takeover is done (the sweep drops them then), in case
+                # it dies before: a takeover can be taken over
+                log.info("node %s is dead and taken over by another holder of its replicas", owner)
+                return None
+            self.claimed.add(owner)
+            log.warning("node %s is dead: taking it over (%d files, %d deletes held here)", owner,
+                        len(self.replicas.entries(owner)), len(self.replicas.deletes(owner)))
+        report = await self.finish(owner)
+        self.claimed.discard(owner)
+        if not await self.membership.mark_takeover_done(owner):
+            # this node lost the claim meanwhile (paused past its own lease, and another holder took the takeover
+            # over): that holder finishes; what was uploaded here it finds in the bucket
+            log.warning("takeover of %s: this node no longer holds the claim; the node that does finishes it", owner)
+            return None
+        self.replicas.drop_owner(owner)
+        self.takeovers_total += 1
+        log.warning("takeover of %s done: %d files uploaded (%d bytes), %d copied, %d already durable, %d deletes, %d markers; "
+                    "%d conflicts, %d corrupt, %d never acknowledged, %d markers held back", owner, len(report.uploaded),
+                    report.uploaded_bytes, len(report.copied), len(report.already_durable), len(report.deleted),
+                    len(report.markers), len(report.conflicts), len(report.corrupt), len(report.unsealed), len(report.markers_held))
+        for hook in self.on_taken_over:
+            try:
+                hook(report.checkpoints)
+            except Exception:  # noqa: BLE001 - a hook's bug must not undo a finished takeover
+                log.exception("a hook on the takeover of %s failed", owner)
+        return report
+
+    # ---------------------------------------------------------------- the work
+    async def finish(self, owner: str) -> TakeoverReport:
+        """The owner's work, in its order: copies, uploads, deletes, markers. Raises on a failed request (run again)."""
+        report = TakeoverReport(owner)
+        latest: dict[str, ReplicaEntry] = {}
+        for e in self.replicas.entries(owner):  # by seq: a later entry for a key supersedes an earlier one
+            latest[e.key] = e
+        entries = sorted(latest.values(), key=lambda e: e.seq)
+        checked: dict[int, _Checked] = {}
+        async with trio.open_nursery() as nursery:
+            for e in entries:
+                if not e.sealed:
+                    report.unsealed.append(e.key)
+                    log.info("takeover of %s: %s was never acknowledged (not sealed): not uploaded", owner, e.key)
+                elif not e.copy_from:
+                    nursery.start_soon(self._check, e, checked, report)
+        durable: set[str] = set()  # keys whose file is in the bucket now
+
+        for e in entries:
+            if e.sealed and e.copy_from:
+                await self._copy(e, report, durable)
+        async with trio.open_nursery() as nursery:
+            for e in entries:
+                if e.ino in checked and not e.marker:
+                    nursery.start_soon(self._publish_limited, e, checked[e.ino], report, durable)
+        later = {e.key: e.seq for e in entries if e.key in durable}
+        for d in sorted(self.replicas.deletes(owner), key=lambda d: d.seq):
+            await self._delete(d, later, report)
+        missing = report.corrupt + report.unsealed + report.lost
+        for e in entries:
+            if e.marker and e.ino in checked:
+                folder = e.key.rpartition("/")[0] + "/"
+                if any(k.startswith(folder) for k in missing):
+                    report.markers_held.append(e.key)
+                    log.error("takeover of %s: commit marker %s held back: a file under its directory could not be made "
+                              "durable (%s)", owner, e.key, ", ".join(k for k in missing if k.startswith(folder)))
+                    continue
+                if await self._publish(e, checked[e.ino], report, durable):
+                    report.markers.append(e.key)
+        touched = [e for e in entries if e.key in durable]
+        report.checkpoints = sorted({e.checkpoint or self.keys.path(e.key) for e in touched}
+                                    | {self.keys.path(d) for d in report.deleted})
+        return report
+
+    async def _check(self, e: ReplicaEntry, checked: dict[int, _Checked], report: TakeoverReport) -> None:
+        """The replica's xxh3-128 against the one it was sealed with, and its parts' CRC32s in the same read."""
+        part_size = part_size_for(e.size, self.cfg.part_size) if e.size >= self.cfg.multipart_threshold else max(e.size, 1)
+
+        def digest() -> tuple[str, list[str]]:
+            fd = os.open(e.path, os.O_RDONLY)
+            try:
+                return file_digests(fd, e.size, part_size)
+            finally:
+                os.close(fd)
+
+        try:
+            async with self.hashing:
+                xxh3, crcs = await trio.to_thread.run_sync(digest)
+        except (OSError, Abandoned) as err:
+            xxh3, crcs = f"unreadable: {err}", []
+        if xxh3 != e.xxh3:
+            self.corrupt_total += 1
+            report.corrupt.append(e.key)
+            log.error("takeover of %s: the replica of %s does not have the xxh3 it was sealed with (%s, not %s): not uploaded",
+                      e.owner, e.key, xxh3, e.xxh3)
+            return
+        checked[e.ino] = _Checked(xxh3, crcs, part_size)
+
+    async def _head(self, key: str) -> ObjectInfo | None:
+        await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
+        try:
+            return await threads.call(functools.partial(self.store.head_object, key))
+        except StoreError as e:
+            if e.kind == NO_OBJECT:
+                return None
+            raise
+
+    def _judge(self, e: ReplicaEntry, info: ObjectInfo | None, report: TakeoverReport, durable: set[str]) -> bool:
+        """True if `e` must be written; False if the bucket has it already, or has something newer from another node."""
+        if info is None:
+            return True
+        if e.xxh3 and info.size == e.size and info.metadata.get(XXH3_META) == e.xxh3:
+            report.already_durable.append(e.key)
+            durable.add(e.key)
+            return False
+        if info.modified >= math.floor(e.mtime):  # LastModified has whole seconds: the same second counts as after
+            self.conflicts_total += 1
+            report.conflicts.append(e.key)
+            durable.add(e.key)  # the key holds a newer file: later deletes of it must not remove that
+            log.warning("takeover of %s: %s was written by another node after %s last changed it: left as it is, not "
+                        "replaced by the replica", e.owner, e.key, e.owner)
+            return False
+        return True
+
+    async def _copy(self, e: ReplicaEntry, report: TakeoverReport, durable: set[str]) -> None:
+        """A durable file renamed by its owner: its object copied inside the store to the new key."""
+        assert e.copy_from is not None
+        if not self._judge(e, await self._head(e.key), report, durable):
+            return
+        try:
+            async with self.parts:
+                await threads.call(functools.partial(self.store.copy, e.copy_from, e.key, e.size,
+                                                     part_size_for(e.size, self.cfg.part_size), self.cfg.copy_multipart_threshold))
+        except StoreError as err:
+            if err.kind != NO_OBJECT:
+                raise
+            self.corrupt_total += 1
+            report.lost.append(e.key)
+            log.error("takeover of %s: %s was renamed from %s, which is no longer in the bucket: it cannot be made durable",
+                      e.owner, e.key, e.copy_from)
+            return
+        report.copied.append(e.key)
+        durable.add(e.key)
+
+    async def _publish_limited(self, e: ReplicaEntry, c: _Checked, report: TakeoverReport, durable: set[str]) -> None:
+        async with self.files:
+            await self._publish(e, c, report, durable)
+
+    async def _publish(self, e: ReplicaEntry, c: _Checked, report: TakeoverReport, durable: set[str]) -> bool:
+        """Upload a checked replica unless the bucket has it or something newer; True if it is in the bucket now."""
+        info = await self._head(e.key)
+        if not self._judge(e, info, report, durable):
+            return e.key in durable
+        await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
+        fd = os.open(e.path, os.O_RDONLY)
+        try:
+            if e.size < self.cfg.multipart_threshold:
+                await threads.call_with_fd(fd, lambda own: put_whole(self.store, e.key, own, e.size, expect=c.xxh3))
+            else:
+                await put_multipart(self.store, e.key, fd, e.size, c.part_size, c.crcs, {XXH3_META: c.xxh3}, self.parts)
+        finally:
+            os.close(fd)
+        self.uploaded_files_total += 1
+        self.uploaded_bytes_total += e.size
+        report.uploaded.append(e.key)
+        report.uploaded_bytes += e.size
+        durable.add(e.key)
+        log.info("takeover of %s: uploaded %s (%d bytes)", e.owner, e.key, e.size)
+        return True
+
+    async def _delete(self, d: ReplicaDelete, later: dict[str, int], report: TakeoverReport) -> None:
+        """A delete the owner queued, unless a file it wrote at the key afterwards is in the bucket now."""
+        if later.get(d.key, -1) > d.seq:
+            return
+        await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
+        try:
+            await threads.call(functools.partial(self.store.delete, d.key))
+        except StoreError as e:
+            if e.kind != NO_OBJECT:
+                raise
+        report.deleted.append(d.key)
+
+    def stats(self) -> dict[str, Any]:
+        return {"takeovers": self.takeovers_total, "takeover_uploaded_files": self.uploaded_files_total,
+                "takeover_uploaded_bytes": self.uploaded_bytes_total, "takeover_conflicts": self.conflicts_total,
+                "takeover_corrupt_replicas": self.corrupt_total, "takeover_failures": self.failures_total}
+
+
+def first(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf of an exception group: the error a log line names."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

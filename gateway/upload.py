@@ -1,0 +1,116 @@
+"""A cache file's bytes into one object, as the bucket must hold them: the pieces every uploader shares.
+
+The drain uploads the files written here; a peer that takes over a dead node (peers/takeover.py)
+uploads that node's replicas. Both must write the same object for the same bytes (the whole file's
+xxh3-128 in `XXH3_META`, each part's CRC32 checked by the store), or a HEAD could not tell a file
+already durable from one that is not. So the hashing and the single-request upload live here, below
+both, rather than twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import zlib
+
+import trio
+import xxhash
+
+from . import threads
+from .objects import crc32_b64
+from .sizes import MiB
+from .storeapi import ObjectStore
+
+log = logging.getLogger(__name__)
+
+XXH3_META = "xxh3"  # user metadata key: x-amz-meta-xxh3 holds the whole file's xxh3-128 (hex)
+# A file up to this size is read whole into memory and sent as bytes: boto3 sends a file-like body
+# with `Expect: 100-continue`, a round trip to the store before the body for every small object.
+# Memory: at most this much per small PutObject in flight (`small_objects_in_flight`).
+BODY_IN_MEMORY = 1 * MiB
+
+
+class Abandoned(Exception):
+    """The file changed, moved or vanished while it was uploading."""
+
+
+def read_whole(fd: int, size: int) -> bytes:
+    """The `size` bytes of a small cache file (the bytes sent are the bytes hashed)."""
+    data = os.pread(fd, size, 0)
+    while len(data) < size:
+        more = os.pread(fd, size - len(data), len(data))
+        if not more:
+            raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
+        data += more
+    return data
+
+
+def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tuple[str, list[str]]:
+    """One pass over the cached bytes: the whole file's xxh3-128 and each part's CRC32."""
+    h = xxhash.xxh3_128()
+    crcs: list[str] = []
+    offset = 0
+    while True:
+        part_end = min(size, offset + part_size)
+        crc = 0
+        while offset < part_end:
+            data = os.pread(fd, min(chunk, part_end - offset), offset)
+            if not data:
+                raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
+            h.update(data)
+            crc = zlib.crc32(data, crc)
+            offset += len(data)
+        crcs.append(crc32_b64(crc))
+        if offset >= size:
+            return h.hexdigest(), crcs
+
+
+def put_whole(store: ObjectStore, key: str, fd: int, size: int, expect: str | None = None) -> tuple[str, str]:
+    """One PutObject of the file's `size` bytes at `key`, hashed in the same pass: (etag, xxh3). Blocking.
+
+    A change of the bytes between the hash and the send is refused by the store (the CRC32 sent no
+    longer matches), never published. `expect`: the xxh3 the bytes must have (a replica checked before):
+    other bytes raise Abandoned and are not sent."""
+    if size <= BODY_IN_MEMORY:
+        body = read_whole(fd, size)
+        xxh3 = xxhash.xxh3_128_hexdigest(body)
+        crc = crc32_b64(zlib.crc32(body))
+    else:
+        xxh3, crcs = file_digests(fd, size, max(size, 1))
+        crc = crcs[0]
+    if expect is not None and xxh3 != expect:
+        raise Abandoned(f"the bytes for {key} no longer have the xxh3 they were checked with ({xxh3}, not {expect})")
+    if size <= BODY_IN_MEMORY:
+        return store.put_object_body(key, body, crc, {XXH3_META: xxh3}), xxh3
+    return store.put_object(key, fd, size, crc, {XXH3_META: xxh3}), xxh3
+
+
+async def put_multipart(store: ObjectStore, key: str, fd: int, size: int, part_size: int, crcs: list[str],
+                        metadata: dict[str, str], parts: trio.CapacityLimiter) -> str:
+    """A whole file as one multipart upload, its parts sent in parallel (`parts` bounds them), from scratch: for an
+    uploader without a journal to resume from (a takeover, peers/takeover.py). On any failure the upload is aborted,
+    so nothing of it is left to cost storage. Returns the object's etag."""
+    upload_id = await threads.call(functools.partial(store.create_multipart, key, metadata))
+    etags: dict[int, str] = {}
+
+    async def send(n: int) -> None:
+        offset = (n - 1) * part_size
+        length = min(part_size, size - offset)
+        async with parts:
+            etags[n] = await threads.call_with_fd(
+                fd, lambda own: store.upload_part(key, upload_id, n, own, offset, length, crcs[n - 1]))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for n in range(1, len(crcs) + 1):
+                nursery.start_soon(send, n)
+        return await threads.call(functools.partial(
+            store.complete, key, upload_id, [(n, etags[n], crcs[n - 1]) for n in range(1, len(crcs) + 1)]))
+    except BaseException:
+        with trio.CancelScope(shield=True), trio.move_on_after(30):
+            try:
+                await threads.call(functools.partial(store.abort, key, upload_id))
+            except Exception as e:  # noqa: BLE001 - the first error is the one to report; a leaked upload is aborted later
+                log.warning("could not abort the multipart upload %s of %s: %s (aborted once stale)", upload_id, key, e)
+        raise

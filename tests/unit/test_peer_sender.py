@@ -1,0 +1,401 @@
+"""The owner's replication policy (peers/sender.py) on a real namespace (journal and cache in tmp_path), with
+fake peers: a fake link keeps each file's replica in memory as the listener keeps it on disk, and checks
+the seal's xxh3 as the real peer does. The transport itself is tested with real sockets elsewhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import xxhash
+
+from ckptfs.journal import ROOT_INODE
+from ckptfs.namespace import Namespace
+from ckptfs.peers.link import Held, PeerError, SealMismatch
+from ckptfs.peers.sender import Sender, TokenBucket
+
+from tests.unit.test_journal import make_ns
+
+
+def trio_test(fn: Any) -> Any:
+    """Run an async test under trio (the project has no pytest-trio)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        trio.run(functools.partial(fn, *args, **kwargs))
+
+    return run
+
+
+@dataclass
+class Replica:
+    data: bytearray = field(default_factory=bytearray)
+    meta: dict[str, Any] = field(default_factory=dict)
+    sealed: tuple[int, int, str] | None = None  # (version, size, xxh3)
+
+
+class FakePeer:
+    """One peer node: its replicas survive the links to it (a restart of the owner reconnects)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.addr = f"{node}:1"
+        self.replicas: dict[int, Replica] = {}
+        self.forgotten: list[tuple[int, int | None]] = []
+        self.deletes: dict[int, str] = {}
+        self.written = 0  # data bytes received
+        self.fail_at: str | None = None  # an operation that raises PeerError
+        self.hang_at: str | None = None  # an operation that never answers
+        self.links = 0
+
+    def held(self) -> dict[int, Held]:
+        return {ino: Held(ino, r.sealed[0], r.sealed[1], True, r.sealed[2]) if r.sealed else Held(ino, 0, len(r.data), False, None)
+                for ino, r in self.replicas.items()}
+
+
+class FakeLink:
+    def __init__(self, peer: FakePeer) -> None:
+        self.peer = peer
+        self.node = peer.node
+
+    async def _op(self, name: str) -> None:
+        await trio.sleep(0)
+        if self.peer.fail_at == name:
+            raise PeerError(f"{name}: connection reset")
+        if self.peer.hang_at == name:
+            await trio.sleep_forever()
+
+    async def holdings(self) -> dict[int, Held]:
+        await self._op("holdings")
+        return self.peer.held()
+
+    async def entry(self, ino: int, meta: dict[str, Any]) -> None:
+        await self._op("entry")
+        self.peer.replicas.setdefault(ino, Replica()).meta = dict(meta)
+
+    async def write(self, ino: int, fd: int, offset: int, length: int) -> None:
+        await self._op("write")
+        data = os.pread(fd, length, offset)
+        r = self.peer.replicas.setdefault(ino, Replica())
+        if len(r.data) < offset + len(data):
+            r.data.extend(b"\0" * (offset + len(data) - len(r.data)))
+        r.data[offset:offset + len(data)] = data
+        r.sealed = None
+        self.peer.written += len(data)
+
+    async def truncate(self, ino: int, size: int) -> None:
+        await self._op("truncate")
+        r = self.peer.replicas.setdefault(ino, Replica())
+        del r.data[size:]
+        r.data.extend(b"\0" * (size - len(r.data)))
+        r.sealed = None
+
+    async def seal(self, ino: int, version: int, size: int, xxh3: str) -> None:
+        await self._op("seal")
+        r = self.peer.replicas.setdefault(ino, Replica())
+        if len(r.data) != size or xxhash.xxh3_128_hexdigest(bytes(r.data)) != xxh3:
+            raise SealMismatch("xxh3 differs")
+        r.sealed = (version, size, xxh3)
+
+    async def forget(self, ino: int, version: int | None) -> None:
+        await self._op("forget")
+        self.peer.forgotten.append((ino, version))
+        self.peer.replicas.pop(ino, None)
+
+    async def delete(self, op_id: int, key: str, seq: int) -> None:
+        self.peer.deletes[op_id] = key
+
+    async def delete_done(self, op_id: int) -> None:
+        self.peer.deletes.pop(op_id, None)
+
+    async def barrier(self) -> None:
+        await self._op("barrier")
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Cluster:
+    def __init__(self, *peers: FakePeer) -> None:
+        self.peers = {p.node: p for p in peers}
+        self.down: set[str] = set()
+
+    def targets(self) -> list[FakePeer]:
+        return [p for p in self.peers.values() if p.node not in self.down]
+
+    async def open(self, node: str, addr: str) -> FakeLink:
+        peer = self.peers[node]
+        peer.links += 1
+        await trio.sleep(0)
+        if peer.fail_at == "open":
+            raise PeerError("connection refused")
+        return FakeLink(peer)
+
+
+def sender_for(ns: Namespace, cluster: Cluster, **opts: Any) -> Sender:
+    ns.cfg.peer_timeout = opts.get("peer_timeout", 5.0)
+    ns.cfg.peer_replicas = opts.get("peer_replicas", 1)
+    ns.cfg.on_no_peer = opts.get("on_no_peer", "degrade")
+    return Sender(ns.cfg, ns, cluster.open, cluster.targets)
+
+
+def create(ns: Namespace, name: str, parent: int = ROOT_INODE) -> tuple[int, int]:
+    row = ns.tree.create(parent, name, 0o644, 0, 0)
+    return row.ino, ns.files.open(row.ino, write=True, created=row)
+
+
+def close(ns: Namespace, ino: int, fd: int) -> None:
+    os.close(fd)
+    ns.files.release(ino, write=True)
+
+
+async def wait_for(cond: Any, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not cond():
+            await trio.sleep(0.01)
+
+
+def file_bytes(ns: Namespace, ino: int) -> bytes:
+    return Path(ns.cache.path(ino)).read_bytes()
+
+
+@trio_test
+async def test_bytes_stream_while_written_and_fsync_waits_for_the_seal(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "shard.pt")
+        first = os.urandom(3 << 20)
+        ns.files.write(ino, fd, 0, first)
+        # streamed without anyone waiting: the peer has the bytes before any fsync, not yet sealed
+        await wait_for(lambda: ino in b.replicas and bytes(b.replicas[ino].data) == first)
+        assert b.replicas[ino].sealed is None and not sender.is_replicated(ino)
+        assert b.replicas[ino].meta["key"] == "p/shard.pt" and b.replicas[ino].meta["marker"] is False
+        ns.files.write(ino, fd, len(first), b"tail")
+        ns.files.write(ino, fd, 0, b"head")  # a rewrite in place
+        await sender.replicated(ino)  # what fsync awaits
+        assert sender.is_replicated(ino)
+        assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
+        assert b.replicas[ino].sealed[0] == ns.files.live[ino].version
+        assert b.written < 2 * len(first)  # the body went once
+        ns.files.write(ino, fd, 10, b"x")
+        assert not sender.is_replicated(ino)  # a new version: single-copy again until sealed
+        assert sender.single_copy()[0] == len(file_bytes(ns, ino))
+        close(ns, ino, fd)
+        # closed: sealed without an fsync asking
+        await wait_for(lambda: sender.is_replicated(ino))
+        assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
+        assert sender.single_copy() == (0, 0.0)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_truncate_empty_files_and_markers_reach_the_peer(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "model.pt")
+        ns.files.write(ino, fd, 0, b"a" * 1000)
+        ns.files.truncate(ino, 10)
+        ns.files.write(ino, fd, 20, b"b")  # a hole at 10..20
+        await sender.replicated(ino)
+        assert bytes(b.replicas[ino].data) == file_bytes(ns, ino) == b"a" * 10 + b"\0" * 10 + b"b"
+        marker, mfd = create(ns, ".metadata")
+        await sender.replicated(marker)  # the FLUSH of an empty commit marker
+        assert b.replicas[marker].sealed is not None and b.replicas[marker].data == b""
+        assert b.replicas[marker].meta["marker"] is True
+        close(ns, ino, fd)
+        close(ns, marker, mfd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_rename_sends_the_new_key_and_unlink_forgets(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path, checkpoint_patterns=["step_{step}"])
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        d = ns.tree.mkdir(ROOT_INODE, "step_7", 0o755, 0, 0)
+        ino, fd = create(ns, "w.tmp", d.ino)
+        ns.files.write(ino, fd, 0, b"weights")
+        close(ns, ino, fd)
+        await sender.replicated(ino)
+        ns.tree.rename(d.ino, "w.tmp", d.ino, "w.pt", False)
+        await wait_for(lambda: b.replicas[ino].meta["key"] == "p/step_7/w.pt")
+        assert b.replicas[ino].meta["checkpoint"] == "step_7"
+        ns.tree.unlink(d.ino, "w.pt")
+        await wait_for(lambda: ino not in b.replicas)
+        assert (ino, None) in b.forgotten
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_durable_files_are_forgotten_by_their_peers(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, b"data")
+        close(ns, ino, fd)
+        await sender.replicated(ino)
+        ticket = ns.uploads.begin_upload(ino)
+        assert ticket is not None and ns.uploads.finish_upload(ticket, "etag", "h")
+        await wait_for(lambda: ino not in b.replicas)
+        assert b.forgotten == [(ino, ticket.version)]
+        await sender.replicated(ino)  # durable: returns at once
+        assert sender.files == set()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("fail_at", ["open", "write", "seal"])
+@trio_test
+async def test_a_failing_peer_is_replaced_by_the_next_candidate(tmp_path: Path, fail_at: str) -> None:
+    ns = make_ns(tmp_path)
+    a, b = FakePeer("a"), FakePeer("b")
+    a.fail_at = fail_at
+    sender = sender_for(ns, Cluster(a, b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        older, ofd = create(ns, "older")
+        ns.files.write(older, ofd, 0, b"o" * 5000)
+        close(ns, older, ofd)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, os.urandom(100_000))
+        await sender.replicated(ino)
+        assert "a" not in sender.channels and "b" in sender.channels
+        assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
+        # the next candidate got every file not yet durable, not only the one waited for
+        await wait_for(lambda: sender.is_replicated(older))
+        assert bytes(b.replicas[older].data) == b"o" * 5000
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_peer_that_does_not_answer_is_replaced_after_peer_timeout(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    a, b = FakePeer("a"), FakePeer("b")
+    a.hang_at = "seal"
+    sender = sender_for(ns, Cluster(a, b), peer_timeout=0.3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, b"z" * 70_000)
+        await sender.replicated(ino)
+        assert b.replicas[ino].sealed is not None and "a" not in sender.channels
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_no_peer_degrade_counts_and_acknowledges(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ns = make_ns(tmp_path)
+    a = FakePeer("a")
+    a.fail_at = "open"
+    sender = sender_for(ns, Cluster(a))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, b"alone")
+        await sender.replicated(ino)
+        await sender.replicated(ino)
+        assert sender.degraded_writes == 2
+        assert not sender.is_replicated(ino)
+        assert len([r for r in caplog.records if "single-copy" in r.getMessage()]) == 1  # once per file
+        assert sender.single_copy()[0] == 5
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_no_peer_fail_answers_eio(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    sender = sender_for(ns, Cluster(), on_no_peer="fail")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, b"alone")
+        with pytest.raises(OSError) as e:
+            await sender.replicated(ino)
+        assert e.value.errno == errno.EIO and "on_no_peer = fail" in str(e.value)
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_two_replicas_need_two_peers(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    a, b, c = FakePeer("a"), FakePeer("b"), FakePeer("c")
+    b.fail_at = "seal"
+    sender = sender_for(ns, Cluster(a, b, c), peer_replicas=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, b"twice")
+        await sender.replicated(ino)
+        assert {p.node for p in (a, b, c) if ino in p.replicas and p.replicas[ino].sealed} == {"a", "c"}
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_after_a_restart_what_peers_hold_sealed_is_not_sent_again(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    cluster = Cluster(b)
+    sender = sender_for(ns, cluster)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "kept")
+        ns.files.write(ino, fd, 0, os.urandom(50_000))
+        close(ns, ino, fd)
+        other, ofd = create(ns, "changed")
+        ns.files.write(other, ofd, 0, b"v1")
+        close(ns, other, ofd)
+        await sender.replicated(ino)
+        await sender.replicated(other)
+        nursery.cancel_scope.cancel()
+    ns.journal.close()
+    # the daemon restarts on the same cache directory; one file changed while the peer was not told
+    ns = make_ns(tmp_path)
+    fd = ns.files.open(other, write=True)
+    ns.files.write(other, fd, 0, b"v2!")
+    close(ns, other, fd)
+    written = b.written
+    sender = sender_for(ns, cluster)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        await sender.replicated(ino)
+        await sender.replicated(other)
+        assert sender.is_replicated(ino) and sender.is_replicated(other)
+        assert b.written - written == 3  # only the changed file's bytes went again
+        assert bytes(b.replicas[other].data) == b"v2!"
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_bandwidth_cap_spaces_the_bytes() -> None:
+    now = [0.0]
+    bucket = TokenBucket(1000, clock=lambda: now[0])
+    await bucket.take(1000)  # a second of burst
+    with trio.move_on_after(0.05) as waited:
+        await bucket.take(10)  # nothing left until time passes
+    assert waited.cancelled_caught
+    now[0] += 0.5
+    await bucket.take(10)
+    assert TokenBucket(0).rate == 0  # no cap
+    await TokenBucket(0).take(1 << 40)

@@ -1,0 +1,320 @@
+"""A dead node's replicas uploaded by the holder that takes it over (gateway/peers/takeover.py), against the in-memory
+store: byte-identical objects with the drain's xxh3 metadata, the owner's order (copies, uploads, deletes, markers
+last), nothing overwritten that another node wrote since, nothing uploaded twice, no corrupt or unacknowledged replica
+uploaded. The replica store and the node records are stand-ins (tests/support/fakepeers.py) until the transport and
+membership land; the node-loss trials with real daemons are the proof that the product works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+import xxhash
+
+from ckptfs.config import MiB, load_config
+from ckptfs.namespace.keys import Keys
+from ckptfs.objects import OTHER, StoreError
+from ckptfs.peers.membership import Membership
+from ckptfs.peers.takeover import Takeover
+from ckptfs.upload import XXH3_META
+from tests.support.replicas import hold, hold_delete, replica_store
+from tests.support.memstore import MemoryStore, StoredObject
+
+PART = 5 * MiB
+PREFIX = "p/"
+TTL = 3.0
+
+
+def config(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return load_config(environ={}, overrides=dict(
+        bucket="ckpt", prefix="p", mountpoint="/m", cache_dir=str(tmp_path), multipart_threshold=PART, part_size=PART,
+        max_parts_in_flight=3, peer_lease_ttl=TTL))
+
+
+class Clock:
+    """One node's wall and monotonic clock, where the test puts it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def member(store: MemoryStore, name: str, at: float, incarnation: str | None = None) -> Membership:
+    """A node's real Membership over the shared store, its clocks at `at`, announced and having read the others."""
+    clock = Clock(at)
+    m = Membership(config(Path("/tmp")), store, lambda path: PREFIX + path, name, incarnation or f"{name}-1",
+                   "127.0.0.1:7470", clock=clock, monotonic=clock)
+
+    async def start() -> None:
+        await m.announce()
+        await m.refresh()
+
+    trio.run(start)
+    return m
+
+
+def record(store: MemoryStore, name: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(store.objects[f"{PREFIX}.ckptfs/nodes/{name}.json"].body)  # type: ignore[no-any-return]
+
+
+def setup(tmp_path: Path, store: MemoryStore | None = None) -> tuple[Takeover, MemoryStore, Any, Membership]:
+    """Node a announced long ago and is gone; b (now) holds its replicas and sees it dead."""
+    store = store if store is not None else MemoryStore()
+    member(store, "a", time.time() - 10 * TTL)
+    b = member(store, "b", time.time())
+    assert b.dead() == ["a"]
+    replicas = replica_store(config(tmp_path), str(tmp_path))
+    return Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX)), store, replicas, b
+
+
+def run(t: Takeover) -> list:  # type: ignore[type-arg]
+    async def main() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(60):
+            return await t.round()
+    return trio.run(main)
+
+
+def digest(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def in_bucket(store: MemoryStore, key: str, data: bytes) -> None:
+    obj = store.objects.get(key)
+    assert obj is not None, f"{key} is not in the bucket"
+    assert obj.body == data, f"{key} in the bucket differs from the replica"
+    assert obj.metadata.get(XXH3_META) == digest(data), f"{key} lacks the drain's xxh3 metadata"
+
+
+def logging_store() -> MemoryStore:
+    """A MemoryStore that also logs (op, key) of every request that changes the bucket, in order across ops."""
+    store = MemoryStore()
+    store.log = []  # type: ignore[attr-defined]
+    enter = store._enter
+
+    def logged(op: str, key: str, *args: object) -> None:
+        if op in ("put_object", "put_object_body", "create_multipart", "complete", "copy", "delete", "put_marker"):
+            store.log.append((op, args[0] if op == "copy" else key))  # type: ignore[attr-defined]
+        enter(op, key, *args)
+
+    store._enter = logged  # type: ignore[method-assign]
+    return store
+
+
+def test_takeover_uploads_byte_identical_objects_in_the_owners_order(tmp_path: Path) -> None:
+    store = logging_store()
+    t, _, replicas, _ = setup(tmp_path, store)
+    now = time.time()
+    store.objects["p/old/big.bin"] = StoredObject(b"renamed bytes", "e-old", {XXH3_META: digest(b"renamed bytes")})
+    store.objects["p/gone.bin"] = StoredObject(b"deleted by a", "e-gone", {})
+    shard0 = os.urandom(3 * PART + 123)  # multipart: 4 parts in parallel
+    shard1 = os.urandom(200_000)
+    small = b"x" * (2 * MiB)  # a PutObject from the file, above BODY_IN_MEMORY
+    meta = b'{"shards": 2}'
+    hold(replicas, "a", 10, "p/step_100/.metadata", meta, seq=9, mtime=now, marker=True, checkpoint="step_100")
+    hold(replicas, "a", 11, "p/step_100/shard0.distcp", shard0, seq=3, mtime=now, checkpoint="step_100")
+    hold(replicas, "a", 12, "p/step_100/shard1.distcp", shard1, seq=4, mtime=now, checkpoint="step_100")
+    hold(replicas, "a", 13, "p/other/small.bin", small, seq=5, mtime=now)
+    hold(replicas, "a", 14, "p/new/big.bin", b"", seq=2, mtime=now, copy_from="p/old/big.bin", xxh3=digest(b"renamed bytes"), size=13)
+    hold_delete(replicas, "a", 1, "p/gone.bin", seq=6)
+    hold_delete(replicas, "a", 2, "p/old/big.bin", seq=7)
+    heard: list[list[str]] = []
+    t.on_taken_over.append(heard.append)
+
+    [report] = run(t)
+
+    in_bucket(store, "p/step_100/shard0.distcp", shard0)
+    in_bucket(store, "p/step_100/shard1.distcp", shard1)
+    in_bucket(store, "p/other/small.bin", small)
+    in_bucket(store, "p/step_100/.metadata", meta)
+    assert store.objects["p/new/big.bin"].body == b"renamed bytes"
+    assert "p/gone.bin" not in store.objects and "p/old/big.bin" not in store.objects
+    ops = store.log  # type: ignore[attr-defined]
+    kinds = [op for op, _ in ops]
+    assert kinds[0] == "copy", ops
+    last_upload = max(i for i, (op, k) in enumerate(ops) if op in ("put_object", "put_object_body", "complete") and ".metadata" not in k)
+    first_delete = kinds.index("delete")
+    assert last_upload < first_delete, f"deletes before the uploads finished: {ops}"
+    assert ops[-1] == ("put_object_body", "p/step_100/.metadata"), f"the commit marker is not last: {ops}"
+    assert len(store.calls["upload_part"]) == 4
+    assert record(store, "a")["takeover_done"] is True and record(store, "a")["taken_over_by"] == "b"
+    assert replicas.owners() == [] and not (tmp_path / "peers" / "a").exists()
+    assert heard == [sorted({"step_100", "other/small.bin", "new/big.bin", "gone.bin", "old/big.bin"})]
+    assert report.checkpoints == heard[0]
+    assert t.takeovers_total == 1
+
+
+def test_a_takeover_run_again_uploads_nothing_that_is_already_there(tmp_path: Path) -> None:
+    """A takeover interrupted, here or by another holder of the same replicas, and run again: a HEAD with the xxh3
+    finds what is already durable, and nothing is sent twice."""
+    store = MemoryStore()
+    now = time.time()
+    member(store, "a", now - 10 * TTL)
+    c = member(store, "c", now - 5 * TTL)  # a first taker, long dead too: its takeover of a is taken over
+    assert trio.run(c.claim, "a")
+    b = member(store, "b", now)
+    assert b.dead() == ["a", "c"]
+    replicas = replica_store(config(tmp_path), str(tmp_path / "b"))
+    t = Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX))
+    big = os.urandom(2 * PART + 7)
+    files = {f"p/step_5/rank{i}.pt": os.urandom(1000 + i) for i in range(4)}
+
+    def hold_all(replicas: Any) -> None:
+        for i, (key, data) in enumerate(files.items()):
+            hold(replicas, "a", 20 + i, key, data, seq=i, mtime=now, checkpoint="step_5")
+        hold(replicas, "a", 30, "p/step_5/big.pt", big, seq=10, mtime=now, checkpoint="step_5")
+        hold(replicas, "a", 31, "p/step_5/COMMIT", b"", seq=11, mtime=now, marker=True, checkpoint="step_5")
+
+    hold_all(replicas)
+    # c got two files and the big one out before it died; nothing else of a is in the bucket
+    for key in list(files)[:2]:
+        store.objects[key] = StoredObject(files[key], "e", {XXH3_META: digest(files[key])})
+    store.objects["p/step_5/big.pt"] = StoredObject(big, "e-big", {XXH3_META: digest(big)})
+
+    async def killed_before_done(node: str) -> bool:
+        raise StoreError(OTHER, "b was killed here")
+
+    t.membership.mark_takeover_done = killed_before_done  # type: ignore[method-assign]
+    assert run(t) == [] and t.failures_total == 1  # b uploaded, then died before takeover_done
+    for key, data in files.items():
+        in_bucket(store, key, data)
+    in_bucket(store, "p/step_5/big.pt", big)
+    assert "upload_part" not in store.calls and "create_multipart" not in store.calls
+    assert sorted(c[0] for op in ("put_object", "put_object_body") for c in store.calls.get(op, [])) == sorted(
+        [*list(files)[2:], "p/step_5/COMMIT"])
+    assert record(store, "a")["taken_over_by"] == "b" and not record(store, "a")["takeover_done"]
+
+    # d, a third holder, later: b is gone, so its takeover is taken over; everything is already there
+    d = member(store, "d", now + 5 * TTL)
+    assert "a" in d.dead()
+    replicas_d = replica_store(config(tmp_path), str(tmp_path / "d"))
+    hold_all(replicas_d)
+    sent = {op: len(calls) for op, calls in store.calls.items()}
+    [again] = run(Takeover(config(tmp_path), store, replicas_d, d, Keys(PREFIX)))
+    assert again.uploaded == [] and len(again.already_durable) == 6
+    for op in ("put_object", "put_object_body", "create_multipart", "upload_part", "complete", "copy"):
+        assert len(store.calls.get(op, [])) == sent.get(op, 0), f"{op} sent again"
+    assert record(store, "a")["taken_over_by"] == "d" and record(store, "a")["takeover_done"]
+
+
+def test_an_object_another_node_wrote_since_is_never_overwritten(tmp_path: Path) -> None:
+    t, store, replicas, _ = setup(tmp_path)
+    hold(replicas, "a", 40, "p/step_7/model.pt", b"a's version", seq=1, mtime=time.time() - 30)
+    newer = StoredObject(b"written by c after a's last change", "e-c", {XXH3_META: digest(b"written by c after a's last change")})
+    store.objects["p/step_7/model.pt"] = newer
+    older = StoredObject(b"an old object a replaced", "e-old", {}, mtime=time.time() - 60)
+    store.objects["p/step_7/optim.pt"] = older
+    hold(replicas, "a", 41, "p/step_7/optim.pt", b"a's optimizer state", seq=2, mtime=time.time() - 30)
+
+    [report] = run(t)
+
+    assert store.objects["p/step_7/model.pt"] is newer, "a newer object of another node was overwritten"
+    assert report.conflicts == ["p/step_7/model.pt"] and t.conflicts_total == 1
+    in_bucket(store, "p/step_7/optim.pt", b"a's optimizer state")  # older than a's change: a's bytes win, as its drain would
+
+
+def test_a_corrupt_or_unacknowledged_replica_is_not_uploaded_and_holds_its_marker(tmp_path: Path) -> None:
+    t, store, replicas, _ = setup(tmp_path)
+    now = time.time()
+    good = os.urandom(5000)
+    bad = hold(replicas, "a", 50, "p/step_9/shard0.pt", os.urandom(5000), seq=1, mtime=now)
+    with open(bad.path, "r+b") as f:  # a flipped byte on the holder's disk
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    hold(replicas, "a", 51, "p/step_9/shard1.pt", good, seq=2, mtime=now)
+    hold(replicas, "a", 52, "p/step_9/.metadata", b"{}", seq=3, mtime=now, marker=True)
+    hold(replicas, "a", 53, "p/step_10/shard0.pt", b"half written", seq=4, mtime=now, sealed=False)
+    big_bad = hold(replicas, "a", 54, "p/step_11/big.pt", os.urandom(PART + 1), seq=5, mtime=now)
+    with open(big_bad.path, "r+b") as f:
+        f.truncate(PART)  # shorter than its size
+
+    [report] = run(t)
+
+    assert "p/step_9/shard0.pt" not in store.objects and "p/step_11/big.pt" not in store.objects
+    assert "p/step_10/shard0.pt" not in store.objects
+    in_bucket(store, "p/step_9/shard1.pt", good)
+    assert "p/step_9/.metadata" not in store.objects, "a checkpoint was marked complete over a corrupt shard"
+    assert sorted(report.corrupt) == ["p/step_11/big.pt", "p/step_9/shard0.pt"] and t.corrupt_total == 2
+    assert report.unsealed == ["p/step_10/shard0.pt"]
+    assert report.markers_held == ["p/step_9/.metadata"]
+    assert "create_multipart" not in store.calls
+    assert record(store, "a")["takeover_done"]
+
+
+def test_one_winner_and_a_failed_request_leaves_the_takeover_to_run_again(tmp_path: Path) -> None:
+    store = MemoryStore()
+    now = time.time()
+    member(store, "a", now - 10 * TTL)
+    b, c = member(store, "b", now), member(store, "c", now)
+    assert trio.run(c.claim, "a")  # c won: b holds replicas of a too, and leaves them to c
+    trio.run(b.refresh)
+    replicas = replica_store(config(tmp_path), str(tmp_path))
+    data = os.urandom(3000)
+    hold(replicas, "a", 60, "p/x/y.bin", data, seq=1, mtime=now)
+    t = Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX))
+    assert run(t) == [] and "p/x/y.bin" not in store.objects and replicas.owners() == ["a"]
+    assert not trio.run(b.claim, "a")
+
+    t, store, replicas, b = setup(tmp_path / "second")
+    hold(replicas, "a", 60, "p/x/y.bin", data, seq=1, mtime=now)
+    store.fail("put_object_body", "server", times=1)
+    assert run(t) == []  # the claim is won, the upload fails: not done
+    assert not record(store, "a")["takeover_done"] and t.failures_total == 1 and replicas.owners() == ["a"]
+    [report] = run(t)  # the next round finishes it without claiming again
+    assert report.uploaded == ["p/x/y.bin"] and b.claims_total == 1
+    in_bucket(store, "p/x/y.bin", data)
+    assert record(store, "a")["takeover_done"] and record(store, "a")["taken_over_by"] == "b"
+
+
+def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_generation(tmp_path: Path) -> None:
+    """The taker's tracker hears of the checkpoint through `on_taken_over` (Tracker.taken_over) and commits it once
+    quiet, though this node's journal never knew its files; the manifest rank 0's node wrote without rank 1's shard
+    gets a new generation that lists it. Without the hook nothing commits it."""
+    from types import SimpleNamespace
+
+    from ckptfs.lifecycle.manifest import MANIFEST, files_of, next_manifest, read_manifest, write_manifest
+    from ckptfs.lifecycle.tracker import Tracker
+    from ckptfs.patterns import Patterns
+    from tests.unit.test_journal import make_ns
+
+    (tmp_path / "taker").mkdir()
+    ns = make_ns(tmp_path / "taker", checkpoint_quiet_seconds=0, checkpoint_tags=False)  # its journal knows nothing of step_100
+    t, store, replicas, _ = setup(tmp_path)
+    shard0 = os.urandom(1000)
+    store.objects["p/step_100/shard0.distcp"] = StoredObject(shard0, "e0", {XXH3_META: digest(shard0)}, mtime=time.time() - 100)
+    listing = store.list("p/step_100/", recursive=True)
+    write_manifest(store, f"p/step_100/{MANIFEST}", lambda old: next_manifest(old, "step_100", 100, files_of(listing, "p/step_100/"),
+                                                                               "quiet", None))
+    shard1 = os.urandom(3000)
+    hold(replicas, "a", 1, "p/step_100/shard1.distcp", shard1, seq=1, mtime=time.time(), checkpoint="step_100")
+    heard: list[list[str]] = []
+    t.on_taken_over.append(heard.append)
+
+    async def io(fn, *args):  # type: ignore[no-untyped-def]
+        return await trio.to_thread.run_sync(fn, *args)
+
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys, cfg=ns.cfg, store=store, io=io, on_commit=[])
+    tracker = Tracker(lc, str(tmp_path / "taker"))  # type: ignore[arg-type]
+    run(t)
+    store.objects["p/step_100/shard1.distcp"].mtime = time.time() - 100  # quiet in the bucket too
+    trio.run(tracker.tick)
+    assert read_manifest(store, f"p/step_100/{MANIFEST}").generation == 1  # type: ignore[union-attr]
+    tracker.settled("p/step_100/shard1.distcp")  # what the drain tells it: not enough, this journal has no step_100
+    trio.run(tracker.tick)
+    assert read_manifest(store, f"p/step_100/{MANIFEST}").generation == 1  # type: ignore[union-attr]
+
+    assert heard == [["step_100"]]
+    tracker.taken_over(heard[0])  # what the daemon wires to `on_taken_over`
+    trio.run(tracker.tick)
+    manifest = read_manifest(store, f"p/step_100/{MANIFEST}")
+    assert manifest is not None and manifest.generation == 2
+    assert sorted(f["path"] for f in manifest.files) == ["shard0.distcp", "shard1.distcp"]
+    assert {f["path"]: f["xxh3"] for f in manifest.files}["shard1.distcp"] == digest(shard1)

@@ -1,0 +1,463 @@
+"""The peer transport (issue 36): the handshake, the frames' MACs, and a real Listener and PeerLink over loopback
+moving a file from a tmpfs cache file into a ReplicaStore."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Awaitable, Callable
+
+import pytest
+import trio
+import trio.testing
+import xxhash
+
+from ckptfs.peers.link import PeerError, PeerFull, PeerLink, SealMismatch
+from ckptfs.peers.listener import Listener
+from ckptfs.peers.replicas import ReplicaStore
+from ckptfs.peers.wire import Kind, Reader, Session, WireError, client_handshake, server_handshake
+
+SECRET = b"s" * 40
+OTHER_SECRET = b"t" * 40
+MiB = 1 << 20
+
+
+def config(**over: Any) -> SimpleNamespace:
+    values = {"peer_addr": "127.0.0.1:0", "peer_timeout": 10.0, "peer_capacity": 0, "cache_min_free": 0}
+    values.update(over)
+    return SimpleNamespace(**values)
+
+
+@pytest.fixture
+def shm() -> Any:
+    """Files on tmpfs (/dev/shm when there is one): the cache file and the peer's cache directory."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=base) as d:
+        yield Path(d)
+
+
+def entry_meta(key: str, version: int, size: int, seq: int = 1, **over: Any) -> dict[str, Any]:
+    meta = {"key": key, "version": version, "size": size, "copy_from": None, "marker": False, "seq": seq,
+            "mtime": 1.0, "checkpoint": None}
+    meta.update(over)
+    return meta
+
+
+def with_listener(cfg: SimpleNamespace, cache_dir: Path, body: Callable[[Listener, str], Awaitable[None]],
+                  secret: bytes = SECRET) -> None:
+    async def main() -> None:
+        store = ReplicaStore(cfg, str(cache_dir))
+        try:
+            listener = Listener(cfg, store, secret, "node-b")
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(listener.run)
+                with trio.fail_after(120):
+                    await body(listener, f"127.0.0.1:{port}")
+                nursery.cancel_scope.cancel()
+        finally:
+            store.close()
+    trio.run(main)
+
+
+async def wait_for(condition: Callable[[], bool]) -> None:
+    with trio.fail_after(30):
+        while not condition():
+            await trio.sleep(0.02)
+
+
+# -- the handshake and the frames ------------------------------------------------------------------------
+
+async def _pair() -> tuple[trio.abc.Stream, trio.abc.Stream]:
+    return trio.testing.memory_stream_pair()
+
+
+def test_the_handshake_gives_both_ends_the_same_session_and_frames_pass() -> None:
+    async def main() -> None:
+        c, s = await _pair()
+        out: dict[str, Session] = {}
+
+        async def server() -> None:
+            out["s"] = await server_handshake(s, Reader(s), SECRET, "node-b")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server)
+            out["c"] = await client_handshake(c, Reader(c), SECRET, "node-a", "inc1", "node-b")
+        assert out["s"].peer == "node-a" and out["s"].peer_incarnation == "inc1" and out["c"].peer == "node-b"
+        assert out["s"].key == out["c"].key
+        await c.send_all(out["c"].encode(Kind.ENTRY, {"ino": 5}))
+        frame = await out["s"].receive(Reader(s))
+        assert frame.kind is Kind.ENTRY and frame.meta == {"ino": 5}
+    trio.run(main)
+
+
+def test_a_client_with_the_wrong_secret_is_refused_by_the_server() -> None:
+    async def main() -> None:
+        c, s = await _pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: client_handshake(c, Reader(c), OTHER_SECRET, "node-a", "i", None))
+            with pytest.raises(WireError, match="did not prove the shared secret"):
+                await server_handshake(s, Reader(s), SECRET, "node-b")
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
+def test_a_server_with_the_wrong_secret_is_refused_by_the_client() -> None:
+    """A server that does not know the secret (it skips checking the client) cannot prove it back."""
+    async def fake_server(s: trio.abc.Stream) -> None:
+        await server_handshake(s, Reader(s), OTHER_SECRET, "node-b")
+
+    async def main() -> None:
+        c, s = await _pair()
+        async with trio.open_nursery() as nursery:
+            # the fake server refuses the client's proof: make it answer anyway with its own (wrong) one
+            import ckptfs.peers.wire as wire
+            real = wire.hmac.compare_digest
+            calls = {"n": 0}
+
+            def lenient(a: bytes, b: bytes) -> bool:
+                calls["n"] += 1
+                return True if calls["n"] == 1 else real(a, b)  # the server's check passes, the client's is real
+            wire.hmac.compare_digest = lenient  # type: ignore[assignment]
+            try:
+                nursery.start_soon(fake_server, s)
+                with pytest.raises(WireError, match="did not prove the shared secret"):
+                    await client_handshake(c, Reader(c), SECRET, "node-a", "i", "node-b")
+            finally:
+                wire.hmac.compare_digest = real  # type: ignore[assignment]
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
+class _Recorder(trio.abc.Stream):
+    """A stream that records what is sent on it."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner, self.sent = inner, bytearray()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.sent += data
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_a_replayed_handshake_is_refused() -> None:
+    async def main() -> None:
+        c, s = await _pair()
+        recorder = _Recorder(c)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: server_handshake(s, Reader(s), SECRET, "node-b"))
+            await client_handshake(recorder, Reader(recorder), SECRET, "node-a", "i", "node-b")
+        recorded = bytes(recorder.sent)
+        # an eavesdropper replays the client's bytes to a new connection: the new challenge is not the one proven
+        c2, s2 = await _pair()
+        await c2.send_all(recorded)
+        with pytest.raises(WireError, match="did not prove"):
+            await server_handshake(s2, Reader(s2), SECRET, "node-b")
+    trio.run(main)
+
+
+def test_a_tampered_replayed_or_foreign_frame_is_refused() -> None:
+    key = os.urandom(32)
+    sender = Session(key, is_server=False, peer="node-b")
+
+    async def receive(raw: bytes, session: Session) -> Any:
+        c, s = await _pair()
+        await c.send_all(raw)
+        return await session.receive(Reader(s))
+
+    async def main() -> None:
+        good = sender.encode(Kind.ENTRY, {"ino": 5, "meta": {"key": "a"}})
+        tampered = bytearray(good)
+        tampered[good.index(b'"a"') + 1] = ord("b")
+        with pytest.raises(WireError, match="wrong MAC"):
+            await receive(bytes(tampered), Session(key, is_server=True, peer="node-a"))
+        receiver = Session(key, is_server=True, peer="node-a")
+        assert (await receive(good, receiver)).meta["ino"] == 5
+        with pytest.raises(WireError, match="wrong MAC"):  # the same frame again: its number is past
+            await receive(good, receiver)
+        with pytest.raises(WireError, match="wrong MAC"):  # another session's key
+            await receive(good, Session(os.urandom(32), is_server=True, peer="node-a"))
+        with pytest.raises(WireError, match="wrong MAC"):  # reflected back to the client that sent it
+            await receive(good, Session(key, is_server=False, peer="node-a"))
+    trio.run(main)
+
+
+# -- the listener under clients that are not peers ---------------------------------------------------------
+
+def test_the_listener_refuses_the_wrong_secret_garbage_and_silence_and_still_serves(shm: Path) -> None:
+    cfg = config(peer_timeout=0.5)
+
+    async def body(listener: Listener, addr: str) -> None:
+        with pytest.raises(PeerError, match="refused the connection during the handshake"):
+            await PeerLink.open(config(), "node-a", "i", "node-b", addr, OTHER_SECRET)
+        await wait_for(lambda: listener.refused_connections == 1)
+        garbage = await trio.open_tcp_stream("127.0.0.1", listener.port)
+        await garbage.send_all(b"GET / HTTP/1.1\r\n\r\n" + os.urandom(4000))
+        await wait_for(lambda: listener.refused_connections == 2)
+        await garbage.aclose()
+        silent = await trio.open_tcp_stream("127.0.0.1", listener.port)  # never says a word: peer_timeout
+        await wait_for(lambda: listener.refused_connections == 3)
+        assert await silent.receive_some(1 << 16)  # the challenge, and then the end: nothing else
+        assert await silent.receive_some(1 << 16) == b""
+        await silent.aclose()
+        with pytest.raises(PeerError, match="is node 'node-b', not 'node-c'"):
+            await PeerLink.open(config(), "node-a", "i", "node-c", addr, SECRET)
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        assert await link.holdings() == {}
+        await link.aclose()
+        assert listener.accepted_connections == 2 and listener.dropped_connections == 0
+
+    (shm / "b").mkdir()
+    with_listener(cfg, shm / "b", body)
+
+
+def test_an_authenticated_peer_sending_a_malformed_or_forged_frame_is_dropped(shm: Path) -> None:
+    async def body(listener: Listener, addr: str) -> None:
+        for bad in ("malformed", "forged"):
+            stream = await trio.open_tcp_stream("127.0.0.1", listener.port)
+            reader = Reader(stream)
+            session = await client_handshake(stream, reader, SECRET, "node-a", "i", "node-b")
+            if bad == "malformed":
+                await stream.send_all(session.encode(Kind.ENTRY, {"ino": 1, "meta": {"key": 7}}))
+            else:
+                await stream.send_all(Session(os.urandom(32), False, "x").encode(Kind.BARRIER, {"id": 1}))
+            assert await stream.receive_some(100) == b""  # closed, no answer
+            await stream.aclose()
+        await wait_for(lambda: listener.dropped_connections == 2)
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        await link.barrier()
+        await link.aclose()
+
+    (shm / "b").mkdir()
+    with_listener(config(), shm / "b", body)
+
+
+# -- a real file over loopback ---------------------------------------------------------------------------------
+
+def _cache_file(path: Path, size: int) -> str:
+    data = os.urandom(MiB)
+    with open(path, "wb") as f:
+        for _ in range(size // MiB):
+            f.write(data)
+            data = data[1:] + data[:1]
+    return xxhash.xxh3_128_hexdigest(path.read_bytes())
+
+
+def test_a_64_mib_file_is_replicated_byte_identical_and_survives_a_restart_of_the_peer(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 64 * MiB)
+    peer_dir = shm / "b"
+    peer_dir.mkdir()
+    cfg = config()
+
+    async def send(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "inc1", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            await link.entry(7, entry_meta("ckpt/step1/shard0", 3, 64 * MiB, checkpoint="ckpt/step1"))
+            for offset in range(0, 64 * MiB, 16 * MiB):  # pipelined: nothing waits until the seal
+                await link.write(7, fd, offset, 16 * MiB)
+            await link.seal(7, 3, 64 * MiB, digest)
+        finally:
+            os.close(fd)
+        assert link.bytes_sent == 64 * MiB
+        [entry] = listener.store.entries("node-a")
+        assert (entry.key, entry.version, entry.size, entry.sealed, entry.xxh3) == ("ckpt/step1/shard0", 3, 64 * MiB, True, digest)
+        assert entry.checkpoint == "ckpt/step1"
+        assert entry.path == str(peer_dir / "peers" / "node-a" / "7")
+        assert xxhash.xxh3_128_hexdigest(Path(entry.path).read_bytes()) == digest
+        assert Path(entry.path).read_bytes() == src.read_bytes()
+        assert listener.store.held_bytes("node-a") == 64 * MiB
+        await link.aclose()
+
+    with_listener(cfg, peer_dir, send)
+
+    async def after_restart(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "inc2", "node-b", addr, SECRET)
+        held = await link.holdings()
+        assert set(held) == {7}
+        assert (held[7].version, held[7].size, held[7].sealed, held[7].xxh3) == (3, 64 * MiB, True, digest)
+        [entry] = listener.store.entries("node-a")
+        assert await trio.to_thread.run_sync(listener.store.verify, entry)
+        assert listener.store.held_bytes() == 64 * MiB
+        await link.forget(7, 3)
+        await link.barrier()
+        assert listener.store.entries("node-a") == [] and listener.store.held_bytes() == 0
+        assert not Path(entry.path).exists()
+        await link.aclose()
+
+    with_listener(cfg, peer_dir, after_restart)
+
+
+def test_a_replica_altered_on_the_peer_fails_its_seal_and_is_sent_again(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 4 * MiB)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(9, entry_meta("f", 1, 4 * MiB))
+        await link.write(9, fd, 0, 4 * MiB)
+        await link.barrier()
+        replica = shm / "b" / "peers" / "node-a" / "9"
+        with open(replica, "r+b") as f:  # the peer's copy differs from the owner's
+            f.seek(MiB)
+            f.write(b"\0" * 10)
+        with pytest.raises(SealMismatch, match="xxh3 of inode 9"):
+            await link.seal(9, 1, 4 * MiB, digest)
+        assert not listener.store.entries("node-a")[0].sealed
+        await link.write(9, fd, 0, 4 * MiB)  # the whole file again: the link goes on
+        await link.seal(9, 1, 4 * MiB, digest)
+        assert listener.store.entries("node-a")[0].sealed
+        with pytest.raises(SealMismatch, match="holds 4194304 bytes of inode 9, the owner sealed 5000000"):
+            await link.seal(9, 2, 5000000, digest)
+        os.close(fd)
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
+
+
+def test_past_peer_capacity_the_seal_answers_peer_full_and_the_link_goes_on(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 3 * MiB)
+    (shm / "b").mkdir()
+    cfg = config(peer_capacity=4 * MiB)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("one", 1, 3 * MiB, seq=1))
+        await link.write(1, fd, 0, 3 * MiB)
+        await link.seal(1, 1, 3 * MiB, digest)
+        await link.entry(2, entry_meta("two", 1, 3 * MiB, seq=2))
+        await link.write(2, fd, 0, 3 * MiB)
+        with pytest.raises(PeerFull, match="peer_capacity"):
+            await link.seal(2, 1, 3 * MiB, digest)
+        assert listener.full_answers == 1 and listener.store.held_bytes() == 3 * MiB
+        await link.forget(1, None)  # durable: its room is free again
+        await link.forget(2, None)  # a replica that failed here is dropped all the same
+        await link.barrier()
+        assert listener.store.entries("node-a") == [] and listener.store.held_bytes() == 0
+        assert os.listdir(shm / "b" / "peers" / "node-a") == []
+        await link.entry(2, entry_meta("two", 1, 3 * MiB, seq=2))
+        await link.write(2, fd, 0, 3 * MiB)
+        await link.seal(2, 1, 3 * MiB, digest)
+        os.close(fd)
+        assert [e.key for e in listener.store.entries("node-a")] == ["two"]
+        assert listener.dropped_connections == 0
+        await link.aclose()
+
+    with_listener(cfg, shm / "b", body)
+
+
+def test_truncate_deletes_and_drops_reach_the_replica_store_in_order(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    _cache_file(src, 2 * MiB)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        store = listener.store
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(4, entry_meta("t", 1, 2 * MiB))
+        await link.write(4, fd, 0, 2 * MiB)
+        await link.truncate(4, 1000)
+        await link.seal(4, 1, 1000, xxhash.xxh3_128_hexdigest(src.read_bytes()[:1000]))
+        assert store.entries("node-a")[0].sealed
+        with open(src, "r+b") as f:
+            f.write(b"rewritten!")
+        await link.write(4, fd, 0, 10)  # the sealed replica changes: recorded unsealed before its bytes are
+        await link.barrier()
+        [entry] = store.entries("node-a")
+        assert not entry.sealed and not await trio.to_thread.run_sync(store.verify, entry)
+        await link.seal(4, 1, 1000, xxhash.xxh3_128_hexdigest(src.read_bytes()[:1000]))
+        [entry] = store.entries("node-a")
+        assert entry.sealed and await trio.to_thread.run_sync(store.verify, entry)
+        os.close(fd)
+        await link.delete(11, "old/a", 5)
+        await link.delete(10, "old/b", 6)
+        await link.barrier()
+        assert [(d.op_id, d.key, d.seq) for d in store.deletes("node-a")] == [(11, "old/a", 5), (10, "old/b", 6)]
+        await link.delete_done(11)
+        await link.entry(4, entry_meta("t", 2, 1000))  # a newer version: a forget of the older keeps it
+        await link.forget(4, 1)
+        await link.barrier()
+        assert [d.op_id for d in store.deletes("node-a")] == [10]
+        assert [(e.version, e.sealed) for e in store.entries("node-a")] == [(2, False)]
+        assert store.owners() == ["node-a"]
+        store.drop_owner("node-a")
+        assert store.owners() == [] and store.held_bytes() == 0
+        assert not (shm / "b" / "peers" / "node-a").exists()
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
+
+
+def test_a_lost_or_silent_peer_is_a_peer_error_within_peer_timeout(shm: Path) -> None:
+    async def main() -> None:
+        with pytest.raises(PeerError, match="cannot be reached"):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            await PeerLink.open(config(), "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
+        mute = trio.socket.socket()
+        await mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        port = mute.getsockname()[1]
+        with pytest.raises(PeerError, match="did not answer within peer_timeout"):
+            await PeerLink.open(config(peer_timeout=0.3), "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
+        mute.close()
+    trio.run(main)
+
+
+def test_a_peer_addr_in_use_is_one_line_naming_it(shm: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    cfg = config(peer_addr=f"127.0.0.1:{taken.getsockname()[1]}")
+    (shm / "b").mkdir()
+    store = ReplicaStore(cfg, str(shm / "b"))
+
+    async def main() -> None:
+        await Listener(cfg, store, SECRET, "node-b").run()  # raised as it is, not in a group: the supervisor's start shows it
+
+    with pytest.raises(OSError, match=f"peer_addr = {cfg.peer_addr} cannot be listened on"):
+        trio.run(main)
+    taken.close()
+    store.close()
+
+
+def test_the_throttle_is_given_every_byte_sent(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 20 * MiB)
+    (shm / "b").mkdir()
+    counted: list[int] = []
+
+    async def throttle(n: int) -> None:
+        counted.append(n)
+        await trio.sleep(0)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        link.throttle = throttle
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("x", 1, 20 * MiB))
+        await link.write(1, fd, 0, 20 * MiB)
+        await link.seal(1, 1, 20 * MiB, digest)
+        os.close(fd)
+        assert sum(counted) == 20 * MiB
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
