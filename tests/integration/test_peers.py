@@ -88,11 +88,13 @@ def test_node_lost_after_save_every_file_reaches_the_bucket_via_takeover(cluster
     a, b, c = three(cluster, a={"upload_delay": HELD})
     spec = file_spec(4, 16 * MiB + 5)
 
+    single_copy: list[float] = []
+
     def replicated_before_the_loss() -> None:
         # fsync returned once the bytes were on b's disk: the files say so, and nothing is in the bucket yet
         assert [a.state(f["name"]) for f in spec] == ["replicated"] * 4
         assert cluster.heads(keys_of(a, spec)) == {}
-        assert a.metric("ckptfs_single_copy_bytes") == 0
+        single_copy.append(a.metric("ckptfs_single_copy_bytes"))  # asserted last: the takeover is the point here
 
     r = node_loss_trial(cluster, a, [b, c], spec, kill_after=None, after_save=replicated_before_the_loss)
     assert r.acknowledged == 4 and r.undrained_bytes == r.acknowledged_bytes
@@ -111,6 +113,8 @@ def test_node_lost_after_save_every_file_reaches_the_bucket_via_takeover(cluster
     digest = write_random(b.path / "after.bin", 2 * MiB, seed=9)
     assert b.flush().returncode == 0
     assert cluster.object_sha256(b.key("after.bin")) == digest
+    # and before the loss, a said nothing of its was single-copy
+    assert single_copy == [0], single_copy
 
 
 def test_close_without_fsync_is_replicated_before_it_returns(cluster: Cluster) -> None:

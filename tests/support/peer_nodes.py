@@ -363,7 +363,7 @@ def file_spec(count: int, size: int, seed: int = 0, directory: str = "run/step_1
 
 
 def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: list[dict[str, Any]],
-                    kill_after: float | None = None, delete_cache: bool = True, timeout: float = 600.0,
+                    kill_after: float | None = None, delete_cache: bool = True, timeout: float = 240.0,
                     after_save: Callable[[], None] | None = None) -> TrialResult:
     """Save `spec` on `owner` and lose the owner: `kill_after` seconds after the first fsync returned (a random
     instant, while the save may still run), or None: right after the save returned (and `after_save` ran).
