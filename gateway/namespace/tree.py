@@ -129,6 +129,7 @@ class Tree:
         if not closed:
             self.files.started(row)
         else:
+            self.files.on_bytes(row.ino, 0, 0)  # an empty file made by mknod: the peers hold it too
             self._on_change()
         return row
 

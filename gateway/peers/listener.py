@@ -29,6 +29,7 @@ from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_hand
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 10.0  # seconds between two log lines about refused connections
+MAX_HANDSHAKES = 64  # connections not yet authenticated at once; more are closed at once (a flood costs no memory)
 WRITE_BUFFER = 1 << 20
 
 
@@ -63,6 +64,7 @@ class Listener:
         self.dropped_connections = 0  # authenticated, then a wrong MAC, a malformed frame, a stall
         self.full_answers = 0  # seals answered PeerFull
         self.bytes_received = 0
+        self._handshakes = 0
         self._log = _RateLimitedLog(LOG_EVERY)
 
     @property
@@ -89,6 +91,11 @@ class Listener:
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
             reader = Reader(stream)
+            if self._handshakes >= MAX_HANDSHAKES:
+                self.refused_connections += 1
+                self._log.warning("peer connection from %s refused: %d others are not authenticated yet", where, self._handshakes)
+                return
+            self._handshakes += 1
             try:
                 with trio.fail_after(self.timeout):
                     session = await server_handshake(stream, reader, self.secret, self.me)
@@ -97,6 +104,8 @@ class Listener:
                 why = "no handshake within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
                 self._log.warning("peer connection from %s refused: %s", where, why)
                 return
+            finally:
+                self._handshakes -= 1
             self.accepted_connections += 1
             self.connections += 1
             log.info("peer %s (incarnation %s) connected from %s", session.peer, session.peer_incarnation, where)
@@ -176,7 +185,11 @@ class _Connection:
             failed, self.failed_other = self.failed_other, None
             await self._answer(int(m["id"]), failed)
         elif kind is Kind.HOLDINGS:
-            held = await trio.to_thread.run_sync(store.holdings, owner)
+            try:
+                held = await trio.to_thread.run_sync(store.holdings, owner)
+            except (OSError, sqlite3.Error) as e:  # the index cannot be read: the owner takes another peer
+                await self._answer(int(m["id"]), e)
+                return
             await self._reply(Kind.HELD, {"id": int(m["id"]), "held": held})
         else:
             raise _Dropped(f"unexpected frame {kind.name} from an owner")

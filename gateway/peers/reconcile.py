@@ -8,9 +8,11 @@ objects other nodes wrote since, so, once the taker is done (`takeover_done`, or
 * a file whose key holds an object with the file's own xxh3 becomes durable without an upload (and a
   multipart upload of it this node had in flight is aborted);
 * a file whose key holds nothing is left to the drain: nobody uploaded it;
-* a file whose key holds other bytes lost to the bucket: another node wrote that key while this one was
-  away. The row then describes the object (read from the bucket from now on), the local copy goes; logged
-  and counted. A file changed here after the takeover is this node's new work, and is left to the drain;
+* a file whose key holds other bytes, written after this node last changed the file, loses to the bucket:
+  another node wrote that key since. The row then describes the object (read from the bucket from now
+  on), the local copy goes; logged and counted. Other bytes older than the change (the file's previous
+  version) are replaced by the drain as usual, and a file changed here after the takeover is this node's
+  new work, left to the drain too;
 * a queued delete whose key is gone was done (by the taker); one whose object was written after the
   takeover would delete another node's file: dropped.
 Then the node rejoins (a new incarnation, its record live, the gate open).
@@ -29,9 +31,10 @@ import trio
 
 from .. import threads
 from ..config import Config
-from ..journal import DURABLE
+from ..journal import DURABLE, Row
 from ..namespace import Namespace
 from ..objects import NO_OBJECT, ObjectInfo, StoreError
+from ..sizes import small_objects_in_flight
 from ..upload import XXH3_META, file_digests
 from .membership import Membership
 from .takeover import TakeoverStore
@@ -54,6 +57,7 @@ class Reconcile:
     def __init__(self, cfg: Config, ns: Namespace, store: TakeoverStore, membership: Membership) -> None:
         self.cfg, self.ns, self.store, self.membership = cfg, ns, store, membership
         self.hashing = trio.CapacityLimiter(2)
+        self.requests = trio.CapacityLimiter(small_objects_in_flight(cfg.max_parts_in_flight))
         self.reconciles_total = 0
         self.bucket_won_total = 0
 
@@ -113,35 +117,48 @@ class Reconcile:
             os.close(fd)
 
     async def _files(self, report: ReconcileReport, taken_at: float) -> None:
+        """Every file this node had not uploaded, judged against the bucket (HEADs in parallel: a node back with
+        thousands of files waiting must not take a request's latency per file in turn)."""
         j = self.ns.journal
-        for row in j.pending_files():
-            path = j.path_of(row.ino) if row.parent is not None else None
-            if path is None:
-                continue  # unlinked while open: nothing of it goes to the bucket
-            key = self.ns.keys.of(path)
-            if row.mtime_ns / 1e9 > taken_at or self.ns.files.in_use(row.ino):
-                report.changed_since.append(key)  # written here after the takeover: this node's new work
-                continue
+        async with trio.open_nursery() as nursery:
+            for row in j.pending_files():
+                path = j.path_of(row.ino) if row.parent is not None else None
+                if path is None:
+                    continue  # unlinked while open: nothing of it goes to the bucket
+                key = self.ns.keys.of(path)
+                if changed_at(row) > taken_at or self.ns.files.in_use(row.ino):
+                    report.changed_since.append(key)  # written here after the takeover: this node's new work
+                    continue
+                nursery.start_soon(self._file, row, key, report)
+
+    async def _file(self, row: Row, key: str, report: ReconcileReport) -> None:
+        j = self.ns.journal
+        async with self.requests:
             info = await self._head(key)
-            if info is None:
-                report.left_to_drain.append(key)
-                continue
-            mine = await self._local_xxh3(row.ino, row.size, row.xxh3, bool(row.cached))
-            current = j.get(row.ino)
-            if current is None or current.version != row.version or current.state == DURABLE:
-                continue  # changed meanwhile (a write, the drain): judged as any other change
-            upload = j.upload_of(row.ino)
-            theirs = info.metadata.get(XXH3_META)
-            if info.size == row.size and mine is not None and theirs == mine:
-                self.ns.uploads.durable_elsewhere(row.ino, key, info.etag, mine)
-                report.durable.append(key)
-            else:
-                self.ns.uploads.replaced_elsewhere(row.ino, key, info.size, info.etag, theirs, info.modified)
-                report.bucket_won.append(key)
-                log.warning("%s was written by another node while this one was taken over; the bucket's object wins: this "
-                            "node's unuploaded version is dropped and the file is read from the bucket", key)
-            if upload is not None:
-                await self._abort(upload.key, upload.upload_id, report)
+        if info is None:
+            report.left_to_drain.append(key)
+            return
+        mine = await self._local_xxh3(row.ino, row.size, row.xxh3, bool(row.cached))
+        current = j.get(row.ino)
+        if current is None or current.version != row.version or current.state == DURABLE:
+            return  # changed meanwhile (a write, the drain): judged as any other change
+        upload = j.upload_of(row.ino)
+        theirs = info.metadata.get(XXH3_META)
+        if info.size == row.size and mine is not None and theirs == mine:
+            self.ns.uploads.durable_elsewhere(row.ino, key, info.etag, mine)
+            report.durable.append(key)
+        elif info.modified >= math.floor(changed_at(row)):  # LastModified has whole seconds: the same one counts
+            self.ns.uploads.replaced_elsewhere(row.ino, key, info.size, info.etag, theirs, info.modified)
+            report.bucket_won.append(key)
+            log.warning("%s was written by another node after this node's last change to it; the bucket's object wins: "
+                        "this node's unuploaded version is dropped and the file is read from the bucket", key)
+        else:
+            # an older object (the file's previous version): nobody uploaded this node's change, the drain does,
+            # as it would have without the takeover
+            report.left_to_drain.append(key)
+            return
+        if upload is not None:
+            await self._abort(upload.key, upload.upload_id, report)
 
     async def _abort(self, key: str, upload_id: str, report: ReconcileReport) -> None:
         try:
@@ -158,3 +175,9 @@ class Reconcile:
                 report.deletes_dropped.append(key)
                 if info is not None:
                     log.warning("queued delete of %s dropped: another node wrote that key after this one was taken over", key)
+
+
+def changed_at(row: Row) -> float:
+    """When this node last changed the file (wall clock): its last close, which a `touch -d` cannot move; its mtime
+    for a file never closed here."""
+    return row.closed_at if row.closed_at else row.mtime_ns / 1e9

@@ -51,6 +51,10 @@ class ReplicaFull(OSError):
         super().__init__(errno.ENOSPC, why)
 
 
+class ReplicaIndexError(Exception):
+    """replicas.db cannot be opened (the message is one line)."""
+
+
 class ReplicaMismatch(Exception):
     """This node's xxh3 (or size) of a replica differs from the owner's at seal."""
 
@@ -117,10 +121,15 @@ class ReplicaStore:
         # the node's own cache keeps its reserve: replicas never take the disk below it
         self.min_free = cfg.cache_min_free if getattr(cfg, "cache_min_free", None) is not None else auto_min_free(fs_size)
         self._lock = threading.RLock()
-        self.db = sqlite3.connect(self.root / "replicas.db", isolation_level=None, check_same_thread=False, factory=Connection)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")  # a commit is on the disk before a seal is acknowledged
-        self.db.executescript(_SCHEMA)
+        index = self.root / "replicas.db"
+        try:
+            self.db = sqlite3.connect(index, isolation_level=None, check_same_thread=False, factory=Connection)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")  # a commit is on the disk before a seal is acknowledged
+            self.db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as e:
+            raise ReplicaIndexError(f"the index of other nodes' replicas {index} cannot be opened ({e}): check the cache "
+                                    "disk; moved aside, this node forgets the replicas it holds (their owners send them again)") from None
         self._bytes: dict[tuple[str, int], int] = {}  # bytes each replica's data file takes (its size)
         self._fds: dict[tuple[str, int], int] = {}
         self._hashed: dict[tuple[str, int], _Hashed] = {}
@@ -185,13 +194,14 @@ class ReplicaStore:
             return sum(n for (o, _), n in self._bytes.items() if owner is None or o == owner)
 
     def verify(self, entry: ReplicaEntry) -> bool:
-        """The data file's xxh3-128 equals the entry's (blocking: run it in a thread)."""
+        """The data file's xxh3-128 equals the entry's (blocking: run it in a thread). An entry renamed from a durable
+        file (`copy_from`) with no data file holds no bytes to check: True."""
         if entry.xxh3 is None:
             return False
         try:
             fd = os.open(entry.path, os.O_RDONLY)
         except FileNotFoundError:
-            return entry.size == 0 and entry.xxh3 == xxhash.xxh3_128_hexdigest(b"")
+            return entry.copy_from is not None or entry.size == 0 and entry.xxh3 == xxhash.xxh3_128_hexdigest(b"")
         try:
             if os.fstat(fd).st_size != entry.size:
                 return False

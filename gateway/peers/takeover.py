@@ -80,7 +80,7 @@ class TakeoverReport:
     unsealed: list[str] = field(default_factory=list)  # never acknowledged: not uploaded
     lost: list[str] = field(default_factory=list)  # a renamed durable file whose source object is gone, no bytes here
     deleted: list[str] = field(default_factory=list)
-    markers: list[str] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)  # commit markers uploaded (also in `uploaded`)
     markers_held: list[str] = field(default_factory=list)  # a file under their directory is not in the bucket
     checkpoints: list[str] = field(default_factory=list)  # mount-relative paths handed to `on_taken_over`
 
@@ -208,11 +208,20 @@ class Takeover:
                     log.error("takeover of %s: commit marker %s held back: a file under its directory could not be made "
                               "durable (%s)", owner, e.key, ", ".join(k for k in missing if k.startswith(folder)))
                     continue
-                if await self._publish(e, checked[e.ino], report, durable):
+                await self._publish(e, checked[e.ino], report, durable)
+                if e.key in report.uploaded:
                     report.markers.append(e.key)
+        # the checkpoints to commit: not one with a file that could not be made durable (it is not complete, and never
+        # will be from here: its writer's own tracker would not have committed it either)
+        lost = {e.key: e for e in entries if e.key in set(missing)}
+        incomplete = {e.checkpoint for e in lost.values() if e.checkpoint} | {e.key.rpartition("/")[0] for e in lost.values()}
         touched = [e for e in entries if e.key in durable]
-        report.checkpoints = sorted({e.checkpoint or self.keys.path(e.key) for e in touched}
-                                    | {self.keys.path(d) for d in report.deleted})
+        report.checkpoints = sorted({e.checkpoint or self.keys.path(e.key) for e in touched
+                                     if e.checkpoint not in incomplete and e.key.rpartition("/")[0] not in incomplete}
+                                    | {self.keys.path(d) for d in report.deleted if d.rpartition("/")[0] not in incomplete})
+        if lost:
+            log.error("takeover of %s: not committed, as files in them could not be made durable: %s", owner,
+                      ", ".join(sorted({e.checkpoint or self.keys.path(e.key.rpartition("/")[0]) for e in lost.values()})))
         return report
 
     async def _check(self, e: ReplicaEntry, checked: dict[int, _Checked], report: TakeoverReport) -> None:

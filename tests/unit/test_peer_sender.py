@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,10 @@ class FakeLink:
 
     async def entry(self, ino: int, meta: dict[str, Any]) -> None:
         await self._op("entry")
-        self.peer.replicas.setdefault(ino, Replica()).meta = dict(meta)
+        r = self.peer.replicas.setdefault(ino, Replica())
+        r.meta = dict(meta)
+        if r.sealed and r.sealed[0] != meta["version"]:
+            r.sealed = None  # as the ReplicaStore: a new version is not sealed until the owner seals it
 
     async def write(self, ino: int, fd: int, offset: int, length: int) -> None:
         await self._op("write")
@@ -399,3 +403,92 @@ async def test_bandwidth_cap_spaces_the_bytes() -> None:
     await bucket.take(10)
     assert TokenBucket(0).rate == 0  # no cap
     await TokenBucket(0).take(1 << 40)
+
+
+@trio_test
+async def test_queued_deletes_reach_the_peer_in_order_and_are_retired(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "old.pt")
+        ns.files.write(ino, fd, 0, b"bytes")
+        close(ns, ino, fd)
+        ticket = ns.uploads.begin_upload(ino)
+        assert ticket is not None and ns.uploads.finish_upload(ticket, "etag", "h")
+        ns.tree.unlink(ROOT_INODE, "old.pt")  # a durable file removed: its object's delete is queued
+        await wait_for(lambda: list(b.deletes.values()) == ["p/old.pt"])
+        (delete_id, key), = ns.uploads.ready_deletes(set())
+        ns.uploads.delete_done(delete_id, key)  # the drain deleted it
+        await wait_for(lambda: not b.deletes, timeout=10)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_passthrough_writes_are_polled_and_a_close_without_new_bytes_needs_no_new_seal(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    writing: set[int] = set()
+    sender.passthrough_inos = lambda: list(writing)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "pt.bin")
+        writing.add(ino)
+        ns.files.changed_behind(ino, None, None)  # fs.py: a passthrough writer opened it
+        data = os.urandom(200_000)
+        os.pwrite(fd, data, 0)  # the kernel writes the cache file itself: no callback
+        await wait_for(lambda: ino in b.replicas and len(b.replicas[ino].data) == len(data))  # the size poll streamed it
+        st = os.fstat(fd)
+        ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns)  # fs.py at fsync/FLUSH
+        await sender.replicated(ino)
+        assert sender.is_replicated(ino) and bytes(b.replicas[ino].data) == data
+        ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns + 1)  # a new version counted, no byte changed
+        assert sender.is_replicated(ino)
+        time.sleep(0.05)  # past the coarse clock's tick, so the rewrite gets a new mtime
+        os.pwrite(fd, b"X" * 10, 100)  # rewritten in place by the kernel: same size, no callback
+        assert not sender.is_replicated(ino)  # its state no longer says replicated
+        st = os.fstat(fd)
+        ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns)
+        await sender.replicated(ino)  # the peer's copy differs at the seal: sent again whole
+        assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
+        writing.discard(ino)
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_file_made_by_mknod_is_replicated(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        row = ns.tree.create(ROOT_INODE, "COMMIT", 0o644, 0, 0, closed=True)
+        await wait_for(lambda: sender.is_replicated(row.ino))
+        assert b.replicas[row.ino].meta["key"] == "p/COMMIT"
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_version_counted_without_a_byte_changed_keeps_the_peers_copy_sealed(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "x.tmp")
+        ns.files.write(ino, fd, 0, b"shard")
+        close(ns, ino, fd)
+        await sender.replicated(ino)
+        sealed, written = b.replicas[ino].sealed, b.written
+        ns.files.abandon_upload(ino)  # a new version, no byte changed (as a passthrough writer's close counts one)
+        ns.tree.rename(ROOT_INODE, "x.tmp", ROOT_INODE, "x", False)  # the entry goes again, under its new key
+        await wait_for(lambda: b.replicas[ino].meta["key"] == "p/x")
+        await sender.replicated(ino)
+        # still sealed at the version the peer checked: a survivor uploads it under x (an entry of the new version
+        # would have unsealed it, and a takeover skips an unsealed replica as never acknowledged)
+        assert b.replicas[ino].sealed == sealed and b.written == written
+        assert sender.is_replicated(ino)
+        nursery.cancel_scope.cancel()

@@ -40,6 +40,8 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     f_big = write_file(ns, step.ino, "big.pt", big)
     f_nobody = write_file(ns, step.ino, "nobody.pt", nobody)
     f_mine = write_file(ns, step.ino, "mine.pt", mine)
+    prev = os.urandom(1500)
+    f_prev = write_file(ns, step.ino, "prev.pt", prev)  # rewritten here after its previous version was uploaded
     # this node had started a multipart upload of big.pt before it was lost
     upload_id = store.create_multipart("p/step_3/big.pt", {XXH3_META: digest(big)})
     ns.journal.start_upload(UploadRecord(f_big, "p/step_3/big.pt", upload_id, PART, len(big), digest(big), time.time(), {}))
@@ -51,6 +53,7 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     store.objects["p/step_3/big.pt"] = StoredObject(big, "e-big-2", {XXH3_META: digest(big)})
     theirs = StoredObject(b"another node's file", "e-theirs", {XXH3_META: digest(b"another node's file")}, mtime=taken_over_at + 5)
     store.objects["p/step_3/mine.pt"] = theirs
+    store.objects["p/step_3/prev.pt"] = StoredObject(b"its previous version", "e-prev", {}, mtime=time.time() - 600)
     reused = StoredObject(b"written at a deleted key", "e-reused", {}, mtime=taken_over_at + 5)
     store.objects["p/step_3/reused.pt"] = reused
     assert "p/step_3/old.pt" not in store.objects and gone_data
@@ -81,7 +84,7 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
 
     report = trio.run(main)
     assert sorted(report.durable) == ["p/step_3/big.pt", "p/step_3/taken.pt"]  # type: ignore[attr-defined]
-    assert report.left_to_drain == ["p/step_3/nobody.pt"]  # type: ignore[attr-defined]
+    assert sorted(report.left_to_drain) == ["p/step_3/nobody.pt", "p/step_3/prev.pt"]  # type: ignore[attr-defined]
     assert report.bucket_won == ["p/step_3/mine.pt"]  # type: ignore[attr-defined]
     assert sorted(report.deletes_dropped) == ["p/step_3/old.pt", "p/step_3/reused.pt"]  # type: ignore[attr-defined]
     assert not a.fenced and not a.must_reconcile and a.lease_valid()
@@ -99,9 +102,11 @@ def test_a_returning_owner_uploads_only_what_nobody_did_and_overwrites_nothing(t
     # the drain afterwards: only what nobody uploaded goes out; nothing is overwritten or deleted
     before = {op: len(c) for op, c in store.calls.items()}
     d = drainer(ns, store)
-    drain_until(d, lambda: ns.journal.get(f_nobody).state == DURABLE and not ns.journal.pending_deletes())  # type: ignore[union-attr]
+    drain_until(d, lambda: all(ns.journal.get(i).state == DURABLE for i in (f_nobody, f_prev))  # type: ignore[union-attr]
+                and not ns.journal.pending_deletes())
     puts = [c[0] for op in ("put_object", "put_object_body") for c in store.calls.get(op, [])[before.get(op, 0):]]
-    assert puts == ["p/step_3/nobody.pt"]
+    assert sorted(puts) == ["p/step_3/nobody.pt", "p/step_3/prev.pt"]
+    assert store.objects["p/step_3/prev.pt"].body == prev
     assert len(store.calls.get("create_multipart", [])) == before.get("create_multipart", 0)
     assert store.objects["p/step_3/mine.pt"] is theirs and store.objects["p/step_3/reused.pt"] is reused
     assert "delete" not in store.calls

@@ -30,10 +30,10 @@ PREFIX = "p/"
 TTL = 3.0
 
 
-def config(tmp_path: Path):  # type: ignore[no-untyped-def]
+def config(tmp_path: Path, **over: Any):  # type: ignore[no-untyped-def]
     return load_config(environ={}, overrides=dict(
         bucket="ckpt", prefix="p", mountpoint="/m", cache_dir=str(tmp_path), multipart_threshold=PART, part_size=PART,
-        max_parts_in_flight=3, peer_lease_ttl=TTL))
+        max_parts_in_flight=3, peer_lease_ttl=TTL, **over))
 
 
 class Clock:
@@ -245,6 +245,7 @@ def test_a_corrupt_or_unacknowledged_replica_is_not_uploaded_and_holds_its_marke
     assert sorted(report.corrupt) == ["p/step_11/big.pt", "p/step_9/shard0.pt"] and t.corrupt_total == 2
     assert report.unsealed == ["p/step_10/shard0.pt"]
     assert report.markers_held == ["p/step_9/.metadata"]
+    assert report.checkpoints == [], "an incomplete checkpoint was handed to the tracker to commit"
     assert "create_multipart" not in store.calls
     assert record(store, "a")["takeover_done"]
 
@@ -292,7 +293,7 @@ def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_genera
     store.objects["p/step_100/shard0.distcp"] = StoredObject(shard0, "e0", {XXH3_META: digest(shard0)}, mtime=time.time() - 100)
     listing = store.list("p/step_100/", recursive=True)
     write_manifest(store, f"p/step_100/{MANIFEST}", lambda old: next_manifest(old, "step_100", 100, files_of(listing, "p/step_100/"),
-                                                                               "quiet", None))
+                                                                               "quiet", None, node="a"))
     shard1 = os.urandom(3000)
     hold(replicas, "a", 1, "p/step_100/shard1.distcp", shard1, seq=1, mtime=time.time(), checkpoint="step_100")
     heard: list[list[str]] = []
@@ -318,3 +319,54 @@ def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_genera
     assert manifest is not None and manifest.generation == 2
     assert sorted(f["path"] for f in manifest.files) == ["shard0.distcp", "shard1.distcp"]
     assert {f["path"]: f["xxh3"] for f in manifest.files}["shard1.distcp"] == digest(shard1)
+
+
+def test_what_an_owner_streamed_through_the_transport_is_what_the_takeover_uploads(tmp_path: Path) -> None:
+    """The whole chain but the S3 server: owner a streams its files to b's listener (real PeerLink, real listener and
+    ReplicaStore on b's disk), seals them, queues a delete, and dies; b takes a over and the bucket ends up holding a's
+    bytes, marker last, the delete done."""
+    from ckptfs.peers.link import PeerLink
+    from ckptfs.peers.listener import Listener
+
+    store = MemoryStore()
+    store.objects["p/step_2/old.pt"] = StoredObject(b"deleted by a", "e", {})
+    files = {1: ("p/step_2/shard0.pt", os.urandom(PART + 777)), 2: ("p/step_2/shard1.pt", os.urandom(40_000)),
+             3: ("p/step_2/.metadata", b'{"done": true}')}
+    secret = b"k" * 40
+    cfg = config(tmp_path / "b", peer_addr="127.0.0.1:0")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+
+    async def main() -> Any:
+        replicas = replica_store(cfg, str(tmp_path / "b"))
+        listener = Listener(cfg, replicas, secret, "b")
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(listener.run)
+            link = await PeerLink.open(cfg, "a", "a-1", "b", f"127.0.0.1:{port}", secret)
+            for ino, (key, data) in files.items():
+                path = tmp_path / "a" / str(ino)
+                path.write_bytes(data)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    await link.entry(ino, {"key": key, "version": 1, "size": len(data), "copy_from": None,
+                                           "marker": key.endswith(".metadata"), "seq": ino, "mtime": time.time() - 5,
+                                           "checkpoint": "step_2"})
+                    await link.write(ino, fd, 0, len(data))
+                    await link.seal(ino, 1, len(data), digest(data))
+                finally:
+                    os.close(fd)
+            await link.delete(9, "p/step_2/old.pt", 2)
+            await link.barrier()
+            await link.aclose()  # a is lost
+            nursery.cancel_scope.cancel()
+        return replicas
+
+    replicas = trio.run(main)
+    member(store, "a", time.time() - 10 * TTL)
+    b = member(store, "b", time.time())
+    [report] = run(Takeover(cfg, store, replicas, b, Keys(PREFIX)))
+    for key, data in files.values():
+        in_bucket(store, key, data)
+    assert "p/step_2/old.pt" not in store.objects
+    assert report.markers == ["p/step_2/.metadata"] and report.deleted == ["p/step_2/old.pt"]
+    assert replicas.owners() == [] and replicas.held_bytes() == 0

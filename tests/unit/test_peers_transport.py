@@ -221,25 +221,27 @@ def test_the_listener_refuses_the_wrong_secret_garbage_and_silence_and_still_ser
     with_listener(cfg, shm / "b", body)
 
 
-def test_an_authenticated_peer_sending_a_malformed_or_forged_frame_is_dropped(shm: Path) -> None:
+def test_an_authenticated_peer_sending_a_malformed_forged_or_stalled_frame_is_dropped(shm: Path) -> None:
     async def body(listener: Listener, addr: str) -> None:
-        for bad in ("malformed", "forged"):
+        for bad in ("malformed", "forged", "stalled"):
             stream = await trio.open_tcp_stream("127.0.0.1", listener.port)
             reader = Reader(stream)
             session = await client_handshake(stream, reader, SECRET, "node-a", "i", "node-b")
             if bad == "malformed":
                 await stream.send_all(session.encode(Kind.ENTRY, {"ino": 1, "meta": {"key": 7}}))
-            else:
+            elif bad == "forged":
                 await stream.send_all(Session(os.urandom(32), False, "x").encode(Kind.BARRIER, {"id": 1}))
+            else:  # half a frame, then nothing for longer than peer_timeout
+                await stream.send_all(session.encode(Kind.WRITE, {"ino": 1, "offset": 0}, 1000) + b"x" * 10)
             assert await stream.receive_some(100) == b""  # closed, no answer
             await stream.aclose()
-        await wait_for(lambda: listener.dropped_connections == 2)
+        await wait_for(lambda: listener.dropped_connections == 3)
         link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
         await link.barrier()
         await link.aclose()
 
     (shm / "b").mkdir()
-    with_listener(config(), shm / "b", body)
+    with_listener(config(peer_timeout=1.0), shm / "b", body)
 
 
 # -- a real file over loopback ---------------------------------------------------------------------------------
@@ -461,3 +463,57 @@ def test_the_throttle_is_given_every_byte_sent(shm: Path) -> None:
         await link.aclose()
 
     with_listener(config(), shm / "b", body)
+
+
+def test_replicas_keep_the_cache_disk_reserve_free(shm: Path) -> None:
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, MiB)
+    (shm / "b").mkdir()
+    cfg = config(cache_min_free=1 << 62)  # more than the disk has: no byte may be added
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("one", 1, MiB))
+        await link.write(1, fd, 0, MiB)
+        with pytest.raises(PeerFull, match="reserve"):
+            await link.seal(1, 1, MiB, digest)
+        os.close(fd)
+        await link.aclose()
+
+    with_listener(cfg, shm / "b", body)
+
+
+def test_the_caches_clean_up_of_files_no_inode_owns_leaves_replicas_alone(shm: Path) -> None:
+    from ckptfs.cache import Cache
+    store = ReplicaStore(config(), str(shm))
+    store.put_entry("node-a", 3, entry_meta("k", 1, 5))
+    os.pwrite(store.reserve("node-a", 3, 5), b"hello", 0)
+    store.seal("node-a", 3, 1, 5, xxhash.xxh3_128_hexdigest(b"hello"))
+    cache = Cache(shm, 0, 0)
+    cache.scan(set())  # no inode owns anything: every file under data/ goes
+    assert Path(store.path("node-a", 3)).read_bytes() == b"hello"
+    assert [e.sealed for e in store.entries("node-a")] == [True]
+    store.close()
+
+
+def test_connections_past_the_handshake_limit_are_closed_at_once(shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckptfs.peers.listener as listener_module
+    monkeypatch.setattr(listener_module, "MAX_HANDSHAKES", 2)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        silent = [await trio.open_tcp_stream("127.0.0.1", listener.port) for _ in range(2)]
+        for s in silent:
+            assert await s.receive_some(1 << 16)  # each got its challenge: both handshakes are under way
+        third = await trio.open_tcp_stream("127.0.0.1", listener.port)
+        assert await third.receive_some(1 << 16) == b""  # no challenge: closed
+        assert listener.refused_connections == 1
+        for s in silent:
+            await s.aclose()
+        await wait_for(lambda: listener.refused_connections == 3)
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)  # room again
+        await link.barrier()
+        await link.aclose()
+
+    with_listener(config(peer_timeout=60.0), shm / "b", body)
