@@ -87,8 +87,10 @@ def test_takeover_skips_what_the_drain_uploaded_and_never_overwrites_a_newer_obj
     drained = os.urandom(300_000)
     step = ns.tree.mkdir(ROOT_INODE, "step_1", 0o755, 0, 0)
     ino = write_file(ns, step.ino, "drained.pt", drained)
+    drained_big = os.urandom(2 * MiB + 1)  # above the drain's in-memory body: a PutObject from the cache file
+    ino_big = write_file(ns, step.ino, "drained_big.pt", drained_big)
     drain_until(Drainer(cfg, ns, ns.cache, store, Metrics(lambda: {})),
-                lambda: ns.journal.get(ino).state == DURABLE)  # type: ignore[union-attr]
+                lambda: all(ns.journal.get(i).state == DURABLE for i in (ino, ino_big)))  # type: ignore[union-attr]
     written_at = time.time() - 60
     theirs = b"written by another node after the owner's last change"
     store.put_object_body("p/step_1/theirs.pt", theirs, crc32_b64(zlib.crc32(theirs)), {})
@@ -100,6 +102,7 @@ def test_takeover_skips_what_the_drain_uploaded_and_never_overwrites_a_newer_obj
     replicas = replica_store(cfg, str(tmp_path / "b"))
     big = os.urandom(2 * PART + 4321)
     hold(replicas, "a", 1, "p/step_1/drained.pt", drained, seq=1, mtime=written_at)
+    hold(replicas, "a", 5, "p/step_1/drained_big.pt", drained_big, seq=5, mtime=written_at)
     hold(replicas, "a", 2, "p/step_1/theirs.pt", b"the owner's older bytes", seq=2, mtime=written_at)
     hold(replicas, "a", 3, "p/step_1/big.pt", big, seq=3, mtime=written_at)
     hold(replicas, "a", 4, "p/step_1/.metadata", b"{}", seq=4, mtime=written_at, marker=True)
@@ -107,7 +110,7 @@ def test_takeover_skips_what_the_drain_uploaded_and_never_overwrites_a_newer_obj
     t = Takeover(cfg, store, replicas, b, Keys("p/"))
     [report] = trio.run(t.round)
 
-    assert report.already_durable == ["p/step_1/drained.pt"]
+    assert sorted(report.already_durable) == ["p/step_1/drained.pt", "p/step_1/drained_big.pt"]
     assert report.conflicts == ["p/step_1/theirs.pt"]
     assert sorted(report.uploaded) == ["p/step_1/.metadata", "p/step_1/big.pt"]
     assert counts["upload_part"] == 3 and counts["put_object_body"] == 1 and counts["put_object"] == 0
