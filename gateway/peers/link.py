@@ -14,8 +14,8 @@ PeerError and the sender opens a new link (or takes the next candidate).
 
 from __future__ import annotations
 
-import errno
 import os
+import select
 import socket
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -27,7 +27,7 @@ from .wire import REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, Reader, Seal
 
 __all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "SealMismatch"]
 
-SENDFILE_CHUNK = 8 << 20  # per call: the event loop gets a turn between them
+SENDFILE_CHUNK = 8 << 20  # per worker thread call: what a cancel may have to wait for
 ZEROS = bytes(1 << 16)
 
 
@@ -173,22 +173,36 @@ class PeerLink:
                 raise
 
     async def _sendfile(self, fd: int, offset: int, length: int) -> None:
-        """Our file's bytes straight from the page cache to the socket; each wait for room bounded by peer_timeout."""
-        sock = self.stream.socket
-        out = sock.fileno()
+        """Our file's bytes straight from the page cache to the socket, by a worker thread SENDFILE_CHUNK at a
+        time: its own poll loop waits for room in the socket, so the event loop is not woken a thousand times per
+        GiB (measured: about 0.25 s CPU per GiB against 0.4 from the event loop), and a cache file read from the
+        disk does not stall it. A cancel waits for at most one chunk; each wait for room is bounded by
+        peer_timeout."""
+        out = self.stream.socket.fileno()
+        timeout_ms = max(1, int(self.timeout * 1000))
+
+        def send_chunk(offset: int, count: int) -> int:
+            poller = select.poll()
+            poller.register(out, select.POLLOUT)
+            sent = 0
+            while sent < count:
+                try:
+                    n = os.sendfile(out, fd, offset + sent, count - sent)
+                except BlockingIOError:
+                    if not poller.poll(timeout_ms):
+                        raise trio.TooSlowError from None
+                    continue
+                except InterruptedError:
+                    continue
+                if n == 0:  # the file ended early
+                    break
+                sent += n
+            return sent
+
         end = offset + length
         while offset < end:
-            try:
-                n = os.sendfile(out, fd, offset, min(SENDFILE_CHUNK, end - offset))
-            except BlockingIOError:
-                with trio.fail_after(self.timeout):
-                    await trio.lowlevel.wait_writable(sock)
-                continue
-            except OSError as e:
-                if e.errno == errno.EINTR:
-                    continue
-                raise
-            if n == 0:  # the file ended before `end`: the frame promised the bytes
+            n = await trio.to_thread.run_sync(send_chunk, offset, min(SENDFILE_CHUNK, end - offset))
+            if n == 0:  # the file ended before `end` (truncated meanwhile): the frame promised the bytes
                 await self._send_zeros(end - offset)
                 self.bytes_sent += end - offset
                 return
@@ -196,8 +210,6 @@ class PeerLink:
             self.bytes_sent += n
             if self.throttle is not None:
                 await self.throttle(n)  # after the bytes went: a debt the throttle makes us wait off
-            else:
-                await trio.lowlevel.checkpoint()
 
     async def _send_zeros(self, count: int) -> None:
         while count:

@@ -182,6 +182,7 @@ class _Connection:
         elif kind is Kind.SEAL:
             await self._seal(m)
         elif kind is Kind.BARRIER:
+            await self._run(None, store.sync)  # the deletes and entries before it are on the disk
             failed, self.failed_other = self.failed_other, None
             await self._answer(int(m["id"]), failed)
         elif kind is Kind.HOLDINGS:

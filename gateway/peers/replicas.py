@@ -4,9 +4,10 @@
 Apart from the node's own files: outside `data/`, so the cache's clean-up of files no inode owns and its
 eviction never see them, in a capacity of their own (`peer_capacity`; 0: a quarter of the cache file
 system), and kept until the owner (or a sweep) says the file is durable. A seal is acknowledged only once
-the data file and the index are on the disk (fsync; the index commits with synchronous=FULL), and once this
+the data file and the index are on the disk (fsync of the file, of the index's WAL and of their directories), and once this
 node's own xxh3-128 of the bytes on its disk equals the owner's: what a takeover later uploads is what the
-owner acknowledged. The index survives a restart of this daemon with the files.
+owner acknowledged. The index survives a restart of this daemon with the files; its commits reach the disk
+together (`sync`) when a seal or a barrier is answered, not one fsync per entry.
 
 A full disk or capacity is `ReplicaFull` (ENOSPC) and a failing one an OSError (EIO), both answered to the
 owner by the listener; the index goes through `dbconnection.Connection`, which maps SQLite's full/failing
@@ -125,7 +126,9 @@ class ReplicaStore:
         try:
             self.db = sqlite3.connect(index, isolation_level=None, check_same_thread=False, factory=Connection)
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")  # a commit is on the disk before a seal is acknowledged
+            # commits are not synced one by one (an entry, a delete: one fsync each would bound the files per second):
+            # `sync` puts every change committed so far on the disk before a seal or barrier is acknowledged
+            self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as e:
             raise ReplicaIndexError(f"the index of other nodes' replicas {index} cannot be opened ({e}): check the cache "
@@ -276,10 +279,23 @@ class ReplicaStore:
         return (owner, ino) in self._sealed
 
     def unseal(self, owner: str, ino: int) -> None:
-        """Record the replica unsealed (committed) before its bytes change. Blocking: run it in a thread."""
+        """Record the replica unsealed (on the disk) before its bytes change. Blocking: run it in a thread."""
         with self._lock:
             self.db.execute("UPDATE replicas SET sealed = 0 WHERE owner = ? AND ino = ?", (owner, ino))
             self._sealed.discard((owner, ino))
+        self.sync()
+
+    def sync(self) -> None:
+        """Every change committed so far on the disk: the index's WAL (and the directory naming it) fsynced."""
+        for name in ("replicas.db-wal", "replicas.db", "."):
+            try:
+                fd = os.open(self.root / name, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def _fd(self, owner: str, ino: int) -> int:
         fd = self._fds.get((owner, ino))
@@ -356,6 +372,7 @@ class ReplicaStore:
             self.db.execute("UPDATE replicas SET sealed = 1, xxh3 = ?, version = ?, size = ? WHERE owner = ? AND ino = ?",
                             (mine, version, size, owner, ino))
             self._sealed.add((owner, ino))
+        self.sync()
         return mine
 
     def _hash(self, owner: str, ino: int, fd: int, size: int) -> str:

@@ -195,7 +195,7 @@ def test_a_tampered_replayed_or_foreign_frame_is_refused() -> None:
 # -- the listener under clients that are not peers ---------------------------------------------------------
 
 def test_the_listener_refuses_the_wrong_secret_garbage_and_silence_and_still_serves(shm: Path) -> None:
-    cfg = config(peer_timeout=0.5)
+    cfg = config(peer_timeout=2.0)
 
     async def body(listener: Listener, addr: str) -> None:
         with pytest.raises(PeerError, match="refused the connection during the handshake"):
@@ -241,7 +241,7 @@ def test_an_authenticated_peer_sending_a_malformed_forged_or_stalled_frame_is_dr
         await link.aclose()
 
     (shm / "b").mkdir()
-    with_listener(config(peer_timeout=1.0), shm / "b", body)
+    with_listener(config(peer_timeout=2.0), shm / "b", body)
 
 
 # -- a real file over loopback ---------------------------------------------------------------------------------
@@ -517,3 +517,68 @@ def test_connections_past_the_handshake_limit_are_closed_at_once(shm: Path, monk
         await link.aclose()
 
     with_listener(config(peer_timeout=60.0), shm / "b", body)
+
+
+def test_a_cache_file_shorter_than_a_write_keeps_the_link_in_step(shm: Path) -> None:
+    """The file was truncated between the sender's look at its size and the sendfile: the frame is filled up with
+    zeros, the link goes on, and the truncate that follows makes the replica right."""
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, MiB)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("short", 1, MiB))
+        await link.write(1, fd, 0, 3 * MiB)
+        await link.barrier()
+        replica = Path(listener.store.path("node-a", 1))
+        assert replica.read_bytes() == src.read_bytes() + bytes(2 * MiB)
+        await link.truncate(1, MiB)
+        await link.seal(1, 1, MiB, digest)
+        assert replica.read_bytes() == src.read_bytes()
+        os.close(fd)
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
+
+
+def test_files_sealed_at_once_by_many_tasks_on_one_link_each_get_their_own_answer(shm: Path) -> None:
+    (shm / "b").mkdir()
+    files = {}
+    for i in range(8):
+        path = shm / f"file{i}"
+        data = os.urandom((i + 1) * 300_000)
+        path.write_bytes(data)
+        files[i] = (path, data)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        results: dict[int, str] = {}
+
+        async def one(i: int) -> None:
+            path, data = files[i]
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                await link.entry(i, entry_meta(f"k{i}", 1, len(data), seq=i))
+                for offset in range(0, len(data), 256 * 1024):
+                    await link.write(i, fd, offset, min(256 * 1024, len(data) - offset))
+                digest = xxhash.xxh3_128_hexdigest(data) if i != 5 else "0" * 32  # one of them wrong
+                try:
+                    await link.seal(i, 1, len(data), digest)
+                    results[i] = "sealed"
+                except SealMismatch:
+                    results[i] = "mismatch"
+            finally:
+                os.close(fd)
+
+        async with trio.open_nursery() as nursery:
+            for i in files:
+                nursery.start_soon(one, i)
+        assert results == {i: "mismatch" if i == 5 else "sealed" for i in files}
+        for entry in listener.store.entries("node-a"):
+            assert Path(entry.path).read_bytes() == files[entry.ino][1]
+            assert entry.sealed == (entry.ino != 5)
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
