@@ -328,7 +328,9 @@ class FlushProgress:
         if msg.get("deletes"):
             what += f", {plural(msg['deletes'], 'deletion')}"
         if self.progress is not None:
-            self.progress.update(self.task, total=max(self.total, 1), completed=self.completed, speed=fmt_rate(rate), eta=eta, left=what)
+            durable = self.level == "durable"  # replicated: no rate of its own to show
+            self.progress.update(self.task, total=max(self.total, 1), completed=self.completed, speed=fmt_rate(rate) if durable else "",
+                                 eta=eta if durable else "-", left=what)
             return
         now = self.clock()
         tenth = math.floor(10 * self.completed / self.total) if self.total else 10
