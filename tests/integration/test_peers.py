@@ -245,9 +245,12 @@ def test_no_peer_degrade_acknowledges_and_counts(cluster: Cluster) -> None:
 
 
 def test_no_peer_fail_gives_eio_to_fsync(cluster: Cluster) -> None:
-    a = cluster.node("a", upload_delay=HELD, on_no_peer="fail", peer_timeout=2)
+    a = cluster.node("a", upload_delay=HELD, on_no_peer="fail", peer_timeout=4)
     b = cluster.node("b")
     cluster.wait_live("ab")
+    # `ckptfs status --json` lists b, live and connected: the first fsync has its peer
+    wait_until("a connected to b", lambda: any(p["node"] == "b" and p["state"] == "live" and p.get("connected")
+                                                for p in a.status().get("peers", [])), 120)
     write_random(a.path / "first.bin", 1 * MiB, seed=1)  # b answers: fine
     assert a.state("first.bin") == "replicated"
     b.pause()  # b stops answering: peer_timeout, then no other candidate
