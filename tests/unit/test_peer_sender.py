@@ -20,7 +20,8 @@ import xxhash
 from ckptfs.journal import ROOT_INODE
 from ckptfs.namespace import Namespace
 from ckptfs.peers.link import Held, PeerError, SealMismatch
-from ckptfs.peers.sender import Sender, TokenBucket
+from ckptfs.peers.bandwidth import TokenBucket
+from ckptfs.peers.sender import Sender
 
 from tests.unit.test_journal import make_ns
 
@@ -52,6 +53,7 @@ class FakePeer:
         self.forgotten: list[tuple[int, int | None]] = []
         self.deletes: dict[int, str] = {}
         self.written = 0  # data bytes received
+        self.mismatches = 0  # seals whose xxh3 differed from this copy's
         self.fail_at: str | None = None  # an operation that raises PeerError
         self.hang_at: str | None = None  # an operation that never answers
         self.links = 0
@@ -105,6 +107,7 @@ class FakeLink:
         await self._op("seal")
         r = self.peer.replicas.setdefault(ino, Replica())
         if len(r.data) != size or xxhash.xxh3_128_hexdigest(bytes(r.data)) != xxh3:
+            self.peer.mismatches += 1
             raise SealMismatch("xxh3 differs")
         r.sealed = (version, size, xxh3)
 
@@ -491,4 +494,30 @@ async def test_a_version_counted_without_a_byte_changed_keeps_the_peers_copy_sea
         # would have unsealed it, and a takeover skips an unsealed replica as never acknowledged)
         assert b.replicas[ino].sealed == sealed and b.written == written
         assert sender.is_replicated(ino)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_repeated_fsyncs_of_a_growing_file_seal_the_right_bytes(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "log.bin")
+        size = 0
+        with trio.fail_after(30):  # a seal that never matched would send the file again and again
+            for i in range(5):  # append and fsync, as a writer that fsyncs every few MiB does
+                chunk = os.urandom(300_000 + i)
+                ns.files.write(ino, fd, size, chunk)
+                size += len(chunk)
+                await sender.replicated(ino)
+            ns.files.write(ino, fd, 5, b"rewritten")  # below what was hashed: the next seal hashes from byte 0
+            await sender.replicated(ino)
+            ns.files.truncate(ino, size - 1000)
+            ns.files.write(ino, fd, size - 1000, b"end")
+            await sender.replicated(ino)
+        assert b.mismatches == 0 and b.written == size + len(b"rewritten") + len(b"end")  # nothing sent twice
+        assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
+        close(ns, ino, fd)
         nursery.cancel_scope.cancel()

@@ -23,7 +23,7 @@ from ckptfs.fuse import abi
 from ckptfs.fuse import messages as P
 from ckptfs.fuse.handlers import RequestHandlers
 from ckptfs.fuse.iomode import IoModes
-from ckptfs.fuse.ops import Operations, RequestContext
+from ckptfs.fuse.ops import RequestContext
 from ckptfs.journal import DURABLE, ROOT_INODE, Journal, UploadRecord
 from ckptfs.objects import crc32_b64
 from ckptfs.upload import Abandoned, read_whole
@@ -39,10 +39,12 @@ def _error_of(parts: list[object]) -> int:
     return -abi.OUT_HEADER.unpack(header)[1]
 
 
-def test_flush_is_answered_enosys_so_the_kernel_stops_sending_it() -> None:
-    # fs.py has nothing to do at close(2): ENOSYS sets the kernel's no_flush, one request less per close
-    assert CkptFS.flush is Operations.flush
-    handlers = RequestHandlers(Operations(), IoModes(lambda fd: 0, lambda i: None, enabled=False))
+def test_flush_is_answered_enosys_so_the_kernel_stops_sending_it(tmp_path: Path) -> None:
+    # durability = local: fs.py has nothing to do at close(2): ENOSYS sets the kernel's no_flush, one request less per
+    # close (with durability = peer a writer's close waits for the peers: tests/integration/test_peers_replicate.py)
+    fs = CkptFS(make_ns(tmp_path), None, None, "")  # type: ignore[arg-type]  # FLUSH needs neither fetcher nor remote
+    assert fs.peers is None
+    handlers = RequestHandlers(fs, IoModes(lambda fd: 0, lambda i: None, enabled=False))
     req = P.parse_request(request(abi.Op.FLUSH, struct.pack("<QIIQ", 5, 0, 0, 77)))
 
     async def flush() -> int:
