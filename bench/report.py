@@ -329,6 +329,69 @@ NFS_FIGURES: list[Figure] = [
 ]
 
 
+# ----------------------------------------------------------- peer durability (bench/peers.py)
+PEERS = ("peers.local", "peers.peer")
+
+
+def _peers_ack(part: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """Acknowledge time with durability=local / with durability=peer (a throughput ratio: higher is better)."""
+    return lambda run, meta: _ratio(_get(run, "peers", "local", part, "ack_s"), _get(run, "peers", "peer", part, "ack_s"))
+
+
+def _peers_cpu(extra: bool) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """The owner daemon's CPU seconds per GiB replicated over both windows (less the local node's for the same writes)."""
+    def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        parts = ("single", "writers")
+        peer = [_get(run, "peers", "peer", p) for p in parts]
+        local = [_get(run, "peers", "local", p) for p in parts]
+        if not all(isinstance(x, dict) for x in peer) or (extra and not all(isinstance(x, dict) for x in local)):
+            return None
+        cpu = sum(x["cpu_daemon_s"] for x in peer) - (sum(x["cpu_daemon_s"] for x in local) if extra else 0.0)
+        return cpu / (sum(x["bytes"] for x in peer) / (1 << 30))
+
+    return f
+
+
+def _peers_loss(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    loss = _get(run, "peers", "peer", "node_lost") or {}
+    if loss.get("lost") or loss.get("misnamed"):
+        return float("inf")  # a file lost is no time at all
+    return _ratio(loss.get("durable_s"), loss.get("bound_s"))
+
+
+def _peers_drain(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+    d = _get(run, "peers", "local", "drain") or {}
+    return d["bytes"] / MiB / d["flush_s"] if d.get("flush_s") else None
+
+
+PEERS_FIGURES: list[Figure] = [
+    Figure("peers_ack_single", "Peer durability: acknowledge (write+fsync+close) 1 file, durability=local / durability=peer "
+           "(both nodes on this machine's cores, caches on tmpfs, uploads held back)", "x", ">=", 0.6, _peers_ack("single"), True, PEERS),
+    Figure("peers_ack_writers", "Peer durability: acknowledge 4 writers, durability=local / durability=peer", "x", ">=", 0.6,
+           _peers_ack("writers"), True, PEERS),
+    Figure("peers_cpu_sender", "Peer durability: the sending daemon's CPU seconds per GiB replicated (all of its CPU over the windows)",
+           "s/GiB", "<=", 0.3, _peers_cpu(False), False, PEERS[1:]),
+    Figure("peers_cpu_added", "Peer durability: the sending daemon's CPU per GiB, less a local node's for the same writes", "s/GiB", "", None,
+           _peers_cpu(True), False, PEERS),
+    Figure("peers_cpu_receiver", "Peer durability: the receiving daemon's CPU seconds per GiB held", "s/GiB", "", None,
+           lambda run, meta: _ratio(_get(run, "peers", "peer", "cpu_receiver_s"),
+                                    sum((_get(run, "peers", "peer", p, "bytes") or 0) for p in ("single", "writers")) / (1 << 30)),
+           False, PEERS[1:]),
+    Figure("peers_node_lost", "Peer durability: node lost right after a save -> all its files durable, / (peer_lease_ttl + 1.5 x undrained "
+           "/ drain rate of this run)", "x", "<=", 1.0, _peers_loss, False, PEERS),
+    Figure("peers_trials_lost", "Peer durability: acknowledged files lost in the node-loss trials at random instants", "files", "<=", 0.0,
+           lambda run, meta: _get(run, "peers", "trials", "lost_files"), False, ("peers.trials",)),
+    Figure("peers_trials_twice", "Peer durability: bytes uploaded twice in the trials (objects made again after they existed)", "bytes",
+           "<=", 0.0, lambda run, meta: _get(run, "peers", "trials", "twice_bytes"), False, ("peers.trials",)),
+    Figure("peers_trials_replicas_left", "Peer durability: replicas left peer_drop_grace + 30 s after their files were durable", "files",
+           "<=", 0.0, lambda run, meta: _get(run, "peers", "trials", "replicas_left"), False, ("peers.trials",)),
+    Figure("peers_trials_count", "Peer durability: node-loss trials run", "trials", "", None,
+           lambda run, meta: _get(run, "peers", "trials", "trials"), False, ("peers.trials",)),
+    Figure("mibps_peers_drain", "Peer durability: the drain rate the node-loss bound uses (ckptfs flush on the local node)", "MiB/s", "", None,
+           _peers_drain, False, PEERS[:1]),
+]
+
+
 # ------------------------------------------------------- the compressed cold tier (bench/compression.py)
 def _cz_ratio(*names: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
     """Stored / original bytes of the cold tier's codec over the files `names`."""
@@ -470,6 +533,7 @@ FIGURES: list[Figure] = [
     *SMALL_FIGURES,
     *TEMPORARY_DIR_FIGURES,
     *NFS_FIGURES,
+    *PEERS_FIGURES,
     # absolute throughputs, for reading the ratios
     Figure("mibps_raw_single", "raw disk, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "raw", "single", "ack_s")),
     Figure("mibps_ckptfs_single", "ckptfs, 1 file write+fsync+close", "MiB/s", "", None, _mibps("single", "ckptfs", "single", "ack_s")),

@@ -16,11 +16,12 @@ from typing import Any
 from bench import report
 from bench.env import GiB, MiB, ROOT, BenchServer, disk_free, loadavg, tool_version, venv_bin
 from bench.compression import compression
+from bench.peers import QUICK_TRIALS as QUICK_PEER_TRIALS, TRIALS as PEER_TRIALS, peers
 from bench.replication import replication
 from bench.small_files import COUNT as SMALL_FILES
 from bench.workloads import Plan, guarded, one_run
 
-ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression", "small", "tmpdir", "nfs")
+ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression", "small", "tmpdir", "nfs", "peers")
 SINGLE_SIZE = 4 * GiB
 SHARD_SIZE = 512 * MiB
 SHARDS = 8
@@ -144,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             if "replication" in plan.targets:  # bench/replication.py: a second server, the daemon's copy vs s5cmd's
                 runs[-1]["replication"] = guarded(lambda i=i: replication(plan, server, f"r{i + 1}-{os.getpid()}",
                                                                           lambda m: log(f"run {i + 1}: {m}"), i + 1))
+            if "peers" in plan.targets:  # bench/peers.py: nodes of one bucket with durability=peer, nodes lost
+                runs[-1]["peers"] = guarded(lambda i=i: peers(server, plan.work, f"r{i + 1}-{os.getpid()}",
+                                                              lambda m: log(f"run {i + 1}: {m}"), max(4 * MiB, plan.single_size // 4 // MiB * MiB),
+                                                              PEER_TRIALS if plan.scale >= 1 else QUICK_PEER_TRIALS, i + 1))
             if "compression" in plan.targets:  # bench/compression.py: the cold tier's codec, and a restore with and without it
                 runs[-1]["compression"] = guarded(lambda i=i: compression(plan, server, f"r{i + 1}-{os.getpid()}",
                                                                           lambda m: log(f"run {i + 1}: {m}")))

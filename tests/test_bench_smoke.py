@@ -104,6 +104,11 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     else:
         assert "NFS gateway tools missing" in run["nfs_gateway"]["skipped"]
 
+    # peer durability (bench/peers.py): a local node, a pair, the node-loss trials
+    peers = run["peers"]
+    assert {"local", "peer", "trials"} <= set(peers) and "error" not in peers["local"], peers
+    assert peers["local"]["drain"]["flush_s"] > 0
+
     figures = {f["id"]: f for f in result["figures"]}
     assert set(figures) == {f.id for f in report.FIGURES}
     fids = ["ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",

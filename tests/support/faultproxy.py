@@ -17,7 +17,9 @@ answers 202 and makes it ``ongoing`` (409 RestoreAlreadyInProgress while it is),
 ``ongoing-request="false", expiry-date=...``; GET passes).
 
 Switching modes drops the open connections, so the new mode applies to the
-next request. ``bytes_up`` counts request bytes forwarded to the server.
+next request. ``bytes_up`` counts request bytes forwarded to the server; ``writes`` logs every
+PUT and POST forwarded (object key, query, body length, when it started and when its whole body was
+forwarded), so a test can count the uploads of each key (tests/support/peer_nodes.py).
 Test support code: plain threads, not part of the product.
 """
 
@@ -51,6 +53,28 @@ class _Failure:
     methods: frozenset[str] | None
 
 
+@dataclass(frozen=True)
+class ForwardedWrite:
+    """One PUT or POST passed to the server: a PutObject, an UploadPart, a copy, a Create/CompleteMultipartUpload."""
+
+    method: str
+    key: str  # "/bucket/key", unquoted
+    query: str
+    length: int  # body bytes
+    copy: bool  # x-amz-copy-source: no body bytes of the object crossed
+    started: float  # time.monotonic() when its head arrived
+    forwarded: float | None  # when its whole body had been forwarded upstream (None: cut off before)
+
+    @property
+    def completes_object(self) -> bool:
+        """A PutObject or a CompleteMultipartUpload whose request reached the server whole: it makes the object."""
+        if self.forwarded is None:
+            return False
+        if self.method == "PUT":
+            return "uploadId=" not in self.query
+        return self.method == "POST" and "uploadId=" in self.query
+
+
 @dataclass
 class FaultProxy:
     upstream_port: int
@@ -64,6 +88,7 @@ class FaultProxy:
     archived: dict[str, str] = field(default_factory=dict)  # "/bucket/key" -> archived | ongoing | restored
     restore_requests: int = 0
     put_agents: collections.Counter[str] = field(default_factory=collections.Counter)  # User-Agent product of each PUT
+    writes: list[ForwardedWrite] = field(default_factory=list)  # every PUT and POST forwarded, in order
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -184,6 +209,7 @@ class FaultProxy:
                     with self._lock:
                         self._conns.add(server)
                     threading.Thread(target=_pump, args=(server, client), daemon=True).start()
+                started = time.monotonic()
                 self._send_up(server, head + b"\r\n\r\n")
                 sent = 0
                 while sent < length:
@@ -196,6 +222,8 @@ class FaultProxy:
                     sent += len(piece)
                 with self._lock:
                     self.requests += 1
+                    if method in ("PUT", "POST"):
+                        self.writes.append(_forwarded(method, target.decode(), head, length, started))
         except OSError:
             pass
         finally:
@@ -268,6 +296,12 @@ class FaultProxy:
             server.sendall(piece)
             with self._lock:
                 self.bytes_up += len(piece)
+
+
+def _forwarded(method: str, target: str, head: bytes, length: int, started: float) -> ForwardedWrite:
+    path, _, query = target.partition("?")
+    return ForwardedWrite(method, urllib.parse.unquote(path), query, length, _header(head, b"x-amz-copy-source") is not None,
+                          started, time.monotonic())
 
 
 def _header(head: bytes, wanted: bytes) -> bytes | None:

@@ -1,0 +1,344 @@
+"""Peer durability (issue 36, docs/peers.md) with real daemons and a real SeaweedFS: three mounts of one
+bucket, each with its own cache directory and node_name, are three nodes on this machine.
+
+A node is lost the way a board failure loses it: its daemon SIGKILLed and its cache directory
+deleted. What the user checks: every acknowledged file is in the bucket with the bytes written
+(sha256), a checkpoint commits and restores bit-identical on another node, nothing is uploaded
+twice (counted per key by a proxy in front of each node, tests/support/peer_nodes.py), and the
+errors a user can cause (no peer, a full peer, a stranger on the port) are answered, never fatal.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.conftest import ROOT, fuse_usable, run_cli, sha256_file, write_random
+from tests.support.peer_nodes import WRITER, Cluster, Node, completions, file_spec, node_loss_trial, wait_until, write_secret
+from tests.support.seaweed import SeaweedServer
+
+MiB = 1 << 20
+HELD = 3600  # upload_delay that keeps a node's drain from uploading anything in a test's time
+
+
+@pytest.fixture
+def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path, fuse_transport: str | None) -> Iterator[Cluster]:
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    c = Cluster(s3, bucket, tmp_path, **({"fuse_transport": fuse_transport} if fuse_transport else {}))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def three(cluster: Cluster, a: dict[str, Any] | None = None, b: dict[str, Any] | None = None,
+          c: dict[str, Any] | None = None) -> tuple[Node, Node, Node]:
+    """Nodes a and c in rack1, b in rack2: a's replicas can only go to b; b's to a or c."""
+    na = cluster.node("a", failure_domain="rack1", **(a or {}))
+    nb = cluster.node("b", failure_domain="rack2", **(b or {}))
+    nc = cluster.node("c", failure_domain="rack1", **(c or {}))
+    cluster.wait_live("abc")
+    return na, nb, nc
+
+
+def keys_of(node: Node, spec: list[dict[str, Any]]) -> list[str]:
+    return [node.key(f["name"]) for f in spec]
+
+
+def made_by(node: Node, bucket: str, keys: list[str]) -> dict[str, int]:
+    """How many times `node` made each of `keys` (a whole PutObject or a completed multipart upload)."""
+    made = completions(node.proxy.writes, bucket)
+    return {k: len(made.get(k, [])) for k in keys if made.get(k)}
+
+
+def sent_by(node: Node, bucket: str, keys: list[str]) -> int:
+    """Object bytes `node` sent for `keys` (PutObject and UploadPart bodies)."""
+    prefix = f"/{bucket}/"
+    return sum(w.length for w in node.proxy.writes
+               if w.method == "PUT" and not w.copy and w.key.startswith(prefix) and w.key[len(prefix):] in keys)
+
+
+def save(node: Node, spec: list[dict[str, Any]]) -> dict[str, str]:
+    """The writer of node_loss_trial run to its end on `node`: name -> sha256."""
+    out = subprocess.run([sys.executable, "-c", WRITER, str(node.path), json.dumps(spec)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    return {e["name"]: e["sha256"] for e in events if e["event"] == "fsync"}
+
+
+def taken_over(node: Node) -> bool:
+    rec = node.record() or {}
+    return rec.get("state") == "taken_over" and bool(rec.get("takeover_done"))
+
+
+# --------------------------------------------------------------- node loss
+def test_node_lost_after_save_every_file_reaches_the_bucket_via_takeover(cluster: Cluster) -> None:
+    """The issue's trial: 4 shards saved (tmp, fsync, rename), the drain held back, the node lost right after."""
+    a, b, c = three(cluster, a={"upload_delay": HELD})
+    spec = file_spec(4, 16 * MiB + 5)
+
+    single_copy: list[float] = []
+
+    def replicated_before_the_loss() -> None:
+        # fsync returned once the bytes were on b's disk: the files say so, and nothing is in the bucket yet
+        assert [a.state(f["name"]) for f in spec] == ["replicated"] * 4
+        assert cluster.heads(keys_of(a, spec)) == {}
+        single_copy.append(a.metric("ckptfs_single_copy_bytes"))  # asserted last: the takeover is the point here
+
+    r = node_loss_trial(cluster, a, [b, c], spec, kill_after=None, after_save=replicated_before_the_loss)
+    assert r.acknowledged == 4 and r.undrained_bytes == r.acknowledged_bytes
+    assert r.lost == [] and r.misnamed == []  # every file byte-identical, under its final name
+    # the last rename had no fsync after it: like a local file system after power loss, it may be lost
+    # (docs/semantics.md); the file's bytes are not
+    assert r.under_tmp_name in ([], [spec[-1]["name"]]), r.as_dict()
+    assert r.taken_over_by == ["b"]
+    assert b.metric("ckptfs_peer_takeovers_total") == 1 and c.metric("ckptfs_peer_takeovers_total") == 0
+    assert r.completed_twice == {}
+    wait_until("a's record to say its takeover is done", lambda: taken_over(a), 120)
+    assert (a.record() or {}).get("taken_over_by") == "b"
+    # the replicas b held for a are gone once the bucket has the files
+    wait_until("b to drop a's replicas", lambda: b.replica_files("a") == [] and b.metric("ckptfs_peer_replica_bytes") == 0, 120)
+    # the survivors still serve
+    digest = write_random(b.path / "after.bin", 2 * MiB, seed=9)
+    assert b.flush().returncode == 0
+    assert cluster.object_sha256(b.key("after.bin")) == digest
+    # and before the loss, a said nothing of its was single-copy
+    assert single_copy == [0], single_copy
+
+
+def test_close_without_fsync_is_replicated_before_it_returns(cluster: Cluster) -> None:
+    """torch.save and safetensors never fsync: the FLUSH of close waits for the peers likewise."""
+    a, b, c = three(cluster, a={"upload_delay": HELD})
+    body = random.Random(7).randbytes(9 * MiB + 1)
+    (a.path / "run").mkdir()
+    with open(a.path / "run" / "model.safetensors", "wb") as f:
+        f.write(body)
+    # close returned: a is lost at once
+    a.kill()
+    key = a.key("run/model.safetensors")
+    want = hashlib.sha256(body).hexdigest()
+    wait_until("the closed file in the bucket via b's takeover", lambda: cluster.object_sha256(key) == want, 240)
+    assert b.metric("ckptfs_peer_takeovers_total") == 1
+
+
+def test_dcp_two_nodes_rank1_node_lost_latest_on_third_node_restores(cluster: Cluster, tmp_path: Path) -> None:
+    """A DCP checkpoint of 2 ranks on 2 nodes; the node of rank 1 lost right after the save returned."""
+    import ckptfs
+
+    quiet = {"checkpoint_quiet_seconds": 5}
+    a, b, c = three(cluster, a=quiet, b={**quiet, "upload_delay": HELD}, c=quiet)
+    digests = tmp_path / "digests.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests.support.dcp_nodes", "save", str(rank), str(port),
+                               str(node.path / "run" / "step_5"), str(digests)], cwd=ROOT)
+             for rank, node in enumerate((a, b))]
+    assert [p.wait(timeout=600) for p in ranks] == [0, 0]
+    assert b.state("run/step_5/__1_0.distcp") == "replicated"
+    b.kill()  # right after the save returned: rank 1's shard is on b's peer only
+
+    def newest() -> Any:
+        ck = ckptfs.latest(c.path / "run")
+        return ck if ck is not None and ck.step == 5 and ck.committed and ck.info.get("files") == 3 else None
+
+    ck = wait_until("step 5 committed with both ranks' shards, seen from node c", newest, 240)
+    assert ck.state in ("committed", "protected")
+    assert a.metric("ckptfs_peer_takeovers_total") + c.metric("ckptfs_peer_takeovers_total") == 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    loads = [subprocess.Popen([sys.executable, "-m", "tests.support.dcp_nodes", "load", str(rank), str(port),
+                               str(c.path / "run" / "step_5"), str(digests)], cwd=ROOT) for rank in (0, 1)]
+    assert [p.wait(timeout=600) for p in loads] == [0, 0]  # every tensor bit-identical
+
+
+def test_node_loss_trials_at_random_instants(cluster: Cluster) -> None:
+    """A few of the benchmark's trials (bench/peers.py runs 50): each owner lost at a random instant after
+    its first fsync returned, while its drain may be uploading; nothing acknowledged is lost."""
+    rng = random.Random(int(os.environ.get("CKPTFS_TRIAL_SEED", "36")))
+    b = cluster.node("b")
+    c = cluster.node("c")
+    for trial in range(3):
+        owner = cluster.node(f"o{trial}", upload_delay=0.5)
+        cluster.wait_live(["b", "c", owner.name])
+        r = node_loss_trial(cluster, owner, [b, c], file_spec(4, 6 * MiB, seed=trial, directory=f"run/step_{trial}"),
+                            kill_after=rng.uniform(0, 1.5))
+        assert r.acknowledged >= 1
+        assert r.lost == [] and r.misnamed == [], r.as_dict()
+        assert r.completed_twice == {}, r.as_dict()
+        assert len(r.taken_over_by) <= 1  # nothing left to take over if the drain had finished
+        wait_until("no replica of the lost owner left", lambda o=owner.name: b.replica_files(o) == [] and c.replica_files(o) == [], 120)
+
+
+# ------------------------------------------------------------ a paused node
+def test_paused_owner_is_fenced_and_uploads_nothing_twice(cluster: Cluster) -> None:
+    a, b, c = three(cluster, a={"upload_delay": 2})
+    spec = file_spec(4, 8 * MiB + 3)
+    digests = save(a, spec)
+    a.pause()  # before its drain starts; longer than peer_lease_ttl
+    keys = keys_of(a, spec)
+    try:
+        wait_until("b to take the paused a over", lambda: taken_over(a), 240)
+        for f, k in zip(spec, keys):
+            assert cluster.object_sha256(k) == digests[f["name"]]
+        heads = cluster.heads(keys)
+        assert made_by(b, cluster.bucket, keys) == {k: 1 for k in keys}
+    finally:
+        a.resume()
+    # a wakes up: its lease is gone, it finds itself taken over, reconciles; nothing uploaded again
+    wait_until("a's files durable after reconciling", lambda: [a.state(f["name"]) for f in spec] == ["durable"] * 4, 240)
+    assert a.flush().returncode == 0
+    assert cluster.heads(keys) == heads  # no object overwritten
+    assert sent_by(a, cluster.bucket, keys) == 0  # not a byte of them from a (nothing was in flight at the pause)
+    assert made_by(a, cluster.bucket, keys) == {}
+    # a is a node again: live record (a new incarnation), and what it writes now drains as usual
+    wait_until("a's record live again", lambda: (a.record() or {}).get("state") == "live", 120)
+    digest = write_random(a.path / "later.bin", 3 * MiB, seed=4)
+    assert a.flush().returncode == 0
+    assert cluster.object_sha256(a.key("later.bin")) == digest
+
+
+def test_owner_back_with_its_cache_after_takeover_uploads_nothing_twice(cluster: Cluster) -> None:
+    a, b, c = three(cluster, a={"upload_delay": HELD})
+    spec = file_spec(4, 8 * MiB + 1)
+    digests = save(a, spec)
+    keys = keys_of(a, spec)
+    a.kill(delete_cache=False)  # a reboot, not a lost disk
+    wait_until("b to take a over", lambda: taken_over(a), 240)
+    heads = cluster.heads(keys)
+    assert sorted(heads) == sorted(keys)
+    a.options["upload_delay"] = 0.2  # back with its journal of 4 dirty files it would otherwise upload at once
+    cluster.restart(a)
+    wait_until("a's files durable after reconciling", lambda: [a.state(f["name"]) for f in spec] == ["durable"] * 4, 240)
+    assert a.flush().returncode == 0
+    assert cluster.heads(keys) == heads
+    assert sent_by(a, cluster.bucket, keys) == 0
+    for f, k in zip(spec, keys):
+        assert cluster.object_sha256(k) == digests[f["name"]]
+        assert sha256_file(a.path / f["name"]) == digests[f["name"]]
+
+
+# -------------------------------------------------------- when no peer answers
+def test_no_peer_degrade_acknowledges_and_counts(cluster: Cluster) -> None:
+    a = cluster.node("a", upload_delay=HELD, on_no_peer="degrade", peer_timeout=2)
+    cluster.wait_live("a")
+    digest = write_random(a.path / "alone.bin", 4 * MiB, seed=1)  # fsync returns: acknowledged on the local disk alone
+    assert a.metric("ckptfs_peer_degraded_writes_total") >= 1
+    assert a.state("alone.bin") == "dirty"  # single-copy, not replicated
+    assert a.metric("ckptfs_single_copy_bytes") >= 4 * MiB
+    wait_until("the single-copy window to show", lambda: a.metric("ckptfs_single_copy_oldest_age_seconds") > 0, 60)
+    assert sha256_file(a.path / "alone.bin") == digest
+    rules = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
+    assert "ckptfs_peer_degraded_writes_total" in rules and "ckptfs_single_copy_oldest_age_seconds" in rules
+
+
+def test_no_peer_fail_gives_eio_to_fsync(cluster: Cluster) -> None:
+    a = cluster.node("a", upload_delay=HELD, on_no_peer="fail", peer_timeout=4)
+    b = cluster.node("b")
+    cluster.wait_live("ab")
+    # `ckptfs status --json` lists b, live and connected: the first fsync has its peer
+    wait_until("a connected to b", lambda: any(p["node"] == "b" and p["state"] == "live" and p.get("connected")
+                                                for p in a.status().get("peers", [])), 120)
+    write_random(a.path / "first.bin", 1 * MiB, seed=1)  # b answers: fine
+    assert a.state("first.bin") == "replicated"
+    b.pause()  # b stops answering: peer_timeout, then no other candidate
+    try:
+        with pytest.raises(OSError) as e:
+            write_random(a.path / "second.bin", 2 * MiB, seed=2)
+        assert e.value.errno == errno.EIO
+    finally:
+        b.resume()
+    # the mount keeps serving: the first file reads back, status answers
+    assert a.status()["pid"] == a.pid
+    assert (a.path / "first.bin").stat().st_size == 1 * MiB
+
+
+# ------------------------------------------------------------------ cleanup
+def test_replicas_dropped_after_durability(cluster: Cluster) -> None:
+    a = cluster.node("a", upload_delay=5)
+    b = cluster.node("b")
+    cluster.wait_live("ab")
+    for i in range(3):
+        write_random(a.path / f"f{i}.bin", 3 * MiB + i, seed=i)
+    assert len(b.replica_files("a")) == 3  # fsync returned: b holds them (a's drain waits 5 s)
+    assert b.metric("ckptfs_peer_replica_bytes") >= 9 * MiB
+    assert a.flush().returncode == 0
+    wait_until("b to drop a's replicas after durability", lambda: b.replica_files("a") == [] and b.metric("ckptfs_peer_replica_bytes") == 0, 120)
+
+
+def test_full_peer_capacity_refuses_new_replicas_keeps_the_old(cluster: Cluster) -> None:
+    a, b, c = three(cluster, a={"upload_delay": HELD}, b={"peer_capacity": 2 * MiB})
+    write_random(a.path / "small.bin", 1 * MiB, seed=1)
+    assert a.state("small.bin") == "replicated"
+    write_random(a.path / "big.bin", 8 * MiB, seed=2)  # does not fit on b, the only peer outside a's rack: degrade
+    assert a.state("big.bin") == "dirty"
+    assert a.metric("ckptfs_peer_degraded_writes_total") >= 1
+    assert b.metric("ckptfs_peer_replica_bytes") <= 2 * MiB
+    # the replica it had is kept whole (never evicted before durability); the inode numbers are the journal's
+    small = b.cache_dir / "peers" / "a" / str(os.stat(a.path / "small.bin").st_ino)
+    assert small.is_file() and small.stat().st_size == 1 * MiB
+    # b's mount keeps serving its own writes
+    digest = write_random(b.path / "own.bin", 4 * MiB, seed=3)
+    assert b.flush().returncode == 0
+    assert cluster.object_sha256(b.key("own.bin")) == digest
+
+
+# ----------------------------------------------------------- authentication
+def test_unauthenticated_connections_refused_while_the_mount_serves(cluster: Cluster, tmp_path: Path) -> None:
+    a = cluster.node("a", upload_delay=HELD)
+    b = cluster.node("b")
+    cluster.wait_live("ab")
+    port = b.peer_port()
+    # a stranger speaking anything else: closed, nothing but the handshake's opening sent
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(os.urandom(4096) + b"GET / HTTP/1.1\r\n\r\n")
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except (ConnectionResetError, socket.timeout):
+            pass
+        assert len(got) <= 64, got[:80]
+    # a node with another secret: a mount like the others, but its peers refuse it
+    stranger = cluster.node("x", peer_secret_file=str(write_secret(tmp_path / "other.secret")),
+                            upload_delay=HELD, peer_timeout=2)
+    cluster.wait_live("x")
+    write_random(stranger.path / "x.bin", 1 * MiB, seed=5)
+    assert stranger.metric("ckptfs_peer_degraded_writes_total") >= 1
+    assert stranger.state("x.bin") == "dirty"
+    assert a.replica_files("x") == [] and b.replica_files("x") == []
+    # b still serves its mount and its peers
+    write_random(a.path / "ok.bin", 2 * MiB, seed=6)
+    assert a.state("ok.bin") == "replicated"
+    assert b.status()["pid"] == b.pid
+
+
+@pytest.mark.one_transport
+def test_peer_options_a_user_gets_wrong_are_refused_in_one_line(s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "cache").mkdir()
+    loose = write_secret(tmp_path / "loose.secret")
+    loose.chmod(0o644)
+    base = ["mount", f"s3://{bucket}/ckpt", str(tmp_path / "m"), "--cache-dir", str(tmp_path / "cache"),
+            "--endpoint-url", s3.endpoint_url, "-o", "durability=peer"]
+    env = {**os.environ, **s3.env()}
+    for opts, says in ((["-o", "peer_addr=10.1.2.3:7470"], "peer_secret_file"),
+                       (["-o", "peer_addr=127.0.0.1:0", "-o", f"peer_secret_file={loose}"], "chmod 600"),
+                       (["-o", "peer_addr=nowhere"], "HOST:PORT")):
+        r = run_cli(*base, *opts, env=env, timeout=60)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.stderr, r.stderr
+        assert not os.path.ismount(tmp_path / "m")
