@@ -516,6 +516,11 @@ class Sender:
             cur = self.current(ino)
             if cur is None:
                 continue
+            if self.sealed_on(ino, cur[1]) >= self.replicas:
+                # sealed already: a passthrough close (or a poll) that counted a version without a byte changed
+                # marks it again, and nothing re-seals what the peers hold
+                self.single_since.pop(ino, None)
+                continue
             size += cur[2]
             oldest = max(oldest, now - since)
         return size, oldest
