@@ -41,6 +41,9 @@ from .link import Held, PeerError, PeerLink, SealMismatch
 log = logging.getLogger(__name__)
 
 CHUNK = 16 << 20  # bytes per write frame (sendfile from the cache file)
+# bytes per read when hashing: small enough that the bytes are still in the CPU's cache when xxh3 reads them (a
+# 16 MiB buffer sends every byte through memory twice: measured 0.22 against 0.17 s CPU per GiB on /dev/shm)
+HASH_BUFFER = 1 << 20
 MAX_EXTENTS = 64  # ranges owed per file before they are merged into one covering range
 POLL_SECONDS = 0.05  # passthrough writers' sizes
 HOUSEKEEPING_SECONDS = 1.0  # queued deletes looked at, missing channels filled
@@ -654,8 +657,9 @@ class Sender:
 
         def hash_file() -> tuple[str, Any]:
             # into one buffer (a fresh bytes per read costs ~15% more CPU); not mmap: a truncate meanwhile is SIGBUS
+            # (and it saves little: 0.16 against 0.17 s per GiB)
             h = state.copy() if state is not None else xxhash.xxh3_128()
-            buf = bytearray(min(CHUNK, max(size - start, 1)))
+            buf = bytearray(min(HASH_BUFFER, max(size - start, 1)))
             view = memoryview(buf)
             with open(path, "rb", buffering=0) as f:
                 f.seek(start)
