@@ -18,7 +18,7 @@ import trio
 import xxhash
 
 from . import threads
-from .objects import crc32_b64
+from .objects import NO_OBJECT, ObjectInfo, StoreError, crc32_b64
 from .sizes import MiB
 from .storeapi import ObjectStore
 
@@ -113,4 +113,14 @@ async def put_multipart(store: ObjectStore, key: str, fd: int, size: int, part_s
                 await threads.call(functools.partial(store.abort, key, upload_id))
             except Exception as e:  # noqa: BLE001 - the first error is the one to report; a leaked upload is aborted later
                 log.warning("could not abort the multipart upload %s of %s: %s (aborted once stale)", upload_id, key, e)
+        raise
+
+
+async def head_or_none(store: ObjectStore, key: str) -> ObjectInfo | None:
+    """What the bucket holds at `key` (HeadObject in a worker thread); None when nothing. Other errors raise."""
+    try:
+        return await threads.call(functools.partial(store.head_object, key))
+    except StoreError as e:
+        if e.kind == NO_OBJECT:
+            return None
         raise

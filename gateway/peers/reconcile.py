@@ -33,9 +33,9 @@ from .. import threads
 from ..config import Config
 from ..journal import DURABLE, Row
 from ..namespace import Namespace
-from ..objects import NO_OBJECT, ObjectInfo, StoreError
+from ..objects import ObjectInfo, StoreError
 from ..sizes import small_objects_in_flight
-from ..upload import XXH3_META, file_digests
+from ..upload import XXH3_META, head_or_none, file_digests
 from .membership import Membership
 from .takeover import TakeoverStore
 
@@ -94,12 +94,7 @@ class Reconcile:
         return report
 
     async def _head(self, key: str) -> ObjectInfo | None:
-        try:
-            return await threads.call(functools.partial(self.store.head_object, key))
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None
-            raise
+        return await head_or_none(self.store, key)
 
     async def _local_xxh3(self, ino: int, size: int, known: str | None, cached: bool) -> str | None:
         """The xxh3-128 of the file's bytes here: hashed from the cache file, or the digest a renamed remote file keeps."""

@@ -14,7 +14,6 @@ have to be taken over.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,10 +21,9 @@ from typing import Callable, Protocol
 
 import trio
 
-from .. import threads
 from ..config import Config
-from ..objects import NO_OBJECT, ObjectInfo, StoreError
-from ..upload import XXH3_META
+from ..objects import ObjectInfo, StoreError
+from ..upload import XXH3_META, head_or_none
 from .membership import Membership
 from .records import TAKEN_OVER, record_path
 from .replicas import ReplicaStore
@@ -62,12 +60,7 @@ class Sweep:
                 log.warning("sweep of replicas held for other nodes stopped short: %s", e)
 
     async def _head(self, key: str) -> ObjectInfo | None:
-        try:
-            return await threads.call(functools.partial(self.store.head_object, key))
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None
-            raise
+        return await head_or_none(self.store, key)
 
     async def once(self) -> SweepReport:
         report = SweepReport()

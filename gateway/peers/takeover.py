@@ -33,7 +33,7 @@ from ..config import Config
 from ..namespace.keys import Keys
 from ..objects import NO_OBJECT, ObjectInfo, StoreError
 from ..sizes import part_size_for, small_objects_in_flight
-from ..upload import XXH3_META, Abandoned, file_digests, put_multipart, put_whole
+from ..upload import XXH3_META, Abandoned, head_or_none, file_digests, put_multipart, put_whole
 
 from .membership import Membership
 from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
@@ -250,12 +250,7 @@ class Takeover:
 
     async def _head(self, key: str) -> ObjectInfo | None:
         await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
-        try:
-            return await threads.call(functools.partial(self.store.head_object, key))
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return None
-            raise
+        return await head_or_none(self.store, key)
 
     def _judge(self, e: ReplicaEntry, info: ObjectInfo | None, report: TakeoverReport, durable: set[str]) -> bool:
         """True if `e` must be written; False if the bucket has it already, or has something newer from another node."""

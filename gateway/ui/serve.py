@@ -7,10 +7,11 @@ The token file must be the user's own and unreadable by others, like the SSE-C k
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import stat
 from pathlib import Path
+
+from ..peering import is_loopback
 
 
 class UiError(Exception):
@@ -31,15 +32,6 @@ def parse_addr(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UiError(f"--addr {value!r} is not HOST:PORT (for example 127.0.0.1:8464)")
     return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to anything
 
 
 def read_token(path: str) -> str:
