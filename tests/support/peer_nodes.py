@@ -236,9 +236,21 @@ class Cluster:
 
     def wait_live(self, names: Iterable[str], timeout: float = 120) -> None:
         """Until every named node's record is in the bucket, live (each sees the others at its next read)."""
+        names = list(names)
         for name in names:
             n = self.nodes[name]
             wait_until(f"node {name}'s record, live", lambda n=n: (n.record() or {}).get("state") == "live", timeout)
+        # and each sees the others live (it reads the records every ttl/3): a node's first fsync then has its peers;
+        # before that read it knows of none, and `degrade` acknowledges alone, as it must with no peer
+        for name in names:
+            others = {o for o in names if o != name}
+
+            def sees(n: "Node" = self.nodes[name], others: set[str] = others) -> bool:
+                st = n.status()
+                live = {p["node"] for p in st.get("peers", []) if p.get("state") == "live"}
+                return st.get("durability") != "peer" or others <= live
+
+            wait_until(f"node {name} to see {sorted(others)} live", sees, timeout)
 
     def stop(self) -> None:
         for n in self.nodes.values():
