@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import zlib
+from typing import Awaitable, Callable
 
 import trio
 import xxhash
@@ -87,10 +88,12 @@ def put_whole(store: ObjectStore, key: str, fd: int, size: int, expect: str | No
 
 
 async def put_multipart(store: ObjectStore, key: str, fd: int, size: int, part_size: int, crcs: list[str],
-                        metadata: dict[str, str], parts: trio.CapacityLimiter) -> str:
+                        metadata: dict[str, str], parts: trio.CapacityLimiter,
+                        gate: Callable[[], Awaitable[None]] | None = None) -> str:
     """A whole file as one multipart upload, its parts sent in parallel (`parts` bounds them), from scratch: for an
     uploader without a journal to resume from (a takeover, peers/takeover.py). On any failure the upload is aborted,
-    so nothing of it is left to cost storage. Returns the object's etag."""
+    so nothing of it is left to cost storage. `gate` (the fence) is awaited before each part and the completion, as
+    the drain does: a node paused past its lease sends at most the parts already in flight. Returns the object's etag."""
     upload_id = await threads.call(functools.partial(store.create_multipart, key, metadata))
     etags: dict[int, str] = {}
 
@@ -98,6 +101,8 @@ async def put_multipart(store: ObjectStore, key: str, fd: int, size: int, part_s
         offset = (n - 1) * part_size
         length = min(part_size, size - offset)
         async with parts:
+            if gate is not None:
+                await gate()
             etags[n] = await threads.call_with_fd(
                 fd, lambda own: store.upload_part(key, upload_id, n, own, offset, length, crcs[n - 1]))
 
@@ -105,6 +110,8 @@ async def put_multipart(store: ObjectStore, key: str, fd: int, size: int, part_s
         async with trio.open_nursery() as nursery:
             for n in range(1, len(crcs) + 1):
                 nursery.start_soon(send, n)
+        if gate is not None:
+            await gate()
         return await threads.call(functools.partial(
             store.complete, key, upload_id, [(n, etags[n], crcs[n - 1]) for n in range(1, len(crcs) + 1)]))
     except BaseException:

@@ -304,7 +304,8 @@ class Takeover:
             if e.size < self.cfg.multipart_threshold:
                 await threads.call_with_fd(fd, lambda own: put_whole(self.store, e.key, own, e.size, expect=c.xxh3))
             else:
-                await put_multipart(self.store, e.key, fd, e.size, c.part_size, c.crcs, {XXH3_META: c.xxh3}, self.parts)
+                await put_multipart(self.store, e.key, fd, e.size, c.part_size, c.crcs, {XXH3_META: c.xxh3}, self.parts,
+                                    gate=self.membership.admit)
         finally:
             os.close(fd)
         self.uploaded_files_total += 1
