@@ -203,7 +203,7 @@ class Daemon:
             services=self.supervisor.status(),
             durability=self.cfg.durability,
             node=node_name_of(self.cfg),
-            **peer_fields(peer_status(self.peers), s["dirty_bytes"], oldest_close_age(self.ns)),
+            **peer_fields(peer_status(self.peers), s["dirty_bytes"], s["oldest_close_age_seconds"]),
         )
         return s
 
@@ -516,13 +516,6 @@ def peer_status(peers: Any) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - reported as a state, never a failed status
         log.exception("could not read the peers' status")
         return {"state": "unknown", "peers": []}
-
-
-def oldest_close_age(ns: Namespace) -> float:
-    """Seconds since the oldest close of a file not yet durable, held ones included (not lagging, but on this node's
-    disk only all the same): the single-copy window's age with durability = local."""
-    closes = [e.closed_at for e in ns.backlog.entries() if e.closed_at]
-    return round(max(0.0, time.time() - min(closes)), 3) if closes else 0.0
 
 
 def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age: float) -> dict[str, Any]:

@@ -486,7 +486,7 @@ class UploadQueue:
         waiting = self.backlog.entries()
         now = time.time()
         dirty_bytes = 0
-        oldest = 0.0
+        oldest = oldest_close = 0.0  # the drain's lag (held files not lagging), and the oldest close of them all
         uploading = 0
         held = 0  # under a temporary directory, not yet due
         in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
@@ -495,19 +495,21 @@ class UploadQueue:
             dirty_bytes += size
             if e.cached:
                 in_cache[e.state] += size
+            age = now - e.closed_at if e.closed_at else 0.0
+            oldest_close = max(oldest_close, age)
             if e.state == UPLOADING:
                 uploading += 1
             elif e.temporary and self.backlog.due_at(e) > now:
                 held += 1
                 continue  # not lagging: waiting for its directory's rename, as asked
-            if e.closed_at:
-                oldest = max(oldest, now - e.closed_at)
+            oldest = max(oldest, age)
         return {
             "dirty_files": len(waiting),
             "dirty_bytes": dirty_bytes,
             "uploading_files": uploading,
             "temporary_held_files": held,
             "oldest_dirty_age_seconds": round(oldest, 3),
+            "oldest_close_age_seconds": round(oldest_close, 3),  # on this node's disk alone since (durability = local)
             "cache_dirty_bytes": in_cache[DIRTY],
             "cache_uploading_bytes": in_cache[UPLOADING],
             "pending_deletes": len(self.deletes),
