@@ -330,9 +330,24 @@ class ReplicaStore:
 
     def wrote(self, owner: str, ino: int, offset: int) -> None:
         """Bytes were written at `offset`: a hash state past it no longer holds."""
-        hashed = self._hashed.get((owner, ino))
-        if hashed is not None and offset < hashed.upto:
-            del self._hashed[(owner, ino)]
+        with self._lock:
+            hashed = self._hashed.get((owner, ino))
+            if hashed is not None and offset < hashed.upto:
+                del self._hashed[(owner, ino)]
+
+    def writing(self, owner: str, ino: int, offset: int) -> "_Hashed | None":
+        """Bytes are about to be written at `offset` (what `wrote` forgets, forgotten). Returns the hash state to feed
+        them to, in order, as they are written, when they continue the replica's hashed prefix (or start the file
+        over at 0): the seal then reads from the disk only what was not streamed in order. The caller updates the
+        state and its `upto` after each write that reached the file, and stops at the first one that did not."""
+        with self._lock:
+            hashed = self._hashed.get((owner, ino))
+            if offset == 0:
+                hashed = self._hashed[(owner, ino)] = _Hashed(xxhash.xxh3_128(), 0)
+            elif hashed is not None and offset < hashed.upto:
+                del self._hashed[(owner, ino)]
+                return None
+            return hashed if hashed is not None and hashed.upto == offset else None
 
     def truncate(self, owner: str, ino: int, size: int) -> None:
         with self._lock:

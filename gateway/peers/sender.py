@@ -113,6 +113,11 @@ class Channel:
         self.entries_sent: set[int] = set()
         self.replicated_bytes = 0
         self.wake = trio.Event()
+        self.sealing: set[int] = set()  # files whose seal task runs (hashing, or waiting for the answer)
+        self.sending: int | None = None  # the file whose frames the pump is sending now
+        self.sent = trio.Event()  # set (and replaced) each time the pump is done with a file's frames
+        self.nursery: trio.Nursery | None = None  # the pump's and the seal tasks'
+        self.error: BaseException | None = None  # what failed the channel in one of them
 
     def owe(self, ino: int, now: float) -> Owed:
         owed = self.owed.get(ino)
@@ -162,38 +167,78 @@ class Channel:
             if owed is None:
                 continue
             did = True
-            cur = s.current(ino)
-            if cur is None:
-                if ino in self.entries_sent or ino in self.sealed:
-                    self.forgets[ino] = None
-                    self.sealed.pop(ino, None)
-                    self.entries_sent.discard(ino)
-                s.files.discard(ino)
-                continue
-            row, version, size = cur
-            if owed.entry or ino not in self.entries_sent:
-                # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
-                # version the peer sealed: an entry of another version would unseal its copy of the same bytes
-                held = self.sealed.get(ino) if s.holds(self, ino, version) else None
-                meta = s.meta_of(ino, row, version if held is None else held, size)
-                if meta is not None:
-                    with trio.fail_after(s.timeout):
-                        await link.entry(ino, meta)
-                    self.entries_sent.add(ino)
-            if row.copy_from:
-                continue  # its bytes are in the bucket (a durable file renamed): the entry says where
-            if owed.truncate_to is not None:
-                with trio.fail_after(s.timeout):
-                    await link.truncate(ino, owed.truncate_to)
-            await self.send_ranges(s, ino, owed.extents)
-            live = s.ns.files.live.get(ino)
-            if (live is None or live.writers == 0) and not s.holds(self, ino, version):
-                self.seal_wanted.add(ino)  # closed: sealed without anyone asking, so it is replicated before it drains
+            self.sending = ino
+            try:
+                await self.send_owed(s, ino, owed)
+            finally:
+                self.sending = None
+                self.sent.set()
+                self.sent = trio.Event()
         for ino in list(self.seal_wanted):
-            if ino in self.owed:
-                continue  # its bytes first
-            did = await self.seal(s, ino) or did
+            self.start_seal(s, ino)
         return did
+
+    def start_seal(self, s: Sender, ino: int) -> None:
+        """Seal the file now, beside the pump: hashed while its last bytes are still being sent (both read the page
+        cache, on two cores at once); the seal frame itself waits for them (`seal`)."""
+        self.seal_wanted.add(ino)
+        if ino in self.sealing or self.nursery is None or not self.ready or self.failed:
+            self.wake.set()
+            return
+        self.sealing.add(ino)
+        self.nursery.start_soon(self._sealer, s, ino)
+
+    async def _sealer(self, s: Sender, ino: int) -> None:
+        """One file's seal, beside the pump and the other files' seals (a writer's fsync does not wait for the seals
+        of files written at the same time, one after another)."""
+        try:
+            await self.guarded(self.seal, s, ino)
+            if ino in self.seal_wanted and not self.failed:
+                await trio.sleep(POLL_SECONDS)  # it changed while hashed: looked at again soon, not at every write
+        finally:
+            self.sealing.discard(ino)
+            self.wake.set()
+
+    async def guarded(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """A task of the channel: its failure fails the channel (kept for `Sender._serve`, the other tasks cancelled)."""
+        try:
+            await fn(*args)
+        except (PeerError, OSError, trio.TooSlowError) as e:
+            if self.error is None:
+                self.error = e
+            assert self.nursery is not None
+            self.nursery.cancel_scope.cancel()
+
+    async def send_owed(self, s: Sender, ino: int, owed: Owed) -> None:
+        link = self.link
+        assert link is not None
+        cur = s.current(ino)
+        if cur is None:
+            if ino in self.entries_sent or ino in self.sealed:
+                self.forgets[ino] = None
+                self.sealed.pop(ino, None)
+                self.entries_sent.discard(ino)
+            s.files.discard(ino)
+            return
+        row, version, size = cur
+        if owed.entry or ino not in self.entries_sent:
+            # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
+            # version the peer sealed: an entry of another version would unseal its copy of the same bytes
+            held = self.sealed.get(ino) if s.holds(self, ino, version) else None
+            meta = s.meta_of(ino, row, version if held is None else held, size)
+            if meta is not None:
+                with trio.fail_after(s.timeout):
+                    await link.entry(ino, meta)
+                self.entries_sent.add(ino)
+        if row.copy_from:
+            return  # its bytes are in the bucket (a durable file renamed): the entry says where
+        if owed.truncate_to is not None:
+            with trio.fail_after(s.timeout):
+                await link.truncate(ino, owed.truncate_to)
+        await self.send_ranges(s, ino, owed.extents)
+        live = s.ns.files.live.get(ino)
+        if (live is None or live.writers == 0) and not s.holds(self, ino, version):
+            self.start_seal(s, ino)  # closed: sealed without anyone asking, so it is replicated before it drains
 
     async def send_ranges(self, s: Sender, ino: int, extents: list[list[int]]) -> None:
         if not extents:
@@ -256,12 +301,22 @@ class Channel:
             with trio.fail_after(s.timeout):
                 await link.barrier()  # the entry naming the object its bytes are in has arrived
         else:
+            t0 = s.clock()
             xxh3 = await s.digest(ino, version, size)
+            t1 = s.clock()
             if xxh3 is None:
+                log.debug("seal of %d v%d (%d B): hashed in %.3f s, changed meanwhile", ino, version, size, t1 - t0)
                 return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
+            while ino in self.owed or self.sending == ino:  # its bytes go first
+                await self.sent.wait()
+            if not s.digest_holds(ino, version, xxh3):
+                return False  # changed since it was hashed: hashed again
+            t2 = s.clock()
             try:
                 with trio.fail_after(s.timeout):
                     await link.seal(ino, version, size, xxh3)
+                log.debug("seal of %d v%d (%d B) on %s: hashed in %.3f s, bytes sent %.3f s later, answered %.3f s later",
+                          ino, version, size, self.node, t1 - t0, t2 - t1, s.clock() - t2)
             except SealMismatch:
                 log.info("peer %s: its copy of %s differs; sending it whole", self.node, s.ns.journal.path_of(ino))
                 s.forget_digest(ino)  # hashed whole next time, whatever was kept of it
@@ -375,8 +430,11 @@ class Sender:
             if self.current(ino) is None:
                 return False
             self.files.add(ino)
-        self.single_since.setdefault(ino, self.clock())
-        self.notify()
+        if ino not in self.single_since:
+            self.single_since[ino] = self.clock()
+            # only a change of state wakes the waiters: each waiter tracks its file at every wake, and two waiters
+            # notifying each other would spin the event loop for as long as they wait
+            self.notify()
         return True
 
     def _on_bytes(self, ino: int, offset: int, length: int) -> None:
@@ -460,6 +518,9 @@ class Sender:
         (counted, logged once per file), `fail` raises OSError(EIO)."""
         if ino in self._pt_sizes or ino in set(self.passthrough_inos()):
             self._poll_passthrough(ino)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("replicated(%d) asked: %s", ino, {ch.node: (sum(e - b for o in [ch.owed.get(ino)] if o for b, e in o.extents),
+                                                              ch.sending == ino) for ch in self._healthy()})
         while True:
             cur = self.current(ino)
             if cur is None:
@@ -471,9 +532,8 @@ class Sender:
                 return
             healthy = self._healthy()
             for ch in healthy:
-                if not self.holds(ch, ino, version) and ino not in ch.seal_wanted:
-                    ch.seal_wanted.add(ino)
-                    ch.wake.set()
+                if not self.holds(ch, ino, version) and ino not in ch.sealing:
+                    ch.start_seal(self, ino)
             self._fill()
             healthy = self._healthy()
             if len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
@@ -603,12 +663,11 @@ class Sender:
             ch.ready = True
             log.info("replicating to peer %s (%s)", ch.node, ch.addr)
             self.notify()
-            while True:
-                ch.wake = trio.Event()
-                if not await ch.pump(self):
-                    # a seal that found the file changing is tried again soon even if no callback says so
-                    with trio.move_on_after(POLL_SECONDS if ch.seal_wanted else math.inf):
-                        await ch.wake.wait()
+            async with trio.open_nursery() as nursery:
+                ch.nursery = nursery
+                nursery.start_soon(ch.guarded, self._pump_forever, ch)
+            if ch.error is not None:
+                raise ch.error
         except (PeerError, OSError, trio.TooSlowError) as e:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
@@ -628,6 +687,14 @@ class Sender:
         if failed:
             self._fill()
 
+    async def _pump_forever(self, ch: Channel) -> None:
+        while True:
+            ch.wake = trio.Event()
+            if not await ch.pump(self):
+                # a seal that found the file changing is tried again soon even if no callback says so
+                with trio.move_on_after(POLL_SECONDS if ch.seal_wanted - ch.sealing else math.inf):
+                    await ch.wake.wait()
+
     def meta_of(self, ino: int, row: Row, version: int, size: int) -> dict[str, Any] | None:
         path = self.ns.journal.path_of(ino)
         if path is None:
@@ -636,6 +703,17 @@ class Sender:
         return {"key": self.ns.keys.of(path), "version": version, "size": size, "copy_from": row.copy_from,
                 "marker": self.ns.backlog.is_marker(path.rsplit("/", 1)[-1]), "seq": self.next_seq(),
                 "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None}
+
+    def digest_holds(self, ino: int, version: int, xxh3: str) -> bool:
+        """The digest `digest` gave for `version` still holds: no change reported and the cache file as it was."""
+        h = self._hashed.get(ino)
+        if h is None or (h.version, h.xxh3) != (version, xxh3):
+            return False
+        try:
+            st = os.stat(self.ns.cache.path(ino))
+        except OSError:
+            return False
+        return (st.st_size, st.st_mtime_ns) == h.stat
 
     async def digest(self, ino: int, version: int, size: int) -> str | None:
         """The xxh3-128 of the file's cache copy at `version` (shared by the channels). None if the cache file is not
