@@ -521,3 +521,50 @@ async def test_repeated_fsyncs_of_a_growing_file_seal_the_right_bytes(tmp_path: 
         assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
         close(ns, ino, fd)
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_files_written_at_once_are_sealed_at_once_and_their_waiters_do_not_wake_each_other(tmp_path: Path) -> None:
+    """Four fsyncs waiting at once on a peer slow to seal: every seal is asked of the peer before any is answered
+    (a pump that sealed one file after another made each fsync wait for the others' seals), and the waiters sleep
+    while nothing changes (two waiters that woke each other at every wake spun the event loop for as long as they
+    waited: the sender's CPU doubled with 4 writers)."""
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    b.hang_at = "seal"
+    sender = sender_for(ns, Cluster(b), peer_timeout=30.0)
+    wakes = 0
+    notify = sender.notify
+
+    def counting() -> None:
+        nonlocal wakes
+        wakes += 1
+        notify()
+
+    sender.notify = counting  # type: ignore[method-assign]
+    asked: list[int] = []
+    seal = FakeLink.seal
+
+    async def slow_seal(self: FakeLink, ino: int, version: int, size: int, xxh3: str) -> None:
+        asked.append(ino)
+        await seal(self, ino, version, size, xxh3)
+
+    FakeLink.seal = slow_seal  # type: ignore[method-assign]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sender.run)
+            files = [create(ns, f"w{i}.bin") for i in range(4)]
+            for ino, fd in files:
+                ns.files.write(ino, fd, 0, os.urandom(1 << 20))
+            for ino, _ in files:
+                nursery.start_soon(sender.replicated, ino)
+            await wait_for(lambda: sorted(asked) == sorted(ino for ino, _ in files))
+            before = wakes
+            await trio.sleep(0.3)  # nothing changes meanwhile: the peer holds every seal
+            assert wakes - before < 10, f"{wakes - before} wakes of the fsync waiters while nothing changed"
+            assert not any(sender.is_replicated(ino) for ino, _ in files)
+            for ino, fd in files:
+                close(ns, ino, fd)
+            nursery.cancel_scope.cancel()
+    finally:
+        FakeLink.seal = seal  # type: ignore[method-assign]
