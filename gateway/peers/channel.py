@@ -267,6 +267,11 @@ class Channel:
             did = True
         return did
 
+    async def sent_out(self, ino: int) -> None:
+        """Until nothing of the file is owed or being sent (frames leave in order: what is sent next comes after)."""
+        while ino in self.owed or self.sending == ino:
+            await self.sent.wait()
+
     async def seal(self, s: Sender, ino: int) -> bool:
         """Seal the file's current version on the peer; False if there was nothing to do or it must be tried again
         (it changed while hashed: the pump looks again after POLL_SECONDS, or at the change)."""
@@ -281,8 +286,9 @@ class Channel:
             self.seal_wanted.discard(ino)
             return False
         if row.copy_from:
+            await self.sent_out(ino)  # the entry naming the object its bytes are in, sent
             with trio.fail_after(s.timeout):
-                await link.barrier()  # the entry naming the object its bytes are in has arrived
+                await link.barrier()  # and arrived
         else:
             t0 = s.clock()
             xxh3 = await s.digest(ino, version, size)
@@ -290,8 +296,7 @@ class Channel:
             if xxh3 is None:
                 log.debug("seal of %d v%d (%d B): hashed in %.3f s, changed meanwhile", ino, version, size, t1 - t0)
                 return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
-            while ino in self.owed or self.sending == ino:  # its bytes go first
-                await self.sent.wait()
+            await self.sent_out(ino)  # its bytes go first
             if not s.digest_holds(ino, version, xxh3):
                 return False  # changed since it was hashed: hashed again
             t2 = s.clock()
