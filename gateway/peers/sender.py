@@ -94,6 +94,7 @@ class Sender:
         # the new bytes (a file fsynced every few MiB is not hashed whole each time). Forgotten by a write or truncate
         # below it; never kept for a file the kernel writes itself (passthrough: a rewrite in place is not seen)
         self._prefix: dict[int, tuple[int, Any]] = {}  # ino -> (bytes hashed, xxh3 state)
+        self._extending: dict[int, list[Any]] = {}  # ino -> [end, still valid] of a prefix being extended (`hash_sent`)
         self._seq = 0
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -172,11 +173,18 @@ class Sender:
             self.notify()
         return True
 
-    def _on_bytes(self, ino: int, offset: int, length: int) -> None:
+    def _below(self, ino: int, offset: int) -> None:
+        """Bytes from `offset` on changed: a hashed prefix past it no longer holds (nor one being extended)."""
         self._hashed.pop(ino, None)
         prefix = self._prefix.get(ino)
         if prefix is not None and offset < prefix[0]:
             del self._prefix[ino]
+        extending = self._extending.get(ino)
+        if extending is not None and offset < extending[0]:
+            extending[1] = False
+
+    def _on_bytes(self, ino: int, offset: int, length: int) -> None:
+        self._below(ino, offset)
         if not self._track(ino):
             return
         now = self.clock()
@@ -184,10 +192,7 @@ class Sender:
             ch.owe(ino, now).add(offset, offset + length)
 
     def _on_truncate(self, ino: int, size: int) -> None:
-        self._hashed.pop(ino, None)
-        prefix = self._prefix.get(ino)
-        if prefix is not None and size < prefix[0]:
-            del self._prefix[ino]
+        self._below(ino, size)
         if not self._track(ino):
             return
         now = self.clock()
@@ -447,6 +452,36 @@ class Sender:
             return False
         return (st.st_size, st.st_mtime_ns) == h.stat
 
+    def _kernel_writes(self, ino: int) -> bool:
+        return ino in self._pt_sizes or ino in set(self.passthrough_inos())
+
+    async def hash_sent(self, ino: int, start: int, end: int) -> None:
+        """Bytes [start, end) of a file just went to a peer: if they continue its hashed prefix (or start it), hash
+        them now, while they are in the page cache and the file is still being written, so the seal at its fsync
+        hashes only what came after. Only for files whose every write the namespace reports (copy mode): under
+        passthrough the kernel may rewrite hashed bytes in place unseen, and the seal reads the whole file again."""
+        if end <= start or ino in self._extending or self._kernel_writes(ino):
+            return
+        prefix = self._prefix.get(ino)
+        if (prefix[0] if prefix is not None else 0) != start:
+            return
+        state = prefix[1] if prefix is not None else None
+        path = self.ns.cache.path(ino)
+        marker = self._extending[ino] = [end, True]
+
+        def extend() -> Any:
+            h = state.copy() if state is not None else xxhash.xxh3_128()
+            return h if _hash_into(h, path, start, end) == end - start else None  # shorter now: truncated meanwhile
+
+        try:
+            h = await trio.to_thread.run_sync(extend, limiter=self._digest_threads)
+        except OSError:
+            return
+        finally:
+            del self._extending[ino]
+        if h is not None and marker[1] and self._prefix.get(ino) is prefix and not self._kernel_writes(ino):
+            self._prefix[ino] = (end, h)
+
     async def digest(self, ino: int, version: int, size: int) -> str | None:
         """The xxh3-128 of the file's cache copy at `version` (shared by the channels). None if the cache file is not
         that version's bytes now: it changed while hashed, or the kernel wrote more under passthrough."""
@@ -466,20 +501,8 @@ class Sender:
         start, state = prefix if prefix is not None and prefix[0] <= size else (0, None)
 
         def hash_file() -> tuple[str, Any]:
-            # into one buffer (a fresh bytes per read costs ~15% more CPU); not mmap: a truncate meanwhile is SIGBUS
-            # (and it saves little: 0.16 against 0.17 s per GiB)
             h = state.copy() if state is not None else xxhash.xxh3_128()
-            buf = bytearray(min(HASH_BUFFER, max(size - start, 1)))
-            view = memoryview(buf)
-            with open(path, "rb", buffering=0) as f:
-                f.seek(start)
-                left = size - start
-                while left > 0:
-                    n = f.readinto(view[:min(len(buf), left)])
-                    if not n:
-                        break
-                    h.update(view[:n])
-                    left -= n
+            _hash_into(h, path, start, size)
             return h.hexdigest(), h.copy()
 
         try:
@@ -497,3 +520,20 @@ class Sender:
             self._prefix[ino] = (size, state_after)
         return value
 
+
+def _hash_into(h: Any, path: str, start: int, end: int) -> int:
+    """Feed bytes [start, end) of the file (fewer if it is shorter now: the count is returned) to `h`, through one buffer: a fresh bytes
+    per read costs ~15% more CPU; not mmap: a truncate meanwhile is SIGBUS (and it saves little: 0.16 against 0.17 s
+    per GiB)."""
+    buf = bytearray(min(HASH_BUFFER, max(end - start, 1)))
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        left = end - start
+        while left > 0:
+            n = f.readinto(view[:min(len(buf), left)])
+            if not n:
+                break
+            h.update(view[:n])
+            left -= n
+    return end - start - left

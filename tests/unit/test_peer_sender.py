@@ -568,3 +568,43 @@ async def test_files_written_at_once_are_sealed_at_once_and_their_waiters_do_not
             nursery.cancel_scope.cancel()
     finally:
         FakeLink.seal = seal  # type: ignore[method-assign]
+
+
+@trio_test
+async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below_them_is_hashed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copy mode (every write reported): what was sent in order is hashed as it goes, so the seal at the fsync
+    hashes only the bytes after it; a write below what was hashed throws that away, and the seal's xxh3 is the
+    file's (the peer finds no mismatch)."""
+    import ckptfs.peers.sender as sender_module
+
+    hashed: list[tuple[int, int]] = []
+    hash_into = sender_module._hash_into
+
+    def recording(h: Any, path: str, start: int, end: int) -> int:
+        hashed.append((start, end))
+        return hash_into(h, path, start, end)
+
+    monkeypatch.setattr(sender_module, "_hash_into", recording)
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "shard.pt")
+        body = os.urandom(3 << 20)
+        ns.files.write(ino, fd, 0, body)
+        await wait_for(lambda: (0, len(body)) in hashed)  # sent, then hashed
+        ns.files.write(ino, fd, len(body), b"tail")
+        hashed.clear()
+        await sender.replicated(ino)
+        assert hashed and all(start >= len(body) for start, _ in hashed), hashed  # only the tail, hashed again
+        assert b.replicas[ino].sealed[2] == xxhash.xxh3_128_hexdigest(file_bytes(ns, ino))
+
+        ns.files.write(ino, fd, 100, b"rewritten below what was hashed")
+        ns.files.write(ino, fd, len(body) + 4, b"more")
+        await sender.replicated(ino)
+        assert b.replicas[ino].sealed[2] == xxhash.xxh3_128_hexdigest(file_bytes(ns, ino))
+        assert b.mismatches == 0
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
