@@ -17,6 +17,7 @@ import os
 import select
 import socket
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -33,10 +34,15 @@ LOG_EVERY = 10.0  # seconds between two log lines about refused connections
 MAX_HANDSHAKES = 64  # connections not yet authenticated at once; more are closed at once (a flood costs no memory)
 WRITE_BUFFER = 1 << 20  # bytes per recv and pwrite (and xxh3 update): small enough to stay in the CPU's cache
 RECEIVE_CHUNK = 16 << 20  # bytes a worker thread receives per call: what a cancel may wait for
+STOP_POLL_MS = 200  # how often a worker thread waiting for an owner's bytes looks whether the listener is stopping
 
 
 class _Dropped(Exception):
     """The connection is closed: the peer broke the protocol or stalled."""
+
+
+class _Stopping(Exception):
+    """The listener is being stopped while a worker thread receives a frame's bytes."""
 
 
 class _RateLimitedLog:
@@ -68,6 +74,9 @@ class Listener:
         self.bytes_received = 0
         self._handshakes = 0
         self._log = _RateLimitedLog(LOG_EVERY)
+        # set when the listener is cancelled: a worker thread receiving from a silent owner returns within STOP_POLL
+        # instead of waiting out peer_timeout (a thread cannot be cancelled, and the cancel waits for it)
+        self.stopping = threading.Event()
 
     @property
     def addr(self) -> str:
@@ -83,7 +92,18 @@ class Listener:
         self.port = listeners[0].socket.getsockname()[1]
         log.info("peer listener on %s", self.addr)
         task_status.started(self.port)
-        await trio.serve_listeners(self._serve, listeners)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._stop_flag)
+                await trio.serve_listeners(self._serve, listeners)
+        finally:
+            self.stopping.set()
+
+    async def _stop_flag(self) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.stopping.set()  # cancelled: before the connections' tasks, which may wait for a worker thread
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
@@ -113,6 +133,8 @@ class Listener:
             log.info("peer %s (incarnation %s) connected from %s", session.peer, session.peer_incarnation, where)
             try:
                 await _Connection(self, stream, reader, session).serve()
+            except _Stopping:
+                pass
             except (_Dropped, WireError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                 if isinstance(e, WireError) and str(e) == "connection closed":
                     log.info("peer %s disconnected", session.peer)
@@ -238,9 +260,8 @@ class _Connection:
         if buffered:
             sink.put(memoryview(buffered))
         sock = self.stream.socket.fileno()
-        timeout_ms = max(1, int(self.listener.timeout * 1000))
         while sink.done < length:
-            await trio.to_thread.run_sync(sink.receive, sock, min(RECEIVE_CHUNK, length - sink.done), timeout_ms)
+            await trio.to_thread.run_sync(sink.receive, sock, min(RECEIVE_CHUNK, length - sink.done))
         self.listener.bytes_received += length
 
     async def _seal(self, m: dict[str, Any]) -> None:
@@ -293,18 +314,23 @@ class _Sink:
             self.hashed.upto += len(view)
         self.done += len(view)
 
-    def receive(self, sock: int, count: int, timeout_ms: int) -> None:
+    def receive(self, sock: int, count: int) -> None:
         """`count` bytes from the (non-blocking) socket, in a worker thread."""
         buf = self.conn.buffer
         view = memoryview(buf)
         poller = select.poll()
         poller.register(sock, select.POLLIN)
+        listener = self.conn.listener
         while count > 0:
             try:
                 n = _recv_into(sock, view, min(len(view), count))
             except BlockingIOError:
-                if not poller.poll(timeout_ms):
-                    raise trio.TooSlowError from None
+                silent_since = time.monotonic()
+                while not poller.poll(STOP_POLL_MS):
+                    if listener.stopping.is_set():
+                        raise _Stopping from None
+                    if time.monotonic() - silent_since >= listener.timeout:
+                        raise trio.TooSlowError from None
                 continue
             except InterruptedError:
                 continue

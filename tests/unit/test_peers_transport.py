@@ -680,3 +680,33 @@ def test_the_peer_hashes_bytes_streamed_in_order_as_they_arrive_and_anything_els
             await link.aclose()
 
     with_listener(config(), shm / "b", body)
+
+
+def test_a_listener_stopped_while_an_owner_is_silent_mid_write_stops_without_waiting_out_peer_timeout(shm: Path) -> None:
+    """A WRITE frame's bytes are received by a worker thread, which a cancel cannot interrupt: the listener's stop
+    reaches it (within a fraction of a second), so a daemon stops at once even with an owner silent mid-frame."""
+    cfg = config(peer_timeout=300.0)
+    (shm / "b").mkdir()
+
+    async def main() -> float:
+        store = ReplicaStore(cfg, str(shm / "b"))
+        listener = Listener(cfg, store, SECRET, "node-b")
+        try:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(listener.run)
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                reader = Reader(stream)
+                session = await client_handshake(stream, reader, SECRET, "node-a", "i", "node-b")
+                await stream.send_all(session.encode(Kind.ENTRY, {"ino": 1, "meta": entry_meta("f", 1, 8 * MiB)}))
+                await stream.send_all(session.encode(Kind.WRITE, {"ino": 1, "offset": 0}, 8 * MiB) + b"x" * MiB)
+                await wait_for(lambda: listener.store.held_bytes() == 8 * MiB)  # the frame is being received
+                await trio.sleep(0.5)
+                stopped = trio.current_time()
+                nursery.cancel_scope.cancel()
+            await stream.aclose()
+            return trio.current_time() - stopped
+        finally:
+            store.close()
+
+    took = trio.run(main)
+    assert took < cfg.peer_timeout / 2, f"the stop waited {took:.0f} s for the silent owner"
