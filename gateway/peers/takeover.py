@@ -41,6 +41,8 @@ from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
 log = logging.getLogger(__name__)
 
 RETRIED = (StoreError, OSError, Abandoned)  # a takeover that meets one is not done: the next round goes on with it
+MIN_LOOK_SECONDS = 0.2  # between rounds at least: an owner whose lease just ran out is claimed once, not spun on
+MARGIN_SECONDS = 0.05  # after an expiry: is_dead wants expires_at <= now
 HASHING_THREADS = 2  # replicas checked at once: each a sequential read of its file, on a node with its own work to do
 
 
@@ -114,7 +116,16 @@ class Takeover:
         task_status.started()
         while True:
             await self.round()
-            await trio.sleep(max(0.2, self.cfg.peer_lease_ttl / 3))
+            await trio.sleep(self.next_look())
+
+    def next_look(self) -> float:
+        """Seconds to the next round: a third of the lease TTL, or sooner when a held owner's lease runs out before
+        that (the node-lost time is the TTL plus this wait plus the uploads)."""
+        wait = self.cfg.peer_lease_ttl / 3
+        expiry = self.membership.seconds_to_expiry(self.replicas.owners())
+        if expiry is not None and expiry > 0:  # one that ran out already and was not taken (another node won, or
+            wait = min(wait, expiry + MARGIN_SECONDS)  # this one's own lease is not valid) waits for the next round
+        return max(MIN_LOOK_SECONDS, wait)
 
     async def round(self) -> list[TakeoverReport]:
         """One look: every held owner that is dead (or claimed here and unfinished) taken over; the reports of those done."""
