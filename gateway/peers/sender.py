@@ -290,6 +290,7 @@ class Sender:
         self.checkpoints = Patterns(cfg.checkpoint_patterns)
         self.channels: dict[str, Channel] = {}
         self.rested: dict[str, float] = {}  # node -> monotonic time its channel failed: not tried again for peer_timeout
+        self.reconnected: dict[str, float] = {}  # node -> monotonic time a broken channel to it was opened again at once
         self.files: set[int] = set()  # every file not yet durable that the peers must hold
         self.single_since: dict[int, float] = {}  # files not replicated -> monotonic time they became so
         self.degraded: set[int] = set()  # files acknowledged single-copy (logged once each)
@@ -594,7 +595,7 @@ class Sender:
 
     async def _serve(self, ch: Channel) -> None:
         """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails."""
-        failed = False
+        failed = again = False
         try:
             with trio.fail_after(self.timeout):
                 ch.link = await self.open_link(ch.node, ch.addr)
@@ -612,12 +613,19 @@ class Sender:
         except (PeerError, OSError, trio.TooSlowError) as e:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
-            log.warning("peer %s (%s) dropped: %s; its files go to the next candidate", ch.node, ch.addr, why)
+            # a connection that worked and broke (the peer's listener restarted, an idle connection reset) is opened
+            # again at once, once per peer_timeout: the fsync waiting on it must not degrade for a peer that is there
+            again = ch.ready and not isinstance(e, trio.TooSlowError) and self.clock() - self.reconnected.get(ch.node, -math.inf) >= self.timeout
+            if again:
+                self.reconnected[ch.node] = self.clock()
+            log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why,
+                        "connecting to it again" if again else "its files go to the next candidate")
         finally:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
                 del self.channels[ch.node]
-            self.rested[ch.node] = self.clock()
+            if failed and not again:  # cancelled (the sender stops or restarts): the next run connects at once
+                self.rested[ch.node] = self.clock()
             if ch.link is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     try:

@@ -342,3 +342,72 @@ def test_peer_options_a_user_gets_wrong_are_refused_in_one_line(s3: SeaweedServe
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.stderr, r.stderr
         assert not os.path.ismount(tmp_path / "m")
+
+
+# ------------------------------------------------------------- supervision
+PEER_SERVICES = ("peer-listener", "peer-membership", "peer-reconcile", "peer-sender", "peer-takeover", "peer-sweep")
+
+
+def inject_fault(node: Node, service: str) -> None:
+    """The test-only control request (CKPTFS_TEST_FAULTS, gateway/supervisor.py): `service` raises InjectedFault."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(str(node.cache_dir / "control.sock"))
+        s.sendall(json.dumps({"cmd": "inject_fault", "service": service}).encode() + b"\n")
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert [json.loads(line) for line in data.splitlines() if line.strip()] == [{"ok": True}], data
+
+
+def restarted(node: Node, service: str, times: int) -> bool:
+    s = node.status()["services"].get(service)
+    return s is not None and s["state"] == "running" and s["restarts"] == times
+
+
+@pytest.mark.one_transport
+def test_each_peer_service_restarts_after_a_fault_and_replication_goes_on(s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    """Every peers service the supervisor runs, failed by an injected exception on both nodes at once: it
+    restarts (status, ckptfs_service_restarts_total), the mounts keep serving, and a file fsynced right after
+    (no waiting for the sender to notice anything) is `replicated` with its replica on the other node, both
+    ways: a's sender to b's listener and b's to a's. libfuse only: the services fail behind the FUSE
+    transport, which changes nothing of what they do (the kernel transport is covered by every other test)."""
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    faults = {"CKPTFS_TEST_FAULTS": ",".join(PEER_SERVICES)}
+    cluster = Cluster(s3, bucket, tmp_path, fuse_transport="libfuse")
+    try:
+        a = cluster.node("a", env=faults, upload_delay=HELD)
+        b = cluster.node("b", env=faults, upload_delay=HELD)
+        cluster.wait_live("ab")
+        written: dict[str, tuple[Node, str]] = {}
+        for i, service in enumerate(PEER_SERVICES):
+            for node in (a, b):
+                inject_fault(node, service)
+            for node in (a, b):
+                wait_until(f"{service} of {node.name} to restart", lambda n=node, s=service: restarted(n, s, 1), 120)
+            for j, (writer, peer) in enumerate(((a, b), (b, a))):
+                name = f"after-{service}-{writer.name}.bin"
+                written[name] = (writer, write_random(writer.path / name, 2 * MiB + i, seed=10 * i + j))
+                assert writer.state(name) == "replicated", (service, name)
+                ino = os.stat(writer.path / name).st_ino
+                replica = peer.cache_dir / "peers" / writer.name / str(ino)
+                assert replica.is_file() and replica.stat().st_size == 2 * MiB + i, (service, name)
+        # the peer listener re-bound after its restart: each record announces the address it listens on
+        for node in (a, b):
+            st = node.status()
+            wait_until(f"{node.name}'s record to announce where it listens",
+                       lambda n=node, addr=st["peer_addr"]: (n.record() or {}).get("peer_addr") == addr, 60)
+            for service in PEER_SERVICES:
+                assert st["services"][service]["restarts"] == 1
+                assert st["services"][service]["last_error"].startswith("InjectedFault")
+                assert node.metric("ckptfs_service_restarts_total", f'service="{service}"') == 1
+            assert node.metric("ckptfs_peer_degraded_writes_total") == 0
+        # and every file reaches the bucket byte-identical
+        for node in (a, b):
+            assert node.flush().returncode == 0
+        for name, (writer, digest) in written.items():
+            assert cluster.object_sha256(writer.key(name)) == digest, name
+    finally:
+        cluster.stop()

@@ -582,3 +582,36 @@ def test_files_sealed_at_once_by_many_tasks_on_one_link_each_get_their_own_answe
         await link.aclose()
 
     with_listener(config(), shm / "b", body)
+
+
+def test_a_listener_run_again_keeps_its_port_or_takes_and_announces_another(shm: Path) -> None:
+    """The supervisor runs the listener again after a failure: it binds the port its peers know; with port 0
+    configured and that port taken meanwhile, it binds another rather than failing for ever, and hands it on
+    (`on_listening`: the node record announces the address it listens on)."""
+    (shm / "b").mkdir()
+    cfg = config()
+    store = ReplicaStore(cfg, str(shm / "b"))
+    listener = Listener(cfg, store, SECRET, "node-b")
+    announced: list[str] = []
+    listener.on_listening = announced.append
+
+    async def once() -> int:
+        async with trio.open_nursery() as nursery:
+            port: int = await nursery.start(listener.run)
+            nursery.cancel_scope.cancel()
+        return port
+
+    try:
+        first = trio.run(once)
+        assert trio.run(once) == first  # run again: the same port
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        try:
+            third = trio.run(once)
+        finally:
+            taken.close()
+        assert third != first
+        assert announced == [f"127.0.0.1:{first}", f"127.0.0.1:{first}", f"127.0.0.1:{third}"]
+    finally:
+        store.close()
