@@ -319,6 +319,7 @@ class Daemon:
         if self.peers is not None:
             fs.peers = self.peers  # fsync and a writer's close wait for the peers' copies
             self.peers.sender.passthrough_inos = fs.passthrough_writers
+            self.peers.sender.sync_passthrough = fs.sync_passthrough_all  # flush --level replicated: the kernel's bytes so far
             # a checkpoint directory is `replicated` once every file of it not yet durable is on peers' disks
             self.lifecycle.tracker.replicated = self.peers.is_replicated
         self.fuse_transport = choose_transport(cfg.fuse_transport)

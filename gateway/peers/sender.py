@@ -297,6 +297,9 @@ class Sender:
         self.degraded_writes = 0
         self.replicated_bytes = 0
         self.passthrough_inos: Callable[[], Iterable[int]] = lambda: ()  # fs.py's passthrough writers (the daemon wires it)
+        # fs.py's: the size and mtime of every file the kernel writes itself taken from its cache file, a new version
+        # where it changed (what an fsync of it does); the daemon wires it
+        self.sync_passthrough: Callable[[], None] = lambda: None
         self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
         self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
         self._pt_sizes: dict[int, int] = {}
@@ -505,7 +508,14 @@ class Sender:
         return files, size
 
     async def wait_replicated_under(self, path: str) -> None:
-        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable)."""
+        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable).
+
+        Files open for writing under passthrough first get the size the kernel wrote so far, now (as their fsync
+        would): the wait covers every byte written before it was asked, not what the last poll saw, and a
+        version whose size the journal did not know could never be sealed."""
+        self.sync_passthrough()
+        for ino in list(self.passthrough_inos()):
+            self._poll_passthrough(ino)
         for ino in list(self.files):
             p = self.ns.journal.path_of(ino)
             if p is not None and under(path, p):

@@ -411,3 +411,51 @@ def test_each_peer_service_restarts_after_a_fault_and_replication_goes_on(s3: Se
             assert cluster.object_sha256(writer.key(name)) == digest, name
     finally:
         cluster.stop()
+
+
+# ------------------------------------------- flush --level replicated, passthrough
+@pytest.mark.one_transport
+def test_flush_replicated_covers_every_byte_the_kernel_wrote_to_an_open_passthrough_file(
+        s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    """Under passthrough the kernel writes the cache file itself and the sender learns the new size by polling
+    it; `wait_durable(level="replicated")` (what `ckptfs flush --level replicated` asks) must cover every byte
+    written before the call, not what the last poll saw. Kernel transport only: libfuse has no passthrough,
+    every write passes through the daemon there. The writer never closes the file; after each call the
+    replica on b holds every byte so far, and when the owner is lost the takeover uploads all of them."""
+    import ckptfs
+
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    cluster = Cluster(s3, bucket, tmp_path, fuse_transport="kernel")
+    try:
+        a = cluster.node("a", upload_delay=HELD)
+        b = cluster.node("b")
+        cluster.wait_live("ab")
+        if not a.status().get("passthrough"):
+            pytest.skip("the kernel transport runs, but this kernel or user gets no passthrough")
+        rng = random.Random(3)
+        digest = hashlib.sha256()
+        size = 0
+        fd = os.open(a.path / "open.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            ino = os.fstat(fd).st_ino
+            replica = b.cache_dir / "peers" / "a" / str(ino)
+            for i in range(8):
+                chunk = rng.randbytes(MiB + 4099 * i)
+                os.write(fd, chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                ckptfs.wait_durable(a.path / "open.bin", timeout=120, level="replicated")
+                assert replica.is_file() and replica.stat().st_size == size, (i, size)
+            a.kill()  # still open for writing: lost right after the last flush returned
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the mount is gone with its daemon
+        want = digest.hexdigest()
+        wait_until("every byte written before the flush in the bucket via b's takeover",
+                   lambda: cluster.object_sha256(a.key("open.bin")) == want, 240)
+        assert b.metric("ckptfs_peer_takeovers_total") == 1
+    finally:
+        cluster.stop()
