@@ -297,9 +297,7 @@ class Sender:
         self.degraded_writes = 0
         self.replicated_bytes = 0
         self.passthrough_inos: Callable[[], Iterable[int]] = lambda: ()  # fs.py's passthrough writers (the daemon wires it)
-        # fs.py's: the size and mtime of every file the kernel writes itself taken from its cache file, a new version
-        # where it changed (what an fsync of it does); the daemon wires it
-        self.sync_passthrough: Callable[[], None] = lambda: None
+        self.sync_passthrough: Callable[[], None] = lambda: None  # fs.py's: the sizes the kernel wrote, taken now (as fsync)
         self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
         self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
         self._pt_sizes: dict[int, int] = {}
@@ -508,11 +506,8 @@ class Sender:
         return files, size
 
     async def wait_replicated_under(self, path: str) -> None:
-        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable).
-
-        Files open for writing under passthrough first get the size the kernel wrote so far, now (as their fsync
-        would): the wait covers every byte written before it was asked, not what the last poll saw, and a
-        version whose size the journal did not know could never be sealed."""
+        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable). Passthrough writers'
+        sizes taken first, as their fsync would: every byte written before the call, not what the last poll saw."""
         self.sync_passthrough()
         for ino in list(self.passthrough_inos()):
             self._poll_passthrough(ino)
@@ -623,13 +618,11 @@ class Sender:
         except (PeerError, OSError, trio.TooSlowError) as e:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
-            # a connection that worked and broke (the peer's listener restarted, an idle connection reset) is opened
-            # again at once, once per peer_timeout: the fsync waiting on it must not degrade for a peer that is there
-            again = ch.ready and not isinstance(e, trio.TooSlowError) and self.clock() - self.reconnected.get(ch.node, -math.inf) >= self.timeout
+            # a connection that worked and broke (its listener restarted) is opened again at once, once per peer_timeout
+            again = ch.ready and not isinstance(e, trio.TooSlowError) and self.clock() - self.reconnected.get(ch.node, -1e18) >= self.timeout
             if again:
                 self.reconnected[ch.node] = self.clock()
-            log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why,
-                        "connecting to it again" if again else "its files go to the next candidate")
+            log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why, "connecting again" if again else "its files go to the next candidate")
         finally:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
