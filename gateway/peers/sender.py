@@ -619,7 +619,7 @@ class Sender:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
             # a connection that worked and broke (its listener restarted) is opened again at once, once per peer_timeout
-            again = ch.ready and not isinstance(e, trio.TooSlowError) and self.clock() - self.reconnected.get(ch.node, -1e18) >= self.timeout
+            again = ch.ready and ch.link is not None and ch.link.connection_lost and self.clock() - self.reconnected.get(ch.node, -1e18) >= self.timeout
             if again:
                 self.reconnected[ch.node] = self.clock()
             log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why, "connecting again" if again else "its files go to the next candidate")

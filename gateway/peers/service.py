@@ -135,4 +135,5 @@ class Peers:
             "replica_bytes_held": self.replicas.held_bytes(),
             "takeovers": self.takeover.takeovers_total,
             "degraded_writes": self.sender.degraded_writes,
+            "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
         }

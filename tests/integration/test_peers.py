@@ -18,6 +18,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -459,3 +460,70 @@ def test_flush_replicated_covers_every_byte_the_kernel_wrote_to_an_open_passthro
         assert b.metric("ckptfs_peer_takeovers_total") == 1
     finally:
         cluster.stop()
+
+
+# ------------------------------------------------------ a full replica disk
+@pytest.mark.one_transport
+def test_a_peer_whose_disk_fills_with_replicas_refuses_them_and_keeps_serving(
+        s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    """b's cache directory is a real 32 MiB file system (tmpfs), far smaller than its peer_capacity, with no
+    reserve (cache_min_free 0): a's and c's 48 MiB each, written at once, can go to b only and fill b's disk
+    itself. What b cannot hold it refuses (the disk full: ENOSPC, or its room check just before), the owners
+    acknowledge per on_no_peer (degrade: counted, single-copy) and never fail a write; b says what happened (status, metrics, log)
+    and, once a's files are durable and their replicas dropped, serves its own files again. libfuse only:
+    the disk that fills is the peer's replica store, behind the listener; the FUSE transport of either
+    node plays no part in it."""
+    from tests.support.smallfs import SmallFs, can_mount_tmpfs
+
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    if not can_mount_tmpfs():
+        pytest.skip("needs root to mount a small tmpfs as the peer's cache disk")
+    cluster = Cluster(s3, bucket, tmp_path, fuse_transport="libfuse")
+    disk: SmallFs | None = None
+    try:
+        a = cluster.node("a", failure_domain="rack1", upload_delay=HELD)
+        c = cluster.node("c", failure_domain="rack1", upload_delay=HELD)
+        b = cluster.node("b", start=False, failure_domain="rack2", peer_capacity=1 << 30, cache_min_free=0)
+        b.cache_dir.mkdir(parents=True)
+        disk = SmallFs(b.cache_dir, 32 * MiB)
+        b.start()
+        cluster.wait_live("abc")
+        # a and c at once (their connections race for b's last free pages), 48 MiB each
+        digests: dict[tuple[str, str], str] = {}
+
+        def save_on(owner: Node) -> None:
+            for i in range(6):  # names of its own: one bucket, one namespace
+                name = f"{owner.name}{i}.bin"
+                digests[owner.name, name] = write_random(owner.path / name, 8 * MiB + i, seed=i + ord(owner.name))
+
+        writers = [threading.Thread(target=save_on, args=(owner,)) for owner in (a, c)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join(600)
+        assert len(digests) == 12  # every write and fsync returned, none failed
+        states = {(o, name): cluster.nodes[o].state(name) for o, name in digests}
+        assert set(states.values()) <= {"replicated", "dirty"}, states
+        assert "dirty" in states.values(), states  # 96 MiB do not fit in 32: some were acknowledged single-copy
+        assert a.metric("ckptfs_peer_degraded_writes_total") + c.metric("ckptfs_peer_degraded_writes_total") >= 1
+        # b says why: refused replicas counted, in its status and its log, and it still runs every service
+        st = b.status()
+        assert st["peer_replicas_refused_total"] >= 1, st
+        assert b.metric("ckptfs_peer_replicas_refused_total") >= 1
+        assert all(s["state"] == "running" for s in st["services"].values()), st["services"]
+        assert "refused" in (b.cache_dir / "ckptfs.log").read_text()
+        # a's and c's files drain, every one byte-identical; b drops every replica it held, and serves its own files again
+        assert a.flush().returncode == 0 and c.flush().returncode == 0
+        for (owner, name), digest in digests.items():
+            assert cluster.object_sha256(cluster.nodes[owner].key(name)) == digest, (owner, name)
+        wait_until("b to drop the replicas", lambda: b.replica_files() == [] and b.metric("ckptfs_peer_replica_bytes") == 0, 120)
+        own = write_random(b.path / "own.bin", 4 * MiB, seed=99)
+        assert sha256_file(b.path / "own.bin") == own
+        assert b.flush().returncode == 0
+        assert cluster.object_sha256(b.key("own.bin")) == own
+        assert b.status()["pid"] == b.pid
+    finally:
+        cluster.stop()
+        if disk is not None:
+            disk.close()
