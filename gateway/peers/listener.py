@@ -270,12 +270,13 @@ class _Connection:
         if isinstance(failed, (ReplicaFull, DiskFull)) or isinstance(failed, OSError) and failed.errno in (errno.ENOSPC, errno.EDQUOT):
             self.listener.full_answers += 1
             what = "full"
-            self.listener._log.warning("a replica of %s's file refused: %s; the owner tries another peer", self.owner, failed)
         elif isinstance(failed, ReplicaMismatch):
             what = "mismatch"
         else:
             what = "error"
         message = failed.strerror if isinstance(failed, OSError) and failed.strerror else str(failed)
+        if what == "full":
+            self.listener._log.warning("a replica of %s's file refused: %s; the owner tries another peer", self.owner, message)
         await self._reply(Kind.ERROR, {"id": request, "error": what, "message": message})
 
 
