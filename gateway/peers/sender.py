@@ -290,12 +290,14 @@ class Sender:
         self.checkpoints = Patterns(cfg.checkpoint_patterns)
         self.channels: dict[str, Channel] = {}
         self.rested: dict[str, float] = {}  # node -> monotonic time its channel failed: not tried again for peer_timeout
+        self.reconnected: dict[str, float] = {}  # node -> monotonic time a broken channel to it was opened again at once
         self.files: set[int] = set()  # every file not yet durable that the peers must hold
         self.single_since: dict[int, float] = {}  # files not replicated -> monotonic time they became so
         self.degraded: set[int] = set()  # files acknowledged single-copy (logged once each)
         self.degraded_writes = 0
         self.replicated_bytes = 0
         self.passthrough_inos: Callable[[], Iterable[int]] = lambda: ()  # fs.py's passthrough writers (the daemon wires it)
+        self.sync_passthrough: Callable[[], None] = lambda: None  # fs.py's: the sizes the kernel wrote, taken now (as fsync)
         self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
         self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
         self._pt_sizes: dict[int, int] = {}
@@ -504,7 +506,11 @@ class Sender:
         return files, size
 
     async def wait_replicated_under(self, path: str) -> None:
-        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable)."""
+        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable). Passthrough writers'
+        sizes taken first, as their fsync would: every byte written before the call, not what the last poll saw."""
+        self.sync_passthrough()
+        for ino in list(self.passthrough_inos()):
+            self._poll_passthrough(ino)
         for ino in list(self.files):
             p = self.ns.journal.path_of(ino)
             if p is not None and under(path, p):
@@ -594,7 +600,7 @@ class Sender:
 
     async def _serve(self, ch: Channel) -> None:
         """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails."""
-        failed = False
+        failed = again = False
         try:
             with trio.fail_after(self.timeout):
                 ch.link = await self.open_link(ch.node, ch.addr)
@@ -612,12 +618,17 @@ class Sender:
         except (PeerError, OSError, trio.TooSlowError) as e:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
-            log.warning("peer %s (%s) dropped: %s; its files go to the next candidate", ch.node, ch.addr, why)
+            # a connection that worked and broke (its listener restarted) is opened again at once, once per peer_timeout
+            again = ch.ready and ch.link is not None and ch.link.connection_lost and self.clock() - self.reconnected.get(ch.node, -1e18) >= self.timeout
+            if again:
+                self.reconnected[ch.node] = self.clock()
+            log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why, "connecting again" if again else "its files go to the next candidate")
         finally:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
                 del self.channels[ch.node]
-            self.rested[ch.node] = self.clock()
+            if failed and not again:  # cancelled (the sender stops or restarts): the next run connects at once
+                self.rested[ch.node] = self.clock()
             if ch.link is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     try:
