@@ -216,6 +216,8 @@ def peers_line(st: dict[str, Any]) -> Text:
         parts.append(Text(plural(st["peer_degraded_writes_total"], "write") + " acknowledged without a peer", style="bold red"))
     if st.get("peer_replica_bytes"):
         parts.append(f"holding {fmt_bytes(st['peer_replica_bytes'])} for others")
+    if st.get("peer_replicas_refused_total"):
+        parts.append(Text(f"refused {plural(st['peer_replicas_refused_total'], 'replica')} (peer_capacity or disk full)", style="yellow"))
     if st.get("peer_takeovers_total"):
         parts.append(plural(st["peer_takeovers_total"], "takeover"))
     return _line("peers", *parts)

@@ -319,6 +319,7 @@ class Daemon:
         if self.peers is not None:
             fs.peers = self.peers  # fsync and a writer's close wait for the peers' copies
             self.peers.sender.passthrough_inos = fs.passthrough_writers
+            self.peers.sender.sync_passthrough = fs.sync_passthrough_all  # flush --level replicated: the kernel's bytes so far
             # a checkpoint directory is `replicated` once every file of it not yet durable is on peers' disks
             self.lifecycle.tracker.replicated = self.peers.is_replicated
         self.fuse_transport = choose_transport(cfg.fuse_transport)
@@ -525,7 +526,8 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
     if peers is None:
         return {"peers": [], "peer_state": None, "peer_addr": None, "failure_domain": None, "peer_replica_bytes": 0,
                 "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
-                "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0}
+                "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
+                "peer_replicas_refused_total": 0}
     return {
         "peers": list(peers.get("peers") or []),
         "peer_state": peers.get("state"),
@@ -538,6 +540,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "peer_replicated_bytes_total": peers.get("replicated_bytes", 0),
         "peer_degraded_writes_total": peers.get("degraded_writes", 0),
         "peer_takeovers_total": peers.get("takeovers", 0),
+        "peer_replicas_refused_total": peers.get("replicas_refused", 0),
     }
 
 

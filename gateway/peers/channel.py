@@ -12,6 +12,7 @@ order, so the peer checks the bytes the owner hashed.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
@@ -132,6 +133,14 @@ class Channel:
             if ino not in s.files:
                 self.forgets[ino] = None  # durable or removed meanwhile
         self.wake.set()
+
+    async def pump_forever(self, s: Sender) -> None:
+        while True:
+            self.wake = trio.Event()
+            if not await self.pump(s):
+                # a seal that found the file changing is tried again soon even if no callback says so
+                with trio.move_on_after(POLL_SECONDS if self.seal_wanted - self.sealing else math.inf):
+                    await self.wake.wait()
 
     async def pump(self, s: Sender) -> bool:
         """Send some of what the peer is owed; True if it did anything (look again before sleeping)."""

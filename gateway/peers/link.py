@@ -55,6 +55,7 @@ class PeerLink:
         self.timeout: float = cfg.peer_timeout
         self.stream, self.reader, self.session = stream, reader, session
         self.broken: str | None = None  # why the link can no longer be used
+        self.connection_lost = False  # broken because the peer closed or reset the connection (not a timeout, not an answer)
         self.bytes_sent = 0  # data bytes (the files' bytes) sent
         self._send_lock = trio.StrictFIFOLock()
         self._read_lock = trio.Lock()
@@ -149,9 +150,10 @@ class PeerLink:
         if self.broken is not None:
             raise PeerError(self.broken)
 
-    def _break(self, why: str) -> PeerError:
+    def _break(self, why: str, lost: bool = False) -> PeerError:
         if self.broken is None:
             self.broken = f"peer {self.node} at {self.addr}: {why}"
+            self.connection_lost = lost
         return PeerError(self.broken)
 
     async def _send(self, kind: Kind, meta: dict[str, Any], fd: int = -1, offset: int = 0, length: int = 0) -> None:
@@ -167,7 +169,7 @@ class PeerLink:
             except trio.TooSlowError:
                 raise self._break(f"no progress sending for peer_timeout ({self.timeout:g} s)") from None
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})") from None
+                raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=True) from None
             except BaseException:
                 self._break("cancelled in the middle of a frame")  # the stream is out of step: never used again
                 raise
@@ -254,9 +256,9 @@ class PeerLink:
         try:
             frame = await self.session.receive(self.reader, REPLY_META_MAX)
         except WireError as e:
-            raise self._break(str(e)) from None
+            raise self._break(str(e), lost=str(e).startswith("connection closed")) from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})") from None
+            raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=True) from None
         if frame.kind not in (Kind.ACK, Kind.ERROR, Kind.HELD):
             raise self._break(f"unexpected frame {frame.kind.name} from the peer")
         waiter = self._waiters.get(int(frame.meta.get("id", -1)))

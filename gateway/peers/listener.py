@@ -19,7 +19,7 @@ import socket
 import sqlite3
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
@@ -65,6 +65,8 @@ class Listener:
     def __init__(self, cfg: Any, store: ReplicaStore, secret: bytes, me: str) -> None:
         self.cfg, self.store, self.secret, self.me = cfg, store, secret, me
         self.host, self.port = parse_addr(cfg.peer_addr)  # port: the bound one once `run` started
+        self.configured_port = self.port
+        self.on_listening: Callable[[str], None] = lambda addr: None  # the address bound (the node record announces it)
         self.timeout: float = cfg.peer_timeout
         self.connections = 0  # open, authenticated
         self.accepted_connections = 0
@@ -83,15 +85,25 @@ class Listener:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled; reports started with the bound port (peer_addr may give port 0)."""
+        """Serve until cancelled; reports started with the bound port (peer_addr may give port 0).
+
+        Run again by the supervisor after a failure, it binds the port it had (its peers know it); with port 0
+        configured and that port taken meanwhile, any free one: `on_listening` hands it to the node record."""
         try:
-            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            try:
+                listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            except OSError:
+                if self.port == self.configured_port:
+                    raise
+                listeners = await trio.open_tcp_listeners(self.configured_port, host=self.host)
         except OSError as e:
             raise OSError(e.errno, f"peer_addr = {self.cfg.peer_addr} cannot be listened on ({e.strerror}): "
                                    "give a free port of an address of this node (port 0: any free port)") from None
         self.port = listeners[0].socket.getsockname()[1]
         log.info("peer listener on %s", self.addr)
+        self.on_listening(self.addr)
         task_status.started(self.port)
+        self.stopping.clear()  # run again by the supervisor
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._stop_flag)
@@ -287,6 +299,8 @@ class _Connection:
         else:
             what = "error"
         message = failed.strerror if isinstance(failed, OSError) and failed.strerror else str(failed)
+        if what == "full":
+            self.listener._log.warning("a replica of %s's file refused: %s; the owner tries another peer", self.owner, message)
         await self._reply(Kind.ERROR, {"id": request, "error": what, "message": message})
 
 

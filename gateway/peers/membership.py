@@ -45,7 +45,8 @@ from .. import threads
 from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from ..peering import StaticPeer, parse_peer
 from ..storeapi import LifecycleStore, read_json
-from .records import DOWN, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_live, other_domain, record_path, rendezvous
+from .records import (DOWN, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, other_domain, record_path,
+                      rendezvous)
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,13 @@ class Membership:
         now = self.clock()
         records = self._with_own()
         return sorted(n for n, rec in self._records.items() if is_dead(rec, records, now))
+
+    def seconds_to_expiry(self, nodes: list[str]) -> float | None:
+        """Seconds until the first of `nodes`' leases runs out by the records last read (None: none is live). A
+        takeover looks then rather than at its next round: `claim` reads the record again, so a lease renewed since
+        the last read costs one GET, never a wrong claim."""
+        expiries = [rec.expires_at for n in nodes if (rec := self._records.get(n)) is not None and rec.state == LIVE]
+        return min(expiries) - self.clock() if expiries else None
 
     def _with_own(self) -> dict[str, NodeRecord]:
         """The others' records and ours (a takeover by this node is alive while ours is)."""
@@ -387,6 +395,29 @@ class Membership:
             return False
         self._records[node] = written
         return True
+
+    async def prune_expired(self, expiry: float) -> list[str]:
+        """Delete the records of nodes taken over long ago (`records.is_expired`, by the records last read), each If-Match
+        on the ETag it was judged by: a node that came back and wrote its record since is never removed, and of nodes
+        pruning at once one deletes, the others find it gone. The nodes whose records this call deleted."""
+        now = self.clock()
+        pruned = []
+        for node, rec in list(self._records.items()):
+            etag = rec.etag
+            if etag is None or not is_expired(rec, now, expiry):
+                continue
+            key = self.key_of(record_path(node))
+            try:
+                await threads.call(lambda: self.store.delete_if_match(key, etag))
+            except StoreError as e:
+                if e.kind in (PRECONDITION, NO_OBJECT):
+                    continue  # written again (the node is back) or pruned by another node: the next read says which
+                raise
+            self._records.pop(node, None)
+            pruned.append(node)
+            log.info("node record of %s deleted: taken over by %s, nothing written to it for %.0f s (peer_record_expiry)",
+                     node, rec.taken_over_by, now - max(rec.renewed_at, rec.taken_over_at or 0.0))
+        return pruned
 
     # ------------------------------------------------------------ the service
     async def _every_third(self, step: Callable[[], Any], what: str) -> None:

@@ -110,6 +110,13 @@ def is_dead(rec: NodeRecord, records: dict[str, NodeRecord], now: float) -> bool
     return taker is None or not is_live(taker, now) or taker.incarnation != rec.taken_over_by_incarnation
 
 
+def is_expired(rec: NodeRecord, now: float, expiry: float) -> bool:
+    """A record nobody needs any more: its node was taken over, the takeover finished (the bucket has what the node
+    had), and nothing was written to it for `expiry` seconds (peer_record_expiry). A live record never is."""
+    last = max(rec.renewed_at, rec.taken_over_at or 0.0)
+    return rec.state == TAKEN_OVER and rec.takeover_done and now - last >= expiry
+
+
 def other_domain(mine: str, theirs: str) -> bool:
     """Replicas go only to another failure domain; an empty domain differs from every other."""
     return not mine or not theirs or mine != theirs

@@ -220,9 +220,9 @@ class ReplicaStore:
 
     def drop(self, owner: str, ino: int) -> None:
         with self._lock:
+            self._forget_file(owner, ino)  # first: on a disk left full by replicas the index cannot change before
             self.db.execute("DELETE FROM replicas WHERE owner = ? AND ino = ?", (owner, ino))
             self._sealed.discard((owner, ino))
-            self._forget_file(owner, ino)
 
     def _forget_file(self, owner: str, ino: int) -> None:
         fd = self._fds.pop((owner, ino), None)
@@ -241,6 +241,9 @@ class ReplicaStore:
 
     def drop_owner(self, owner: str) -> None:
         with self._lock:
+            # the files first: on a disk left full by replicas the index cannot change before
+            for o, ino in [k for k in self._bytes if k[0] == owner] + [k for k in self._fds if k[0] == owner]:
+                self._forget_file(o, ino)
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 self.db.execute("DELETE FROM replicas WHERE owner = ?", (owner,))
@@ -250,8 +253,6 @@ class ReplicaStore:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
                 raise
-            for o, ino in [k for k in self._bytes if k[0] == owner] + [k for k in self._fds if k[0] == owner]:
-                self._forget_file(o, ino)
             self._sealed = {k for k in self._sealed if k[0] != owner}
             if NODE_NAME.fullmatch(owner):
                 try:

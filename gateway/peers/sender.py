@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -80,12 +79,14 @@ class Sender:
         self.checkpoints = Patterns(cfg.checkpoint_patterns)
         self.channels: dict[str, Channel] = {}
         self.rested: dict[str, float] = {}  # node -> monotonic time its channel failed: not tried again for peer_timeout
+        self.reconnected: dict[str, float] = {}  # node -> monotonic time a broken channel to it was opened again at once
         self.files: set[int] = set()  # every file not yet durable that the peers must hold
         self.single_since: dict[int, float] = {}  # files not replicated -> monotonic time they became so
         self.degraded: set[int] = set()  # files acknowledged single-copy (logged once each)
         self.degraded_writes = 0
         self.replicated_bytes = 0
         self.passthrough_inos: Callable[[], Iterable[int]] = lambda: ()  # fs.py's passthrough writers (the daemon wires it)
+        self.sync_passthrough: Callable[[], None] = lambda: None  # fs.py's: the sizes the kernel wrote, taken now (as fsync)
         self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
         self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
         self._pt_sizes: dict[int, int] = {}
@@ -301,7 +302,11 @@ class Sender:
         return files, size
 
     async def wait_replicated_under(self, path: str) -> None:
-        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable)."""
+        """`ckptfs flush --level replicated`: every file under `path` replicated (or durable). Passthrough writers'
+        sizes taken first, as their fsync would: every byte written before the call, not what the last poll saw."""
+        self.sync_passthrough()
+        for ino in list(self.passthrough_inos()):
+            self._poll_passthrough(ino)
         for ino in list(self.files):
             p = self.ns.journal.path_of(ino)
             if p is not None and under(path, p):
@@ -391,7 +396,7 @@ class Sender:
 
     async def _serve(self, ch: Channel) -> None:
         """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails."""
-        failed = False
+        failed = again = False
         try:
             with trio.fail_after(self.timeout):
                 ch.link = await self.open_link(ch.node, ch.addr)
@@ -402,18 +407,23 @@ class Sender:
             self.notify()
             async with trio.open_nursery() as nursery:
                 ch.nursery = nursery
-                nursery.start_soon(ch.guarded, self._pump_forever, ch)
+                nursery.start_soon(ch.guarded, ch.pump_forever, self)
             if ch.error is not None:
                 raise ch.error
         except (PeerError, OSError, trio.TooSlowError) as e:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
-            log.warning("peer %s (%s) dropped: %s; its files go to the next candidate", ch.node, ch.addr, why)
+            # a connection that worked and broke (its listener restarted) is opened again at once, once per peer_timeout
+            again = ch.ready and ch.link is not None and ch.link.connection_lost and self.clock() - self.reconnected.get(ch.node, -1e18) >= self.timeout
+            if again:
+                self.reconnected[ch.node] = self.clock()
+            log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why, "connecting again" if again else "its files go to the next candidate")
         finally:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
                 del self.channels[ch.node]
-            self.rested[ch.node] = self.clock()
+            if failed and not again:  # cancelled (the sender stops or restarts): the next run connects at once
+                self.rested[ch.node] = self.clock()
             if ch.link is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
                     try:
@@ -423,14 +433,6 @@ class Sender:
             self.notify()
         if failed:
             self._fill()
-
-    async def _pump_forever(self, ch: Channel) -> None:
-        while True:
-            ch.wake = trio.Event()
-            if not await ch.pump(self):
-                # a seal that found the file changing is tried again soon even if no callback says so
-                with trio.move_on_after(POLL_SECONDS if ch.seal_wanted - ch.sealing else math.inf):
-                    await ch.wake.wait()
 
     def meta_of(self, ino: int, row: Row, version: int, size: int) -> dict[str, Any] | None:
         path = self.ns.journal.path_of(ino)
@@ -444,22 +446,15 @@ class Sender:
     def digest_holds(self, ino: int, version: int, xxh3: str) -> bool:
         """The digest `digest` gave for `version` still holds: no change reported and the cache file as it was."""
         h = self._hashed.get(ino)
-        if h is None or (h.version, h.xxh3) != (version, xxh3):
-            return False
-        try:
-            st = os.stat(self.ns.cache.path(ino))
-        except OSError:
-            return False
-        return (st.st_size, st.st_mtime_ns) == h.stat
+        return h is not None and (h.version, h.xxh3) == (version, xxh3) and bool(self._versions_held(ino, version))
 
     def _kernel_writes(self, ino: int) -> bool:
         return ino in self._pt_sizes or ino in set(self.passthrough_inos())
 
     async def hash_sent(self, ino: int, start: int, end: int) -> None:
-        """Bytes [start, end) of a file just went to a peer: if they continue its hashed prefix (or start it), hash
-        them now, while they are in the page cache and the file is still being written, so the seal at its fsync
-        hashes only what came after. Only for files whose every write the namespace reports (copy mode): under
-        passthrough the kernel may rewrite hashed bytes in place unseen, and the seal reads the whole file again."""
+        """Bytes [start, end) just sent that continue the file's hashed prefix (or start it) are hashed now, so its
+        seal hashes only what came after. Copy mode only: under passthrough the kernel may rewrite hashed bytes in
+        place unseen, and the seal reads the whole file again."""
         if end <= start or ino in self._extending or self._kernel_writes(ino):
             return
         prefix = self._prefix.get(ino)

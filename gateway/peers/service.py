@@ -43,6 +43,7 @@ class Peers:
         self.replicas = ReplicaStore(cfg, cfg.cache_dir)
         self.listener = Listener(cfg, self.replicas, self.secret, self.me)
         self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr)
+        self.listener.on_listening = self._listening
         self.sender = Sender(cfg, ns, self._open_link, self.membership.targets)
         self.takeover = Takeover(cfg, store, self.replicas, self.membership, ns.keys)  # type: ignore[arg-type]
         self.reconcile = Reconcile(cfg, ns, store, self.membership)  # type: ignore[arg-type]
@@ -66,14 +67,22 @@ class Peers:
         before started (the daemon's one line)."""
         supervise = self.supervisor.supervise
         async with trio.open_nursery() as nursery:
-            await nursery.start(supervise, "peer-listener", self.listener.run)
-            self.membership.peer_addr = self.listener.addr  # port 0: the one bound, announced in the node record
+            await nursery.start(supervise, "peer-listener", self.listener.run)  # port 0: the one bound is announced
             await nursery.start(supervise, "peer-membership", self.membership.run)
             await nursery.start(supervise, "peer-reconcile", self._reconcile)
             await nursery.start(supervise, "peer-sender", self.sender.run)
             await nursery.start(supervise, "peer-takeover", self.takeover.run)
             await nursery.start(supervise, "peer-sweep", self.sweep.run)
             task_status.started()
+
+    def _listening(self, addr: str) -> None:
+        """The listener bound `addr` (at start, or another port after a restart): the node record announces it at
+        the next renewal, and the others' senders connect there once they read it."""
+        if addr != self.membership.peer_addr:
+            if self.membership.announced.is_set():
+                log.warning("peer listener now on %s (was %s): the node record announces it at its next renewal",
+                            addr, self.membership.peer_addr)
+            self.membership.peer_addr = addr
 
     async def _reconcile(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Taken over while away (at start) or while paused (fenced later): set the journal right, then rejoin."""
@@ -126,4 +135,5 @@ class Peers:
             "replica_bytes_held": self.replicas.held_bytes(),
             "takeovers": self.takeover.takeovers_total,
             "degraded_writes": self.sender.degraded_writes,
+            "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
         }

@@ -8,6 +8,9 @@ another holder. So every half of `peer_drop_grace` the sweep asks the bucket:
   bucket has what could be made durable);
 * an entry older than half the grace whose key holds an object with the entry's xxh3: durable, dropped;
 * a queued delete whose key holds nothing: done, dropped.
+
+And the node records of nodes taken over long ago (takeover finished, nothing written for
+`peer_record_expiry`) are deleted, If-Match, so `.ckptfs/nodes/` does not list every node that ever was.
 An owner taken over by another node that has not finished keeps its replicas here: that takeover may
 have to be taken over.
 """
@@ -42,6 +45,7 @@ class SweepReport:
     owners_dropped: list[str] = field(default_factory=list)
     entries_dropped: list[str] = field(default_factory=list)  # keys
     deletes_dropped: list[str] = field(default_factory=list)
+    records_pruned: list[str] = field(default_factory=list)  # nodes whose records were deleted (peer_record_expiry)
 
 
 class Sweep:
@@ -86,6 +90,7 @@ class Sweep:
                 if await self._head(d.key) is None:
                     self.replicas.drop_delete(owner, d.op_id)
                     report.deletes_dropped.append(d.key)
+        report.records_pruned = await self.membership.prune_expired(self.cfg.peer_record_expiry)
         dropped = len(report.entries_dropped) + len(report.deletes_dropped)
         self.dropped_total += dropped
         if dropped:

@@ -41,6 +41,8 @@ from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
 log = logging.getLogger(__name__)
 
 RETRIED = (StoreError, OSError, Abandoned)  # a takeover that meets one is not done: the next round goes on with it
+MIN_LOOK_SECONDS = 0.2  # between rounds at least: an owner whose lease just ran out is claimed once, not spun on
+MARGIN_SECONDS = 0.05  # after an expiry: is_dead wants expires_at <= now
 HASHING_THREADS = 2  # replicas checked at once: each a sequential read of its file, on a node with its own work to do
 
 
@@ -114,7 +116,16 @@ class Takeover:
         task_status.started()
         while True:
             await self.round()
-            await trio.sleep(max(0.2, self.cfg.peer_lease_ttl / 3))
+            await trio.sleep(self.next_look())
+
+    def next_look(self) -> float:
+        """Seconds to the next round: a third of the lease TTL, or sooner when a held owner's lease runs out before
+        that (the node-lost time is the TTL plus this wait plus the uploads)."""
+        wait = self.cfg.peer_lease_ttl / 3
+        expiry = self.membership.seconds_to_expiry(self.replicas.owners())
+        if expiry is not None and expiry > 0:  # one that ran out already and was not taken (another node won, or
+            wait = min(wait, expiry + MARGIN_SECONDS)  # this one's own lease is not valid) waits for the next round
+        return max(MIN_LOOK_SECONDS, wait)
 
     async def round(self) -> list[TakeoverReport]:
         """One look: every held owner that is dead (or claimed here and unfinished) taken over; the reports of those done."""
@@ -180,22 +191,26 @@ class Takeover:
             latest[e.key] = e
         entries = sorted(latest.values(), key=lambda e: e.seq)
         checked: dict[int, _Checked] = {}
+        durable: set[str] = set()  # keys whose file is in the bucket now
+        # each file uploads as soon as its own replica is checked (not after every check): the checks read replicas
+        # while the copies and the first uploads are under way, which is most of a takeover's time
         async with trio.open_nursery() as nursery:
+            checks: dict[int, trio.Event] = {}
             for e in entries:
                 if not e.sealed:
                     report.unsealed.append(e.key)
                     log.info("takeover of %s: %s was never acknowledged (not sealed): not uploaded", owner, e.key)
                 elif not e.copy_from:
-                    nursery.start_soon(self._check, e, checked, report)
-        durable: set[str] = set()  # keys whose file is in the bucket now
-
-        for e in entries:
-            if e.sealed and e.copy_from:
-                await self._copy(e, report, durable)
-        async with trio.open_nursery() as nursery:
+                    checks[e.ino] = trio.Event()
+                    nursery.start_soon(self._check, e, checked, report, checks[e.ino])
+            # the copies first, in the owner's order: an object renamed away and a new file uploaded at its old key
+            # must be copied before that upload replaces its source
             for e in entries:
-                if e.ino in checked and not e.marker:
-                    nursery.start_soon(self._publish_limited, e, checked[e.ino], report, durable)
+                if e.sealed and e.copy_from:
+                    await self._copy(e, report, durable)
+            for e in entries:
+                if e.ino in checks and not e.marker:
+                    nursery.start_soon(self._publish_checked, e, checks[e.ino], checked, report, durable)
         later = {e.key: e.seq for e in entries if e.key in durable}
         for d in sorted(self.replicas.deletes(owner), key=lambda d: d.seq):
             await self._delete(d, later, report)
@@ -224,8 +239,15 @@ class Takeover:
                       ", ".join(sorted({e.checkpoint or self.keys.path(e.key.rpartition("/")[0]) for e in lost.values()})))
         return report
 
-    async def _check(self, e: ReplicaEntry, checked: dict[int, _Checked], report: TakeoverReport) -> None:
-        """The replica's xxh3-128 against the one it was sealed with, and its parts' CRC32s in the same read."""
+    async def _check(self, e: ReplicaEntry, checked: dict[int, _Checked], report: TakeoverReport, done: trio.Event) -> None:
+        """The replica's xxh3-128 against the one it was sealed with, and its parts' CRC32s in the same read; `done`
+        is set however it ends (a file that failed its check is not in `checked`)."""
+        try:
+            await self._check_now(e, checked, report)
+        finally:
+            done.set()
+
+    async def _check_now(self, e: ReplicaEntry, checked: dict[int, _Checked], report: TakeoverReport) -> None:
         part_size = part_size_for(e.size, self.cfg.part_size) if e.size >= self.cfg.multipart_threshold else max(e.size, 1)
 
         def digest() -> tuple[str, list[str]]:
@@ -289,7 +311,12 @@ class Takeover:
         report.copied.append(e.key)
         durable.add(e.key)
 
-    async def _publish_limited(self, e: ReplicaEntry, c: _Checked, report: TakeoverReport, durable: set[str]) -> None:
+    async def _publish_checked(self, e: ReplicaEntry, check: trio.Event, checked: dict[int, _Checked],
+                               report: TakeoverReport, durable: set[str]) -> None:
+        await check.wait()
+        c = checked.get(e.ino)
+        if c is None:
+            return  # corrupt or unreadable: counted by the check, never uploaded
         async with self.files:
             await self._publish(e, c, report, durable)
 

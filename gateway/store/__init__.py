@@ -524,6 +524,16 @@ class Store(BucketGovernance):
     def delete(self, key: str) -> None:
         self._call("DeleteObject", self.client.delete_object, Key=key)
 
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """DeleteObject only while the object's ETag is `etag`: PRECONDITION if it was written since, NO_OBJECT if it
+        is gone (a node record pruned only if nobody renewed it meanwhile)."""
+        try:
+            self._call("DeleteObject", self.client.delete_object, Key=key, IfMatch=f'"{etag}"')
+        except StoreError as e:
+            if e.kind == CHANGED or "ConditionalRequestConflict" in str(e):
+                raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile") from None
+            raise
+
     # ------------------------------------------------ small objects (lifecycle)
     def put_bytes(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None,
                   content_type: str = "application/json") -> str:

@@ -18,6 +18,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -342,3 +343,187 @@ def test_peer_options_a_user_gets_wrong_are_refused_in_one_line(s3: SeaweedServe
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.stderr, r.stderr
         assert not os.path.ismount(tmp_path / "m")
+
+
+# ------------------------------------------------------------- supervision
+PEER_SERVICES = ("peer-listener", "peer-membership", "peer-reconcile", "peer-sender", "peer-takeover", "peer-sweep")
+
+
+def inject_fault(node: Node, service: str) -> None:
+    """The test-only control request (CKPTFS_TEST_FAULTS, gateway/supervisor.py): `service` raises InjectedFault."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(str(node.cache_dir / "control.sock"))
+        s.sendall(json.dumps({"cmd": "inject_fault", "service": service}).encode() + b"\n")
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert [json.loads(line) for line in data.splitlines() if line.strip()] == [{"ok": True}], data
+
+
+def restarted(node: Node, service: str, times: int) -> bool:
+    s = node.status()["services"].get(service)
+    return s is not None and s["state"] == "running" and s["restarts"] == times
+
+
+@pytest.mark.one_transport
+def test_each_peer_service_restarts_after_a_fault_and_replication_goes_on(s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    """Every peers service the supervisor runs, failed by an injected exception on both nodes at once: it
+    restarts (status, ckptfs_service_restarts_total), the mounts keep serving, and a file fsynced right after
+    (no waiting for the sender to notice anything) is `replicated` with its replica on the other node, both
+    ways: a's sender to b's listener and b's to a's. libfuse only: the services fail behind the FUSE
+    transport, which changes nothing of what they do (the kernel transport is covered by every other test)."""
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    faults = {"CKPTFS_TEST_FAULTS": ",".join(PEER_SERVICES)}
+    cluster = Cluster(s3, bucket, tmp_path, fuse_transport="libfuse")
+    try:
+        a = cluster.node("a", env=faults, upload_delay=HELD)
+        b = cluster.node("b", env=faults, upload_delay=HELD)
+        cluster.wait_live("ab")
+        written: dict[str, tuple[Node, str]] = {}
+        for i, service in enumerate(PEER_SERVICES):
+            for node in (a, b):
+                inject_fault(node, service)
+            for node in (a, b):
+                wait_until(f"{service} of {node.name} to restart", lambda n=node, s=service: restarted(n, s, 1), 120)
+            for j, (writer, peer) in enumerate(((a, b), (b, a))):
+                name = f"after-{service}-{writer.name}.bin"
+                written[name] = (writer, write_random(writer.path / name, 2 * MiB + i, seed=10 * i + j))
+                assert writer.state(name) == "replicated", (service, name)
+                ino = os.stat(writer.path / name).st_ino
+                replica = peer.cache_dir / "peers" / writer.name / str(ino)
+                assert replica.is_file() and replica.stat().st_size == 2 * MiB + i, (service, name)
+        # the peer listener re-bound after its restart: each record announces the address it listens on
+        for node in (a, b):
+            st = node.status()
+            wait_until(f"{node.name}'s record to announce where it listens",
+                       lambda n=node, addr=st["peer_addr"]: (n.record() or {}).get("peer_addr") == addr, 60)
+            for service in PEER_SERVICES:
+                assert st["services"][service]["restarts"] == 1
+                assert st["services"][service]["last_error"].startswith("InjectedFault")
+                assert node.metric("ckptfs_service_restarts_total", f'service="{service}"') == 1
+            assert node.metric("ckptfs_peer_degraded_writes_total") == 0
+        # and every file reaches the bucket byte-identical
+        for node in (a, b):
+            assert node.flush().returncode == 0
+        for name, (writer, digest) in written.items():
+            assert cluster.object_sha256(writer.key(name)) == digest, name
+    finally:
+        cluster.stop()
+
+
+# ------------------------------------------- flush --level replicated, passthrough
+@pytest.mark.one_transport
+def test_flush_replicated_covers_every_byte_the_kernel_wrote_to_an_open_passthrough_file(
+        s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    """Under passthrough the kernel writes the cache file itself and the sender learns the new size by polling
+    it; `wait_durable(level="replicated")` (what `ckptfs flush --level replicated` asks) must cover every byte
+    written before the call, not what the last poll saw. Kernel transport only: libfuse has no passthrough,
+    every write passes through the daemon there. The writer never closes the file; after each call the
+    replica on b holds every byte so far, and when the owner is lost the takeover uploads all of them."""
+    import ckptfs
+
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    cluster = Cluster(s3, bucket, tmp_path, fuse_transport="kernel")
+    try:
+        a = cluster.node("a", upload_delay=HELD)
+        b = cluster.node("b")
+        cluster.wait_live("ab")
+        if not a.status().get("passthrough"):
+            pytest.skip("the kernel transport runs, but this kernel or user gets no passthrough")
+        rng = random.Random(3)
+        digest = hashlib.sha256()
+        size = 0
+        fd = os.open(a.path / "open.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            ino = os.fstat(fd).st_ino
+            replica = b.cache_dir / "peers" / "a" / str(ino)
+            for i in range(8):
+                chunk = rng.randbytes(MiB + 4099 * i)
+                os.write(fd, chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                ckptfs.wait_durable(a.path / "open.bin", timeout=120, level="replicated")
+                assert replica.is_file() and replica.stat().st_size == size, (i, size)
+            a.kill()  # still open for writing: lost right after the last flush returned
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the mount is gone with its daemon
+        want = digest.hexdigest()
+        wait_until("every byte written before the flush in the bucket via b's takeover",
+                   lambda: cluster.object_sha256(a.key("open.bin")) == want, 240)
+        assert b.metric("ckptfs_peer_takeovers_total") == 1
+    finally:
+        cluster.stop()
+
+
+# ------------------------------------------------------ a full replica disk
+@pytest.mark.one_transport
+def test_a_peer_whose_disk_fills_with_replicas_refuses_them_and_keeps_serving(
+        s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    """b's cache directory is a real 32 MiB file system (tmpfs), far smaller than its peer_capacity, with no
+    reserve (cache_min_free 0): a's and c's 48 MiB each, written at once, can go to b only and fill b's disk
+    itself. What b cannot hold it refuses (the disk full: ENOSPC, or its room check just before), the owners
+    acknowledge per on_no_peer (degrade: counted, single-copy) and never fail a write; b says what happened (status, metrics, log)
+    and, once a's files are durable and their replicas dropped, serves its own files again. libfuse only:
+    the disk that fills is the peer's replica store, behind the listener; the FUSE transport of either
+    node plays no part in it."""
+    from tests.support.smallfs import SmallFs, can_mount_tmpfs
+
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    if not can_mount_tmpfs():
+        pytest.skip("needs root to mount a small tmpfs as the peer's cache disk")
+    cluster = Cluster(s3, bucket, tmp_path, fuse_transport="libfuse")
+    disk: SmallFs | None = None
+    try:
+        a = cluster.node("a", failure_domain="rack1", upload_delay=HELD)
+        c = cluster.node("c", failure_domain="rack1", upload_delay=HELD)
+        b = cluster.node("b", start=False, failure_domain="rack2", peer_capacity=1 << 30, cache_min_free=0)
+        b.cache_dir.mkdir(parents=True)
+        disk = SmallFs(b.cache_dir, 32 * MiB)
+        b.start()
+        cluster.wait_live("abc")
+        # a and c at once (their connections race for b's last free pages), 48 MiB each
+        digests: dict[tuple[str, str], str] = {}
+
+        def save_on(owner: Node) -> None:
+            for i in range(6):  # names of its own: one bucket, one namespace
+                name = f"{owner.name}{i}.bin"
+                digests[owner.name, name] = write_random(owner.path / name, 8 * MiB + i, seed=i + ord(owner.name))
+
+        writers = [threading.Thread(target=save_on, args=(owner,)) for owner in (a, c)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join(600)
+        assert len(digests) == 12  # every write and fsync returned, none failed
+        states = {(o, name): cluster.nodes[o].state(name) for o, name in digests}
+        assert set(states.values()) <= {"replicated", "dirty"}, states
+        assert "dirty" in states.values(), states  # 96 MiB do not fit in 32: some were acknowledged single-copy
+        assert a.metric("ckptfs_peer_degraded_writes_total") + c.metric("ckptfs_peer_degraded_writes_total") >= 1
+        # b says why: refused replicas counted, in its status and its log, and it still runs every service
+        st = b.status()
+        assert st["peer_replicas_refused_total"] >= 1, st
+        assert b.metric("ckptfs_peer_replicas_refused_total") >= 1
+        assert all(s["state"] == "running" for s in st["services"].values()), st["services"]
+        assert "refused" in (b.cache_dir / "ckptfs.log").read_text()
+        # a's and c's files drain, every one byte-identical; b drops every replica it held, and serves its own files again
+        assert a.flush().returncode == 0 and c.flush().returncode == 0
+        for (owner, name), digest in digests.items():
+            assert cluster.object_sha256(cluster.nodes[owner].key(name)) == digest, (owner, name)
+        wait_until("b to drop the replicas", lambda: b.replica_files() == [] and b.metric("ckptfs_peer_replica_bytes") == 0, 120)
+        own = write_random(b.path / "own.bin", 4 * MiB, seed=99)
+        assert sha256_file(b.path / "own.bin") == own
+        assert b.flush().returncode == 0
+        assert cluster.object_sha256(b.key("own.bin")) == own
+        assert b.status()["pid"] == b.pid
+    finally:
+        cluster.stop()
+        if disk is not None:
+            disk.close()

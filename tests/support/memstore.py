@@ -199,6 +199,18 @@ class MemoryStore:
         self.objects.pop(key, None)
         self._answered()
 
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """As S3's DeleteObject with If-Match: another ETag 412 (PRECONDITION), a missing key 404 (NO_OBJECT)."""
+        self._enter("delete_if_match", key)
+        with self._lock:
+            obj = self.objects.get(key)
+            if obj is None:
+                raise StoreError(NO_OBJECT, f"{key} does not exist")
+            if obj.etag != etag:
+                raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile")
+            del self.objects[key]
+        self._answered()
+
     def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str:
         self._enter("copy", src, dst)
         obj = self.objects.get(src)

@@ -75,10 +75,11 @@ class Node:
     proxy: FaultProxy
     metrics_port: int = field(default_factory=free_port)
     pid: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. CKPTFS_TEST_FAULTS for the daemon
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, **self.s3.env()}
+        return {**os.environ, **self.s3.env(), **self.extra_env}
 
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
@@ -218,12 +219,14 @@ class Cluster:
         self.nodes: dict[str, Node] = {}
         self._proxies: list[FaultProxy] = []
 
-    def node(self, name: str, start: bool = True, **options: Any) -> Node:
-        """A node named `name` (its node_name, mount point and cache directory under the root); started unless told."""
+    def node(self, name: str, start: bool = True, env: dict[str, str] | None = None, **options: Any) -> Node:
+        """A node named `name` (its node_name, mount point and cache directory under the root); started unless told.
+        `env`: more environment for its daemon (CKPTFS_TEST_FAULTS)."""
         proxy = FaultProxy(self.s3.s3_port)
         self._proxies.append(proxy)
         opts = {**self.common, "node_name": name, **options}
-        n = Node(name, self.s3, self.bucket, self.prefix, self.root / f"{name}-mnt", self.root / f"{name}-cache", opts, proxy)
+        n = Node(name, self.s3, self.bucket, self.prefix, self.root / f"{name}-mnt", self.root / f"{name}-cache", opts, proxy,
+                 extra_env=dict(env or {}))
         self.nodes[name] = n
         if start:
             n.start()

@@ -177,7 +177,8 @@ def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
     assert peer_fields(None, 5 << 20, 12.5) == {
         "peers": [], "peer_state": None, "peer_addr": None, "failure_domain": None, "peer_replica_bytes": 0,
         "single_copy_bytes": 5 << 20, "single_copy_oldest_age_seconds": 12.5,
-        "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0}
+        "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
+        "peer_replicas_refused_total": 0}
     # durability = peer: what Peers.status() says, the window included
     peer = {"node": "node-b", "addr": "10.0.0.6:7470", "state": "live", "failure_domain": "rack2", "lag_seconds": 0.2,
             "replicated_bytes": 1 << 30, "connected": True}
@@ -186,11 +187,12 @@ def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
     fields = peer_fields({"node": "node-a", "incarnation": "ab12", "state": "fenced", "failure_domain": "rack1",
                           "peer_addr": "10.0.0.5:7470", "peers": [peer, down], "single_copy_bytes": 7,
                           "single_copy_oldest_age_seconds": 3.0, "replica_bytes_held": 11, "takeovers": 1, "degraded_writes": 2,
-                          "replicated_bytes": 1 << 30},
+                          "replicated_bytes": 1 << 30, "replicas_refused": 4},
                          5 << 20, 12.5)
     assert fields == {"peers": [peer, down], "peer_state": "fenced", "peer_addr": "10.0.0.5:7470", "failure_domain": "rack1",
                       "peer_replica_bytes": 11, "single_copy_bytes": 7, "single_copy_oldest_age_seconds": 3.0,
-                      "peer_replicated_bytes_total": 1 << 30, "peer_degraded_writes_total": 2, "peer_takeovers_total": 1}
+                      "peer_replicated_bytes_total": 1 << 30, "peer_degraded_writes_total": 2, "peer_takeovers_total": 1,
+                      "peer_replicas_refused_total": 4}
 
 
 def test_a_failing_peers_status_leaves_the_status_answered_with_the_worst_case(caplog: Any) -> None:

@@ -55,6 +55,7 @@ class FakePeer:
         self.written = 0  # data bytes received
         self.mismatches = 0  # seals whose xxh3 differed from this copy's
         self.fail_at: str | None = None  # an operation that raises PeerError
+        self.lose_at: str | None = None  # an operation whose connection the peer closes (once: the peer is still there)
         self.hang_at: str | None = None  # an operation that never answers
         self.links = 0
 
@@ -67,11 +68,15 @@ class FakeLink:
     def __init__(self, peer: FakePeer) -> None:
         self.peer = peer
         self.node = peer.node
+        self.connection_lost = False
 
     async def _op(self, name: str) -> None:
         await trio.sleep(0)
         if self.peer.fail_at == name:
             raise PeerError(f"{name}: connection reset")
+        if self.peer.lose_at == name:
+            self.peer.lose_at, self.connection_lost = None, True
+            raise PeerError(f"{name}: connection lost")
         if self.peer.hang_at == name:
             await trio.sleep_forever()
 
@@ -288,6 +293,32 @@ async def test_a_failing_peer_is_replaced_by_the_next_candidate(tmp_path: Path, 
         # the next candidate got every file not yet durable, not only the one waited for
         await wait_for(lambda: sender.is_replicated(older))
         assert bytes(b.replicas[older].data) == b"o" * 5000
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_connection_the_peer_closed_is_opened_again_at_once_not_degraded(tmp_path: Path) -> None:
+    """The peer's listener restarted (its supervisor): the connection that worked is lost at the next write. The
+    fsync waiting on it is not acknowledged single-copy: the same peer, the only candidate, is connected again
+    at once (not rested for peer_timeout) and holds the file."""
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b), peer_timeout=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        first, ffd = create(ns, "first")
+        ns.files.write(first, ffd, 0, b"f" * 3000)
+        await sender.replicated(first)
+        assert b.links == 1
+        b.lose_at = "write"
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, os.urandom(50_000))
+        with trio.fail_after(10):  # well inside peer_timeout: no rest
+            await sender.replicated(ino)
+        assert sender.degraded_writes == 0 and sender.is_replicated(ino)
+        assert b.links == 2 and bytes(b.replicas[ino].data) == file_bytes(ns, ino)
+        close(ns, first, ffd)
         close(ns, ino, fd)
         nursery.cancel_scope.cancel()
 

@@ -21,7 +21,7 @@ from tests.support.replicas import hold, hold_delete, replica_store
 from tests.support.memstore import MemoryStore, StoredObject
 from tests.unit.test_drain_faults import PART, drain_until, drainer, namespace
 from tests.unit.test_journal import write_file
-from tests.unit.test_peers_takeover import TTL, member, record
+from tests.unit.test_peers_takeover import PREFIX, TTL, config, member, record
 
 
 def digest(data: bytes) -> str:
@@ -151,6 +151,35 @@ def test_the_sweep_drops_replicas_of_durable_files_and_of_owners_gone(tmp_path: 
     assert sorted(report.owners_dropped) == ["done", "gone"]
     assert [e.key for e in replicas.entries("a")] == ["p/w.bin", "p/new.bin"] and replicas.deletes("a") == []
     assert replicas.owners() == ["a", "pending", "unread"]
+
+
+def test_the_sweep_deletes_records_of_nodes_taken_over_long_ago_never_of_a_node_back(tmp_path: Path) -> None:
+    """`.ckptfs/nodes/` would list every node that ever was, `down` for ever: a record whose takeover finished and
+    that nobody wrote for peer_record_expiry is deleted, If-Match on the ETag it was judged by, so a node that came
+    back (its record written again after the sweep's last read) keeps it; an unfinished takeover's record stays."""
+    store, now, expiry = MemoryStore(), time.time(), 1000.0
+    for node in ("gone", "back", "pending"):
+        member(store, node, now - 10 * TTL)
+    c = member(store, "c", now)
+    for node in ("gone", "back"):
+        assert trio.run(c.claim, node) and trio.run(c.mark_takeover_done, node)
+    assert trio.run(c.claim, "pending")  # c is at it: kept however old
+    cfg = config(tmp_path, peer_record_expiry=expiry)
+    sweep = Sweep(cfg, store, replica_store(cfg, str(tmp_path / "holder")), c)
+    trio.run(c.refresh)
+    assert trio.run(sweep.once).records_pruned == []  # not old yet
+    c.clock.now += expiry + 1  # type: ignore[attr-defined]
+    # `back` returns after the sweep's last read: fenced by its taken-over record, reconciled, live again
+    back = member(store, "back", now + expiry + 1, incarnation="back-2")
+    assert back.must_reconcile and trio.run(back.rejoin)
+    report = trio.run(sweep.once)
+    assert report.records_pruned == ["gone"]
+    assert f"{PREFIX}.ckptfs/nodes/gone.json" not in store.objects
+    assert record(store, "back")["state"] == "live" and record(store, "pending")["state"] == "taken_over"
+    assert "gone" not in [p.node for p in c.peers()]  # ckptfs status lists it no more
+    trio.run(c.refresh)
+    assert sorted(p.node for p in c.peers()) == ["back", "pending"]
+    assert trio.run(sweep.once).records_pruned == []  # a second sweep (or another node's) finds nothing to delete
 
 
 def test_an_upload_waiting_at_the_fence_is_not_sent_once_reconcile_made_its_file_durable(tmp_path: Path) -> None:

@@ -387,3 +387,20 @@ def test_a_file_sealed_then_given_a_new_version_without_new_bytes_is_still_taken
     [report] = run(Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX)))
     assert report.unsealed == []
     in_bucket(store, "p/step_4/model.pt", data)
+
+
+def test_next_round_comes_when_a_held_owners_lease_runs_out(tmp_path: Path) -> None:
+    """The node-lost time is the lease TTL plus the wait for the next round plus the uploads: a holder looks again
+    when a held owner's lease runs out (not up to a third of the TTL later); one already out and not taken (its own
+    lease invalid, another node won) waits the usual third, never spins."""
+    store = MemoryStore()
+    now = time.time()
+    member(store, "a", now - TTL + 0.5)  # a's lease runs out 0.5 s from now
+    b = member(store, "b", now)
+    replicas = replica_store(config(tmp_path), str(tmp_path))
+    t = Takeover(config(tmp_path), store, replicas, b, Keys(PREFIX))
+    assert t.next_look() == pytest.approx(TTL / 3)  # nothing of a's held here: a's lease is not b's business
+    hold(replicas, "a", 1, "ckpt/x.bin", b"x", seq=1, mtime=now)
+    assert t.next_look() == pytest.approx(0.5 + 0.05, abs=0.01)
+    b.clock.now = now + 1  # type: ignore[attr-defined]  # a's lease ran out a moment ago, and a was not taken
+    assert t.next_look() == pytest.approx(TTL / 3)

@@ -710,3 +710,81 @@ def test_a_listener_stopped_while_an_owner_is_silent_mid_write_stops_without_wai
 
     took = trio.run(main)
     assert took < cfg.peer_timeout / 2, f"the stop waited {took:.0f} s for the silent owner"
+
+
+def test_a_listener_run_again_keeps_its_port_or_takes_and_announces_another(shm: Path) -> None:
+    """The supervisor runs the listener again after a failure: it binds the port its peers know; with port 0
+    configured and that port taken meanwhile, it binds another rather than failing for ever, and hands it on
+    (`on_listening`: the node record announces the address it listens on)."""
+    (shm / "b").mkdir()
+    cfg = config()
+    store = ReplicaStore(cfg, str(shm / "b"))
+    listener = Listener(cfg, store, SECRET, "node-b")
+    announced: list[str] = []
+    listener.on_listening = announced.append
+
+    async def once() -> int:
+        async with trio.open_nursery() as nursery:
+            port: int = await nursery.start(listener.run)
+            nursery.cancel_scope.cancel()
+        return port
+
+    try:
+        first = trio.run(once)
+        assert trio.run(once) == first  # run again: the same port
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        try:
+            third = trio.run(once)
+        finally:
+            taken.close()
+        assert third != first
+        assert announced == [f"127.0.0.1:{first}", f"127.0.0.1:{first}", f"127.0.0.1:{third}"]
+    finally:
+        store.close()
+
+
+def test_a_real_enospc_on_the_replica_disk_answers_full_and_the_link_goes_on(shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The room check before each write looks at the disk's free space, but another process (or another owner's
+    connection) can take it before the bytes land: then the kernel's ENOSPC itself. The replica directory is a
+    real 8 MiB tmpfs and the check is made to pass, so the write meets the full disk: the seal answers PeerFull
+    (the owner takes another peer), the connection stays in step, and once the file is forgotten a file that
+    fits is replicated on the same link."""
+    from tests.support.smallfs import SmallFs, can_mount_tmpfs
+
+    if not can_mount_tmpfs():
+        pytest.skip("needs root to mount a small tmpfs as the replica disk")
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 12 * MiB)
+    small = shm / "small"
+    small.write_bytes(src.read_bytes()[:2 * MiB])
+    small_digest = xxhash.xxh3_128_hexdigest(small.read_bytes())
+    (shm / "b").mkdir()
+    disk = SmallFs(shm / "b", 8 * MiB)
+    monkeypatch.setattr(ReplicaStore, "room", lambda self: 1 << 40)  # the space taken after the check
+    cfg = config(peer_capacity=1 << 30)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(1, entry_meta("big", 1, 12 * MiB, seq=1))
+        await link.write(1, fd, 0, 12 * MiB)
+        with pytest.raises(PeerFull, match="No space left on device"):
+            await link.seal(1, 1, 12 * MiB, digest)
+        assert listener.full_answers == 1 and listener.dropped_connections == 0
+        await link.forget(1, None)
+        await link.barrier()
+        sfd = os.open(small, os.O_RDONLY)
+        await link.entry(2, entry_meta("small", 1, 2 * MiB, seq=2))
+        await link.write(2, sfd, 0, 2 * MiB)
+        await link.seal(2, 1, 2 * MiB, small_digest)
+        os.close(sfd)
+        os.close(fd)
+        assert [e.key for e in listener.store.entries("node-a")] == ["small"]
+        await link.aclose()
+
+    try:
+        with_listener(cfg, shm / "b", body)
+    finally:
+        disk.close()
