@@ -11,6 +11,8 @@ What is measured, in one run:
 * acknowledge: write + fsync + close of 1 file of SIZE, then 4 writers of SIZE / 4 each at once
   (bench/writer.py, one process each), on a node with `durability = local` and on a node with
   `durability = peer` (R = 1: one peer); the ratio is local's time / peer's (>= 0.6 targeted).
+  The raw results keep each writer's written / fsynced / closed times (`each`): the fsync's wait
+  is the stream's lag behind the writer plus the seal.
   Both nodes hold their uploads back (`upload_delay = 3600`), so the S3 server's ingest is not in the
   window: the ratio is what acknowledging costs, not what draining does.
 * the sender's CPU: the owner daemon's CPU seconds over the peer windows per GiB replicated (<= 0.3
@@ -73,7 +75,10 @@ def acknowledge(node: Node, size: int, label: str) -> dict[str, Any]:
         cpu0 = cpu_seconds(node.pid)
         w = run_writers([d / n for n in names], each, CHUNK)
         out[part] = {"ack_s": w.ack_seconds, "bytes": each * len(names), "cpu_daemon_s": cpu_seconds(node.pid) - cpu0,
-                     "loadavg_before": load0, "loadavg_after": loadavg()}
+                     "loadavg_before": load0, "loadavg_after": loadavg(),
+                     # each writer's written / fsynced / closed, seconds from the common start: how long its fsync
+                     # waited for the tail and the seal, against how long writing took
+                     "each": [{k: round(v - w.started, 3) for k, v in r.items() if k != "started"} for r in w.per_writer]}
     return out
 
 

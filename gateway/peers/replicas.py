@@ -5,8 +5,10 @@ Apart from the node's own files: outside `data/`, so the cache's clean-up of fil
 eviction never see them, in a capacity of their own (`peer_capacity`; 0: a quarter of the cache file
 system), and kept until the owner (or a sweep) says the file is durable. A seal is acknowledged only once
 the data file and the index are on the disk (fsync of the file, of the index's WAL and of their directories), and once this
-node's own xxh3-128 of the bytes on its disk equals the owner's: what a takeover later uploads is what the
-owner acknowledged. The index survives a restart of this daemon with the files; its commits reach the disk
+node's own xxh3-128 of the bytes it wrote equals the owner's: what a takeover later uploads is what the
+owner acknowledged. Bytes that arrive in order (each write continuing the replica's hashed prefix) are hashed as
+they are written (`writing`); the seal reads from the disk only the rest, so a file streamed in order is not read
+back. What the disk does to the bytes after they were written is the takeover's check (`verify`, from the disk). The index survives a restart of this daemon with the files; its commits reach the disk
 together (`sync`) when a seal or a barrier is answered, not one fsync per entry.
 
 A full disk or capacity is `ReplicaFull` (ENOSPC) and a failing one an OSError (EIO), both answered to the
@@ -91,8 +93,8 @@ class ReplicaDelete:
 
 @dataclass
 class _Hashed:
-    """The xxh3 of a replica's first `upto` bytes as they were on disk at the last seal: a later seal after more
-    bytes were appended reads only the new ones. Any write or truncate below `upto` forgets it."""
+    """The xxh3 of a replica's first `upto` bytes as written (fed as they arrived in order, or read at a seal): a
+    later seal reads only the bytes past it. Any write or truncate below `upto` forgets it."""
 
     state: Any
     upto: int
@@ -331,9 +333,24 @@ class ReplicaStore:
 
     def wrote(self, owner: str, ino: int, offset: int) -> None:
         """Bytes were written at `offset`: a hash state past it no longer holds."""
-        hashed = self._hashed.get((owner, ino))
-        if hashed is not None and offset < hashed.upto:
-            del self._hashed[(owner, ino)]
+        with self._lock:
+            hashed = self._hashed.get((owner, ino))
+            if hashed is not None and offset < hashed.upto:
+                del self._hashed[(owner, ino)]
+
+    def writing(self, owner: str, ino: int, offset: int) -> "_Hashed | None":
+        """Bytes are about to be written at `offset` (what `wrote` forgets, forgotten). Returns the hash state to feed
+        them to, in order, as they are written, when they continue the replica's hashed prefix (or start the file
+        over at 0): the seal then reads from the disk only what was not streamed in order. The caller updates the
+        state and its `upto` after each write that reached the file, and stops at the first one that did not."""
+        with self._lock:
+            hashed = self._hashed.get((owner, ino))
+            if offset == 0:
+                hashed = self._hashed[(owner, ino)] = _Hashed(xxhash.xxh3_128(), 0)
+            elif hashed is not None and offset < hashed.upto:
+                del self._hashed[(owner, ino)]
+                return None
+            return hashed if hashed is not None and hashed.upto == offset else None
 
     def truncate(self, owner: str, ino: int, size: int) -> None:
         with self._lock:
@@ -343,8 +360,8 @@ class ReplicaStore:
             self.wrote(owner, ino, size)
 
     def seal(self, owner: str, ino: int, version: int, size: int, xxh3: str) -> str:
-        """Make the replica durable and check it: fsync the data, hash it from the disk, compare with the owner's
-        xxh3, record it sealed (committed, fsynced). Raises ReplicaMismatch, ReplicaUnknown, OSError.
+        """Make the replica durable and check it: fsync the data, hash what was not hashed as it arrived from the disk,
+        compare with the owner's xxh3, record it sealed (committed, fsynced). Raises ReplicaMismatch, ReplicaUnknown, OSError.
         Blocking: run it in a thread. An entry renamed from a durable file (`copy_from`) with no bytes sent is
         sealed as metadata: its bytes are in the bucket already."""
         entry = self.entry(owner, ino)

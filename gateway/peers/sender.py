@@ -8,7 +8,7 @@ kernel writes itself under passthrough: its cache file's size, polled while it i
 owed the changed ranges, read from the cache file when sent (a range written twice before it goes out goes
 once). An fsync then waits only for the tail and the seal.
 
-A *channel* is one chosen peer (`Membership.targets()` order: the first R that answer). It owes its peer,
+A *channel* (peers/channel.py) is one chosen peer (`Membership.targets()` order: the first R that answer). It owes its peer,
 per file, byte ranges, a truncate, the entry meta (key, copy_from, commit marker, checkpoint) and a seal.
 A seal carries the whole file's xxh3-128 (what the drain computes), so the peer's copy is checked end to
 end: a copy that differs (a range the kernel rewrote in place under passthrough, which no size poll sees)
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 import trio
@@ -36,16 +35,14 @@ from ..journal import DURABLE, Row
 from ..namespace import Namespace, under
 from ..patterns import Patterns
 from .bandwidth import TokenBucket
-from .link import Held, PeerError, PeerLink, SealMismatch
+from .channel import POLL_SECONDS, Channel
+from .link import PeerError, PeerLink
 
 log = logging.getLogger(__name__)
 
-CHUNK = 16 << 20  # bytes per write frame (sendfile from the cache file)
 # bytes per read when hashing: small enough that the bytes are still in the CPU's cache when xxh3 reads them (a
 # 16 MiB buffer sends every byte through memory twice: measured 0.22 against 0.17 s CPU per GiB on /dev/shm)
 HASH_BUFFER = 1 << 20
-MAX_EXTENTS = 64  # ranges owed per file before they are merged into one covering range
-POLL_SECONDS = 0.05  # passthrough writers' sizes
 HOUSEKEEPING_SECONDS = 1.0  # queued deletes looked at, missing channels filled
 
 
@@ -59,31 +56,6 @@ class Target(Protocol):
 LinkOpener = Callable[[str, str], Awaitable[PeerLink]]  # (node, addr) -> a connected, authenticated link
 
 
-@dataclass
-class Owed:
-    """What one channel still has to send its peer of one file."""
-
-    since: float  # monotonic: the oldest change not yet sent
-    extents: list[list[int]] = field(default_factory=list)  # [start, end), in the order written
-    truncate_to: int | None = None  # the smallest size truncated to since the last send
-    entry: bool = True  # the entry meta (key...) to (re)send
-
-    def add(self, start: int, end: int) -> None:
-        if end <= start:
-            return
-        last = self.extents[-1] if self.extents else None
-        if last is not None and start <= last[1] and end >= last[0]:
-            last[0], last[1] = min(last[0], start), max(last[1], end)
-        else:
-            self.extents.append([start, end])
-        if len(self.extents) > MAX_EXTENTS:
-            self.extents = [[min(e[0] for e in self.extents), max(e[1] for e in self.extents)]]
-
-    def truncate(self, size: int) -> None:
-        self.truncate_to = size if self.truncate_to is None else min(self.truncate_to, size)
-        self.extents = [[s, min(e, size)] for s, e in self.extents if s < size]
-
-
 @dataclass(frozen=True)
 class Hashed:
     """The last xxh3 taken of a file, and of which bytes: its version and size, and its cache file's size and mtime
@@ -94,189 +66,6 @@ class Hashed:
     size: int
     stat: tuple[int, int]  # (st_size, st_mtime_ns) of the cache file when hashed
     xxh3: str
-
-
-class Channel:
-    """One chosen peer and what it is owed."""
-
-    def __init__(self, node: str, addr: str) -> None:
-        self.node, self.addr = node, addr
-        self.link: PeerLink | None = None
-        self.ready = False  # connected and its holdings learnt
-        self.failed = False
-        self.owed: dict[int, Owed] = {}
-        self.sealed: dict[int, int] = {}  # ino -> version sealed on the peer
-        self.seal_wanted: set[int] = set()
-        self.forgets: dict[int, int | None] = {}  # ino -> version durable (None: removed) to tell the peer
-        self.deletes_sent: set[int] = set()
-        self.deletes_due = True  # the queued deletes to be looked at again
-        self.entries_sent: set[int] = set()
-        self.replicated_bytes = 0
-        self.wake = trio.Event()
-
-    def owe(self, ino: int, now: float) -> Owed:
-        owed = self.owed.get(ino)
-        if owed is None:
-            owed = self.owed[ino] = Owed(since=now)
-        self.wake.set()
-        return owed
-
-    def learn(self, s: Sender, held: dict[int, Held]) -> None:
-        """A new channel owes its peer every file not yet durable, but for those it already holds sealed at their
-        current version and size (after a restart: replicated without resending)."""
-        now = s.clock()
-        for ino in list(s.files):
-            cur = s.current(ino)
-            if cur is None:
-                continue
-            _, version, size = cur
-            h = held.get(ino)
-            if h is not None and h.sealed and h.version == version and h.size == size:
-                self.sealed[ino] = version
-                self.entries_sent.add(ino)
-                self.owe(ino, now)  # the entry again: it may have been renamed meanwhile
-                continue
-            owed = self.owe(ino, now)
-            owed.truncate(0)
-            owed.add(0, size)
-        for ino, h in held.items():
-            if ino not in s.files:
-                self.forgets[ino] = None  # durable or removed meanwhile
-        self.wake.set()
-
-    async def pump(self, s: Sender) -> bool:
-        """Send some of what the peer is owed; True if it did anything (look again before sleeping)."""
-        link = self.link
-        assert link is not None
-        did = False
-        for ino, version in list(self.forgets.items()):
-            del self.forgets[ino]
-            with trio.fail_after(s.timeout):
-                await link.forget(ino, version)
-            did = True
-        if self.deletes_due:
-            self.deletes_due = False
-            did = await self.send_deletes(s) or did
-        for ino in list(self.owed):
-            owed = self.owed.pop(ino, None)
-            if owed is None:
-                continue
-            did = True
-            cur = s.current(ino)
-            if cur is None:
-                if ino in self.entries_sent or ino in self.sealed:
-                    self.forgets[ino] = None
-                    self.sealed.pop(ino, None)
-                    self.entries_sent.discard(ino)
-                s.files.discard(ino)
-                continue
-            row, version, size = cur
-            if owed.entry or ino not in self.entries_sent:
-                # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
-                # version the peer sealed: an entry of another version would unseal its copy of the same bytes
-                held = self.sealed.get(ino) if s.holds(self, ino, version) else None
-                meta = s.meta_of(ino, row, version if held is None else held, size)
-                if meta is not None:
-                    with trio.fail_after(s.timeout):
-                        await link.entry(ino, meta)
-                    self.entries_sent.add(ino)
-            if row.copy_from:
-                continue  # its bytes are in the bucket (a durable file renamed): the entry says where
-            if owed.truncate_to is not None:
-                with trio.fail_after(s.timeout):
-                    await link.truncate(ino, owed.truncate_to)
-            await self.send_ranges(s, ino, owed.extents)
-            live = s.ns.files.live.get(ino)
-            if (live is None or live.writers == 0) and not s.holds(self, ino, version):
-                self.seal_wanted.add(ino)  # closed: sealed without anyone asking, so it is replicated before it drains
-        for ino in list(self.seal_wanted):
-            if ino in self.owed:
-                continue  # its bytes first
-            did = await self.seal(s, ino) or did
-        return did
-
-    async def send_ranges(self, s: Sender, ino: int, extents: list[list[int]]) -> None:
-        if not extents:
-            return
-        link = self.link
-        assert link is not None
-        try:
-            fd = os.open(s.ns.cache.path(ino), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return  # removed meanwhile: the next pump forgets it
-        try:
-            size = os.fstat(fd).st_size
-            for start, end in extents:
-                end = min(end, size)
-                while start < end:
-                    n = min(CHUNK, end - start)
-                    await s.bandwidth.take(n)
-                    with trio.fail_after(s.timeout):
-                        await link.write(ino, fd, start, n)
-                    self.replicated_bytes += n
-                    s.replicated_bytes += n
-                    s.on_sent(n)
-                    start += n
-        finally:
-            os.close(fd)
-
-    async def send_deletes(self, s: Sender) -> bool:
-        """Object deletes queued by unlinks and renames of durable files, in order; done ones retired."""
-        link = self.link
-        assert link is not None
-        queued = {delete_id: key for delete_id, key, _ in s.ns.deletes}
-        did = False
-        for delete_id, key in queued.items():
-            if delete_id not in self.deletes_sent:
-                with trio.fail_after(s.timeout):
-                    await link.delete(delete_id, key, s.next_seq())
-                self.deletes_sent.add(delete_id)
-                did = True
-        for delete_id in [d for d in self.deletes_sent if d not in queued]:
-            with trio.fail_after(s.timeout):
-                await link.delete_done(delete_id)
-            self.deletes_sent.discard(delete_id)
-            did = True
-        return did
-
-    async def seal(self, s: Sender, ino: int) -> bool:
-        """Seal the file's current version on the peer; False if there was nothing to do or it must be tried again
-        (it changed while hashed: the pump looks again after POLL_SECONDS, or at the change)."""
-        link = self.link
-        assert link is not None
-        cur = s.current(ino)
-        if cur is None:
-            self.seal_wanted.discard(ino)
-            return False
-        row, version, size = cur
-        if s.holds(self, ino, version):
-            self.seal_wanted.discard(ino)
-            return False
-        if row.copy_from:
-            with trio.fail_after(s.timeout):
-                await link.barrier()  # the entry naming the object its bytes are in has arrived
-        else:
-            xxh3 = await s.digest(ino, version, size)
-            if xxh3 is None:
-                return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
-            try:
-                with trio.fail_after(s.timeout):
-                    await link.seal(ino, version, size, xxh3)
-            except SealMismatch:
-                log.info("peer %s: its copy of %s differs; sending it whole", self.node, s.ns.journal.path_of(ino))
-                s.forget_digest(ino)  # hashed whole next time, whatever was kept of it
-                owed = self.owe(ino, s.clock())
-                owed.truncate(0)
-                owed.add(0, size)
-                return True
-        self.seal_wanted.discard(ino)
-        now = s.current(ino)
-        if now is not None and now[1] == version:
-            self.sealed[ino] = version
-            if s.sealed_on(ino, version) >= s.replicas:
-                s.single_since.pop(ino, None)
-        s.notify()
-        return True
 
 
 class Sender:
@@ -306,6 +95,7 @@ class Sender:
         # the new bytes (a file fsynced every few MiB is not hashed whole each time). Forgotten by a write or truncate
         # below it; never kept for a file the kernel writes itself (passthrough: a rewrite in place is not seen)
         self._prefix: dict[int, tuple[int, Any]] = {}  # ino -> (bytes hashed, xxh3 state)
+        self._extending: dict[int, list[Any]] = {}  # ino -> [end, still valid] of a prefix being extended (`hash_sent`)
         self._seq = 0
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -377,15 +167,25 @@ class Sender:
             if self.current(ino) is None:
                 return False
             self.files.add(ino)
-        self.single_since.setdefault(ino, self.clock())
-        self.notify()
+        if ino not in self.single_since:
+            self.single_since[ino] = self.clock()
+            # only a change of state wakes the waiters: each waiter tracks its file at every wake, and two waiters
+            # notifying each other would spin the event loop for as long as they wait
+            self.notify()
         return True
 
-    def _on_bytes(self, ino: int, offset: int, length: int) -> None:
+    def _below(self, ino: int, offset: int) -> None:
+        """Bytes from `offset` on changed: a hashed prefix past it no longer holds (nor one being extended)."""
         self._hashed.pop(ino, None)
         prefix = self._prefix.get(ino)
         if prefix is not None and offset < prefix[0]:
             del self._prefix[ino]
+        extending = self._extending.get(ino)
+        if extending is not None and offset < extending[0]:
+            extending[1] = False
+
+    def _on_bytes(self, ino: int, offset: int, length: int) -> None:
+        self._below(ino, offset)
         if not self._track(ino):
             return
         now = self.clock()
@@ -393,10 +193,7 @@ class Sender:
             ch.owe(ino, now).add(offset, offset + length)
 
     def _on_truncate(self, ino: int, size: int) -> None:
-        self._hashed.pop(ino, None)
-        prefix = self._prefix.get(ino)
-        if prefix is not None and size < prefix[0]:
-            del self._prefix[ino]
+        self._below(ino, size)
         if not self._track(ino):
             return
         now = self.clock()
@@ -473,9 +270,8 @@ class Sender:
                 return
             healthy = self._healthy()
             for ch in healthy:
-                if not self.holds(ch, ino, version) and ino not in ch.seal_wanted:
-                    ch.seal_wanted.add(ino)
-                    ch.wake.set()
+                if not self.holds(ch, ino, version) and ino not in ch.sealing:
+                    ch.start_seal(self, ino)
             self._fill()
             healthy = self._healthy()
             if len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
@@ -609,12 +405,11 @@ class Sender:
             ch.ready = True
             log.info("replicating to peer %s (%s)", ch.node, ch.addr)
             self.notify()
-            while True:
-                ch.wake = trio.Event()
-                if not await ch.pump(self):
-                    # a seal that found the file changing is tried again soon even if no callback says so
-                    with trio.move_on_after(POLL_SECONDS if ch.seal_wanted else math.inf):
-                        await ch.wake.wait()
+            async with trio.open_nursery() as nursery:
+                ch.nursery = nursery
+                nursery.start_soon(ch.guarded, ch.pump_forever, self)
+            if ch.error is not None:
+                raise ch.error
         except (PeerError, OSError, trio.TooSlowError) as e:
             failed = True
             why = "no answer within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
@@ -648,6 +443,40 @@ class Sender:
                 "marker": self.ns.backlog.is_marker(path.rsplit("/", 1)[-1]), "seq": self.next_seq(),
                 "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None}
 
+    def digest_holds(self, ino: int, version: int, xxh3: str) -> bool:
+        """The digest `digest` gave for `version` still holds: no change reported and the cache file as it was."""
+        h = self._hashed.get(ino)
+        return h is not None and (h.version, h.xxh3) == (version, xxh3) and bool(self._versions_held(ino, version))
+
+    def _kernel_writes(self, ino: int) -> bool:
+        return ino in self._pt_sizes or ino in set(self.passthrough_inos())
+
+    async def hash_sent(self, ino: int, start: int, end: int) -> None:
+        """Bytes [start, end) just sent that continue the file's hashed prefix (or start it) are hashed now, so its
+        seal hashes only what came after. Copy mode only: under passthrough the kernel may rewrite hashed bytes in
+        place unseen, and the seal reads the whole file again."""
+        if end <= start or ino in self._extending or self._kernel_writes(ino):
+            return
+        prefix = self._prefix.get(ino)
+        if (prefix[0] if prefix is not None else 0) != start:
+            return
+        state = prefix[1] if prefix is not None else None
+        path = self.ns.cache.path(ino)
+        marker = self._extending[ino] = [end, True]
+
+        def extend() -> Any:
+            h = state.copy() if state is not None else xxhash.xxh3_128()
+            return h if _hash_into(h, path, start, end) == end - start else None  # shorter now: truncated meanwhile
+
+        try:
+            h = await trio.to_thread.run_sync(extend, limiter=self._digest_threads)
+        except OSError:
+            return
+        finally:
+            del self._extending[ino]
+        if h is not None and marker[1] and self._prefix.get(ino) is prefix and not self._kernel_writes(ino):
+            self._prefix[ino] = (end, h)
+
     async def digest(self, ino: int, version: int, size: int) -> str | None:
         """The xxh3-128 of the file's cache copy at `version` (shared by the channels). None if the cache file is not
         that version's bytes now: it changed while hashed, or the kernel wrote more under passthrough."""
@@ -667,20 +496,8 @@ class Sender:
         start, state = prefix if prefix is not None and prefix[0] <= size else (0, None)
 
         def hash_file() -> tuple[str, Any]:
-            # into one buffer (a fresh bytes per read costs ~15% more CPU); not mmap: a truncate meanwhile is SIGBUS
-            # (and it saves little: 0.16 against 0.17 s per GiB)
             h = state.copy() if state is not None else xxhash.xxh3_128()
-            buf = bytearray(min(HASH_BUFFER, max(size - start, 1)))
-            view = memoryview(buf)
-            with open(path, "rb", buffering=0) as f:
-                f.seek(start)
-                left = size - start
-                while left > 0:
-                    n = f.readinto(view[:min(len(buf), left)])
-                    if not n:
-                        break
-                    h.update(view[:n])
-                    left -= n
+            _hash_into(h, path, start, size)
             return h.hexdigest(), h.copy()
 
         try:
@@ -698,3 +515,20 @@ class Sender:
             self._prefix[ino] = (size, state_after)
         return value
 
+
+def _hash_into(h: Any, path: str, start: int, end: int) -> int:
+    """Feed bytes [start, end) of the file (fewer if it is shorter now: the count is returned) to `h`, through one buffer: a fresh bytes
+    per read costs ~15% more CPU; not mmap: a truncate meanwhile is SIGBUS (and it saves little: 0.16 against 0.17 s
+    per GiB)."""
+    buf = bytearray(min(HASH_BUFFER, max(end - start, 1)))
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        left = end - start
+        while left > 0:
+            n = f.readinto(view[:min(len(buf), left)])
+            if not n:
+                break
+            h.update(view[:n])
+            left -= n
+    return end - start - left

@@ -137,6 +137,12 @@ class Reader:
             raise WireError("connection closed mid-frame")
         return n
 
+    def take(self, n: int) -> bytes:
+        """Up to `n` of the bytes already buffered (the start of a frame's data; the rest is on the socket)."""
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
     def pending(self) -> bool:
         return bool(self.buf)
 

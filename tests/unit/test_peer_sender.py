@@ -552,3 +552,90 @@ async def test_repeated_fsyncs_of_a_growing_file_seal_the_right_bytes(tmp_path: 
         assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
         close(ns, ino, fd)
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_files_written_at_once_are_sealed_at_once_and_their_waiters_do_not_wake_each_other(tmp_path: Path) -> None:
+    """Four fsyncs waiting at once on a peer slow to seal: every seal is asked of the peer before any is answered
+    (a pump that sealed one file after another made each fsync wait for the others' seals), and the waiters sleep
+    while nothing changes (two waiters that woke each other at every wake spun the event loop for as long as they
+    waited: the sender's CPU doubled with 4 writers)."""
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    b.hang_at = "seal"
+    sender = sender_for(ns, Cluster(b), peer_timeout=30.0)
+    wakes = 0
+    notify = sender.notify
+
+    def counting() -> None:
+        nonlocal wakes
+        wakes += 1
+        notify()
+
+    sender.notify = counting  # type: ignore[method-assign]
+    asked: list[int] = []
+    seal = FakeLink.seal
+
+    async def slow_seal(self: FakeLink, ino: int, version: int, size: int, xxh3: str) -> None:
+        asked.append(ino)
+        await seal(self, ino, version, size, xxh3)
+
+    FakeLink.seal = slow_seal  # type: ignore[method-assign]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sender.run)
+            files = [create(ns, f"w{i}.bin") for i in range(4)]
+            for ino, fd in files:
+                ns.files.write(ino, fd, 0, os.urandom(1 << 20))
+            for ino, _ in files:
+                nursery.start_soon(sender.replicated, ino)
+            await wait_for(lambda: sorted(asked) == sorted(ino for ino, _ in files))
+            before = wakes
+            await trio.sleep(0.3)  # nothing changes meanwhile: the peer holds every seal
+            assert wakes - before < 10, f"{wakes - before} wakes of the fsync waiters while nothing changed"
+            assert not any(sender.is_replicated(ino) for ino, _ in files)
+            for ino, fd in files:
+                close(ns, ino, fd)
+            nursery.cancel_scope.cancel()
+    finally:
+        FakeLink.seal = seal  # type: ignore[method-assign]
+
+
+@trio_test
+async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below_them_is_hashed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copy mode (every write reported): what was sent in order is hashed as it goes, so the seal at the fsync
+    hashes only the bytes after it; a write below what was hashed throws that away, and the seal's xxh3 is the
+    file's (the peer finds no mismatch)."""
+    import ckptfs.peers.sender as sender_module
+
+    hashed: list[tuple[int, int]] = []
+    hash_into = sender_module._hash_into
+
+    def recording(h: Any, path: str, start: int, end: int) -> int:
+        hashed.append((start, end))
+        return hash_into(h, path, start, end)
+
+    monkeypatch.setattr(sender_module, "_hash_into", recording)
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "shard.pt")
+        body = os.urandom(3 << 20)
+        ns.files.write(ino, fd, 0, body)
+        await wait_for(lambda: (0, len(body)) in hashed)  # sent, then hashed
+        ns.files.write(ino, fd, len(body), b"tail")
+        hashed.clear()
+        await sender.replicated(ino)
+        assert hashed and all(start >= len(body) for start, _ in hashed), hashed  # only the tail, hashed again
+        assert b.replicas[ino].sealed[2] == xxhash.xxh3_128_hexdigest(file_bytes(ns, ino))
+
+        ns.files.write(ino, fd, 100, b"rewritten below what was hashed")
+        ns.files.write(ino, fd, len(body) + 4, b"more")
+        await sender.replicated(ino)
+        assert b.replicas[ino].sealed[2] == xxhash.xxh3_128_hexdigest(file_bytes(ns, ino))
+        assert b.mismatches == 0
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()

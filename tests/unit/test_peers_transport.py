@@ -301,9 +301,13 @@ def test_a_64_mib_file_is_replicated_byte_identical_and_survives_a_restart_of_th
     with_listener(cfg, peer_dir, after_restart)
 
 
-def test_a_replica_altered_on_the_peer_fails_its_seal_and_is_sent_again(shm: Path) -> None:
+def test_a_replica_that_differs_from_the_owners_copy_fails_its_seal_and_is_sent_again(shm: Path) -> None:
+    """The owner's file rewritten in place after its bytes went (what no size poll sees under passthrough): the
+    seal's xxh3, of the new bytes, differs from the peer's, hashed as the old ones arrived; the whole file sent
+    again seals. A replica altered on the peer's disk after it arrived is not the seal's to find (it hashes the
+    bytes as they are received): the takeover's check of each replica's xxh3 refuses it."""
     src = shm / "a-cache-file"
-    digest = _cache_file(src, 4 * MiB)
+    old_digest = _cache_file(src, 4 * MiB)
     (shm / "b").mkdir()
 
     async def body(listener: Listener, addr: str) -> None:
@@ -311,17 +315,23 @@ def test_a_replica_altered_on_the_peer_fails_its_seal_and_is_sent_again(shm: Pat
         fd = os.open(src, os.O_RDONLY)
         await link.entry(9, entry_meta("f", 1, 4 * MiB))
         await link.write(9, fd, 0, 4 * MiB)
-        await link.barrier()
-        replica = shm / "b" / "peers" / "node-a" / "9"
-        with open(replica, "r+b") as f:  # the peer's copy differs from the owner's
+        with open(src, "r+b") as f:  # rewritten in place once sent
             f.seek(MiB)
-            f.write(b"\0" * 10)
+            f.write(b"\1" * 10)
+        digest = xxhash.xxh3_128_hexdigest(src.read_bytes())
         with pytest.raises(SealMismatch, match="xxh3 of inode 9"):
             await link.seal(9, 1, 4 * MiB, digest)
         assert not listener.store.entries("node-a")[0].sealed
         await link.write(9, fd, 0, 4 * MiB)  # the whole file again: the link goes on
         await link.seal(9, 1, 4 * MiB, digest)
-        assert listener.store.entries("node-a")[0].sealed
+        entry = listener.store.entries("node-a")[0]
+        assert entry.sealed and entry.xxh3 == digest != old_digest
+        assert await trio.to_thread.run_sync(listener.store.verify, entry)
+        replica = shm / "b" / "peers" / "node-a" / "9"
+        with open(replica, "r+b") as f:  # the peer's disk alters it after the seal
+            f.seek(2 * MiB)
+            f.write(b"\0" * 10)
+        assert not await trio.to_thread.run_sync(listener.store.verify, entry)
         with pytest.raises(SealMismatch, match="holds 4194304 bytes of inode 9, the owner sealed 5000000"):
             await link.seal(9, 2, 5000000, digest)
         os.close(fd)
@@ -582,6 +592,124 @@ def test_files_sealed_at_once_by_many_tasks_on_one_link_each_get_their_own_answe
         await link.aclose()
 
     with_listener(config(), shm / "b", body)
+
+
+def test_the_peer_hashes_bytes_streamed_in_order_as_they_arrive_and_anything_else_from_its_disk(
+        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seal of a file whose bytes arrived in order reads nothing back (hashed on arrival); out-of-order writes,
+    a rewrite below what was hashed and a truncate mid-stream still give the seal the xxh3 of the bytes on the
+    peer's disk: the right digest seals, the digest of what the file was before does not."""
+    import ckptfs.peers.replicas as replicas
+
+    read_back: list[tuple[int, int]] = []
+    hash_range = replicas._hash_range
+
+    def counting(fd: int, h: Any, start: int, end: int) -> None:
+        read_back.append((start, end))
+        hash_range(fd, h, start, end)
+
+    monkeypatch.setattr(replicas, "_hash_range", counting)
+    size = 8 * MiB
+    first, second = shm / "first", shm / "second"
+    _cache_file(first, size)
+    with open(second, "wb") as f:  # other bytes at every offset
+        f.write(os.urandom(size + MiB))
+    data = {p: p.read_bytes() for p in (first, second)}
+    (shm / "b").mkdir()
+
+    def digest(*parts: bytes) -> str:
+        return xxhash.xxh3_128_hexdigest(b"".join(parts))
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        fd1, fd2 = os.open(first, os.O_RDONLY), os.open(second, os.O_RDONLY)
+        a, b = data[first], data[second]
+        try:
+            # in order, in three frames (the last one ragged): the seal reads nothing back
+            await link.entry(1, entry_meta("in-order", 1, size))
+            for start, end in ((0, 3 * MiB), (3 * MiB, 5 * MiB + 7), (5 * MiB + 7, size)):
+                await link.write(1, fd1, start, end - start)
+            read_back.clear()
+            await link.seal(1, 1, size, digest(a))
+            assert read_back == [] or all(s == e for s, e in read_back)
+            # appended after a seal: only the new bytes are hashed, on arrival
+            await link.entry(1, entry_meta("in-order", 2, size + MiB))
+            await link.write(1, fd2, size, MiB)
+            read_back.clear()
+            with pytest.raises(SealMismatch):  # the digest of other bytes
+                await link.seal(1, 2, size + MiB, digest(b[:size + MiB]))
+            await link.seal(1, 2, size + MiB, digest(a, b[size:]))
+            assert read_back == [] or all(s == e for s, e in read_back)
+
+            # the second half before the first: the seal reads the part past the in-order prefix from its disk
+            await link.entry(2, entry_meta("out-of-order", 1, size))
+            await link.write(2, fd1, size // 2, size // 2)
+            await link.write(2, fd1, 0, size // 2)
+            with pytest.raises(SealMismatch):
+                await link.seal(2, 1, size, digest(b))
+            await link.seal(2, 1, size, digest(a))
+
+            # a range below the hashed prefix rewritten: the old digest no longer seals, the new one does
+            await link.entry(3, entry_meta("rewritten", 1, size))
+            await link.write(3, fd1, size // 2, size // 2)
+            await link.write(3, fd1, 0, size // 2)
+            await link.write(3, fd2, 2 * MiB, MiB)
+            rewritten = a[:2 * MiB] + b[2 * MiB:3 * MiB] + a[3 * MiB:]
+            with pytest.raises(SealMismatch):
+                await link.seal(3, 1, size, digest(a))
+            await link.seal(3, 1, size, digest(rewritten))
+
+            # truncated mid-stream below what was hashed, then written on with other bytes
+            await link.entry(4, entry_meta("truncated", 1, 6 * MiB))
+            await link.write(4, fd1, 0, 4 * MiB)
+            await link.truncate(4, 3 * MiB)
+            await link.write(4, fd2, 3 * MiB, 3 * MiB)
+            with pytest.raises(SealMismatch):
+                await link.seal(4, 1, 6 * MiB, digest(a[:6 * MiB]))
+            await link.seal(4, 1, 6 * MiB, digest(a[:3 * MiB], b[3 * MiB:6 * MiB]))
+
+            # started over at 0 after a seal: the new bytes alone are the file's
+            await link.truncate(4, 0)
+            await link.write(4, fd2, 0, 2 * MiB)
+            await link.seal(4, 2, 2 * MiB, digest(b[:2 * MiB]))
+            for entry in listener.store.entries("node-a"):
+                assert entry.sealed and await trio.to_thread.run_sync(listener.store.verify, entry), entry.key
+        finally:
+            os.close(fd1)
+            os.close(fd2)
+            await link.aclose()
+
+    with_listener(config(), shm / "b", body)
+
+
+def test_a_listener_stopped_while_an_owner_is_silent_mid_write_stops_without_waiting_out_peer_timeout(shm: Path) -> None:
+    """A WRITE frame's bytes are received by a worker thread, which a cancel cannot interrupt: the listener's stop
+    reaches it (within a fraction of a second), so a daemon stops at once even with an owner silent mid-frame."""
+    cfg = config(peer_timeout=300.0)
+    (shm / "b").mkdir()
+
+    async def main() -> float:
+        store = ReplicaStore(cfg, str(shm / "b"))
+        listener = Listener(cfg, store, SECRET, "node-b")
+        try:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(listener.run)
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                reader = Reader(stream)
+                session = await client_handshake(stream, reader, SECRET, "node-a", "i", "node-b")
+                await stream.send_all(session.encode(Kind.ENTRY, {"ino": 1, "meta": entry_meta("f", 1, 8 * MiB)}))
+                await stream.send_all(session.encode(Kind.WRITE, {"ino": 1, "offset": 0}, 8 * MiB) + b"x" * MiB)
+                await wait_for(lambda: listener.store.held_bytes() == 8 * MiB)  # the frame is being received
+                await trio.sleep(0.5)
+                stopped = trio.current_time()
+                nursery.cancel_scope.cancel()
+            await stream.aclose()
+            return trio.current_time() - stopped
+        finally:
+            store.close()
+
+    took = trio.run(main)
+    assert took < cfg.peer_timeout / 2, f"the stop waited {took:.0f} s for the silent owner"
 
 
 def test_a_listener_run_again_keeps_its_port_or_takes_and_announces_another(shm: Path) -> None:

@@ -1,0 +1,333 @@
+"""One chosen peer of the owner's sender (peers/sender.py) and what it is owed: per file byte ranges, a truncate,
+the entry meta and a seal; the pump that sends them, and the seals beside it.
+
+Why seals run beside the pump, one task per file: a seal hashes the whole file (under passthrough it must read it
+again: the kernel may have rewritten bytes in place that no size poll sees), and a pump that sealed files one
+after another made each writer's fsync wait for the others' hashes, and every hash wait for the file's last bytes.
+A seal task starts when a file is to be sealed (an fsync, a FLUSH, a close), hashes while the pump still sends the
+file's tail (both read the page cache), then sends the seal frame once the file's bytes are out: frames leave in
+order, so the peer checks the bytes the owner hashed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+import trio
+
+from ..journal import Row
+from ..namespace import Namespace
+from .bandwidth import TokenBucket
+from .link import Held, PeerError, PeerLink, SealMismatch
+
+log = logging.getLogger(__name__)
+
+CHUNK = 16 << 20  # bytes per write frame (sendfile from the cache file)
+MAX_EXTENTS = 64  # ranges owed per file before they are merged into one covering range
+POLL_SECONDS = 0.05  # passthrough writers' sizes; a seal that found its file changing is tried again after it
+
+
+class Sender(Protocol):
+    """The owner's sender (peers/sender.py) as its channels see it."""
+
+    ns: Namespace
+    timeout: float
+    replicas: int
+    replicated_bytes: int
+    files: set[int]
+    single_since: dict[int, float]
+    bandwidth: TokenBucket
+    on_sent: Callable[[int], None]
+    clock: Callable[[], float]
+
+    def current(self, ino: int) -> tuple[Row, int, int] | None: ...
+    def holds(self, ch: "Channel", ino: int, version: int) -> bool: ...
+    def sealed_on(self, ino: int, version: int) -> int: ...
+    def meta_of(self, ino: int, row: Row, version: int, size: int) -> dict[str, Any] | None: ...
+    def next_seq(self) -> int: ...
+    def notify(self) -> None: ...
+    async def digest(self, ino: int, version: int, size: int) -> str | None: ...
+    def digest_holds(self, ino: int, version: int, xxh3: str) -> bool: ...
+    async def hash_sent(self, ino: int, start: int, end: int) -> None: ...
+    def forget_digest(self, ino: int) -> None: ...
+
+
+@dataclass
+class Owed:
+    """What one channel still has to send its peer of one file."""
+
+    since: float  # monotonic: the oldest change not yet sent
+    extents: list[list[int]] = field(default_factory=list)  # [start, end), in the order written
+    truncate_to: int | None = None  # the smallest size truncated to since the last send
+    entry: bool = True  # the entry meta (key...) to (re)send
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        last = self.extents[-1] if self.extents else None
+        if last is not None and start <= last[1] and end >= last[0]:
+            last[0], last[1] = min(last[0], start), max(last[1], end)
+        else:
+            self.extents.append([start, end])
+        if len(self.extents) > MAX_EXTENTS:
+            self.extents = [[min(e[0] for e in self.extents), max(e[1] for e in self.extents)]]
+
+    def truncate(self, size: int) -> None:
+        self.truncate_to = size if self.truncate_to is None else min(self.truncate_to, size)
+        self.extents = [[s, min(e, size)] for s, e in self.extents if s < size]
+
+
+class Channel:
+    """One chosen peer and what it is owed."""
+
+    def __init__(self, node: str, addr: str) -> None:
+        self.node, self.addr = node, addr
+        self.link: PeerLink | None = None
+        self.ready = False  # connected and its holdings learnt
+        self.failed = False
+        self.owed: dict[int, Owed] = {}
+        self.sealed: dict[int, int] = {}  # ino -> version sealed on the peer
+        self.seal_wanted: set[int] = set()
+        self.forgets: dict[int, int | None] = {}  # ino -> version durable (None: removed) to tell the peer
+        self.deletes_sent: set[int] = set()
+        self.deletes_due = True  # the queued deletes to be looked at again
+        self.entries_sent: set[int] = set()
+        self.replicated_bytes = 0
+        self.wake = trio.Event()
+        self.sealing: set[int] = set()  # files whose seal task runs (hashing, or waiting for the answer)
+        self.sending: int | None = None  # the file whose frames the pump is sending now
+        self.sent = trio.Event()  # set (and replaced) each time the pump is done with a file's frames
+        self.nursery: trio.Nursery | None = None  # the pump's and the seal tasks'
+        self.error: BaseException | None = None  # what failed the channel in one of them
+
+    def owe(self, ino: int, now: float) -> Owed:
+        owed = self.owed.get(ino)
+        if owed is None:
+            owed = self.owed[ino] = Owed(since=now)
+        self.wake.set()
+        return owed
+
+    def learn(self, s: Sender, held: dict[int, Held]) -> None:
+        """A new channel owes its peer every file not yet durable, but for those it already holds sealed at their
+        current version and size (after a restart: replicated without resending)."""
+        now = s.clock()
+        for ino in list(s.files):
+            cur = s.current(ino)
+            if cur is None:
+                continue
+            _, version, size = cur
+            h = held.get(ino)
+            if h is not None and h.sealed and h.version == version and h.size == size:
+                self.sealed[ino] = version
+                self.entries_sent.add(ino)
+                self.owe(ino, now)  # the entry again: it may have been renamed meanwhile
+                continue
+            owed = self.owe(ino, now)
+            owed.truncate(0)
+            owed.add(0, size)
+        for ino, h in held.items():
+            if ino not in s.files:
+                self.forgets[ino] = None  # durable or removed meanwhile
+        self.wake.set()
+
+    async def pump_forever(self, s: Sender) -> None:
+        while True:
+            self.wake = trio.Event()
+            if not await self.pump(s):
+                # a seal that found the file changing is tried again soon even if no callback says so
+                with trio.move_on_after(POLL_SECONDS if self.seal_wanted - self.sealing else math.inf):
+                    await self.wake.wait()
+
+    async def pump(self, s: Sender) -> bool:
+        """Send some of what the peer is owed; True if it did anything (look again before sleeping)."""
+        link = self.link
+        assert link is not None
+        did = False
+        for ino, version in list(self.forgets.items()):
+            del self.forgets[ino]
+            with trio.fail_after(s.timeout):
+                await link.forget(ino, version)
+            did = True
+        if self.deletes_due:
+            self.deletes_due = False
+            did = await self.send_deletes(s) or did
+        for ino in list(self.owed):
+            owed = self.owed.pop(ino, None)
+            if owed is None:
+                continue
+            did = True
+            self.sending = ino
+            try:
+                await self.send_owed(s, ino, owed)
+            finally:
+                self.sending = None
+                self.sent.set()
+                self.sent = trio.Event()
+        for ino in list(self.seal_wanted):
+            self.start_seal(s, ino)
+        return did
+
+    def start_seal(self, s: Sender, ino: int) -> None:
+        """Seal the file now, beside the pump: hashed while its last bytes are still being sent (both read the page
+        cache, on two cores at once); the seal frame itself waits for them (`seal`)."""
+        self.seal_wanted.add(ino)
+        if ino in self.sealing or self.nursery is None or not self.ready or self.failed:
+            self.wake.set()
+            return
+        self.sealing.add(ino)
+        self.nursery.start_soon(self._sealer, s, ino)
+
+    async def _sealer(self, s: Sender, ino: int) -> None:
+        """One file's seal, beside the pump and the other files' seals (a writer's fsync does not wait for the seals
+        of files written at the same time, one after another)."""
+        try:
+            await self.guarded(self.seal, s, ino)
+            if ino in self.seal_wanted and not self.failed:
+                await trio.sleep(POLL_SECONDS)  # it changed while hashed: looked at again soon, not at every write
+        finally:
+            self.sealing.discard(ino)
+            self.wake.set()
+
+    async def guarded(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """A task of the channel: its failure fails the channel (kept for `Sender._serve`, the other tasks cancelled)."""
+        try:
+            await fn(*args)
+        except (PeerError, OSError, trio.TooSlowError) as e:
+            if self.error is None:
+                self.error = e
+            assert self.nursery is not None
+            self.nursery.cancel_scope.cancel()
+
+    async def send_owed(self, s: Sender, ino: int, owed: Owed) -> None:
+        link = self.link
+        assert link is not None
+        cur = s.current(ino)
+        if cur is None:
+            if ino in self.entries_sent or ino in self.sealed:
+                self.forgets[ino] = None
+                self.sealed.pop(ino, None)
+                self.entries_sent.discard(ino)
+            s.files.discard(ino)
+            return
+        row, version, size = cur
+        if owed.entry or ino not in self.entries_sent:
+            # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
+            # version the peer sealed: an entry of another version would unseal its copy of the same bytes
+            held = self.sealed.get(ino) if s.holds(self, ino, version) else None
+            meta = s.meta_of(ino, row, version if held is None else held, size)
+            if meta is not None:
+                with trio.fail_after(s.timeout):
+                    await link.entry(ino, meta)
+                self.entries_sent.add(ino)
+        if row.copy_from:
+            return  # its bytes are in the bucket (a durable file renamed): the entry says where
+        if owed.truncate_to is not None:
+            with trio.fail_after(s.timeout):
+                await link.truncate(ino, owed.truncate_to)
+        await self.send_ranges(s, ino, owed.extents)
+        live = s.ns.files.live.get(ino)
+        if (live is None or live.writers == 0) and not s.holds(self, ino, version):
+            self.start_seal(s, ino)  # closed: sealed without anyone asking, so it is replicated before it drains
+
+    async def send_ranges(self, s: Sender, ino: int, extents: list[list[int]]) -> None:
+        if not extents:
+            return
+        link = self.link
+        assert link is not None
+        try:
+            fd = os.open(s.ns.cache.path(ino), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # removed meanwhile: the next pump forgets it
+        try:
+            size = os.fstat(fd).st_size
+            for start, end in extents:
+                end = min(end, size)
+                while start < end:
+                    n = min(CHUNK, end - start)
+                    await s.bandwidth.take(n)
+                    with trio.fail_after(s.timeout):
+                        await link.write(ino, fd, start, n)
+                    self.replicated_bytes += n
+                    s.replicated_bytes += n
+                    s.on_sent(n)
+                    await s.hash_sent(ino, start, start + n)
+                    start += n
+        finally:
+            os.close(fd)
+
+    async def send_deletes(self, s: Sender) -> bool:
+        """Object deletes queued by unlinks and renames of durable files, in order; done ones retired."""
+        link = self.link
+        assert link is not None
+        queued = {delete_id: key for delete_id, key, _ in s.ns.deletes}
+        did = False
+        for delete_id, key in queued.items():
+            if delete_id not in self.deletes_sent:
+                with trio.fail_after(s.timeout):
+                    await link.delete(delete_id, key, s.next_seq())
+                self.deletes_sent.add(delete_id)
+                did = True
+        for delete_id in [d for d in self.deletes_sent if d not in queued]:
+            with trio.fail_after(s.timeout):
+                await link.delete_done(delete_id)
+            self.deletes_sent.discard(delete_id)
+            did = True
+        return did
+
+    async def sent_out(self, ino: int) -> None:
+        """Until nothing of the file is owed or being sent (frames leave in order: what is sent next comes after)."""
+        while ino in self.owed or self.sending == ino:
+            await self.sent.wait()
+
+    async def seal(self, s: Sender, ino: int) -> bool:
+        """Seal the file's current version on the peer; False if there was nothing to do or it must be tried again
+        (it changed while hashed: the pump looks again after POLL_SECONDS, or at the change)."""
+        link = self.link
+        assert link is not None
+        cur = s.current(ino)
+        if cur is None:
+            self.seal_wanted.discard(ino)
+            return False
+        row, version, size = cur
+        if s.holds(self, ino, version):
+            self.seal_wanted.discard(ino)
+            return False
+        if row.copy_from:
+            await self.sent_out(ino)  # the entry naming the object its bytes are in, sent
+            with trio.fail_after(s.timeout):
+                await link.barrier()  # and arrived
+        else:
+            t0 = s.clock()
+            xxh3 = await s.digest(ino, version, size)
+            t1 = s.clock()
+            if xxh3 is None:
+                log.debug("seal of %d v%d (%d B): hashed in %.3f s, changed meanwhile", ino, version, size, t1 - t0)
+                return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
+            await self.sent_out(ino)  # its bytes go first
+            if not s.digest_holds(ino, version, xxh3):
+                return False  # changed since it was hashed: hashed again
+            t2 = s.clock()
+            try:
+                with trio.fail_after(s.timeout):
+                    await link.seal(ino, version, size, xxh3)
+                log.debug("seal of %d v%d (%d B) on %s: hashed in %.3f s, bytes sent %.3f s later, answered %.3f s later",
+                          ino, version, size, self.node, t1 - t0, t2 - t1, s.clock() - t2)
+            except SealMismatch:
+                log.info("peer %s: its copy of %s differs; sending it whole", self.node, s.ns.journal.path_of(ino))
+                s.forget_digest(ino)  # hashed whole next time, whatever was kept of it
+                owed = self.owe(ino, s.clock())
+                owed.truncate(0)
+                owed.add(0, size)
+                return True
+        self.seal_wanted.discard(ino)
+        now = s.current(ino)
+        if now is not None and now[1] == version:
+            self.sealed[ino] = version
+            if s.sealed_on(ino, version) >= s.replicas:
+                s.single_since.pop(ino, None)
+        s.notify()
+        return True
