@@ -15,6 +15,9 @@ What is measured, in one run:
   is the stream's lag behind the writer plus the seal.
   Both nodes hold their uploads back (`upload_delay = 3600`), so the S3 server's ingest is not in the
   window: the ratio is what acknowledging costs, not what draining does.
+* the floor (bench/peerfloor.py), first: the same writers on tmpfs with no ckptfs, then with each file
+  streamed by sendfile to another process that holds every byte before fsync returns; plain / that is the
+  highest ratio any implementation could reach on this machine (with and without the design's hashes).
 * the sender's CPU: the owner daemon's CPU seconds over the peer windows per GiB replicated (<= 0.3
   targeted), and the same less the local node's over the same writes (what replication adds).
 * the drain rate: `ckptfs flush` of the local node's files after its windows (bytes / seconds).
@@ -42,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import report
+from bench import peerfloor, report
 from bench.env import GiB, MiB, ROOT, BenchServer, cpu_seconds, disk_free, guarded, loadavg, log, run_writers
 from tests.support.peer_nodes import Cluster, Node, file_spec, node_loss_trial, wait_until
 
@@ -168,6 +171,9 @@ def peers(server: BenchServer, work: Path, tag: str, log: Callable[[str], None],
     out: dict[str, Any] = {"size": size, "writers": WRITERS, "tmpfs": on_tmpfs, "cores": len(os.sched_getaffinity(0)),
                            "peer_lease_ttl": TTL}
     rng = random.Random(index)
+    log(f"peers: the floor of acknowledging on a peer here (no ckptfs), 1 file of {size >> 20} MiB, then {WRITERS} writers")
+    out["floor"] = guarded(lambda: peerfloor.floor(root / "floor", size, WRITERS, CHUNK))
+    shutil.rmtree(root, ignore_errors=True)
     for part in ("local", "peer", "trials"):
         bucket = f"bench-{tag}-peers-{part}"
         shutil.rmtree(root, ignore_errors=True)

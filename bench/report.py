@@ -369,6 +369,17 @@ PEERS_FIGURES: list[Figure] = [
            "(both nodes on this machine's cores, caches on tmpfs, uploads held back)", "x", ">=", 0.6, _peers_ack("single"), True, PEERS),
     Figure("peers_ack_writers", "Peer durability: acknowledge 4 writers, durability=local / durability=peer", "x", ">=", 0.6,
            _peers_ack("writers"), True, PEERS),
+    Figure("peers_ack_floor_single", "Peer durability, the floor on this machine: 1 file written on tmpfs / the same with every byte "
+           "streamed by sendfile to another process that holds it before fsync returns (no ckptfs, no checks: bench/peerfloor.py); "
+           "no implementation's peers_ack_single can pass it here", "x", "", None,
+           lambda run, meta: _get(run, "peers", "floor", "single", "ratio_none"), False, ("peers.floor",)),
+    Figure("peers_ack_floor_writers", "Peer durability, the floor on this machine: 4 writers (as peers_ack_floor_single)", "x", "", None,
+           lambda run, meta: _get(run, "peers", "floor", "writers", "ratio_none"), False, ("peers.floor",)),
+    Figure("peers_ack_floor_hashed_single", "Peer durability, the floor with the checks the design needs (the receiver hashes what "
+           "arrives, the sender reads its file back and hashes it at the seal): 1 file", "x", "", None,
+           lambda run, meta: _get(run, "peers", "floor", "single", "ratio_hashed"), False, ("peers.floor",)),
+    Figure("peers_ack_floor_hashed_writers", "Peer durability, the floor with the checks the design needs: 4 writers", "x", "", None,
+           lambda run, meta: _get(run, "peers", "floor", "writers", "ratio_hashed"), False, ("peers.floor",)),
     Figure("peers_cpu_sender", "Peer durability: the sending daemon's CPU seconds per GiB replicated (all of its CPU over the windows)",
            "s/GiB", "<=", 0.3, _peers_cpu(False), False, PEERS[1:]),
     Figure("peers_cpu_added", "Peer durability: the sending daemon's CPU per GiB, less a local node's for the same writes", "s/GiB", "", None,

@@ -106,7 +106,10 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
 
     # peer durability (bench/peers.py): a local node, a pair, the node-loss trials
     peers = run["peers"]
-    assert {"local", "peer", "trials"} <= set(peers) and "error" not in peers["local"], peers
+    assert {"floor", "local", "peer", "trials"} <= set(peers) and "error" not in peers["local"], peers
+    # the floor (bench/peerfloor.py) ran: both ratios measured, with and without the hashes
+    assert "error" not in peers["floor"], peers["floor"]
+    assert all(0 < peers["floor"][p][f"ratio_{c}"] for p in ("single", "writers") for c in ("none", "hashed")), peers["floor"]
     assert peers["local"]["drain"]["flush_s"] > 0
 
     figures = {f["id"]: f for f in result["figures"]}
