@@ -18,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tests.support.seaweed import SeaweedServer, free_port
 
@@ -126,10 +126,12 @@ class WriteResult:
     per_writer: list[dict[str, float]]
 
 
-def run_writers(paths: list[Path], size: int, chunk: int) -> WriteResult:
-    """Write `size` bytes to each path from its own process, all starting at once; fsync and close each."""
+def run_writers(paths: list[Path], size: int, chunk: int, command: Sequence[str] = ("-m", "bench.writer"),
+                extra: Sequence[str] = ()) -> WriteResult:
+    """Write `size` bytes to each path from its own process, all starting at once; fsync and close each.
+    `command`, `extra`: another writer speaking bench/writer.py's protocol (`python COMMAND PATH SIZE CHUNK EXTRA...`)."""
     procs = [
-        subprocess.Popen([sys.executable, "-m", "bench.writer", str(p), str(size), str(chunk)],
+        subprocess.Popen([sys.executable, *command, str(p), str(size), str(chunk), *extra],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         for p in paths
     ]

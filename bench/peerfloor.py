@@ -31,7 +31,8 @@ from typing import Any
 
 import xxhash
 
-from bench.env import GiB, MiB, ROOT, run_writers
+from bench import writer
+from bench.env import MiB, ROOT, run_writers
 
 HEADER = 8  # the file's size, then its bytes, then (with checks) its xxh3-128 digest
 DIGEST = 16
@@ -104,8 +105,7 @@ def write_replicated(path: str, size: int, chunk: int, port: int, checks: bool) 
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(size.to_bytes(HEADER, "little"))
-    buf = bytearray(os.urandom(min(chunk, max(size, 1))))
-    view = memoryview(buf)
+    buf = writer.chunk_buffer(size, chunk)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     rfd = os.open(path, os.O_RDONLY)
     failed: list[BaseException] = []
@@ -126,14 +126,7 @@ def write_replicated(path: str, size: int, chunk: int, port: int, checks: bool) 
     sender = threading.Thread(target=stream)
     sender.start()
     try:
-        offset = 0
-        while offset < size:
-            n = min(len(buf), size - offset)
-            buf[:8] = offset.to_bytes(8, "little")
-            done = 0
-            while done < n:
-                done += os.write(fd, view[done:n])
-            offset += n
+        writer.write_stamped(fd, size, buf)
         written = time.monotonic()
         os.fsync(fd)
         sender.join()
@@ -160,37 +153,6 @@ def write_replicated(path: str, size: int, chunk: int, port: int, checks: bool) 
     return {"started": started, "written": written, "fsynced": fsynced, "closed": closed}
 
 
-def _writers(paths: list[Path], size: int, chunk: int, port: int, checks: bool) -> float:
-    """Seconds from the first writer's start to the last one's close, every writer its own process started at once."""
-    procs = [subprocess.Popen([sys.executable, "-m", "bench.peerfloor", "write", str(p), str(size), str(chunk), str(port),
-                               "hashed" if checks else "none"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-             for p in paths]
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            if p.stdout.readline().strip() != "ready":
-                raise RuntimeError("a floor writer did not start")
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        results = []
-        for p in procs:
-            assert p.stdout is not None
-            line = p.stdout.readline()
-            p.wait()
-            r = json.loads(line) if line.strip() else {"error": f"a floor writer exited with {p.returncode}"}
-            if "error" in r:
-                raise RuntimeError(r["error"])
-            results.append(r)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return max(r["closed"] for r in results) - min(r["started"] for r in results)
-
-
 def floor(root: Path, size: int, writers: int, chunk: int) -> dict[str, Any]:
     """plain (no peer), then the floor with no checks and with the hashes, each for 1 file and `writers` at once."""
     out: dict[str, Any] = {}
@@ -209,7 +171,8 @@ def floor(root: Path, size: int, writers: int, chunk: int) -> dict[str, Any]:
             try:
                 assert peer.stdout is not None and peer.stdin is not None
                 port = int(peer.stdout.readline())
-                row[f"{name}_s"] = _writers([d / f"w{i}" for i in range(count)], each, chunk, port, checks)
+                row[f"{name}_s"] = run_writers([d / f"w{i}" for i in range(count)], each, chunk, ("-m", "bench.peerfloor", "write"),
+                                               (str(port), name)).ack_seconds
                 peer.stdin.close()
                 peer.wait(timeout=60)
             finally:

@@ -19,20 +19,29 @@ import sys
 import time
 
 
-def write_file(path: str, size: int, chunk: int) -> dict[str, float]:
-    buf = bytearray(os.urandom(min(chunk, max(size, 1))))
+def chunk_buffer(size: int, chunk: int) -> bytearray:
+    return bytearray(os.urandom(min(chunk, max(size, 1))))
+
+
+def write_stamped(fd: int, size: int, buf: bytearray) -> None:
+    """`size` bytes of `buf` over and over, each chunk's offset stamped into its first 8 bytes."""
     view = memoryview(buf)
+    offset = 0
+    while offset < size:
+        n = min(len(buf), size - offset)
+        buf[:8] = offset.to_bytes(8, "little")
+        done = 0
+        while done < n:
+            done += os.write(fd, view[done:n])
+        offset += n
+
+
+def write_file(path: str, size: int, chunk: int) -> dict[str, float]:
+    buf = chunk_buffer(size, chunk)
     started = time.monotonic()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        offset = 0
-        while offset < size:
-            n = min(len(buf), size - offset)
-            buf[:8] = offset.to_bytes(8, "little")
-            done = 0
-            while done < n:
-                done += os.write(fd, view[done:n])
-            offset += n
+        write_stamped(fd, size, buf)
         written = time.monotonic()
         os.fsync(fd)
         fsynced = time.monotonic()
