@@ -23,9 +23,10 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from ..peering import PeerOptionError, parse_addr
-from .wire import REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, Reader, SealMismatch, Session, WireError, client_handshake
+from .wire import (REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, PeerUnreachable, Reader, SealMismatch, Session, WireError,
+                   client_handshake)
 
-__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "SealMismatch"]
+__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "PeerUnreachable", "SealMismatch"]
 
 SENDFILE_CHUNK = 8 << 20  # per worker thread call: what a cancel may have to wait for
 ZEROS = bytes(1 << 16)
@@ -89,7 +90,8 @@ class PeerLink:
             raise PeerError(f"{where} refused: {e}") from None
         except (OSError, trio.BrokenResourceError) as e:
             await _close(stream)
-            raise PeerError(f"{where} cannot be reached: {getattr(e, 'strerror', None) or e}") from None
+            why = f"{where} cannot be reached: {getattr(e, 'strerror', None) or e}"
+            raise (PeerUnreachable(why) if stream is None else PeerError(why)) from None
         except BaseException:
             await _close(stream)
             raise

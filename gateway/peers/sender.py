@@ -36,13 +36,14 @@ from ..namespace import Namespace, under
 from ..patterns import Patterns
 from .bandwidth import TokenBucket
 from .channel import POLL_SECONDS, Channel
-from .link import PeerError, PeerLink
+from .link import PeerError, PeerLink, PeerUnreachable
 
 log = logging.getLogger(__name__)
 
 # bytes per read when hashing: small enough that the bytes are still in the CPU's cache when xxh3 reads them (a
 # 16 MiB buffer sends every byte through memory twice: measured 0.22 against 0.17 s CPU per GiB on /dev/shm)
 HASH_BUFFER = 1 << 20
+CONNECT_RETRY_SECONDS = 0.05  # the first wait before a refused connection is tried again (doubling to 1 s)
 HOUSEKEEPING_SECONDS = 1.0  # queued deletes looked at, missing channels filled
 
 
@@ -66,6 +67,19 @@ class Hashed:
     size: int
     stat: tuple[int, int]  # (st_size, st_mtime_ns) of the cache file when hashed
     xxh3: str
+
+
+async def connect(open_link: LinkOpener, node: str, addr: str) -> PeerLink:
+    """A link to `node`, a refused connection tried again until the caller's deadline (peer_timeout): a peer's
+    listener that restarts (the supervisor waits 0.5 s and more) refuses for a moment, and the fsyncs waiting
+    on the channel would otherwise be acknowledged single-copy for a whole peer_timeout."""
+    delay = CONNECT_RETRY_SECONDS
+    while True:
+        try:
+            return await open_link(node, addr)
+        except PeerUnreachable:
+            await trio.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
 
 class Sender:
@@ -399,7 +413,7 @@ class Sender:
         failed = again = False
         try:
             with trio.fail_after(self.timeout):
-                ch.link = await self.open_link(ch.node, ch.addr)
+                ch.link = await connect(self.open_link, ch.node, ch.addr)
                 held = await ch.link.holdings()
             ch.learn(self, held)
             ch.ready = True

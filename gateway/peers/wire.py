@@ -58,6 +58,11 @@ class PeerError(Exception):
     """The peer cannot be used: connection lost, timed out, handshake refused (the message is one line)."""
 
 
+class PeerUnreachable(PeerError):
+    """Nothing accepted the connection at the peer's address (refused, no route): a listener restarting is so
+    for a moment, a node gone for good until its lease runs out."""
+
+
 class PeerFull(PeerError):
     """The peer's `peer_capacity` (or its disk) is full: try the next candidate."""
 

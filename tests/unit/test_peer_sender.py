@@ -639,3 +639,34 @@ async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below
         assert b.mismatches == 0
         close(ns, ino, fd)
         nursery.cancel_scope.cancel()
+
+
+def test_a_refused_connection_is_tried_again_until_the_deadline_a_refused_handshake_is_not() -> None:
+    """A peer's listener restarting refuses connections for a moment (its supervisor waits 0.5 s and more): the
+    channel tries again within peer_timeout rather than resting the peer, which would acknowledge the waiting
+    fsyncs single-copy. A handshake the peer refused (another secret) is an answer: not tried again."""
+    from ckptfs.peers.link import PeerError, PeerUnreachable
+    from ckptfs.peers.sender import connect
+
+    calls: list[str] = []
+
+    async def refused_twice(node: str, addr: str) -> Any:
+        calls.append(node)
+        if len(calls) < 3:
+            raise PeerUnreachable(f"peer {node} at {addr} cannot be reached: Connection refused")
+        return "link"
+
+    async def wrong_secret(node: str, addr: str) -> Any:
+        calls.append(node)
+        raise PeerError(f"peer {node} at {addr} refused the connection during the handshake")
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            assert await connect(refused_twice, "b", "127.0.0.1:1") == "link"
+        assert calls == ["b", "b", "b"]
+        calls.clear()
+        with pytest.raises(PeerError, match="handshake"):
+            await connect(wrong_secret, "b", "127.0.0.1:1")
+        assert calls == ["b"]
+
+    trio.run(main)
