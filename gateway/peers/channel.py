@@ -175,11 +175,15 @@ class Channel:
         """Seal the file now, beside the pump: hashed while its last bytes are still being sent (both read the page
         cache, on two cores at once); the seal frame itself waits for them (`seal`)."""
         self.seal_wanted.add(ino)
-        if ino in self.sealing or self.nursery is None or not self.ready or self.failed:
+        if ino in self.sealing or self.nursery is None or not self.ready or self.failed or self.error is not None:
+            self.wake.set()
+            return
+        try:
+            self.nursery.start_soon(self._sealer, s, ino)
+        except RuntimeError:  # the channel is ending (its tasks cancelled, not yet marked failed): the next one seals it
             self.wake.set()
             return
         self.sealing.add(ino)
-        self.nursery.start_soon(self._sealer, s, ino)
 
     async def _sealer(self, s: Sender, ino: int) -> None:
         """One file's seal, beside the pump and the other files' seals (a writer's fsync does not wait for the seals
