@@ -47,6 +47,24 @@ def read_whole(fd: int, size: int) -> bytes:
     return data
 
 
+HASH_BUFFER = 1 << 20  # small enough that the bytes are still in the CPU's cache when the hash reads them
+
+
+def hash_range(h: "xxhash.xxh3_128", fd: int, start: int, end: int) -> int:
+    """Feed bytes [start, end) of the open file to `h`; returns how many there were (fewer: the file is shorter
+    now). Through one reused buffer: a fresh bytes per read costs ~15% more CPU, a 16 MiB one sends every byte
+    through memory twice (0.22 against 0.17 s per GiB); not mmap: a truncate meanwhile is SIGBUS."""
+    view = memoryview(bytearray(min(HASH_BUFFER, max(end - start, 1))))
+    offset = start
+    while offset < end:
+        n = os.preadv(fd, [view[:min(len(view), end - offset)]], offset)
+        if not n:
+            break
+        h.update(view[:n])
+        offset += n
+    return offset - start
+
+
 def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tuple[str, list[str]]:
     """One pass over the cached bytes: the whole file's xxh3-128 and each part's CRC32."""
     h = xxhash.xxh3_128()

@@ -31,8 +31,8 @@ import xxhash
 from ..config import auto_min_free
 from ..dbconnection import Connection
 from ..peering import NODE_NAME
+from ..upload import hash_range
 
-HASH_CHUNK = 4 << 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS replicas (
@@ -344,12 +344,10 @@ class ReplicaStore:
         over at 0): the seal then reads from the disk only what was not streamed in order. The caller updates the
         state and its `upto` after each write that reached the file, and stops at the first one that did not."""
         with self._lock:
-            hashed = self._hashed.get((owner, ino))
+            self.wrote(owner, ino, offset)
             if offset == 0:
-                hashed = self._hashed[(owner, ino)] = _Hashed(xxhash.xxh3_128(), 0)
-            elif hashed is not None and offset < hashed.upto:
-                del self._hashed[(owner, ino)]
-                return None
+                self._hashed[(owner, ino)] = _Hashed(xxhash.xxh3_128(), 0)
+            hashed = self._hashed.get((owner, ino))
             return hashed if hashed is not None and hashed.upto == offset else None
 
     def truncate(self, owner: str, ino: int, size: int) -> None:
@@ -423,10 +421,5 @@ class ReplicaStore:
 
 
 def _hash_range(fd: int, h: Any, start: int, end: int) -> None:
-    offset = start
-    while offset < end:
-        data = os.pread(fd, min(HASH_CHUNK, end - offset), offset)
-        if not data:
-            raise OSError(errno.EIO, f"replica file shorter than {end} bytes")
-        h.update(data)
-        offset += len(data)
+    if hash_range(h, fd, start, end) != end - start:
+        raise OSError(errno.EIO, f"replica file shorter than {end} bytes")

@@ -120,27 +120,7 @@ class Reader:
 
     async def exactly(self, n: int) -> bytes:
         await self.fill(n)
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    async def into(self, view: memoryview) -> int:
-        """Receive up to len(view) bytes into `view` (buffered ones first), at least one."""
-        if self.buf:
-            n = min(len(view), len(self.buf))
-            view[:n] = self.buf[:n]
-            del self.buf[:n]
-            return n
-        sock = getattr(self.stream, "socket", None)
-        if sock is not None:  # straight into the caller's buffer: one copy less
-            n = await sock.recv_into(view, len(view))
-        else:
-            chunk = await self.stream.receive_some(len(view))
-            n = len(chunk)
-            view[:n] = chunk
-        if not n:
-            raise WireError("connection closed mid-frame")
-        return n
+        return self.take(n)
 
     def take(self, n: int) -> bytes:
         """Up to `n` of the bytes already buffered (the start of a frame's data; the rest is on the socket)."""

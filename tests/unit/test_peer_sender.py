@@ -610,13 +610,13 @@ async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below
     import ckptfs.peers.sender as sender_module
 
     hashed: list[tuple[int, int]] = []
-    hash_into = sender_module._hash_into
+    hash_range = sender_module.hash_range
 
-    def recording(h: Any, path: str, start: int, end: int) -> int:
+    def recording(h: Any, fd: int, start: int, end: int) -> int:
         hashed.append((start, end))
-        return hash_into(h, path, start, end)
+        return hash_range(h, fd, start, end)
 
-    monkeypatch.setattr(sender_module, "_hash_into", recording)
+    monkeypatch.setattr(sender_module, "hash_range", recording)
     ns = make_ns(tmp_path)
     b = FakePeer("b")
     sender = sender_for(ns, Cluster(b))
