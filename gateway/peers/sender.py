@@ -31,8 +31,10 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 import trio
 import xxhash
 
+from ..cache import mtimes_change_after_stat
 from ..journal import DURABLE, Row
 from ..namespace import Namespace, under
+from ..namespace.files import MTIME_SETTLED_NS
 from ..patterns import Patterns
 from ..upload import hash_range
 from .bandwidth import TokenBucket
@@ -59,12 +61,16 @@ LinkOpener = Callable[[str, str], Awaitable[PeerLink]]  # (node, addr) -> a conn
 class Hashed:
     """The last xxh3 taken of a file, and of which bytes: its version and size, and its cache file's size and mtime
     then. While the cache file still has that size and mtime (and no write callback came), the peers sealed at that
-    version hold the file's bytes, even if a passthrough close or fsync has counted a new version since."""
+    version hold the file's bytes, even if a passthrough close or fsync has counted a new version since: but only
+    if that mtime proves it (`proof`). On a kernel whose mtimes come from a coarse clock (before Linux 6.13's
+    multigrain timestamps), a rewrite in place within the same tick as the hash leaves size and mtime as they were,
+    so an mtime younger than a tick when hashed proves nothing about the bytes a later version holds."""
 
     version: int
     size: int
     stat: tuple[int, int]  # (st_size, st_mtime_ns) of the cache file when hashed
     xxh3: str
+    proof: bool = True  # an unchanged stat proves unchanged bytes (see above): Sender.fine_mtimes, or an mtime a tick old
 
 
 async def connect(open_link: LinkOpener, node: str, addr: str) -> PeerLink:
@@ -112,6 +118,7 @@ class Sender:
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._digest_threads = trio.CapacityLimiter(2)
+        self.fine_mtimes = mtimes_change_after_stat(ns.cache.data_dir)
         ns.files.on_bytes = self._on_bytes
         ns.files.on_truncate = self._on_truncate
         ns.tree.on_paths_changed = self._on_paths_changed
@@ -150,7 +157,7 @@ class Sender:
             st = os.stat(self.ns.cache.path(ino))
         except OSError:
             return set()
-        return {version, h.version} if (st.st_size, st.st_mtime_ns) == h.stat else set()
+        return set() if (st.st_size, st.st_mtime_ns) != h.stat else {version, h.version} if h.proof else {version}
 
     def forget_digest(self, ino: int) -> None:
         self._hashed.pop(ino, None)
@@ -501,6 +508,7 @@ class Sender:
         stat = (st.st_size, st.st_mtime_ns)
         if st.st_size != size:
             return None
+        proof = self.fine_mtimes or time.time_ns() - st.st_mtime_ns >= MTIME_SETTLED_NS
         known = self._hashed.get(ino)
         if known is not None and (known.version, known.size, known.stat) == (version, size, stat):
             return known.xxh3
@@ -522,7 +530,7 @@ class Sender:
         cur = self.current(ino)
         if (after.st_size, after.st_mtime_ns) != stat or cur is None or cur[1] != version or cur[2] != size:
             return None
-        self._hashed[ino] = Hashed(version, size, stat, value)
+        self._hashed[ino] = Hashed(version, size, stat, value, proof)
         if ino in self._pt_sizes:
             self._prefix.pop(ino, None)
         else:

@@ -493,6 +493,48 @@ async def test_passthrough_writes_are_polled_and_a_close_without_new_bytes_needs
 
 
 @trio_test
+async def test_a_rewrite_in_place_within_the_mtime_tick_of_the_seal_is_sealed_again_on_a_coarse_clock(tmp_path: Path) -> None:
+    """Issue 42 case 10: on a kernel whose mtimes come from a coarse clock (before multigrain timestamps), a passthrough
+    rewrite in place of the same size within the tick of the seal's hash leaves size and mtime unchanged. A version
+    counted afterwards (fs.py: the recorded mtime was too young to prove anything) must be sealed again, not taken
+    as the bytes the peer holds."""
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    sender.fine_mtimes = False  # as on Linux before 6.13 (this machine's kernel gives fine mtimes after a stat)
+    writing: set[int] = set()
+    sender.passthrough_inos = lambda: list(writing)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "pt.bin")
+        writing.add(ino)
+        ns.files.changed_behind(ino, None, None)
+        os.pwrite(fd, os.urandom(100_000), 0)
+        st = os.fstat(fd)
+        ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns)  # fs.py at fsync
+        await sender.replicated(ino)
+        assert sender.is_replicated(ino)
+        os.pwrite(fd, b"rewritten", 500)  # the kernel rewrites in place, same size ...
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... within the same coarse tick: the mtime as it was
+        ns.files.changed_behind(ino, st.st_size, st.st_mtime_ns + 1)  # fs.py at close: a new version (mtime too young)
+        assert not sender.is_replicated(ino)  # the peer's sealed copy is not proven to hold these bytes
+        await sender.replicated(ino)
+        assert bytes(b.replicas[ino].data) == file_bytes(ns, ino)
+        writing.discard(ino)
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+def test_this_kernel_is_probed_for_fine_mtimes(tmp_path: Path) -> None:
+    """The probe leaves nothing in the directory it is given; where it cannot tell, it assumes the coarse clock."""
+    from ckptfs.cache import mtimes_change_after_stat
+
+    mtimes_change_after_stat(tmp_path)
+    assert mtimes_change_after_stat(tmp_path / "missing") is False  # cannot tell: the coarse clock assumed
+    assert list(tmp_path.iterdir()) == []
+
+
+@trio_test
 async def test_a_file_made_by_mknod_is_replicated(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     b = FakePeer("b")
