@@ -175,7 +175,9 @@ class Channel:
         """Seal the file now, beside the pump: hashed while its last bytes are still being sent (both read the page
         cache, on two cores at once); the seal frame itself waits for them (`seal`)."""
         self.seal_wanted.add(ino)
-        if ino in self.sealing or self.nursery is None or not self.ready or self.failed or self.error is not None:
+        if ino in self.sealing:
+            return  # its task wakes the pump when it ends; a wake now would spin the pump for as long as the seal waits
+        if self.nursery is None or not self.ready or self.failed or self.error is not None:
             self.wake.set()
             return
         try:

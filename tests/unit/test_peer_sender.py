@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import xxhash
 
 from ckptfs.journal import ROOT_INODE
@@ -314,8 +315,7 @@ async def test_a_connection_the_peer_closed_is_opened_again_at_once_not_degraded
         b.lose_at = "write"
         ino, fd = create(ns, "f")
         ns.files.write(ino, fd, 0, os.urandom(50_000))
-        with trio.fail_after(10):  # well inside peer_timeout: no rest
-            await sender.replicated(ino)
+        await sender.replicated(ino)  # a rest would wait out peer_timeout, then degrade: counted below
         assert sender.degraded_writes == 0 and sender.is_replicated(ino)
         assert b.links == 2 and bytes(b.replicas[ino].data) == file_bytes(ns, ino)
         close(ns, first, ffd)
@@ -632,9 +632,18 @@ async def test_files_written_at_once_are_sealed_at_once_and_their_waiters_do_not
             for ino, _ in files:
                 nursery.start_soon(sender.replicated, ino)
             await wait_for(lambda: sorted(asked) == sorted(ino for ino, _ in files))
+            # nothing changes meanwhile (the peer holds every seal): every task comes to rest. Waiters that woke each
+            # other would keep one runnable for ever, and this would not return (the guard is for a hang, not a bound)
+            with trio.fail_after(120):
+                await trio.testing.wait_all_tasks_blocked()
             before = wakes
-            await trio.sleep(0.3)  # nothing changes meanwhile: the peer holds every seal
-            assert wakes - before < 10, f"{wakes - before} wakes of the fsync waiters while nothing changed"
+            await trio.sleep(0.2)  # the sender's own loop goes round a few times
+            with trio.fail_after(120):
+                await trio.testing.wait_all_tasks_blocked()  # and all is at rest again, no waiter woken meanwhile
+            assert wakes == before, f"{wakes - before} wakes of the fsync waiters while nothing changed"
+            # at rest while the seals still wait on the peer (a pump that woke itself at every look at the seals it
+            # waits for came to rest only once peer_timeout failed the channel)
+            assert "b" in sender.channels and not sender.channels["b"].failed
             assert not any(sender.is_replicated(ino) for ino, _ in files)
             for ino, fd in files:
                 close(ns, ino, fd)
