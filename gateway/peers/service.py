@@ -51,6 +51,9 @@ class Peers:
         self._reconciling = False
         # mount-relative checkpoint paths a takeover uploaded files into (the daemon: the lifecycle tracker)
         self.on_taken_over: list[Callable[[list[str]], None]] = self.takeover.on_taken_over
+        # checkpoints of an owner another holder took over, noted here (their files durable before the loss): the
+        # sweep hands them over before it drops that owner's replicas (the daemon: the lifecycle tracker too)
+        self.on_checkpoints: list[Callable[[list[str]], None]] = self.sweep.on_checkpoints
         # the counters metrics.py declares for the peers (peers-surface); absent there, nothing is counted
         sent, degraded = getattr(metrics, "peer_replicated_bytes", None), getattr(metrics, "peer_degraded_writes", None)
         takeovers = getattr(metrics, "peer_takeovers", None)
