@@ -28,9 +28,11 @@ uploaded. Every object ckptfs writes now carries provenance, so between ckptfs n
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 
-from .objects import ObjectInfo
+from .objects import NO_OBJECT, PRECONDITION, ObjectInfo, StoreError
+from .storeapi import LifecycleStore
 from .upload import XXH3_META
 
 # user metadata keys (x-amz-meta-...): lower case, as S3 returns them
@@ -115,3 +117,24 @@ def written_by(node: str, journal: str, info: ObjectInfo) -> bool | None:
     if theirs is None:
         return None
     return (theirs.node, theirs.journal) == (node, journal)
+
+
+def store_refuses_stale_writes(store: LifecycleStore, key_of_probe: str) -> bool:
+    """Whether the store honours `If-None-Match: *` (and so fences a stale write with 412), asked once at mount: a probe
+    object written twice with the condition (the second must be refused), then deleted. Blocking; StoreError when
+    the store cannot be asked (the caller says it could not tell)."""
+    key = f"{key_of_probe}{uuid.uuid4().hex}"
+    store.put_bytes(key, b"{}", if_none_match=True)
+    try:
+        store.put_bytes(key, b"{}", if_none_match=True)
+        return False
+    except StoreError as e:
+        if e.kind != PRECONDITION:
+            raise
+        return True
+    finally:
+        try:
+            store.delete(key)
+        except StoreError as e:
+            if e.kind != NO_OBJECT:
+                raise

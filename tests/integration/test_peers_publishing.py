@@ -22,6 +22,7 @@ import pytest
 
 from ckptfs.config import Config
 from ckptfs.objects import PRECONDITION, StoreError, crc32_b64
+from ckptfs.publishing import store_refuses_stale_writes
 from ckptfs.store import Store
 from tests.conftest import fuse_usable
 from tests.support.peer_nodes import Cluster, Node, wait_until
@@ -116,6 +117,7 @@ def test_seaweedfs_refuses_a_conditional_write_whose_condition_no_longer_holds(s
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
     store = Store(Config(bucket=bucket, endpoint_url=s3.endpoint_url))
+    assert store_refuses_stale_writes(store, "probe/") is True  # what the mount asks (and logs when False)
     body = b"the first writer"
     crc = crc32_b64(zlib.crc32(body))
     first = store.put_object_body("k/a", body, crc, {}, if_none_match=True)

@@ -184,3 +184,19 @@ def test_a_store_answers_conditions_as_s3_does() -> None:
     assert e.value.kind == PRECONDITION
     store.put_object_body("k", b"new", crc32_b64(zlib.crc32(b"new")), {}, if_match=etag)
     assert store.objects["k"].body == b"new"
+
+
+def test_the_mount_says_whether_the_store_fences_stale_writes() -> None:
+    """`store_refuses_stale_writes` (asked once at mount, logged as an error when False): a store that answers the
+    second create-only write with 412 fences; one that ignores the condition does not. The probe leaves nothing."""
+    from ckptfs.publishing import store_refuses_stale_writes
+
+    class Ignoring(MemoryStore):
+        def put_bytes(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None,
+                      content_type: str = "application/json") -> str:
+            return super().put_bytes(key, body, content_type=content_type)
+
+    honours, ignores = MemoryStore(), Ignoring()
+    assert store_refuses_stale_writes(honours, "p/.ckptfs/probe-") is True
+    assert store_refuses_stale_writes(ignores, "p/.ckptfs/probe-") is False
+    assert honours.objects == {} and ignores.objects == {}
