@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 import xxhash
 
 from ckptfs.objects import PRECONDITION, ObjectInfo, StoreError, crc32_b64
@@ -200,3 +201,37 @@ def test_the_mount_says_whether_the_store_fences_stale_writes() -> None:
     assert store_refuses_stale_writes(honours, "p/.ckptfs/probe-") is True
     assert store_refuses_stale_writes(ignores, "p/.ckptfs/probe-") is False
     assert honours.objects == {} and ignores.objects == {}
+
+
+def test_a_node_back_keeps_its_rewrite_of_the_same_second_and_the_drain_writes_provenance(tmp_path: Path) -> None:
+    """Reconcile (gateway/peers/reconcile.py) by the same rule. The real drain uploads v1 (with its provenance); v2 is
+    written and closed within the same second (LastModified has whole seconds) and never reached the bucket (not
+    replicated: the taker had nothing of it). Back after the takeover, the node's v2 is its own newer version, left
+    to its drain, not "another node's write since" to be dropped for the bucket's v1."""
+    from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE
+    from ckptfs.peers.reconcile import Reconcile, ReconcileReport
+    from tests.unit.test_drain_faults import drain_until, drainer, namespace
+
+    ns, store = namespace(tmp_path), MemoryStore()
+    step = ns.tree.mkdir(ROOT_INODE, "step_8", 0o755, 0, 0)
+    from tests.unit.test_journal import write_file
+
+    ino = write_file(ns, step.ino, "w.pt", b"v1" * 1000)
+    drain_until(drainer(ns, store), lambda: ns.journal.get(ino).state == DURABLE)  # type: ignore[union-attr]
+    obj = store.objects["p/step_8/w.pt"]
+    mine = provenance_of(obj.metadata)
+    assert mine is not None and (mine.ino, mine.journal) == (ino, ns.journal.journal_id), "the drain wrote no provenance"
+    fd = ns.files.open(ino, write=True)
+    ns.files.write(ino, fd, 0, b"v2" * 1000)
+    os.close(fd)
+    ns.files.release(ino, write=True)
+    row = ns.journal.get(ino)
+    assert row is not None and row.state == DIRTY and row.closed_at
+    obj.mtime = float(int(row.closed_at))  # v1's LastModified: the second v2 was closed in
+
+    report = ReconcileReport("b")
+    trio.run(Reconcile(ns.cfg, ns, store, None)._files, report, row.closed_at + 5)  # type: ignore[arg-type]
+
+    assert report.bucket_won == [], "this node's own newer version was dropped for its older upload"
+    assert report.left_to_drain == ["p/step_8/w.pt"]
+    assert ns.journal.get(ino).state == DIRTY  # type: ignore[union-attr]
