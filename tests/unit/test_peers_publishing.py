@@ -235,3 +235,37 @@ def test_a_node_back_keeps_its_rewrite_of_the_same_second_and_the_drain_writes_p
     assert report.bucket_won == [], "this node's own newer version was dropped for its older upload"
     assert report.left_to_drain == ["p/step_8/w.pt"]
     assert ns.journal.get(ino).state == DIRTY  # type: ignore[union-attr]
+
+
+def test_a_lost_nodes_checkpoint_is_never_committed_over_a_temporary_name(tmp_path: Path) -> None:
+    """The taker's tracker (Tracker.taken_over) commits a lost node's checkpoint only complete: DCP's `.metadata.tmp`
+    in the bucket without `.metadata` (the rename never reached it) is not committed; once `.metadata` is there under
+    its final name (a later takeover hands the checkpoint over again), it is."""
+    from types import SimpleNamespace
+
+    from ckptfs.lifecycle.manifest import MANIFEST, read_manifest
+    from ckptfs.lifecycle.tracker import Tracker
+    from ckptfs.patterns import Patterns
+    from tests.unit.test_journal import make_ns
+
+    (tmp_path / "taker").mkdir()
+    ns = make_ns(tmp_path / "taker", checkpoint_quiet_seconds=0, checkpoint_tags=False)
+    store = MemoryStore()
+    old = time.time() - 100
+    for name, body in (("__0_0.distcp", os.urandom(1000)), (".metadata.tmp", b"{}")):
+        store.objects[f"p/step_9/{name}"] = StoredObject(body, f"e-{name}", {XXH3_META: digest(body)}, mtime=old)
+
+    async def io(fn, *args):  # type: ignore[no-untyped-def]
+        return await trio.to_thread.run_sync(fn, *args)
+
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys, cfg=ns.cfg, store=store, io=io, on_commit=[])
+    tracker = Tracker(lc, str(tmp_path / "taker"))  # type: ignore[arg-type]
+    tracker.taken_over(["step_9"])
+    trio.run(tracker.tick)
+    assert read_manifest(store, f"p/step_9/{MANIFEST}") is None, "committed over a temporary name"
+
+    store.objects["p/step_9/.metadata"] = store.objects.pop("p/step_9/.metadata.tmp")
+    tracker.taken_over(["step_9"])
+    trio.run(tracker.tick)
+    manifest = read_manifest(store, f"p/step_9/{MANIFEST}")
+    assert manifest is not None and sorted(f["path"] for f in manifest.files) == [".metadata", "__0_0.distcp"]
