@@ -52,6 +52,8 @@ from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
 from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError
 from .storeapi import ObjectStore
+from .peering import node_name_of
+from .publishing import Provenance
 from .upload import XXH3_META, Abandoned, file_digests, put_whole
 
 log = logging.getLogger(__name__)
@@ -337,7 +339,12 @@ class Drainer:
         async with self.hashing:
             xxh3, crcs = await trio.to_thread.run_sync(file_digests, fd, size, part_size)
         self._check(ticket)
-        return await self._multipart(ticket, fd, part_size, xxh3, crcs, {XXH3_META: xxh3}), xxh3
+        return await self._multipart(ticket, fd, part_size, xxh3, crcs, {**self._provenance(ticket), XXH3_META: xxh3}), xxh3
+
+    def _provenance(self, ticket: UploadTicket) -> dict[str, str]:
+        """Whose file the object is (publishing.py): this node, its journal, the file's inode and version. A takeover
+        of this node, its reconcile and other nodes judge by it whether they may replace the object, never by time."""
+        return Provenance(node_name_of(self.cfg), self.ns.journal.journal_id, ticket.ino, ticket.version).meta()
 
     async def _put(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
         """A file below `multipart_threshold`: one PutObject, its digests computed in the same worker thread.
@@ -356,7 +363,8 @@ class Drainer:
             self.metrics.parts_in_flight.inc()
             self.throughput.started()
             try:
-                etag, xxh3 = await threads.call_with_fd(fd, functools.partial(put_whole, self.store, ticket.key, size=size),
+                etag, xxh3 = await threads.call_with_fd(fd, functools.partial(put_whole, self.store, ticket.key, size=size,
+                                                                              metadata=self._provenance(ticket)),
                                                          limiter=self.small_threads)
             finally:
                 self.metrics.parts_in_flight.dec()

@@ -279,12 +279,16 @@ class Journal:
         """A journal belongs to one bucket and prefix; reusing it elsewhere would upload to the wrong place."""
         meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
         self.bound_now = not meta  # this start bound it: `discard` may undo that if the mount never comes up
+        # which journal this is (publishing.py's provenance): an inode number and a version mean something only within
+        # one journal; the time it was created, as every journal has kept since the first release
+        self.journal_id = meta.get("journal_id") or meta.get("created") or ""
         if not meta:
             with self.transaction():
                 self.db.executemany(
                     "INSERT INTO meta(key, value) VALUES (?, ?)",
                     [("schema", str(SCHEMA_VERSION)), ("bucket", bucket), ("prefix", prefix), ("created", str(time.time()))],
                 )
+                self.journal_id = str(self.db.execute("SELECT value FROM meta WHERE key = 'created'").fetchone()[0])
                 now = time.time_ns()
                 self.db.execute(
                     "INSERT INTO inodes(ino, parent, name, kind, mode, uid, gid, mtime_ns, ctime_ns) "

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import zlib
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 import xxhash
@@ -85,12 +85,14 @@ def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tu
             return h.hexdigest(), crcs
 
 
-def put_whole(store: ObjectStore, key: str, fd: int, size: int, expect: str | None = None) -> tuple[str, str]:
+def put_whole(store: ObjectStore, key: str, fd: int, size: int, expect: str | None = None, metadata: dict[str, str] | None = None,
+              if_match: str | None = None, if_none_match: bool = False) -> tuple[str, str]:
     """One PutObject of the file's `size` bytes at `key`, hashed in the same pass: (etag, xxh3). Blocking.
 
     A change of the bytes between the hash and the send is refused by the store (the CRC32 sent no
     longer matches), never published. `expect`: the xxh3 the bytes must have (a replica checked before):
-    other bytes raise Abandoned and are not sent."""
+    other bytes raise Abandoned and are not sent. `metadata`: beside the xxh3, the object's provenance (publishing.py);
+    `if_match` / `if_none_match`: the write's condition (the store answers PRECONDITION when it is not met)."""
     if size <= BODY_IN_MEMORY:
         body = read_whole(fd, size)
         xxh3 = xxhash.xxh3_128_hexdigest(body)
@@ -100,18 +102,24 @@ def put_whole(store: ObjectStore, key: str, fd: int, size: int, expect: str | No
         crc = crcs[0]
     if expect is not None and xxh3 != expect:
         raise Abandoned(f"the bytes for {key} no longer have the xxh3 they were checked with ({xxh3}, not {expect})")
+    meta = {**(metadata or {}), XXH3_META: xxh3}
+    cond: dict[str, Any] = {}
+    if if_match is not None or if_none_match:  # only when asked: a store (or a test's) without conditions still takes the rest
+        cond = {"if_match": if_match, "if_none_match": if_none_match}
     if size <= BODY_IN_MEMORY:
-        return store.put_object_body(key, body, crc, {XXH3_META: xxh3}), xxh3
-    return store.put_object(key, fd, size, crc, {XXH3_META: xxh3}), xxh3
+        return store.put_object_body(key, body, crc, meta, **cond), xxh3
+    return store.put_object(key, fd, size, crc, meta, **cond), xxh3
 
 
 async def put_multipart(store: ObjectStore, key: str, fd: int, size: int, part_size: int, crcs: list[str],
                         metadata: dict[str, str], parts: trio.CapacityLimiter,
-                        gate: Callable[[], Awaitable[None]] | None = None) -> str:
+                        gate: Callable[[], Awaitable[None]] | None = None, if_match: str | None = None,
+                        if_none_match: bool = False) -> str:
     """A whole file as one multipart upload, its parts sent in parallel (`parts` bounds them), from scratch: for an
     uploader without a journal to resume from (a takeover, peers/takeover.py). On any failure the upload is aborted,
     so nothing of it is left to cost storage. `gate` (the fence) is awaited before each part and the completion, as
-    the drain does: a node paused past its lease sends at most the parts already in flight. Returns the object's etag."""
+    the drain does: a node paused past its lease sends at most the parts already in flight. `if_match` / `if_none_match`
+    condition the completion (the object appears only then). Returns the object's etag."""
     upload_id = await threads.call(functools.partial(store.create_multipart, key, metadata))
     etags: dict[int, str] = {}
 
@@ -130,8 +138,11 @@ async def put_multipart(store: ObjectStore, key: str, fd: int, size: int, part_s
                 nursery.start_soon(send, n)
         if gate is not None:
             await gate()
+        cond: dict[str, Any] = {}
+        if if_match is not None or if_none_match:
+            cond = {"if_match": if_match, "if_none_match": if_none_match}
         return await threads.call(functools.partial(
-            store.complete, key, upload_id, [(n, etags[n], crcs[n - 1]) for n in range(1, len(crcs) + 1)]))
+            store.complete, key, upload_id, [(n, etags[n], crcs[n - 1]) for n in range(1, len(crcs) + 1)], **cond))
     except BaseException:
         with trio.CancelScope(shield=True), trio.move_on_after(30):
             try:

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import trio
 
 from ..journal import ROOT_INODE
+from ..namespace.backlog import name_matcher
 from ..peering import node_name_of
 from ..objects import StoreError, finite
 from .manifest import MANIFEST, MOVED, FileEntry, LifecycleError, Manifest, files_of, label, next_manifest, signature, write_manifest
@@ -250,6 +251,14 @@ class Tracker:
         files = files_of(listing, base)
         if not files:
             return True  # nothing in it (yet, or any more): committed when files arrive
+        if a.elsewhere and (temporary := temporary_names(files, lc.cfg.temporary_dir_patterns)):
+            # a lost node's checkpoint is committed only complete: a file still under a temporary name (DCP's
+            # `.metadata.tmp`, a shard in `step.tmp/`) means its writer never finished the save, or its rename never
+            # reached the bucket; its own tracker would have waited for the rename. A later takeover that puts the
+            # final names there hands it over again.
+            log.error("checkpoint %s (its node was lost) is not committed: %s still under a temporary name in the bucket",
+                      path, ", ".join(temporary[:5]))
+            return True
         if a.recovered and any(o.name == MANIFEST for o in listing.objects):
             manifest = await lc.catalogue.manifest(ck)
             if manifest is not None and signature(manifest.files) == signature(files):
@@ -329,3 +338,10 @@ class Tracker:
         async with trio.open_nursery() as nursery:
             for f in todo:
                 nursery.start_soon(head, f)
+
+
+def temporary_names(files: list[FileEntry], patterns: list[str]) -> list[str]:
+    """The checkpoint's files with a temporary name: the name, or a directory on its path, matches
+    `temporary_dir_patterns` (which cover `*.tmp`, `.tmp*`, `tmp-*` and Orbax's temporary directories)."""
+    matcher = name_matcher(patterns)
+    return [f.path for f in files if any(matcher.fullmatch(part) for part in f.path.split("/"))]

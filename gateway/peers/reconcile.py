@@ -8,13 +8,13 @@ objects other nodes wrote since, so, once the taker is done (`takeover_done`, or
 * a file whose key holds an object with the file's own xxh3 becomes durable without an upload (and a
   multipart upload of it this node had in flight is aborted);
 * a file whose key holds nothing is left to the drain: nobody uploaded it;
-* a file whose key holds other bytes, written after this node last changed the file, loses to the bucket:
-  another node wrote that key since. The row then describes the object (read from the bucket from now
-  on), the local copy goes; logged and counted. Other bytes older than the change (the file's previous
-  version) are replaced by the drain as usual, and a file changed here after the takeover is this node's
-  new work, left to the drain too;
-* a queued delete whose key is gone was done (by the taker); one whose object was written after the
-  takeover would delete another node's file: dropped.
+* a file whose key holds other bytes is judged by publishing.py's one rule, the takeover's and the drain's:
+  the object this node last saw there, or one of its own (its drain's, or the taker's upload of an older
+  version, by their provenance), is replaced by the drain as usual; anything else is another node's write
+  since and wins: the row then describes the object (read from the bucket from now on), the local copy
+  goes; logged and counted. A file changed here after the takeover is this node's new work, left to the drain;
+* a queued delete whose key is gone was done (by the taker); one whose object another node wrote (its
+  provenance) would delete another node's file: dropped.
 Then the node rejoins (a new incarnation, its record live, the gate open).
 """
 
@@ -35,6 +35,8 @@ from ..journal import DURABLE, Row
 from ..namespace import Namespace
 from ..objects import ObjectInfo, StoreError
 from ..sizes import small_objects_in_flight
+from ..peering import node_name_of
+from ..publishing import CONFLICT, Provenance, judge, written_by
 from ..upload import XXH3_META, head_or_none, file_digests
 from .membership import Membership
 from .takeover import TakeoverStore
@@ -56,6 +58,7 @@ class ReconcileReport:
 class Reconcile:
     def __init__(self, cfg: Config, ns: Namespace, store: TakeoverStore, membership: Membership) -> None:
         self.cfg, self.ns, self.store, self.membership = cfg, ns, store, membership
+        self.me = node_name_of(cfg)
         self.hashing = trio.CapacityLimiter(2)
         self.requests = trio.CapacityLimiter(small_objects_in_flight(cfg.max_parts_in_flight))
         self.reconciles_total = 0
@@ -142,7 +145,8 @@ class Reconcile:
         if info.size == row.size and mine is not None and theirs == mine:
             self.ns.uploads.durable_elsewhere(row.ino, key, info.etag, mine)
             report.durable.append(key)
-        elif info.modified >= math.floor(changed_at(row)):  # LastModified has whole seconds: the same one counts
+        elif judge(Provenance(self.me, j.journal_id, row.ino, row.version), row.size, mine, info,
+                   row.etag if row.etag and row.remote_key == key else "", legacy_mtime=changed_at(row)).action == CONFLICT:
             self.ns.uploads.replaced_elsewhere(row.ino, key, info.size, info.etag, theirs, info.modified)
             report.bucket_won.append(key)
             log.warning("%s was written by another node after this node's last change to it; the bucket's object wins: "
@@ -165,7 +169,10 @@ class Reconcile:
     async def _deletes(self, report: ReconcileReport, taken_at: float) -> None:
         for delete_id, key, _ in self.ns.journal.pending_deletes():
             info = await self._head(key)
-            if info is None or info.modified >= math.floor(taken_at):  # LastModified has whole seconds
+            ours = None if info is None else written_by(self.me, self.ns.journal.journal_id, info)
+            # an object without provenance says nothing of its writer: then only its time can (LastModified has
+            # whole seconds: the same one counts as after the takeover)
+            if info is None or ours is False or ours is None and info.modified >= math.floor(taken_at):
                 self.ns.uploads.drop_delete(delete_id)
                 report.deletes_dropped.append(key)
                 if info is not None:

@@ -22,6 +22,7 @@ import errno
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,13 @@ CREATE TABLE IF NOT EXISTS replicas (
 CREATE TABLE IF NOT EXISTS deletes (
     owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
     PRIMARY KEY (owner, op_id));
+CREATE TABLE IF NOT EXISTS checkpoints (
+    owner TEXT NOT NULL, path TEXT NOT NULL, noted REAL NOT NULL,
+    PRIMARY KEY (owner, path));
 """
-_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint"
+# columns added since the first release (an index written by it is brought up to date at open)
+_ADDED = (("replicas", "seen", "TEXT"), ("replicas", "journal", "TEXT"))
+_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal"
 
 
 class ReplicaFull(OSError):
@@ -81,6 +87,10 @@ class ReplicaEntry:
     mtime: float
     checkpoint: str | None
     path: str  # its data file
+    # the ETag of the object the owner last saw at `key` ("": none; None: an owner that did not say, an older release)
+    # and the owner's journal id: with `ino` and `version`, the provenance a takeover writes (publishing.py)
+    seen: str | None = None
+    journal: str | None = None
 
 
 @dataclass
@@ -110,7 +120,8 @@ def _check_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return {"key": typed("key", (str,)), "version": typed("version", (int,)), "size": typed("size", (int,)),
             "copy_from": typed("copy_from", (str, type(None)), None), "marker": typed("marker", (bool,), False),
             "seq": typed("seq", (int,), 0), "mtime": float(typed("mtime", (int, float), 0.0)),
-            "checkpoint": typed("checkpoint", (str, type(None)), None)}
+            "checkpoint": typed("checkpoint", (str, type(None)), None),
+            "seen": typed("seen", (str, type(None)), None), "journal": typed("journal", (str, type(None)), None)}
 
 
 class ReplicaStore:
@@ -132,6 +143,9 @@ class ReplicaStore:
             # `sync` puts every change committed so far on the disk before a seal or barrier is acknowledged
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
+            for table, column, decl in _ADDED:
+                if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         except (OSError, sqlite3.Error) as e:
             raise ReplicaIndexError(f"the index of other nodes' replicas {index} cannot be opened ({e}): check the cache "
                                     "disk; moved aside, this node forgets the replicas it holds (their owners send them again)") from None
@@ -171,13 +185,34 @@ class ReplicaStore:
 
     def owners(self) -> list[str]:
         with self._lock:
-            rows = self.db.execute("SELECT owner FROM replicas UNION SELECT owner FROM deletes ORDER BY 1").fetchall()
+            rows = self.db.execute("SELECT owner FROM replicas UNION SELECT owner FROM deletes "
+                                   "UNION SELECT owner FROM checkpoints ORDER BY 1").fetchall()
         return [r[0] for r in rows]
 
+    def checkpoints(self, owner: str) -> list[str]:
+        """Checkpoints of `owner` whose files this node held until they were durable, not known to be committed: the
+        owner's tracker commits them once quiet; if the owner is lost first, its taker does (`Takeover.finish`)."""
+        with self._lock:
+            rows = self.db.execute("SELECT path FROM checkpoints WHERE owner = ? ORDER BY path", (owner,)).fetchall()
+        return [r[0] for r in rows]
+
+    def note_checkpoint(self, owner: str, path: str, at: float) -> None:
+        with self._lock:
+            self.db.execute("INSERT OR REPLACE INTO checkpoints (owner, path, noted) VALUES (?, ?, ?)", (owner, path, at))
+
+    def forget_checkpoints(self, before: float, owner: str | None = None) -> int:
+        """Notes older than `before` dropped (their owner, alive that long after, committed them itself); how many."""
+        with self._lock:
+            if owner is None:
+                cur = self.db.execute("DELETE FROM checkpoints WHERE noted < ?", (before,))
+            else:
+                cur = self.db.execute("DELETE FROM checkpoints WHERE owner = ? AND noted < ?", (owner, before))
+            return cur.rowcount
+
     def _entry(self, row: tuple[Any, ...]) -> ReplicaEntry:
-        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint = row
+        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal = row
         return ReplicaEntry(owner, ino, key, version, size, bool(sealed), xxh3, copy_from, bool(marker), seq, mtime,
-                            checkpoint, self.path(owner, ino))
+                            checkpoint, self.path(owner, ino), seen, journal)
 
     def entries(self, owner: str) -> list[ReplicaEntry]:
         with self._lock:
@@ -248,6 +283,7 @@ class ReplicaStore:
             try:
                 self.db.execute("DELETE FROM replicas WHERE owner = ?", (owner,))
                 self.db.execute("DELETE FROM deletes WHERE owner = ?", (owner,))
+                self.db.execute("DELETE FROM checkpoints WHERE owner = ?", (owner,))
                 self.db.execute("COMMIT")
             except BaseException:
                 if self.db.in_transaction:
@@ -276,9 +312,9 @@ class ReplicaStore:
                 self._sealed.discard((owner, ino))
             self.db.execute(
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
-                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?)",
+                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?, ?, ?)",
                 (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["size"], m["copy_from"],
-                 m["marker"], m["seq"], m["mtime"], m["checkpoint"]))
+                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], m["seen"], m["journal"]))
 
     def is_sealed(self, owner: str, ino: int) -> bool:
         return (owner, ino) in self._sealed
@@ -405,10 +441,15 @@ class ReplicaStore:
         return hashed.state.copy().hexdigest()
 
     def forget(self, owner: str, ino: int, version: int | None) -> None:
-        """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one."""
+        """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one. A
+        durable file's checkpoint is noted: not committed yet as far as this node knows, and if the owner is lost
+        before it commits it, nothing else would remember it (the owner's tracker state is gone with it)."""
         with self._lock:
-            row = self.db.execute("SELECT version FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            row = self.db.execute("SELECT version, checkpoint, sealed FROM replicas WHERE owner = ? AND ino = ?",
+                                  (owner, ino)).fetchone()
             if version is None or row is None or row[0] <= version:
+                if row is not None and row[1] and row[2]:
+                    self.note_checkpoint(owner, row[1], time.time())
                 self.drop(owner, ino)
 
     def add_delete(self, owner: str, op_id: int, key: str, seq: int) -> None:

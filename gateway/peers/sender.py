@@ -458,9 +458,11 @@ class Sender:
         if path is None:
             return None
         cp = self.checkpoints.checkpoint_of(path, is_dir=False)
-        return {"key": self.ns.keys.of(path), "version": version, "size": size, "copy_from": row.copy_from,
+        key = self.ns.keys.of(path)
+        return {"key": key, "version": version, "size": size, "copy_from": row.copy_from,
                 "marker": self.ns.backlog.is_marker(path.rsplit("/", 1)[-1]), "seq": self.next_seq(),
-                "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None}
+                "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None,
+                **judged_by(row, key, self.ns.journal.journal_id)}
 
     def digest_holds(self, ino: int, version: int, xxh3: str) -> bool:
         """The digest `digest` gave for `version` still holds: no change reported and the cache file as it was."""
@@ -537,3 +539,8 @@ class Sender:
             self._prefix[ino] = (size, state_after)
         return value
 
+
+def judged_by(row: Row, key: str, journal_id: str) -> dict[str, str]:
+    """What a taker judges the key's object by (publishing.py): the ETag this node last saw there ("": none) and this
+    node's journal, whose inode and version the provenance of the object it uploads will name."""
+    return {"seen": row.etag if row.etag and row.remote_key == key else "", "journal": journal_id}

@@ -19,7 +19,10 @@ import trio
 
 from ..cache import Cache
 from ..namespace import Namespace
+from .. import threads
+from ..objects import StoreError
 from ..peering import node_name_of, read_secret
+from ..publishing import store_refuses_stale_writes
 from ..storeapi import ObjectStore
 from ..supervisor import Supervisor
 from .link import PeerLink
@@ -49,8 +52,12 @@ class Peers:
         self.reconcile = Reconcile(cfg, ns, store, self.membership)  # type: ignore[arg-type]
         self.sweep = Sweep(cfg, store, self.replicas, self.membership)  # type: ignore[arg-type]
         self._reconciling = False
+        self.conditional_writes: bool | None = None  # the store refuses a stale conditional write (None: not known yet)
         # mount-relative checkpoint paths a takeover uploaded files into (the daemon: the lifecycle tracker)
         self.on_taken_over: list[Callable[[list[str]], None]] = self.takeover.on_taken_over
+        # checkpoints of an owner another holder took over, noted here (their files durable before the loss): the
+        # sweep hands them over before it drops that owner's replicas (the daemon: the lifecycle tracker too)
+        self.on_checkpoints: list[Callable[[list[str]], None]] = self.sweep.on_checkpoints
         # the counters metrics.py declares for the peers (peers-surface); absent there, nothing is counted
         sent, degraded = getattr(metrics, "peer_replicated_bytes", None), getattr(metrics, "peer_degraded_writes", None)
         takeovers = getattr(metrics, "peer_takeovers", None)
@@ -73,7 +80,22 @@ class Peers:
             await nursery.start(supervise, "peer-sender", self.sender.run)
             await nursery.start(supervise, "peer-takeover", self.takeover.run)
             await nursery.start(supervise, "peer-sweep", self.sweep.run)
+            nursery.start_soon(self._probe_conditions)
             task_status.started()
+
+    async def _probe_conditions(self) -> None:
+        """Say at mount whether the store fences stale writes (docs/peers.md, "The store is the fence"): a takeover's
+        writes are conditional on the ETag it judged; a store that ignores the condition lets a late one land."""
+        try:
+            ok = await threads.call(lambda: store_refuses_stale_writes(self.store, self.ns.keys.of(".ckptfs/probe-")))  # type: ignore[arg-type]
+        except StoreError as e:
+            log.info("could not ask the object store whether it honours conditional writes: %s", e)
+            return
+        self.conditional_writes = ok
+        if not ok:
+            log.error("the object store ignores conditional writes (If-None-Match / If-Match): with durability = peer a "
+                      "takeover's late write can replace a newer object and two claims of one node can both win; use a "
+                      "store that supports them (AWS S3, SeaweedFS, MinIO; docs/peers.md)")
 
     def _listening(self, addr: str) -> None:
         """The listener bound `addr` (at start, or another port after a restart): the node record announces it at
@@ -134,6 +156,8 @@ class Peers:
             "replicated_bytes": self.sender.replicated_bytes,
             "replica_bytes_held": self.replicas.held_bytes(),
             "takeovers": self.takeover.takeovers_total,
+            "takeover_conflicts": self.takeover.conflicts_total,
+            "conditional_writes": self.conditional_writes,
             "degraded_writes": self.sender.degraded_writes,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
         }

@@ -7,7 +7,12 @@ another holder. So every half of `peer_drop_grace` the sweep asks the bucket:
 * an owner whose record is gone, or whose takeover another node finished: all its replicas go (the
   bucket has what could be made durable);
 * an entry older than half the grace whose key holds an object with the entry's xxh3: durable, dropped;
-* a queued delete whose key holds nothing: done, dropped.
+* a queued delete whose key holds nothing: done, dropped;
+* a checkpoint noted for an owner (its files durable, its commit not seen: ReplicaStore.forget) is forgotten once
+  the owner stayed live long enough after the note to have committed it (quiet period, two leases and the grace);
+  one of an owner another node took over is handed to `on_checkpoints` (the lifecycle tracker) before its
+  replicas go: the winner of the claim commits the checkpoints it noted, this node those it did (a manifest that
+  already describes the files is left as it is, so a checkpoint noted by both commits once).
 
 And the node records of nodes taken over long ago (takeover finished, nothing written for
 `peer_record_expiry`) are deleted, If-Match, so `.ckptfs/nodes/` does not list every node that ever was.
@@ -53,6 +58,8 @@ class Sweep:
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.store, self.replicas, self.membership, self.clock = cfg, store, replicas, membership, clock
         self.dropped_total = 0
+        # mount-relative checkpoint paths to commit (the daemon: the lifecycle tracker's `taken_over`)
+        self.on_checkpoints: list[Callable[[list[str]], None]] = []
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -76,6 +83,13 @@ class Sweep:
             if record is None or (record.state == TAKEN_OVER and record.takeover_done and record.taken_over_by != self.membership.me):
                 why = "its record is gone" if record is None else f"{record.taken_over_by} took it over"
                 log.info("replicas of %s dropped (%d bytes): %s", owner, self.replicas.held_bytes(owner), why)
+                noted = self.replicas.checkpoints(owner)
+                if record is not None and noted:
+                    for hook in self.on_checkpoints:
+                        try:
+                            hook(noted)
+                        except Exception:  # noqa: BLE001 - a hook's bug must not keep replicas forever
+                            log.exception("a hook on the checkpoints of %s failed", owner)
                 self.replicas.drop_owner(owner)
                 report.owners_dropped.append(owner)
                 continue
@@ -84,8 +98,13 @@ class Sweep:
                     continue
                 info = await self._head(e.key)
                 if info is not None and info.size == e.size and info.metadata.get(XXH3_META) == e.xxh3:
+                    if e.checkpoint:  # as a forget would: the owner may still have to commit it
+                        self.replicas.note_checkpoint(owner, e.checkpoint, self.clock())
                     self.replicas.drop(owner, e.ino)
                     report.entries_dropped.append(e.key)
+            if record.state != TAKEN_OVER and owner not in self.membership.dead():
+                quiet = getattr(self.cfg, "checkpoint_quiet_seconds", 0.0)
+                self.replicas.forget_checkpoints(self.clock() - quiet - 2 * self.cfg.peer_lease_ttl - self.cfg.peer_drop_grace, owner)
             for d in self.replicas.deletes(owner):
                 if await self._head(d.key) is None:
                     self.replicas.drop_delete(owner, d.op_id)

@@ -9,9 +9,15 @@ and the `on_taken_over` hooks (the lifecycle tracker) hear which checkpoints had
 Never worse than doing nothing:
 * a replica whose bytes do not have the xxh3 its owner sealed it with is not uploaded (counted, logged);
   an entry never sealed was never acknowledged, and is not uploaded either;
-* a HEAD before each upload: an object with the entry's xxh3 is durable already (skipped: a takeover
-  interrupted and run again, here or by another holder, sends nothing twice); an object written after the
-  entry's last change was written by another node since, and is never replaced (a conflict, counted);
+* a HEAD before each upload, judged by publishing.py's one rule: an object with the entry's xxh3 is durable
+  already (skipped: a takeover interrupted and run again, here or by another holder, sends nothing twice); the
+  object the owner last saw at the key, or one of its own older versions, is replaced; anything else was written
+  by another node, and is never replaced (a conflict, counted). Never by clocks: a file given an older mtime
+  (`cp -p`) or rewritten within a second of its last upload is still newer than its last upload;
+* every write is conditional on what was judged (`If-Match` on that ETag, `If-None-Match: *` on nothing): an
+  object that changed in between answers 412, a conflict, dropped and never retried (the store is the fence);
+* each object uploaded carries the owner's provenance (node, journal, inode, version; publishing.py), as the
+  owner's own drain would have written it, so the owner's reconcile and later takeovers judge it the same way;
 * a commit marker whose directory holds a file that could not be made durable is held back: a checkpoint
   is never marked complete over a missing shard.
 A failed request leaves the takeover unfinished (`takeover_done` false): it runs again, here or elsewhere.
@@ -21,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -31,7 +36,8 @@ import trio
 from .. import threads
 from ..config import Config
 from ..namespace.keys import Keys
-from ..objects import NO_OBJECT, ObjectInfo, StoreError
+from ..objects import NO_OBJECT, PRECONDITION, ObjectInfo, StoreError
+from ..publishing import CONFLICT, DURABLE, Provenance, Verdict, judge
 from ..sizes import part_size_for, small_objects_in_flight
 from ..upload import XXH3_META, Abandoned, head_or_none, file_digests, put_multipart, put_whole
 
@@ -51,15 +57,18 @@ class TakeoverStore(Protocol):
 
     def head_object(self, key: str) -> ObjectInfo: ...
 
-    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str: ...
+    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
+                   if_none_match: bool = False) -> str: ...
 
-    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str: ...
+    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
+                        if_none_match: bool = False) -> str: ...
 
     def create_multipart(self, key: str, metadata: dict[str, str]) -> str: ...
 
     def upload_part(self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int, crc32: str) -> str: ...
 
-    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]]) -> str: ...
+    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]], *, if_match: str | None = None,
+                 if_none_match: bool = False) -> str: ...
 
     def abort(self, key: str, upload_id: str) -> None: ...
 
@@ -85,6 +94,7 @@ class TakeoverReport:
     markers: list[str] = field(default_factory=list)  # commit markers uploaded (also in `uploaded`)
     markers_held: list[str] = field(default_factory=list)  # a file under their directory is not in the bucket
     checkpoints: list[str] = field(default_factory=list)  # mount-relative paths handed to `on_taken_over`
+    noted: list[str] = field(default_factory=list)  # checkpoints whose files were all durable before the loss (committed too)
 
 
 @dataclass
@@ -231,9 +241,15 @@ class Takeover:
         lost = {e.key: e for e in entries if e.key in set(missing)}
         incomplete = {e.checkpoint for e in lost.values() if e.checkpoint} | {e.key.rpartition("/")[0] for e in lost.values()}
         touched = [e for e in entries if e.key in durable]
+        # and the checkpoints whose files were all durable before the owner was lost, not yet committed by it (their
+        # replicas forgotten, noted here: ReplicaStore.forget): the owner's tracker state went with it, nothing else
+        # would ever commit them. Committed as the owner would have, once quiet (the tracker; a manifest that already
+        # describes the files is left as it is), never one with a file that could not be made durable.
+        report.noted = [p for p in self.replicas.checkpoints(owner) if p not in incomplete and self.keys.of(p) not in incomplete]
         report.checkpoints = sorted({e.checkpoint or self.keys.path(e.key) for e in touched
                                      if e.checkpoint not in incomplete and e.key.rpartition("/")[0] not in incomplete}
-                                    | {self.keys.path(d) for d in report.deleted if d.rpartition("/")[0] not in incomplete})
+                                    | {self.keys.path(d) for d in report.deleted if d.rpartition("/")[0] not in incomplete}
+                                    | set(report.noted))
         if lost:
             log.error("takeover of %s: not committed, as files in them could not be made durable: %s", owner,
                       ", ".join(sorted({e.checkpoint or self.keys.path(e.key.rpartition("/")[0]) for e in lost.values()})))
@@ -276,20 +292,27 @@ class Takeover:
 
     def _judge(self, e: ReplicaEntry, info: ObjectInfo | None, report: TakeoverReport, durable: set[str]) -> bool:
         """True if `e` must be written; False if the bucket has it already, or has something newer from another node."""
-        if info is None:
-            return True
-        if e.xxh3 and info.size == e.size and info.metadata.get(XXH3_META) == e.xxh3:
+        return self._verdict(e, info, report, durable) is not None
+
+    def _verdict(self, e: ReplicaEntry, info: ObjectInfo | None, report: TakeoverReport, durable: set[str]) -> Verdict | None:
+        """publishing.judge's verdict on writing `e` over `info` (its condition with it); None (counted in `report`) when
+        the bucket has it already, or has another node's write."""
+        v = judge(provenance(e), e.size, e.xxh3, info, e.seen, legacy_mtime=e.mtime)
+        if v.action == DURABLE:
             report.already_durable.append(e.key)
             durable.add(e.key)
-            return False
-        if info.modified >= math.floor(e.mtime):  # LastModified has whole seconds: the same second counts as after
-            self.conflicts_total += 1
-            report.conflicts.append(e.key)
-            durable.add(e.key)  # the key holds a newer file: later deletes of it must not remove that
-            log.warning("takeover of %s: %s was written by another node after %s last changed it: left as it is, not "
-                        "replaced by the replica", e.owner, e.key, e.owner)
-            return False
-        return True
+            return None
+        if v.action == CONFLICT:
+            self._conflict(e, report, durable, v.why)
+            return None
+        return v
+
+    def _conflict(self, e: ReplicaEntry, report: TakeoverReport, durable: set[str], why: str) -> None:
+        self.conflicts_total += 1
+        report.conflicts.append(e.key)
+        durable.add(e.key)  # the key holds a newer file: later deletes of it must not remove that
+        log.warning("takeover of %s: %s holds another node's write (%s): left as it is, not replaced by the replica",
+                    e.owner, e.key, why)
 
     async def _copy(self, e: ReplicaEntry, report: TakeoverReport, durable: set[str]) -> None:
         """A durable file renamed by its owner: its object copied inside the store to the new key."""
@@ -323,16 +346,33 @@ class Takeover:
     async def _publish(self, e: ReplicaEntry, c: _Checked, report: TakeoverReport, durable: set[str]) -> bool:
         """Upload a checked replica unless the bucket has it or something newer; True if it is in the bucket now."""
         info = await self._head(e.key)
-        if not self._judge(e, info, report, durable):
+        v = self._verdict(e, info, report, durable)
+        if v is None:
             return e.key in durable
         await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
+        meta = provenance(e).meta(by=self.membership.me)
         fd = os.open(e.path, os.O_RDONLY)
         try:
-            if e.size < self.cfg.multipart_threshold:
-                await threads.call_with_fd(fd, lambda own: put_whole(self.store, e.key, own, e.size, expect=c.xxh3))
-            else:
-                await put_multipart(self.store, e.key, fd, e.size, c.part_size, c.crcs, {XXH3_META: c.xxh3}, self.parts,
-                                    gate=self.membership.admit)
+            try:
+                if e.size < self.cfg.multipart_threshold:
+                    await threads.call_with_fd(fd, lambda own: put_whole(self.store, e.key, own, e.size, expect=c.xxh3, metadata=meta,
+                                                                         if_match=v.if_match, if_none_match=v.if_none_match))
+                else:
+                    await put_multipart(self.store, e.key, fd, e.size, c.part_size, c.crcs, {**meta, XXH3_META: c.xxh3}, self.parts,
+                                        gate=self.membership.admit, if_match=v.if_match, if_none_match=v.if_none_match)
+            except StoreError as err:
+                # the key changed after it was judged (412), or was deleted under an If-Match (404): another node's
+                # write won the race; dropped, never sent again blindly. Unless it is these very bytes (a retry of
+                # this write whose first answer was lost): durable then.
+                if err.kind not in (PRECONDITION, NO_OBJECT):
+                    raise
+                now = await self._head(e.key)
+                if now is not None and c.xxh3 and now.size == e.size and now.metadata.get(XXH3_META) == c.xxh3:
+                    report.already_durable.append(e.key)
+                    durable.add(e.key)
+                    return True
+                self._conflict(e, report, durable, f"it changed after it was judged: {err}")
+                return e.key in durable
         finally:
             os.close(fd)
         self.uploaded_files_total += 1
@@ -359,6 +399,11 @@ class Takeover:
         return {"takeovers": self.takeovers_total, "takeover_uploaded_files": self.uploaded_files_total,
                 "takeover_uploaded_bytes": self.uploaded_bytes_total, "takeover_conflicts": self.conflicts_total,
                 "takeover_corrupt_replicas": self.corrupt_total, "takeover_failures": self.failures_total}
+
+
+def provenance(e: ReplicaEntry) -> Provenance:
+    """Whose file a replica is: the owner's, at the inode and version it sent (publishing.py)."""
+    return Provenance(e.owner, e.journal or "", e.ino, e.version)
 
 
 def first(group: BaseExceptionGroup) -> BaseException:

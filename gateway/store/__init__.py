@@ -316,18 +316,39 @@ class Store(BucketGovernance):
         self._signed_tried = False
         self._signed_probe = threading.Lock()  # one PutObject shows boto3's request; the others meanwhile go through boto3
 
-    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
-        r = self._call(
-            "PutObject", self.client.put_object, Key=key, Body=RangeReader(fd, 0, size),
+    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
+                   if_none_match: bool = False) -> str:
+        """PutObject streamed from the cache file; conditional with `if_match` (replace that ETag only) or
+        `if_none_match` (create only): a condition not met raises StoreError(PRECONDITION), see `_conditional`."""
+        r = self._conditional(
+            "PutObject", self.client.put_object, key, if_match, if_none_match, Key=key, Body=RangeReader(fd, 0, size),
             ContentLength=size, ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
         )
         return r["ETag"].strip('"')
 
-    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
-        """PutObject of a small file read into memory: sent without `Expect: 100-continue` (botocore adds
-        it to file-like bodies only), one round trip to the store instead of two.
+    def _conditional(self, what: str, fn: Any, key: str, if_match: str | None, if_none_match: bool, **kw: Any) -> Any:
+        """A write that replaces only what it was judged against (publishing.py). 412 (or 409 ConditionalRequestConflict)
+        is PRECONDITION: another writer got there first, the caller drops the write. If-Match on a missing key: NO_OBJECT."""
+        if if_none_match:
+            kw["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kw["IfMatch"] = f'"{if_match}"'
+        try:
+            return self._call(what, fn, **kw)
+        except StoreError as e:
+            if (if_match is not None or if_none_match) and (e.kind in (CHANGED, PRECONDITION) or "ConditionalRequestConflict" in str(e)):
+                raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile ({what} refused: {e})") from None
+            raise
 
-        The first goes through boto3, which shows where and how it signs; the rest through `SignedPut`."""
+    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
+                        if_none_match: bool = False) -> str:
+        """PutObject of a small file read into memory: sent without `Expect: 100-continue` (botocore adds
+        it to file-like bodies only), one round trip to the store instead of two. Conditional as `put_object`.
+
+        The first goes through boto3, which shows where and how it signs; the rest through `SignedPut`. A conditional
+        one (a takeover's, rare) always goes through boto3: its answer to a condition not met is the one it knows."""
+        if if_match is not None or if_none_match:
+            return self._put_body_boto3(key, body, crc32, metadata, if_match, if_none_match)
         signed = self._signed
         if signed is not None:
             headers = {"x-amz-checksum-crc32": crc32, **{f"x-amz-meta-{k}": v for k, v in metadata.items()}, **self.enc.create_headers()}
@@ -365,9 +386,10 @@ class Store(BucketGovernance):
             log.info("small PutObjects go through boto3: its request (%s) is not one SignedPut reproduces", seen.get("signature_version"))
         return etag
 
-    def _put_body_boto3(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
-        r = self._call(
-            "PutObject", self.client.put_object, Key=key, Body=body,
+    def _put_body_boto3(self, key: str, body: bytes, crc32: str, metadata: dict[str, str], if_match: str | None = None,
+                        if_none_match: bool = False) -> str:
+        r = self._conditional(
+            "PutObject", self.client.put_object, key, if_match, if_none_match, Key=key, Body=body,
             ContentLength=len(body), ChecksumCRC32=crc32, Metadata=metadata, **self.enc.create(),
         )
         return r["ETag"].strip('"')
@@ -384,9 +406,11 @@ class Store(BucketGovernance):
         )
         return r["ETag"].strip('"')
 
-    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]]) -> str:
-        r = self._call(
-            "CompleteMultipartUpload", self.client.complete_multipart_upload, Key=key, UploadId=upload_id,
+    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]], *, if_match: str | None = None,
+                 if_none_match: bool = False) -> str:
+        """CompleteMultipartUpload; conditional as `put_object` (the object appears, or replaces, only then)."""
+        r = self._conditional(
+            "CompleteMultipartUpload", self.client.complete_multipart_upload, key, if_match, if_none_match, Key=key, UploadId=upload_id,
             MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"', "ChecksumCRC32": c} for n, e, c in parts]},
             **self.enc.customer(),
         )

@@ -137,6 +137,17 @@ class MemoryStore:
         self.answered_at = time.monotonic()
 
     # ------------------------------------------------------------ objects
+    def _condition(self, key: str, if_match: str | None, if_none_match: bool) -> None:
+        """As S3's conditional writes: If-None-Match on an existing key or If-Match on another ETag 412 (PRECONDITION),
+        If-Match on a missing key 404 (NO_OBJECT); checked in the same step as the write."""
+        obj = self.objects.get(key)
+        if if_none_match and obj is not None:
+            raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile")
+        if if_match is not None and obj is None:
+            raise StoreError(NO_OBJECT, f"object not found ({key})")
+        if if_match is not None and obj is not None and obj.etag != if_match:
+            raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile")
+
     def _put(self, key: str, body: bytes, crc32: str | None, metadata: dict[str, str]) -> str:
         if crc32 is not None and crc32 != crc32_b64(zlib.crc32(body)):
             raise StoreError(OTHER, f"BadDigest: the CRC32 sent for {key} does not match its bytes")
@@ -144,14 +155,18 @@ class MemoryStore:
         self.objects[key] = StoredObject(body, etag, dict(metadata))
         return etag
 
-    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str]) -> str:
+    def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
+                   if_none_match: bool = False) -> str:
         self._enter("put_object", key, size)
+        self._condition(key, if_match, if_none_match)
         etag = self._put(key, os.pread(fd, size, 0), crc32, metadata)
         self._answered()
         return etag
 
-    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
+    def put_object_body(self, key: str, body: bytes, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
+                        if_none_match: bool = False) -> str:
         self._enter("put_object_body", key, len(body))
+        self._condition(key, if_match, if_none_match)
         etag = self._put(key, bytes(body), crc32, metadata)
         self._answered()
         return etag
@@ -293,9 +308,11 @@ class MemoryStore:
         self._answered()
         return {n: RemotePart(etag, len(body)) for n, (body, etag) in upload.parts.items()}
 
-    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]]) -> str:
+    def complete(self, key: str, upload_id: str, parts: list[tuple[int, str, str]], *, if_match: str | None = None,
+                 if_none_match: bool = False) -> str:
         self._enter("complete", key, upload_id)
         upload = self._upload(upload_id)
+        self._condition(key, if_match, if_none_match)
         body = b""
         for n, etag, _crc in parts:
             have = upload.parts.get(n)

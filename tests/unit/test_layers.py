@@ -35,6 +35,7 @@ LAYERS = [
     "fs | lifecycle | fuse.handlers | fuse.workers | warmup",
     "drain | fetch | remote | peers | xattrs",
     "namespace",
+    "publishing",
     "journal | cache | store | upload",
     "config | threads | dbconnection | metrics | ui | policy | storeapi | fuse.messages | fuse.iomode | fuse.mount | fuse.session",
     "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies | httpserver | supervisor | peering",

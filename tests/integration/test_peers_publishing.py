@@ -1,0 +1,159 @@
+"""Issue 42, cases 5-7, on real daemons and a real SeaweedFS (the in-memory proofs: tests/unit/test_peers_publishing.py).
+
+* Case 5: a checkpoint whose files were all durable, not yet committed, when its node was lost is committed by a
+  survivor (its holder noted it when the owner said the files were durable): `ckptfs.latest()` on a third node
+  shows it committed, its manifest lists both shards.
+* Case 6: a file overwritten `cp -p` style (its new bytes carry an mtime an hour older than its last upload), then
+  its node lost: the taker uploads the new bytes over the stale object (provenance, not clocks).
+* Case 7: SeaweedFS answers a conditional PutObject and CompleteMultipartUpload whose condition no longer holds with
+  412, which the store layer reports as PRECONDITION (what the takeover counts as a conflict and never retries).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from ckptfs.config import Config
+from ckptfs.objects import PRECONDITION, StoreError, crc32_b64
+from ckptfs.publishing import store_refuses_stale_writes
+from ckptfs.store import Store
+from tests.conftest import fuse_usable
+from tests.support.peer_nodes import Cluster, Node, wait_until
+from tests.support.seaweed import SeaweedServer
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Cluster]:
+    """One transport only: what is proven here happens in the peers and the store, not in the FUSE transport."""
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    c = Cluster(s3, bucket, tmp_path, fuse_transport="libfuse")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def three(cluster: Cluster, a: dict[str, Any], bc: dict[str, Any]) -> tuple[Node, Node, Node]:
+    """a in rack1 (its replicas go to b only), b in rack2, c in rack1."""
+    na = cluster.node("a", failure_domain="rack1", **a)
+    nb = cluster.node("b", failure_domain="rack2", **bc)
+    nc = cluster.node("c", failure_domain="rack1", **bc)
+    cluster.wait_live("abc")
+    return na, nb, nc
+
+
+def write_fsynced(path: Path, data: bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_checkpoint_durable_but_not_committed_when_its_node_is_lost_is_committed_by_a_survivor(cluster: Cluster) -> None:
+    import ckptfs
+
+    # a would commit only after 10 minutes of quiet: it is lost long before; the survivors commit after 5 s of theirs
+    a, b, c = three(cluster, a={"checkpoint_quiet_seconds": 600}, bc={"checkpoint_quiet_seconds": 5})
+    digests = {name: write_fsynced(a.path / "run" / "step_7" / name, os.urandom(3 * MiB + i))
+               for i, name in enumerate(("shard0.pt", "shard1.pt"))}
+    assert a.flush("run/step_7").returncode == 0
+    assert [a.state(f"run/step_7/{n}") for n in digests] == ["durable", "durable"]
+    # a told b the files are durable (b dropped its replicas): from now on only b's note remembers the checkpoint
+    wait_until("b to drop a's replicas of the durable shards", lambda: b.replica_files("a") == [], 60)
+    before = ckptfs.latest(c.path / "run")
+    assert before is None or not before.committed, "a committed the checkpoint before it was lost: nothing to show"
+    a.kill()
+
+    def committed() -> Any:
+        ck = ckptfs.latest(c.path / "run")
+        return ck if ck is not None and ck.step == 7 and ck.committed else None
+
+    ck = wait_until("step 7 committed by a survivor", committed, 180)
+    assert ck.info.get("files") == 2, ck.info
+    for name, digest in digests.items():
+        assert cluster.object_sha256(a.key(f"run/step_7/{name}")) == digest
+    assert b.metric("ckptfs_peer_takeovers_total") == 1
+
+
+def test_a_file_overwritten_with_an_older_mtime_then_its_node_lost_reaches_the_bucket(cluster: Cluster, tmp_path: Path) -> None:
+    # a's drain holds back what it does not flush: v2 stays on a and its peer only
+    a, b, c = three(cluster, a={"upload_delay": 3600}, bc={})
+    v1 = os.urandom(2 * MiB)
+    write_fsynced(a.path / "run" / "model.pt", v1)
+    assert a.flush("run/model.pt").returncode == 0 and a.state("run/model.pt") == "durable"
+    key = a.key("run/model.pt")
+    assert cluster.object_sha256(key) == hashlib.sha256(v1).hexdigest()
+    # `cp -p`: new bytes, an mtime an hour before the upload of v1
+    v2 = os.urandom(2 * MiB)
+    src = tmp_path / "model.pt"
+    src.write_bytes(v2)
+    old = os.stat(src).st_mtime - 3600
+    os.utime(src, (old, old))
+    shutil.copy2(src, a.path / "run" / "model.pt")
+    with open(a.path / "run" / "model.pt", "rb+") as f:
+        os.fsync(f.fileno())
+    assert int(os.stat(a.path / "run" / "model.pt").st_mtime) == int(old)
+    wait_until("v2 replicated", lambda: a.state("run/model.pt") == "replicated", 60)
+    a.kill()
+
+    wait_until("the taker to upload v2 over the stale v1",
+               lambda: cluster.object_sha256(key) == hashlib.sha256(v2).hexdigest(), 180)
+
+
+def test_seaweedfs_refuses_a_conditional_write_whose_condition_no_longer_holds(s3: SeaweedServer, bucket: str,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    store = Store(Config(bucket=bucket, endpoint_url=s3.endpoint_url))
+    assert store_refuses_stale_writes(store, "probe/") is True  # what the mount asks (and logs when False)
+    body = b"the first writer"
+    crc = crc32_b64(zlib.crc32(body))
+    first = store.put_object_body("k/a", body, crc, {}, if_none_match=True)
+    with pytest.raises(StoreError) as e:
+        store.put_object_body("k/a", b"x", crc32_b64(zlib.crc32(b"x")), {}, if_none_match=True)
+    assert e.value.kind == PRECONDITION
+    with pytest.raises(StoreError) as e:
+        store.put_object_body("k/a", b"x", crc32_b64(zlib.crc32(b"x")), {}, if_match="0" * 32)
+    assert e.value.kind == PRECONDITION
+    second = store.put_object_body("k/a", b"y", crc32_b64(zlib.crc32(b"y")), {}, if_match=first)
+    assert store.get_bytes("k/a")[0] == b"y"
+
+    part = os.urandom(5 * MiB)
+    pcrc = crc32_b64(zlib.crc32(part))
+
+    def upload() -> tuple[str, list[tuple[int, str, str]]]:
+        upload_id = store.create_multipart("k/a", {})
+        fd = os.memfd_create("part")
+        try:
+            os.write(fd, part)
+            etag = store.upload_part("k/a", upload_id, 1, fd, 0, len(part), pcrc)
+        finally:
+            os.close(fd)
+        return upload_id, [(1, etag, pcrc)]
+
+    upload_id, parts = upload()
+    with pytest.raises(StoreError) as e:
+        store.complete("k/a", upload_id, parts, if_match=first)  # replaced since by `second`
+    assert e.value.kind == PRECONDITION
+    store.abort("k/a", upload_id)
+    upload_id, parts = upload()
+    with pytest.raises(StoreError) as e:
+        store.complete("k/a", upload_id, parts, if_none_match=True)
+    assert e.value.kind == PRECONDITION
+    store.abort("k/a", upload_id)
+    assert store.get_bytes("k/a")[0] == b"y", "a refused write changed the object"
+    upload_id, parts = upload()
+    store.complete("k/a", upload_id, parts, if_match=second)
+    assert store.get_bytes("k/a")[0] == part
