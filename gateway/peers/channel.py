@@ -172,6 +172,8 @@ class Channel:
         # entries before deletes: a rename's delete of the old key follows the renamed file's entry on the link, so a
         # peer that holds the delete holds what it waits for (the takeover applies it only once that is durable)
         for ino in list(self.owed):
+            if self.names_due:
+                await self.send_names(s)
             owed = self.owed.pop(ino, None)
             if owed is None:
                 continue
@@ -267,18 +269,7 @@ class Channel:
             return
         row, version, size = cur
         if owed.entry or ino not in self.entries_sent:
-            # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
-            # version the peer sealed: an entry of another version would unseal its copy of the same bytes
-            held = self.sealed.get(ino) if s.holds(self, ino, version) else None
-            meta = s.meta_of(ino, row, version if held is None else held, size)
-            if meta is not None:
-                with trio.fail_after(s.timeout):
-                    await link.entry(ino, meta)
-                self.entries_sent.add(ino)
-                if meta.get("sealed"):
-                    self.copy_entries[ino] = int(meta["version"])
-                else:
-                    self.copy_entries.pop(ino, None)
+            await self.send_entry(s, ino, row, version, size)
         self._named(ino, due)
         if row.copy_from:
             return  # its bytes are in the bucket (a durable file renamed): the entry says where
@@ -289,6 +280,50 @@ class Channel:
         live = s.ns.files.live.get(ino)
         if (live is None or live.writers == 0) and not s.holds(self, ino, version):
             self.start_seal(s, ino)  # closed: sealed without anyone asking, so it is replicated before it drains
+
+    async def send_entry(self, s: Sender, ino: int, row: Row, version: int, size: int) -> None:
+        """The file's entry meta (key, version, size, copy_from, marker...) as it is now."""
+        link = self.link
+        assert link is not None
+        # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
+        # version the peer sealed: an entry of another version would unseal its copy of the same bytes
+        held = self.sealed.get(ino) if s.holds(self, ino, version) else None
+        meta = s.meta_of(ino, row, version if held is None else held, size)
+        if meta is None:
+            return
+        with trio.fail_after(s.timeout):
+            await link.entry(ino, meta)
+        self.entries_sent.add(ino)
+        if meta.get("sealed"):
+            self.copy_entries[ino] = int(meta["version"])
+        else:
+            self.copy_entries.pop(ino, None)
+
+    async def send_names(self, s: Sender) -> None:
+        """Name changes go ahead of other files' bytes (called before each file and each chunk): the entries (or
+        forgets) of files renamed or removed, then the deletes queued, so a rename or unlink waits for its own frames
+        and one round trip, not for a pass over files other writers are streaming."""
+        did = False
+        for ino in list(self.names_due):
+            owed = self.owed.get(ino)
+            if ino == self.sending or owed is None or ino not in self.names_due:
+                continue  # the file being sent now: its entry went first
+            due = self.names_due[ino]
+            cur = s.current(ino)
+            if cur is None:
+                del self.owed[ino]
+                await self.send_owed(s, ino, owed, due)  # a forget, no bytes
+            else:
+                await self.send_entry(s, ino, *cur)
+                owed.entry = False
+                self._named(ino, due)
+            did = True
+        if self.deletes_due:
+            self.deletes_due = False
+            did = await self.send_deletes(s) or did
+        if did:
+            self.sent.set()
+            self.sent = trio.Event()
 
     async def send_ranges(self, s: Sender, ino: int, extents: list[list[int]]) -> None:
         if not extents:
@@ -304,6 +339,8 @@ class Channel:
             for start, end in extents:
                 end = min(end, size)
                 while start < end:
+                    if self.names_due or self.deletes_due:
+                        await self.send_names(s)
                     n = min(CHUNK, end - start)
                     await s.bandwidth.take(n)
                     with trio.fail_after(s.timeout):

@@ -746,3 +746,42 @@ async def test_a_rename_with_no_peer_returns_degraded_even_under_on_no_peer_fail
         await sender.names.replicated()
         assert sender.degraded_writes == 1
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_rename_goes_ahead_of_another_files_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename waits for its own entry and one barrier, not for the bytes another writer is streaming (the pump
+    sends name changes before each chunk): it returns while most of the other file is still to be sent."""
+    import ckptfs.peers.channel as channel_module
+
+    monkeypatch.setattr(channel_module, "CHUNK", 64 << 10)
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    write = FakeLink.write
+    size = 1 << 20
+    slow_inos: set[int] = set()
+
+    async def slow(self: FakeLink, ino: int, fd: int, offset: int, length: int) -> None:
+        await write(self, ino, fd, offset, length)
+        if ino in slow_inos:
+            await trio.sleep(0.05)  # a slow network: 16 chunks of the big file take a while
+
+    monkeypatch.setattr(FakeLink, "write", slow)
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        small, sfd = create(ns, "w.tmp")
+        ns.files.write(small, sfd, 0, b"weights")
+        close(ns, small, sfd)
+        await sender.replicated(small)
+        big, bfd = create(ns, "big.pt")
+        slow_inos.add(big)
+        ns.files.write(big, bfd, 0, os.urandom(size))
+        await wait_for(lambda: big in b.replicas and len(b.replicas[big].data) > 0)
+        ns.tree.rename(ROOT_INODE, "w.tmp", ROOT_INODE, "w.pt", False)
+        await sender.names.replicated()
+        assert b.replicas[small].meta["key"] == "p/w.pt"
+        assert len(b.replicas[big].data) < size, "the rename waited for the other file's bytes"
+        await sender.replicated(big)
+        close(ns, big, bfd)
+        nursery.cancel_scope.cancel()
