@@ -213,10 +213,9 @@ class Takeover:
             for e in entries:
                 if e.ino in checks and not e.marker:
                     nursery.start_soon(self._publish_checked, e, checks[e.ino], checked, report, durable)
-        later = {e.key: e.seq for e in entries if e.key in durable}
-        by_ino = {e.ino: e for e in held}
+        by_ino, keys_held = {e.ino: e for e in held}, {e.key for e in held}
         for d in sorted(self.replicas.deletes(owner), key=lambda d: d.seq):
-            await self._delete(d, later, report, by_ino, durable)
+            await self._delete(d, report, by_ino, keys_held, durable)
         missing = report.corrupt + report.unsealed + report.lost
         for e in entries:
             if e.marker and e.ino in checked:
@@ -346,14 +345,15 @@ class Takeover:
         log.info("takeover of %s: uploaded %s (%d bytes)", e.owner, e.key, e.size)
         return True
 
-    async def _delete(self, d: ReplicaDelete, later: dict[str, int], report: TakeoverReport,
-                      by_ino: dict[int, ReplicaEntry], durable: set[str]) -> None:
-        """A delete the owner queued, unless a file it wrote at the key afterwards is in the bucket now, and, for a delete
-        that waits for a file (a rename's old key: `after_ino`), only once that file is durable under its new key, as
-        the owner's drain would (namespace/uploads.py `ready_deletes`). A file held here but not made durable (never
-        sealed, corrupt, its source gone) keeps the old key: the bucket keeps both names, never neither. A file no
-        longer held was forgotten as durable (or removed): its entry comes before its deletes on the link."""
-        if later.get(d.key, -1) > d.seq:
+    async def _delete(self, d: ReplicaDelete, report: TakeoverReport, by_ino: dict[int, ReplicaEntry], keys_held: set[str],
+                      durable: set[str]) -> None:
+        """A delete the owner queued, as the owner's drain would apply it (namespace/uploads.py `ready_deletes`): never
+        of a key one of its files has now (its upload replaces the object: a rename over a durable file, a new file
+        where one was removed; whichever frame went first), and for a delete that waits for a file (a rename's old key:
+        `after_ino`) only once that file is durable under its new key. A file held here but not made durable (never
+        sealed, corrupt, its source gone) keeps the old key: the bucket keeps the file under one name, never neither. A
+        file no longer held was forgotten as durable (or removed): its entry comes before its deletes on the link."""
+        if d.key in keys_held:
             return
         waits = by_ino.get(d.after_ino) if d.after_ino is not None else None
         if waits is not None and waits.key not in durable:

@@ -119,3 +119,23 @@ def test_dcp_pattern_without_directory_fsync_node_lost_right_after_the_last_rena
         left = [k for k in keys_under(cluster, prefix) if k.endswith(".tmp")]
         assert left == [], f"round {trial}: temporary names in the bucket: {left}"
         assert b.metric("ckptfs_peer_takeovers_total") + c.metric("ckptfs_peer_takeovers_total") == trial + 1
+
+
+def test_a_file_renamed_over_a_durable_one_then_the_node_lost(cluster: Cluster) -> None:
+    """`os.replace(new.tmp, model.pt)` over a durable `model.pt`, the node lost at once: the bucket holds the new bytes
+    under `model.pt` (the delete of the replaced object never removes the file that now has its key), no `.tmp`."""
+    a = cluster.node("a", failure_domain="rack1", upload_delay=HELD)
+    cluster.node("b", failure_domain="rack2")
+    cluster.wait_live("ab")
+    rng = random.Random(4)
+    write_fsynced(a.path / "model.pt", rng.randbytes(3 * MiB))
+    done = a.flush()
+    assert done.returncode == 0, done.stderr
+    assert a.state("model.pt") == "durable"
+    digest = write_fsynced(a.path / "model.pt.tmp", rng.randbytes(3 * MiB + 5))
+    os.replace(a.path / "model.pt.tmp", a.path / "model.pt")
+    a.kill(delete_cache=True)
+
+    wait_until("a taken over", lambda: taken_over(a), 240)
+    assert cluster.object_sha256(a.key("model.pt")) == digest
+    assert cluster.object_sha256(a.key("model.pt.tmp")) is None

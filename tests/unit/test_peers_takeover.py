@@ -473,3 +473,18 @@ def test_a_rename_whose_source_object_is_gone_deletes_nothing_more(tmp_path: Pat
 
     assert report.lost == ["p/b.pt"] and report.deletes_held == ["p/a.pt"]
     assert "delete" not in store.calls
+
+
+def test_a_delete_of_a_key_one_of_the_owners_files_has_now_is_not_applied(tmp_path: Path) -> None:
+    """A rename over a durable file queues the delete of the replaced object, and the renamed file now has that key:
+    its upload replaces the object, whichever reached the peer first (the drain never deletes a key a live file has)."""
+    t, store, replicas, _ = setup(tmp_path)
+    now = time.time() - 30
+    store.objects["p/model.pt"] = StoredObject(b"replaced", "e0", {XXH3_META: digest(b"replaced")}, mtime=now - 60)
+    hold(replicas, "a", 90, "p/model.pt", b"the new model", seq=5, mtime=now)  # the entry went before the delete
+    hold_delete(replicas, "a", 1, "p/model.pt", seq=6)
+
+    [report] = run(t)
+
+    in_bucket(store, "p/model.pt", b"the new model")
+    assert report.deleted == []
