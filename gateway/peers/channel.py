@@ -109,7 +109,7 @@ class Channel:
         self.sealing: set[int] = set()  # files whose seal task runs (hashing, or waiting for the answer)
         self.sending: int | None = None  # the file whose frames the pump is sending now
         self.sent = trio.Event()  # set (and replaced) each time the pump is done with a file's frames
-        # names: ino -> the sender's name-change number (peers/sender.py `_on_paths_changed`; 0 for a new channel's
+        # names: ino -> the name-change number (peers/names.py `paths_changed`; 0 for a new channel's
         # files) of a rename, unlink or replace whose entry (or forget) this peer has not been sent yet
         self.names_due: dict[int, int] = {}
         self._due_counts: dict[int, int] = {}  # name change -> files of it in names_due (a waiter's check costs the changes)

@@ -3,10 +3,11 @@ unlink or rmdir returns once R peers hold what it changed, so a node lost right 
 writer saw, whether or not it fsynced the directory.
 
 Why here and not in the channels alone: the FUSE request waits, and it must wait for its own changes only, not for the
-bytes other writers are streaming. So the sender numbers each name change (`changed`), each channel keeps the number of
+bytes other writers are streaming. So each name change is numbered (`paths_changed`, the namespace's hook), each channel keeps the number of
 the files whose entry (or forget) has not gone out yet (`Channel.names_due`), and a waiter asks for "every change up to
 now and every delete queued up to now" (`target`). A channel confirms that with one barrier once those went out, in
-order (a renamed file's entry before the delete of its old key); renames made meanwhile share its next round trip.
+order (a renamed file's entry before the delete of its old key; the pump sends them before each file and each chunk of
+other files' bytes: `Channel.send_names`); renames made meanwhile share its next round trip.
 The operation is already applied on this node when it waits: with fewer than R peers answering it returns anyway,
 counted as a degraded write and logged, whatever `on_no_peer` says (an EIO would tell the writer a rename failed that
 happened).
