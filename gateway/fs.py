@@ -410,11 +410,15 @@ class CkptFS(Operations):
             await self.remote.refresh_tree(row.ino, "rmdir")  # objects never looked at here still make it non-empty
         self.guard.check_entry(parent_inode, _name(name), subtree=True)
         self.ns.tree.rmdir(parent_inode, _name(name))
+        if self.peers is not None:
+            await self.peers.names_replicated()  # the peers hold the change before it returns (docs/peers.md)
 
     @_fuse
     async def unlink(self, parent_inode: int, name: bytes, ctx: RequestContext) -> None:
         self.guard.check_entry(parent_inode, _name(name))
         self.ns.tree.unlink(parent_inode, _name(name))
+        if self.peers is not None:
+            await self.peers.names_replicated()  # the peers hold the change before it returns (docs/peers.md)
 
     @_fuse
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: RequestContext) -> None:
@@ -426,6 +430,10 @@ class CkptFS(Operations):
         self.guard.check_entry(parent_inode_old, _name(name_old), subtree=True)
         self.guard.check_entry(parent_inode_new, _name(name_new))
         self.ns.tree.rename(parent_inode_old, _name(name_old), parent_inode_new, _name(name_new), bool(flags & RENAME_NOREPLACE))
+        if self.peers is not None:
+            # under durability = peer a rename returns once R peers hold the new names (one round trip): a node lost
+            # right after is taken over with the names the writer saw, directory fsync or not (docs/semantics.md)
+            await self.peers.names_replicated()
 
     @_fuse
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: RequestContext) -> Attr:

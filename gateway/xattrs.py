@@ -41,6 +41,10 @@ class Replication(Protocol):
     async def replicated(self, ino: int) -> None:
         """Until the file's current version is on R peers' disks; OSError(EIO) if none answers and on_no_peer = fail."""
 
+    async def names_replicated(self) -> None:
+        """Until every rename, unlink and rmdir made so far is on R peers' disks (one round trip); with fewer peers it
+        returns anyway, counted as degraded: the operation is already applied here."""
+
     def is_replicated(self, ino: int) -> bool:
         """The file's current version is on R peers' disks (its `user.ckptfs.state`: `replicated`)."""
 

@@ -82,6 +82,11 @@ class DeleteQueue:
         self.sync()
         return len(self._rows)
 
+    def newest(self) -> int:
+        """The id of the newest delete queued so far (0: none yet); ids only increase."""
+        self.sync()
+        return self._last_id
+
     def queued(self, key: str) -> bool:
         """True while a delete of `key` is queued (synced first)."""
         self.sync()

@@ -31,6 +31,12 @@ MAX_EXTENTS = 64  # ranges owed per file before they are merged into one coverin
 POLL_SECONDS = 0.05  # passthrough writers' sizes; a seal that found its file changing is tried again after it
 
 
+class Names(Protocol):
+    """The sender's numbering of name changes (peers/names.py)."""
+
+    def target(self) -> tuple[int, int]: ...
+
+
 class Sender(Protocol):
     """The owner's sender (peers/sender.py) as its channels see it."""
 
@@ -47,6 +53,8 @@ class Sender(Protocol):
     def current(self, ino: int) -> tuple[Row, int, int] | None: ...
     def holds(self, ch: "Channel", ino: int, version: int) -> bool: ...
     def sealed_on(self, ino: int, version: int) -> int: ...
+    @property
+    def names(self) -> Names: ...
     def meta_of(self, ino: int, row: Row, version: int, size: int) -> dict[str, Any] | None: ...
     def next_seq(self) -> int: ...
     def notify(self) -> None: ...
@@ -101,6 +109,14 @@ class Channel:
         self.sealing: set[int] = set()  # files whose seal task runs (hashing, or waiting for the answer)
         self.sending: int | None = None  # the file whose frames the pump is sending now
         self.sent = trio.Event()  # set (and replaced) each time the pump is done with a file's frames
+        # names: ino -> the name-change number (peers/names.py `paths_changed`; 0 for a new channel's
+        # files) of a rename, unlink or replace whose entry (or forget) this peer has not been sent yet
+        self.names_due: dict[int, int] = {}
+        self._due_counts: dict[int, int] = {}  # name change -> files of it in names_due (a waiter's check costs the changes)
+        self.names_confirmed: tuple[int, int] = (0, 0)  # (name change, delete id) up to which the peer holds the names
+        self.names_asked = False
+        self.confirming = False  # the confirmer task runs
+        self.copy_entries: dict[int, int] = {}  # ino -> version of the last entry sent sealed as a renamed durable file
         self.nursery: trio.Nursery | None = None  # the pump's and the seal tasks'
         self.error: BaseException | None = None  # what failed the channel in one of them
 
@@ -120,6 +136,7 @@ class Channel:
             if cur is None:
                 continue
             _, version, size = cur
+            self.name_due(ino, 0)  # its name is this peer's only once its entry went out
             h = held.get(ino)
             if h is not None and h.sealed and h.version == version and h.size == size:
                 self.sealed[ino] = version
@@ -152,23 +169,29 @@ class Channel:
             with trio.fail_after(s.timeout):
                 await link.forget(ino, version)
             did = True
-        if self.deletes_due:
-            self.deletes_due = False
-            did = await self.send_deletes(s) or did
+        # entries before deletes: a rename's delete of the old key follows the renamed file's entry on the link, so a
+        # peer that holds the delete holds what it waits for (the takeover applies it only once that is durable)
         for ino in list(self.owed):
+            if self.names_due:
+                await self.send_names(s)
             owed = self.owed.pop(ino, None)
             if owed is None:
                 continue
             did = True
             self.sending = ino
             try:
-                await self.send_owed(s, ino, owed)
+                await self.send_owed(s, ino, owed, self.names_due.get(ino))
             finally:
                 self.sending = None
                 self.sent.set()
                 self.sent = trio.Event()
+        if self.deletes_due:
+            self.deletes_due = False
+            did = await self.send_deletes(s) or did
         for ino in list(self.seal_wanted):
             self.start_seal(s, ino)
+        self.sent.set()  # the deletes of the pass went out too
+        self.sent = trio.Event()
         return did
 
     def start_seal(self, s: Sender, ino: int) -> None:
@@ -208,27 +231,48 @@ class Channel:
             assert self.nursery is not None
             self.nursery.cancel_scope.cancel()
 
-    async def send_owed(self, s: Sender, ino: int, owed: Owed) -> None:
+    def name_due(self, ino: int, seq: int) -> None:
+        """Name change `seq` moved (or removed) the file: its entry (or forget) is owed to the peer."""
+        self.drop_name(ino)
+        self.names_due[ino] = seq
+        self._due_counts[seq] = self._due_counts.get(seq, 0) + 1
+
+    def drop_name(self, ino: int) -> None:
+        """Nothing of the file's name is owed any more (its entry went out, or it is durable under its name)."""
+        seq = self.names_due.pop(ino, None)
+        if seq is not None:
+            left = self._due_counts[seq] - 1
+            if left:
+                self._due_counts[seq] = left
+            else:
+                del self._due_counts[seq]
+
+    def _named(self, ino: int, due: int | None) -> None:
+        """The file's entry (or forget) as of name change `due` went out: that change is this peer's."""
+        if due is not None and self.names_due.get(ino) == due:
+            self.drop_name(ino)
+
+    async def send_owed(self, s: Sender, ino: int, owed: Owed, due: int | None = None) -> None:
+        """`due`: the name change pending for the file when it was taken (cleared once its entry or forget went out)."""
         link = self.link
         assert link is not None
         cur = s.current(ino)
         if cur is None:
+            self.copy_entries.pop(ino, None)
             if ino in self.entries_sent or ino in self.sealed:
-                self.forgets[ino] = None
+                # sent now, not at the next pass: a waiting unlink or rename returns once the peer forgot the file
+                self.forgets.pop(ino, None)
                 self.sealed.pop(ino, None)
                 self.entries_sent.discard(ino)
+                with trio.fail_after(s.timeout):
+                    await link.forget(ino, None)
             s.files.discard(ino)
+            self._named(ino, due)
             return
         row, version, size = cur
         if owed.entry or ino not in self.entries_sent:
-            # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
-            # version the peer sealed: an entry of another version would unseal its copy of the same bytes
-            held = self.sealed.get(ino) if s.holds(self, ino, version) else None
-            meta = s.meta_of(ino, row, version if held is None else held, size)
-            if meta is not None:
-                with trio.fail_after(s.timeout):
-                    await link.entry(ino, meta)
-                self.entries_sent.add(ino)
+            await self.send_entry(s, ino, row, version, size)
+        self._named(ino, due)
         if row.copy_from:
             return  # its bytes are in the bucket (a durable file renamed): the entry says where
         if owed.truncate_to is not None:
@@ -238,6 +282,50 @@ class Channel:
         live = s.ns.files.live.get(ino)
         if (live is None or live.writers == 0) and not s.holds(self, ino, version):
             self.start_seal(s, ino)  # closed: sealed without anyone asking, so it is replicated before it drains
+
+    async def send_entry(self, s: Sender, ino: int, row: Row, version: int, size: int) -> None:
+        """The file's entry meta (key, version, size, copy_from, marker...) as it is now."""
+        link = self.link
+        assert link is not None
+        # a version counted without a byte changed (a passthrough close, a rename during an upload) keeps the
+        # version the peer sealed: an entry of another version would unseal its copy of the same bytes
+        held = self.sealed.get(ino) if s.holds(self, ino, version) else None
+        meta = s.meta_of(ino, row, version if held is None else held, size)
+        if meta is None:
+            return
+        with trio.fail_after(s.timeout):
+            await link.entry(ino, meta)
+        self.entries_sent.add(ino)
+        if meta.get("sealed"):
+            self.copy_entries[ino] = int(meta["version"])
+        else:
+            self.copy_entries.pop(ino, None)
+
+    async def send_names(self, s: Sender) -> None:
+        """Name changes go ahead of other files' bytes (called before each file and each chunk): the entries (or
+        forgets) of files renamed or removed, then the deletes queued, so a rename or unlink waits for its own frames
+        and one round trip, not for a pass over files other writers are streaming."""
+        did = False
+        for ino in list(self.names_due):
+            owed = self.owed.get(ino)
+            if ino == self.sending or owed is None or ino not in self.names_due:
+                continue  # the file being sent now: its entry went first
+            due = self.names_due[ino]
+            cur = s.current(ino)
+            if cur is None:
+                del self.owed[ino]
+                await self.send_owed(s, ino, owed, due)  # a forget, no bytes
+            else:
+                await self.send_entry(s, ino, *cur)
+                owed.entry = False
+                self._named(ino, due)
+            did = True
+        if self.deletes_due:
+            self.deletes_due = False
+            did = await self.send_deletes(s) or did
+        if did:
+            self.sent.set()
+            self.sent = trio.Event()
 
     async def send_ranges(self, s: Sender, ino: int, extents: list[list[int]]) -> None:
         if not extents:
@@ -253,6 +341,8 @@ class Channel:
             for start, end in extents:
                 end = min(end, size)
                 while start < end:
+                    if self.names_due or self.deletes_due:
+                        await self.send_names(s)
                     n = min(CHUNK, end - start)
                     await s.bandwidth.take(n)
                     with trio.fail_after(s.timeout):
@@ -269,12 +359,15 @@ class Channel:
         """Object deletes queued by unlinks and renames of durable files, in order; done ones retired."""
         link = self.link
         assert link is not None
-        queued = {delete_id: key for delete_id, key, _ in s.ns.deletes}
+        queued = {delete_id: (key, after) for delete_id, key, after in s.ns.deletes}
         did = False
-        for delete_id, key in queued.items():
+        for delete_id, (key, after) in queued.items():
             if delete_id not in self.deletes_sent:
+                if after is not None and after in self.names_due:
+                    self.deletes_due = True  # after the entry of the file it waits for (the next pass)
+                    continue
                 with trio.fail_after(s.timeout):
-                    await link.delete(delete_id, key, s.next_seq())
+                    await link.delete(delete_id, key, s.next_seq(), after)
                 self.deletes_sent.add(delete_id)
                 did = True
         for delete_id in [d for d in self.deletes_sent if d not in queued]:
@@ -283,6 +376,58 @@ class Channel:
             self.deletes_sent.discard(delete_id)
             did = True
         return did
+
+    def names_out(self, s: Sender, target: tuple[int, int]) -> bool:
+        """Every name change up to target[0] and every delete queued up to id target[1] went out to the peer."""
+        if any(seq <= target[0] for seq in self._due_counts):
+            return False
+        return all(delete_id in self.deletes_sent for delete_id, _, _ in s.ns.deletes if delete_id <= target[1])
+
+    def ask_names(self, s: Sender) -> None:
+        """A rename, unlink or rmdir waits for the peer to hold the names: confirm them (one confirmer per channel;
+        the renames made meanwhile share its next round trip)."""
+        self.names_asked = True
+        self.deletes_due = True
+        self.wake.set()
+        if self.confirming or self.nursery is None or not self.ready or self.failed or self.error is not None:
+            return
+        try:
+            self.nursery.start_soon(self._confirmer, s)
+        except RuntimeError:  # the channel is ending: the waiter looks at the next one
+            return
+        self.confirming = True
+
+    async def _confirmer(self, s: Sender) -> None:
+        try:
+            await self.guarded(self._confirm_names, s)
+        finally:
+            self.confirming = False
+            s.notify()
+
+    async def _confirm_names(self, s: Sender) -> None:
+        """Until no rename waits: what they changed sent (entries before the deletes that wait for them), then one
+        barrier, answered once the peer has them on its disk. A renamed durable file's entry went sealed (its bytes
+        are the bucket's): the barrier's answer makes it replicated here."""
+        link = self.link
+        assert link is not None
+        while self.names_asked:
+            self.names_asked = False
+            target = s.names.target()
+            while not self.names_out(s, target):
+                self.deletes_due = True
+                self.wake.set()
+                await self.sent.wait()  # after each file's frames and each pass: its own entries, not others' bytes
+            copies = dict(self.copy_entries)
+            with trio.fail_after(s.timeout):
+                await link.barrier()
+            self.names_confirmed = (max(self.names_confirmed[0], target[0]), max(self.names_confirmed[1], target[1]))
+            for ino, version in copies.items():
+                cur = s.current(ino)
+                if cur is not None and cur[0].copy_from and cur[1] == version and self.copy_entries.get(ino) == version:
+                    self.sealed[ino] = version
+                    if s.sealed_on(ino, version) >= s.replicas:
+                        s.single_since.pop(ino, None)
+            s.notify()
 
     async def sent_out(self, ino: int) -> None:
         """Until nothing of the file is owed or being sent (frames leave in order: what is sent next comes after)."""

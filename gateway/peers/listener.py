@@ -213,7 +213,9 @@ class _Connection:
             self.failed.pop(ino, None)  # whatever failed of it, the replica goes
             await self._run(ino, store.forget, owner, ino, None if version is None else int(version))
         elif kind is Kind.DELETE:
-            await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]))
+            after = m.get("after_ino")
+            await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]),
+                            None if after is None else int(after))
         elif kind is Kind.DELETE_DONE:
             await self._run(None, store.drop_delete, owner, int(m["op_id"]))
         elif kind is Kind.SEAL:

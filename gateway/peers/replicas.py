@@ -42,14 +42,14 @@ CREATE TABLE IF NOT EXISTS replicas (
     seq INTEGER NOT NULL DEFAULT 0, mtime REAL NOT NULL DEFAULT 0, checkpoint TEXT,
     PRIMARY KEY (owner, ino));
 CREATE TABLE IF NOT EXISTS deletes (
-    owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
+    owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, after_ino INTEGER,
     PRIMARY KEY (owner, op_id));
 CREATE TABLE IF NOT EXISTS checkpoints (
     owner TEXT NOT NULL, path TEXT NOT NULL, noted REAL NOT NULL,
     PRIMARY KEY (owner, path));
 """
 # columns added since the first release (an index written by it is brought up to date at open)
-_ADDED = (("replicas", "seen", "TEXT"), ("replicas", "journal", "TEXT"))
+_ADDED = (("replicas", "seen", "TEXT"), ("replicas", "journal", "TEXT"), ("deletes", "after_ino", "INTEGER"))  # an older index
 _COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal"
 
 
@@ -99,6 +99,7 @@ class ReplicaDelete:
     op_id: int
     key: str
     seq: int
+    after_ino: int | None = None  # the file it waits for: a rename's old key goes once the file is durable under its new one
 
 
 @dataclass
@@ -121,7 +122,8 @@ def _check_meta(meta: dict[str, Any]) -> dict[str, Any]:
             "copy_from": typed("copy_from", (str, type(None)), None), "marker": typed("marker", (bool,), False),
             "seq": typed("seq", (int,), 0), "mtime": float(typed("mtime", (int, float), 0.0)),
             "checkpoint": typed("checkpoint", (str, type(None)), None),
-            "seen": typed("seen", (str, type(None)), None), "journal": typed("journal", (str, type(None)), None)}
+            "seen": typed("seen", (str, type(None)), None), "journal": typed("journal", (str, type(None)), None),
+            "sealed": typed("sealed", (bool,), False), "xxh3": typed("xxh3", (str, type(None)), None)}
 
 
 class ReplicaStore:
@@ -226,7 +228,8 @@ class ReplicaStore:
 
     def deletes(self, owner: str) -> list[ReplicaDelete]:
         with self._lock:
-            rows = self.db.execute("SELECT owner, op_id, key, seq FROM deletes WHERE owner = ? ORDER BY seq, op_id", (owner,)).fetchall()
+            rows = self.db.execute("SELECT owner, op_id, key, seq, after_ino FROM deletes WHERE owner = ? ORDER BY seq, op_id",
+                                   (owner,)).fetchall()
         return [ReplicaDelete(*r) for r in rows]
 
     def held_bytes(self, owner: str | None = None) -> int:
@@ -301,13 +304,27 @@ class ReplicaStore:
     # -- what the listener applies (an owner's frames, in order) -------------------------------------------
 
     def put_entry(self, owner: str, ino: int, meta: dict[str, Any]) -> None:
-        """Upsert a file's entry. A new version is not sealed until the owner seals it. ValueError: malformed."""
+        """Upsert a file's entry. A new version is not sealed until the owner seals it. ValueError: malformed.
+
+        An entry renamed from a durable file (`copy_from`) that the owner sends `sealed` is sealed as it arrives, with
+        the object's xxh3: its bytes are the bucket's, there is nothing here to check (and what this node held of an
+        earlier version is dropped). The owner counts it only once a barrier after it was answered (on the disk)."""
         m = _check_meta(meta)
+        if m["copy_from"] is not None and m["sealed"]:
+            with self._lock:
+                self._forget_file(owner, ino)
+                self.db.execute(f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                (owner, ino, m["key"], m["version"], m["size"], m["xxh3"], m["copy_from"], m["marker"],
+                                 m["seq"], m["mtime"], m["checkpoint"], m["seen"], m["journal"]))
+                self._sealed.add((owner, ino))
+            return
         with self._lock:
-            row = self.db.execute("SELECT version, sealed, size FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            row = self.db.execute("SELECT version, sealed, size, copy_from FROM replicas WHERE owner = ? AND ino = ?",
+                                  (owner, ino)).fetchone()
             # only write and truncate frames change a replica's bytes, and they unseal it first: a sealed replica
-            # given a new version of the same size (a close or fsync that changed no byte) holds that version's bytes
-            sealed = bool(row and row[1] and row[2] == m["size"])
+            # given a new version of the same size (a close or fsync that changed no byte) holds that version's bytes.
+            # Not one sealed as a renamed durable file: it holds no bytes, and the file's are now to be sent
+            sealed = bool(row and row[1] and row[2] == m["size"] and (row[3] is None or m["copy_from"] is not None))
             if not sealed:
                 self._sealed.discard((owner, ino))
             self.db.execute(
@@ -452,9 +469,10 @@ class ReplicaStore:
                     self.note_checkpoint(owner, row[1], time.time())
                 self.drop(owner, ino)
 
-    def add_delete(self, owner: str, op_id: int, key: str, seq: int) -> None:
+    def add_delete(self, owner: str, op_id: int, key: str, seq: int, after_ino: int | None = None) -> None:
         with self._lock:
-            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq) VALUES (?, ?, ?, ?)", (owner, op_id, key, seq))
+            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq, after_ino) VALUES (?, ?, ?, ?, ?)",
+                            (owner, op_id, key, seq, after_ino))
 
     def holdings(self, owner: str) -> list[dict[str, Any]]:
         return [{"ino": e.ino, "version": e.version, "size": e.size, "sealed": e.sealed, "xxh3": e.xxh3}

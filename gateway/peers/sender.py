@@ -40,6 +40,7 @@ from ..upload import hash_range
 from .bandwidth import TokenBucket
 from .channel import POLL_SECONDS, Channel
 from .link import PeerError, PeerLink, PeerUnreachable
+from .names import NameChanges
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +120,10 @@ class Sender:
         self._nursery: trio.Nursery | None = None
         self._digest_threads = trio.CapacityLimiter(2)
         self.fine_mtimes = mtimes_change_after_stat(ns.cache.data_dir)
+        self.names = NameChanges(self)  # renames, unlinks, rmdirs: numbered, and what their FUSE request waits for
         ns.files.on_bytes = self._on_bytes
         ns.files.on_truncate = self._on_truncate
-        ns.tree.on_paths_changed = self._on_paths_changed
+        ns.tree.on_paths_changed = self.names.paths_changed
         ns.uploads.on_file_durable = self._on_durable
 
     # ------------------------------------------------------------------ state
@@ -219,23 +221,6 @@ class Sender:
         for ch in self._healthy():
             ch.owe(ino, now).truncate(size)
 
-    def _on_paths_changed(self, inos: list[int]) -> None:
-        """Renamed, moved with a directory, unlinked or replaced: the peers get the new key (or forget the file)."""
-        now = self.clock()
-        for ch in self._healthy():
-            ch.deletes_due = True
-            ch.wake.set()
-        for ino in inos:
-            cur = self.current(ino)
-            if cur is None and ino not in self.files:
-                continue
-            if ino not in self.files:  # a durable file renamed: its bytes are in the bucket, copied to its new key
-                self.files.add(ino)
-                self.single_since.setdefault(ino, now)
-            for ch in self._healthy():
-                ch.owe(ino, now).entry = True
-        self.notify()
-
     def _on_durable(self, ino: int, version: int) -> None:
         """The drain made `version` durable: the peers drop their replicas of it."""
         self._drop(ino, version)
@@ -248,6 +233,8 @@ class Sender:
         self.forget_digest(ino)
         for ch in self.channels.values():
             ch.owed.pop(ino, None)
+            ch.drop_name(ino)  # durable under its name now: the bucket has the name
+            ch.copy_entries.pop(ino, None)
             ch.seal_wanted.discard(ino)
             if ch.sealed.pop(ino, None) is not None or ino in ch.entries_sent:
                 ch.entries_sent.discard(ino)
@@ -459,10 +446,15 @@ class Sender:
             return None
         cp = self.checkpoints.checkpoint_of(path, is_dir=False)
         key = self.ns.keys.of(path)
-        return {"key": key, "version": version, "size": size, "copy_from": row.copy_from,
+        meta = {"key": key, "version": version, "size": size, "copy_from": row.copy_from,
                 "marker": self.ns.backlog.is_marker(path.rsplit("/", 1)[-1]), "seq": self.next_seq(),
                 "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None,
                 **judged_by(row, key, self.ns.journal.journal_id)}
+        if row.copy_from:
+            # a durable file renamed: its bytes are the bucket's (the object it is copied from), so its entry goes
+            # sealed, with that object's xxh3; a takeover copies it to the new key, and only then deletes the old one
+            meta["sealed"], meta["xxh3"] = True, row.xxh3
+        return meta
 
     def digest_holds(self, ino: int, version: int, xxh3: str) -> bool:
         """The digest `digest` gave for `version` still holds: no change reported and the cache file as it was."""

@@ -125,6 +125,9 @@ class Peers:
     async def replicated(self, ino: int) -> None:
         await self.sender.replicated(ino)
 
+    async def names_replicated(self) -> None:
+        await self.sender.names.replicated()
+
     def is_replicated(self, ino: int) -> bool:
         return self.sender.is_replicated(ino)
 

@@ -91,6 +91,7 @@ class TakeoverReport:
     unsealed: list[str] = field(default_factory=list)  # never acknowledged: not uploaded
     lost: list[str] = field(default_factory=list)  # a renamed durable file whose source object is gone, no bytes here
     deleted: list[str] = field(default_factory=list)
+    deletes_held: list[str] = field(default_factory=list)  # a rename's old key: the file is not durable under its new one
     markers: list[str] = field(default_factory=list)  # commit markers uploaded (also in `uploaded`)
     markers_held: list[str] = field(default_factory=list)  # a file under their directory is not in the bucket
     checkpoints: list[str] = field(default_factory=list)  # mount-relative paths handed to `on_taken_over`
@@ -197,7 +198,8 @@ class Takeover:
         """The owner's work, in its order: copies, uploads, deletes, markers. Raises on a failed request (run again)."""
         report = TakeoverReport(owner)
         latest: dict[str, ReplicaEntry] = {}
-        for e in self.replicas.entries(owner):  # by seq: a later entry for a key supersedes an earlier one
+        held = self.replicas.entries(owner)
+        for e in held:  # by seq: a later entry for a key supersedes an earlier one
             latest[e.key] = e
         entries = sorted(latest.values(), key=lambda e: e.seq)
         checked: dict[int, _Checked] = {}
@@ -221,9 +223,9 @@ class Takeover:
             for e in entries:
                 if e.ino in checks and not e.marker:
                     nursery.start_soon(self._publish_checked, e, checks[e.ino], checked, report, durable)
-        later = {e.key: e.seq for e in entries if e.key in durable}
+        by_ino, keys_held = {e.ino: e for e in held}, {e.key for e in held}
         for d in sorted(self.replicas.deletes(owner), key=lambda d: d.seq):
-            await self._delete(d, later, report)
+            await self._delete(d, report, by_ino, keys_held, durable)
         missing = report.corrupt + report.unsealed + report.lost
         for e in entries:
             if e.marker and e.ino in checked:
@@ -383,9 +385,21 @@ class Takeover:
         log.info("takeover of %s: uploaded %s (%d bytes)", e.owner, e.key, e.size)
         return True
 
-    async def _delete(self, d: ReplicaDelete, later: dict[str, int], report: TakeoverReport) -> None:
-        """A delete the owner queued, unless a file it wrote at the key afterwards is in the bucket now."""
-        if later.get(d.key, -1) > d.seq:
+    async def _delete(self, d: ReplicaDelete, report: TakeoverReport, by_ino: dict[int, ReplicaEntry], keys_held: set[str],
+                      durable: set[str]) -> None:
+        """A delete the owner queued, as the owner's drain would apply it (namespace/uploads.py `ready_deletes`): never
+        of a key one of its files has now (its upload replaces the object: a rename over a durable file, a new file
+        where one was removed; whichever frame went first), and for a delete that waits for a file (a rename's old key:
+        `after_ino`) only once that file is durable under its new key. A file held here but not made durable (never
+        sealed, corrupt, its source gone) keeps the old key: the bucket keeps the file under one name, never neither. A
+        file no longer held was forgotten as durable (or removed): its entry comes before its deletes on the link."""
+        if d.key in keys_held:
+            return
+        waits = by_ino.get(d.after_ino) if d.after_ino is not None else None
+        if waits is not None and waits.key not in durable:
+            report.deletes_held.append(d.key)
+            log.warning("takeover of %s: %s not deleted: %s, renamed from it, is not durable under its new name",
+                        d.owner, d.key, waits.key)
             return
         await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
         try:

@@ -100,9 +100,8 @@ def test_node_lost_after_save_every_file_reaches_the_bucket_via_takeover(cluster
     r = node_loss_trial(cluster, a, [b, c], spec, kill_after=None, after_save=replicated_before_the_loss)
     assert r.acknowledged == 4 and r.undrained_bytes == r.acknowledged_bytes
     assert r.lost == [] and r.misnamed == []  # every file byte-identical, under its final name
-    # the last rename had no fsync after it: like a local file system after power loss, it may be lost
-    # (docs/semantics.md); the file's bytes are not
-    assert r.under_tmp_name in ([], [spec[-1]["name"]]), r.as_dict()
+    # the last rename had no fsync after it, but it returned: the peers held the new name (docs/semantics.md)
+    assert r.under_tmp_name == [], r.as_dict()
     assert r.taken_over_by == ["b"]
     # counted once its record says done, which comes after the uploads the trial waited for
     wait_until("b to count the takeover", lambda: b.metric("ckptfs_peer_takeovers_total") == 1, 60)

@@ -361,8 +361,8 @@ class TrialResult:
     acknowledged_bytes: int
     undrained_bytes: int  # of those, not in the bucket when the node was lost
     lost: list[str]  # acknowledged files in the bucket under neither name, or with other bytes
-    misnamed: list[str]  # renamed, and an fsync returned after that before the loss, but in the bucket under the tmp name only
-    under_tmp_name: list[str]  # renamed just before the loss (no fsync after it): in the bucket under the tmp name
+    misnamed: list[str]  # its rename returned before the loss, but in the bucket under the tmp name only
+    under_tmp_name: list[str]  # its rename had not returned when the node was lost: in the bucket under the tmp name
     durable_s: float | None  # from the loss until every acknowledged file was in the bucket
     taken_over_by: list[str]  # survivors whose ckptfs_peer_takeovers_total went up
     completed_twice: dict[str, int]  # object key -> times its object was made beyond the first
@@ -437,9 +437,9 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
     undrained = sum(a.size for a in files if keys[a.name] not in present and keys[a.name] + ".tmp" not in present)
 
     def rename_confirmed(a: Acknowledged) -> bool:
-        """A rename survives the node's loss once an fsync that waited for the peers returned after it (as on a
-        local file system after power loss, docs/semantics.md): in this save, the next file's."""
-        return a.renamed_at is not None and any(a.renamed_at < b.fsynced_at <= lost_at for b in files)
+        """Under durability = peer a rename survives the node's loss once it returned: the peers held the new name
+        (docs/semantics.md, issue 42)."""
+        return a.renamed_at is not None and a.renamed_at <= lost_at
 
     def where(a: Acknowledged) -> str | None:
         k = keys[a.name]

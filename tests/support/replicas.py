@@ -35,5 +35,6 @@ def hold(replicas: ReplicaStore, owner: str, ino: int, key: str, data: bytes, *,
     return entry
 
 
-def hold_delete(replicas: ReplicaStore, owner: str, op_id: int, key: str, seq: int) -> None:
-    replicas.add_delete(owner, op_id, key, seq)
+def hold_delete(replicas: ReplicaStore, owner: str, op_id: int, key: str, seq: int, after_ino: int | None = None) -> None:
+    """A delete `owner` queued; `after_ino`: the file it waits for (a rename's old key)."""
+    replicas.add_delete(owner, op_id, key, seq, after_ino)

@@ -53,6 +53,8 @@ class FakePeer:
         self.replicas: dict[int, Replica] = {}
         self.forgotten: list[tuple[int, int | None]] = []
         self.deletes: dict[int, str] = {}
+        self.after: dict[int, int | None] = {}  # delete id -> the file it waits for
+        self.frames: list[tuple[str, Any]] = []  # entries, deletes and barriers, in the order they arrived
         self.written = 0  # data bytes received
         self.mismatches = 0  # seals whose xxh3 differed from this copy's
         self.fail_at: str | None = None  # an operation that raises PeerError
@@ -87,9 +89,12 @@ class FakeLink:
 
     async def entry(self, ino: int, meta: dict[str, Any]) -> None:
         await self._op("entry")
+        self.peer.frames.append(("entry", ino))
         r = self.peer.replicas.setdefault(ino, Replica())
         r.meta = dict(meta)
-        if r.sealed and r.sealed[0] != meta["version"]:
+        if meta.get("copy_from") and meta.get("sealed"):
+            r.data, r.sealed = bytearray(), (meta["version"], meta["size"], meta["xxh3"])  # as the ReplicaStore: its bytes are the bucket's
+        elif r.sealed and r.sealed[0] != meta["version"]:
             r.sealed = None  # as the ReplicaStore: a new version is not sealed until the owner seals it
 
     async def write(self, ino: int, fd: int, offset: int, length: int) -> None:
@@ -122,14 +127,17 @@ class FakeLink:
         self.peer.forgotten.append((ino, version))
         self.peer.replicas.pop(ino, None)
 
-    async def delete(self, op_id: int, key: str, seq: int) -> None:
+    async def delete(self, op_id: int, key: str, seq: int, after_ino: int | None = None) -> None:
+        self.peer.frames.append(("delete", key))
         self.peer.deletes[op_id] = key
+        self.peer.after[op_id] = after_ino
 
     async def delete_done(self, op_id: int) -> None:
         self.peer.deletes.pop(op_id, None)
 
     async def barrier(self) -> None:
         await self._op("barrier")
+        self.peer.frames.append(("barrier", None))
 
     async def aclose(self) -> None:
         pass
@@ -721,3 +729,110 @@ def test_a_refused_connection_is_tried_again_until_the_deadline_a_refused_handsh
         assert calls == ["b"]
 
     trio.run(main)
+
+
+@trio_test
+async def test_a_durable_file_renamed_reaches_the_peer_sealed_before_the_rename_returns(tmp_path: Path) -> None:
+    """Issue 42, case 1: what `rename` awaits (`names.replicated`) returns once the peer holds the renamed durable
+    file's entry, sealed (its bytes are the bucket's, under the old key), and then the delete of the old key, naming
+    the file it waits for; the file counts as replicated, not single-copy."""
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "w.tmp")
+        ns.files.write(ino, fd, 0, b"weights")
+        close(ns, ino, fd)
+        ticket = ns.uploads.begin_upload(ino)
+        digest = xxhash.xxh3_128_hexdigest(b"weights")
+        assert ticket is not None and ns.uploads.finish_upload(ticket, "etag", digest)  # durable under p/w.tmp
+        await wait_for(lambda: ino not in b.replicas)  # forgotten once durable
+        b.frames.clear()
+        ns.tree.rename(ROOT_INODE, "w.tmp", ROOT_INODE, "w.pt", False)
+        await sender.names.replicated()  # what the FUSE rename awaits
+        r = b.replicas[ino]
+        assert (r.meta["key"], r.meta["copy_from"]) == ("p/w.pt", "p/w.tmp")
+        assert r.sealed == (ns.files.live[ino].version, 7, digest)
+        [(delete_id, key)] = list(b.deletes.items())
+        assert key == "p/w.tmp" and b.after[delete_id] == ino
+        assert b.frames == [("entry", ino), ("delete", "p/w.tmp"), ("barrier", None)], b.frames
+        assert sender.is_replicated(ino) and sender.single_copy() == (0, 0.0)
+        await sender.names.replicated()  # nothing new: no round trip
+        assert b.frames.count(("barrier", None)) == 1
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_an_unlink_returns_once_the_peer_forgot_the_file(tmp_path: Path) -> None:
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "gone.pt")
+        ns.files.write(ino, fd, 0, b"bytes")
+        close(ns, ino, fd)
+        await sender.replicated(ino)
+        ns.tree.unlink(ROOT_INODE, "gone.pt")
+        await sender.names.replicated()
+        assert ino not in b.replicas and (ino, None) in b.forgotten
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_rename_with_no_peer_returns_degraded_even_under_on_no_peer_fail(tmp_path: Path) -> None:
+    """The rename is applied on this node already: an EIO would tell the writer it failed. Counted as degraded."""
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    cluster = Cluster(b)
+    cluster.down.add("b")
+    sender = sender_for(ns, cluster, on_no_peer="fail")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "w.tmp")
+        ns.files.write(ino, fd, 0, b"weights")
+        close(ns, ino, fd)
+        ns.tree.rename(ROOT_INODE, "w.tmp", ROOT_INODE, "w.pt", False)
+        await sender.names.replicated()
+        assert sender.degraded_writes == 1
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_rename_goes_ahead_of_another_files_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename waits for its own entry and one barrier, not for the bytes another writer is streaming (the pump
+    sends name changes before each chunk): it returns while most of the other file is still to be sent."""
+    import ckptfs.peers.channel as channel_module
+
+    monkeypatch.setattr(channel_module, "CHUNK", 64 << 10)
+    ns = make_ns(tmp_path)
+    b = FakePeer("b")
+    write = FakeLink.write
+    size = 1 << 20
+    slow_inos: set[int] = set()
+
+    async def slow(self: FakeLink, ino: int, fd: int, offset: int, length: int) -> None:
+        await write(self, ino, fd, offset, length)
+        if ino in slow_inos:
+            await trio.sleep(0.05)  # a slow network: 16 chunks of the big file take a while
+
+    monkeypatch.setattr(FakeLink, "write", slow)
+    sender = sender_for(ns, Cluster(b))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        small, sfd = create(ns, "w.tmp")
+        ns.files.write(small, sfd, 0, b"weights")
+        close(ns, small, sfd)
+        await sender.replicated(small)
+        big, bfd = create(ns, "big.pt")
+        slow_inos.add(big)
+        ns.files.write(big, bfd, 0, os.urandom(size))
+        await wait_for(lambda: big in b.replicas and len(b.replicas[big].data) > 0)
+        ns.tree.rename(ROOT_INODE, "w.tmp", ROOT_INODE, "w.pt", False)
+        await sender.names.replicated()
+        assert b.replicas[small].meta["key"] == "p/w.pt"
+        assert len(b.replicas[big].data) < size, "the rename waited for the other file's bytes"
+        await sender.replicated(big)
+        close(ns, big, bfd)
+        nursery.cancel_scope.cancel()

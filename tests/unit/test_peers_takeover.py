@@ -404,3 +404,87 @@ def test_next_round_comes_when_a_held_owners_lease_runs_out(tmp_path: Path) -> N
     assert t.next_look() == pytest.approx(0.5 + 0.05, abs=0.01)
     b.clock.now = now + 1  # type: ignore[attr-defined]  # a's lease ran out a moment ago, and a was not taken
     assert t.next_look() == pytest.approx(TTL / 3)
+
+
+# -- a rename's delete of the old key waits for the file under its new one (issue 42, case 1) -----------------------
+
+def test_a_renamed_durable_file_is_copied_to_its_new_key_before_its_old_key_is_deleted(tmp_path: Path) -> None:
+    """Case 1's replicas: the rename of a durable directory reached the peer (each file's entry sealed, its bytes the
+    bucket's under the old key) with the deletes of the old keys, each naming its file: the new names are made."""
+    store = logging_store()
+    t, _, replicas, _ = setup(tmp_path, store)
+    now = time.time() - 30
+    shards = {f"shard_{i}.bin": os.urandom(1000 + i) for i in range(2)}
+    for i, (name, data) in enumerate(shards.items()):
+        store.objects[f"p/run/step_1.tmp/{name}"] = StoredObject(data, f"e{i}", {XXH3_META: digest(data)}, mtime=now)
+        hold(replicas, "a", 60 + i, f"p/run/step_1/{name}", b"", seq=10 + i, mtime=now, copy_from=f"p/run/step_1.tmp/{name}",
+             xxh3=digest(data), size=len(data))
+        hold_delete(replicas, "a", 1 + i, f"p/run/step_1.tmp/{name}", seq=20 + i, after_ino=60 + i)
+    hold_delete(replicas, "a", 3, "p/run/step_1.tmp/", seq=22)
+
+    [report] = run(t)
+
+    for name, data in shards.items():
+        assert store.objects[f"p/run/step_1/{name}"].body == data
+    assert [k for k in store.objects if "step_1.tmp" in k] == []
+    ops = store.log  # type: ignore[attr-defined]
+    assert [op for op, _ in ops] == ["copy", "copy", "delete", "delete", "delete"], ops
+    assert report.deletes_held == []
+
+
+def test_a_delete_waiting_for_a_file_that_could_not_be_made_durable_is_not_applied(tmp_path: Path) -> None:
+    """The rename's entry reached the peer but not sealed (the node was lost before the rename returned), or the
+    replica is corrupt: the old key stays, so the bucket keeps the file under one name, never neither."""
+    t, store, replicas, _ = setup(tmp_path)
+    now = time.time() - 30
+    durable = b"durable bytes under the old key"
+    store.objects["p/run/step_1.tmp/shard_0.bin"] = StoredObject(durable, "e0", {XXH3_META: digest(durable)}, mtime=now)
+    hold(replicas, "a", 70, "p/run/step_1/shard_0.bin", b"", seq=10, mtime=now, copy_from="p/run/step_1.tmp/shard_0.bin",
+         size=len(durable), sealed=False)
+    hold_delete(replicas, "a", 1, "p/run/step_1.tmp/shard_0.bin", seq=11, after_ino=70)
+    # an older version's object at a file's old key, the file renamed and rewritten since: its replica is corrupt here
+    store.objects["p/old.pt"] = StoredObject(b"v1", "e1", {XXH3_META: digest(b"v1")}, mtime=now)
+    bad = hold(replicas, "a", 71, "p/new.pt", b"v2 bytes", seq=12, mtime=now)
+    with open(bad.path, "r+b") as f:
+        f.write(b"XX")
+    hold_delete(replicas, "a", 2, "p/old.pt", seq=13, after_ino=71)
+    # a delete whose file is no longer held (forgotten as durable, or removed) is applied, as the owner's drain would
+    store.objects["p/forgotten.tmp"] = StoredObject(b"x", "e2", {}, mtime=now)
+    hold_delete(replicas, "a", 3, "p/forgotten.tmp", seq=14, after_ino=72)
+
+    [report] = run(t)
+
+    assert store.objects["p/run/step_1.tmp/shard_0.bin"].body == durable, "the only copy of a durable file was deleted"
+    assert "p/run/step_1/shard_0.bin" not in store.objects
+    assert store.objects["p/old.pt"].body == b"v1"
+    assert "p/new.pt" not in store.objects
+    assert "p/forgotten.tmp" not in store.objects
+    assert sorted(report.deletes_held) == ["p/old.pt", "p/run/step_1.tmp/shard_0.bin"]
+    assert report.deleted == ["p/forgotten.tmp"]
+
+
+def test_a_rename_whose_source_object_is_gone_deletes_nothing_more(tmp_path: Path) -> None:
+    t, store, replicas, _ = setup(tmp_path)
+    now = time.time() - 30
+    hold(replicas, "a", 80, "p/b.pt", b"", seq=1, mtime=now, copy_from="p/a.pt", xxh3=digest(b"gone"), size=4)
+    hold_delete(replicas, "a", 1, "p/a.pt", seq=2, after_ino=80)
+
+    [report] = run(t)
+
+    assert report.lost == ["p/b.pt"] and report.deletes_held == ["p/a.pt"]
+    assert "delete" not in store.calls
+
+
+def test_a_delete_of_a_key_one_of_the_owners_files_has_now_is_not_applied(tmp_path: Path) -> None:
+    """A rename over a durable file queues the delete of the replaced object, and the renamed file now has that key:
+    its upload replaces the object, whichever reached the peer first (the drain never deletes a key a live file has)."""
+    t, store, replicas, _ = setup(tmp_path)
+    now = time.time() - 30
+    store.objects["p/model.pt"] = StoredObject(b"replaced", "e0", {XXH3_META: digest(b"replaced")}, mtime=now - 60)
+    hold(replicas, "a", 90, "p/model.pt", b"the new model", seq=5, mtime=now)  # the entry went before the delete
+    hold_delete(replicas, "a", 1, "p/model.pt", seq=6)
+
+    [report] = run(t)
+
+    in_bucket(store, "p/model.pt", b"the new model")
+    assert report.deleted == []

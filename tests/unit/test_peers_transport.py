@@ -788,3 +788,53 @@ def test_a_real_enospc_on_the_replica_disk_answers_full_and_the_link_goes_on(shm
         with_listener(cfg, shm / "b", body)
     finally:
         disk.close()
+
+
+def test_a_renamed_durable_files_entry_arrives_sealed_and_a_delete_names_the_file_it_waits_for(shm: Path) -> None:
+    """Issue 42, case 1: a durable file renamed holds no bytes on the peer (they are the bucket's), so its entry goes
+    sealed, with the object's xxh3, and a barrier puts it on the disk; the delete of its old key keeps `after_ino`."""
+    src = shm / "a-cache-file"
+    src.write_bytes(os.urandom(1000))
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        store = listener.store
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        fd = os.open(src, os.O_RDONLY)
+        await link.entry(5, entry_meta("run/w.tmp", 1, 1000))  # replicated before it was durable
+        await link.write(5, fd, 0, 1000)
+        os.close(fd)
+        await link.seal(5, 1, 1000, xxhash.xxh3_128_hexdigest(src.read_bytes()))
+        await link.forget(5, 1)  # durable: forgotten; then renamed
+        await link.entry(5, entry_meta("run/w.pt", 2, 1000, seq=2, copy_from="run/w.tmp", sealed=True, xxh3="abc"))
+        await link.delete(7, "run/w.tmp", 3, after_ino=5)
+        await link.barrier()
+        [entry] = store.entries("node-a")
+        assert (entry.key, entry.copy_from, entry.sealed, entry.xxh3, entry.version) == ("run/w.pt", "run/w.tmp", True, "abc", 2)
+        assert not os.path.exists(entry.path) and store.held_bytes("node-a") == 0
+        assert [(d.key, d.after_ino) for d in store.deletes("node-a")] == [("run/w.tmp", 5)]
+        # written since: its bytes are to be sent, the entry without copy_from is not sealed until the owner seals it
+        await link.entry(5, entry_meta("run/w.pt", 3, 1000, seq=4))
+        await link.barrier()
+        assert not store.entries("node-a")[0].sealed
+        await link.aclose()
+
+    with_listener(config(), shm / "b", body)
+
+
+def test_a_replica_index_of_an_older_version_gains_the_deletes_after_ino(shm: Path) -> None:
+    import sqlite3
+
+    (shm / "peers").mkdir()
+    db = sqlite3.connect(shm / "peers" / "replicas.db")
+    db.execute("CREATE TABLE deletes (owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, "
+               "PRIMARY KEY (owner, op_id))")
+    db.execute("INSERT INTO deletes VALUES ('node-a', 1, 'k', 5)")
+    db.commit()
+    db.close()
+    store = ReplicaStore(config(), str(shm))
+    try:
+        store.add_delete("node-a", 2, "k2", 6, 9)
+        assert [(d.key, d.after_ino) for d in store.deletes("node-a")] == [("k", None), ("k2", 9)]
+    finally:
+        store.close()
