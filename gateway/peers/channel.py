@@ -101,8 +101,16 @@ class Channel:
         self.sealing: set[int] = set()  # files whose seal task runs (hashing, or waiting for the answer)
         self.sending: int | None = None  # the file whose frames the pump is sending now
         self.sent = trio.Event()  # set (and replaced) each time the pump is done with a file's frames
-        self.nursery: trio.Nursery | None = None  # the pump's and the seal tasks'
+        self.nursery: trio.Nursery | None = None  # the pump's, the seal tasks' and the link's watch
         self.error: BaseException | None = None  # what failed the channel in one of them
+        self.scope = trio.CancelScope()  # the channel's whole life (`Sender._serve`): `close` cancels it
+
+    def close(self, why: str) -> None:
+        """Judge the peer gone (its node record is down): the channel fails as if a frame had, and its files go to the
+        next candidate. Whatever it was doing (connecting, sending, waiting for a seal) is cancelled."""
+        if self.error is None:
+            self.error = PeerError(f"peer {self.node}: {why}")
+        self.scope.cancel()
 
     def owe(self, ino: int, now: float) -> Owed:
         owed = self.owed.get(ino)

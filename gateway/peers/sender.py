@@ -82,8 +82,9 @@ async def connect(open_link: LinkOpener, node: str, addr: str) -> PeerLink:
 
 class Sender:
     def __init__(self, cfg: Any, ns: Namespace, open_link: LinkOpener, targets: Callable[[], Sequence[Target]],
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic, down: Callable[[], set[str]] = set) -> None:
         self.cfg, self.ns, self.open_link, self.targets, self.clock = cfg, ns, open_link, targets, clock
+        self.down = down  # nodes whose record says down (Membership.down): their channels are closed
         self.replicas: int = cfg.peer_replicas
         self.timeout: float = cfg.peer_timeout
         self.fail = cfg.on_no_peer == "fail"
@@ -376,6 +377,7 @@ class Sender:
                                 ch.owe(ino, self.clock())
                     if self.clock() - last_housekeeping >= HOUSEKEEPING_SECONDS:
                         last_housekeeping = self.clock()
+                        self._close_down()
                         self._fill()
                         for ch in self._healthy():
                             ch.deletes_due = True
@@ -406,20 +408,40 @@ class Sender:
             self._nursery.start_soon(self._serve, ch)
             missing -= 1
 
+    def _close_down(self) -> None:
+        """Channels to nodes whose record is down are closed (a peer that died silently, power lost: nothing may
+        have been sent to it since, so nothing timed out); their files go to the next candidate."""
+        down = self.down()
+        for ch in list(self.channels.values()):
+            if ch.node in down and not ch.failed:
+                ch.close("its node record is down (not renewed within peer_lease_ttl)")
+
+    def _single_copy_now(self) -> None:
+        """A channel failed: every file it held that fewer than R healthy channels hold now is single-copy from now
+        on (`single_copy`, `is_replicated`), until another peer seals it."""
+        now = self.clock()
+        for ino in list(self.files):
+            cur = self.current(ino)
+            if cur is not None and self.sealed_on(ino, cur[1]) < self.replicas:
+                self.single_since.setdefault(ino, now)
+
     async def _serve(self, ch: Channel) -> None:
-        """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails."""
+        """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails; the
+        link's `watch` beside, so a peer gone silent while the channel is idle fails it too."""
         failed = again = False
         try:
-            with trio.fail_after(self.timeout):
-                ch.link = await connect(self.open_link, ch.node, ch.addr)
-                held = await ch.link.holdings()
-            ch.learn(self, held)
-            ch.ready = True
-            log.info("replicating to peer %s (%s)", ch.node, ch.addr)
-            self.notify()
-            async with trio.open_nursery() as nursery:
-                ch.nursery = nursery
-                nursery.start_soon(ch.guarded, ch.pump_forever, self)
+            with ch.scope:
+                with trio.fail_after(self.timeout):
+                    ch.link = await connect(self.open_link, ch.node, ch.addr)
+                    held = await ch.link.holdings()
+                ch.learn(self, held)
+                ch.ready = True
+                log.info("replicating to peer %s (%s)", ch.node, ch.addr)
+                self.notify()
+                async with trio.open_nursery() as nursery:
+                    ch.nursery = nursery
+                    nursery.start_soon(ch.guarded, ch.pump_forever, self)
+                    nursery.start_soon(ch.guarded, ch.link.watch)
             if ch.error is not None:
                 raise ch.error
         except (PeerError, OSError, trio.TooSlowError) as e:
@@ -434,6 +456,7 @@ class Sender:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
                 del self.channels[ch.node]
+            self._single_copy_now()
             if failed and not again:  # cancelled (the sender stops or restarts): the next run connects at once
                 self.rested[ch.node] = self.clock()
             if ch.link is not None:

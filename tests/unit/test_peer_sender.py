@@ -57,6 +57,7 @@ class FakePeer:
         self.fail_at: str | None = None  # an operation that raises PeerError
         self.lose_at: str | None = None  # an operation whose connection the peer closes (once: the peer is still there)
         self.hang_at: str | None = None  # an operation that never answers
+        self.silent = trio.Event()  # set: the peer died silently; a link's idle ping goes unanswered (PeerLink.watch)
         self.links = 0
 
     def held(self) -> dict[int, Held]:
@@ -129,6 +130,11 @@ class FakeLink:
 
     async def barrier(self) -> None:
         await self._op("barrier")
+
+    async def watch(self) -> None:
+        """As PeerLink.watch, told rather than timed (that one is tested on a real link): a silent peer fails it."""
+        await self.peer.silent.wait()
+        raise PeerError(f"peer {self.node}: no answer to a ping")
 
     async def aclose(self) -> None:
         pass
