@@ -788,3 +788,103 @@ def test_a_real_enospc_on_the_replica_disk_answers_full_and_the_link_goes_on(shm
         with_listener(cfg, shm / "b", body)
     finally:
         disk.close()
+
+
+# -- a peer that dies silently (issue 42) ----------------------------------------------------------------
+
+def _socket_with_peer(addr: tuple[str, int]) -> socket.socket | None:
+    """A copy of this process's socket whose other end is `addr` (the listener's side of a link, same process)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.getpeername() == addr:
+                return s
+        except OSError:
+            pass
+        s.close()
+    return None
+
+
+def test_both_ends_of_a_peer_connection_have_keepalive_and_a_user_timeout(shm: Path) -> None:
+    """Power lost on either node sends nothing: the kernel ends the connection within about peer_timeout."""
+    cfg = config(peer_timeout=10.0)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "i", "node-b", addr, SECRET)
+        await link.barrier()  # the listener has accepted and authenticated it
+        ours = link.stream.socket
+        theirs = _socket_with_peer(ours.getsockname())
+        assert theirs is not None, "the listener's side of the connection"
+        try:
+            for s in (ours, theirs):
+                assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10_000
+                idle, interval, probes = (s.getsockopt(socket.IPPROTO_TCP, o)
+                                          for o in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT))
+                assert idle + interval * probes <= 10, (idle, interval, probes)
+        finally:
+            theirs.close()
+            await link.aclose()
+
+    (shm / "b").mkdir()
+    with_listener(cfg, shm / "b", body)
+
+
+def test_an_idle_link_is_pinged_and_a_peer_that_stops_answering_is_noticed_within_peer_timeout() -> None:
+    """Nothing to send, nothing awaited: `watch` pings the peer (a barrier it answers without an fsync), so one that
+    died silently (its kernel may still acknowledge segments: a stopped daemon) breaks the link within peer_timeout
+    of its last answer. Trio's MockClock: the times are the protocol's, not the machine's."""
+    timeout = 8.0
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def main() -> None:
+        c, s = trio.testing.memory_stream_pair()
+        answering = True
+        answers: list[float] = []
+        frames: list[dict[str, Any]] = []
+
+        async def peer() -> None:
+            reader = Reader(s)
+            session = await server_handshake(s, reader, SECRET, "node-b")
+            while True:
+                frame = await session.receive(reader)
+                frames.append(frame.meta)
+                if not answering:
+                    await trio.sleep_forever()  # stopped: reads nothing more, answers nothing
+                await s.send_all(session.encode(Kind.ACK, {"id": frame.meta["id"]}))
+                answers.append(trio.current_time())
+
+        failed: list[tuple[float, PeerError]] = []
+
+        async def watching(link: PeerLink) -> None:
+            try:
+                await link.watch()
+            except PeerError as e:
+                failed.append((trio.current_time(), e))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer)
+            reader = Reader(c)
+            session = await client_handshake(c, reader, SECRET, "node-a", "i", "node-b")
+            link = PeerLink(config(peer_timeout=timeout), "node-b", "b:1", c, reader, session)  # type: ignore[arg-type]
+            nursery.start_soon(watching, link)
+            await trio.sleep(10 * timeout)
+            # idle all along: pinged every quarter of peer_timeout, every ping answered, the link fine
+            assert not failed and link.broken is None
+            assert len(frames) == link.pings >= 35 and all(m.get("ping") is True for m in frames)
+            await link.barrier()  # a real barrier is not a ping
+            assert frames[-1].get("ping") is None
+            answering = False
+            await trio.sleep(2 * timeout)
+            assert len(failed) == 1 and "no answer to a ping" in str(failed[0][1])
+            assert failed[0][0] - answers[-1] <= timeout + 1e-6
+            with pytest.raises(PeerError):
+                await link.entry(1, {})  # broken: the sender takes the next candidate
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=clock)
