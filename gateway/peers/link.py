@@ -22,6 +22,7 @@ kernel still acknowledges the TCP segments (SIGSTOP, a hung event loop).
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -210,7 +211,7 @@ class PeerLink:
             except trio.TooSlowError:
                 raise self._break(f"no progress sending for peer_timeout ({self.timeout:g} s)") from None
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=True) from None
+                raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=_reset(e)) from None
             except BaseException:
                 self._break("cancelled in the middle of a frame")  # the stream is out of step: never used again
                 raise
@@ -301,13 +302,24 @@ class PeerLink:
         except WireError as e:
             raise self._break(str(e), lost=str(e).startswith("connection closed")) from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=True) from None
+            raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=_reset(e)) from None
         if frame.kind not in (Kind.ACK, Kind.ERROR, Kind.HELD):
             raise self._break(f"unexpected frame {frame.kind.name} from the peer")
         self._active_at = trio.current_time()
         waiter = self._waiters.get(int(frame.meta.get("id", -1)))
         if waiter is not None:
             waiter.reply = frame
+
+
+GONE = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
+
+
+def _reset(e: BaseException) -> bool:
+    """The peer closed or reset the connection (its listener restarted: worth connecting again at once), rather than
+    the kernel giving up on a host that stopped answering (keepalive, TCP_USER_TIMEOUT: ETIMEDOUT), which a new
+    connection would only wait on for another peer_timeout."""
+    cause = e.__cause__ or e.__context__ if not isinstance(e, OSError) else e
+    return not (isinstance(cause, OSError) and cause.errno in GONE)
 
 
 async def _close(stream: trio.SocketStream | None) -> None:

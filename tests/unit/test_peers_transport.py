@@ -888,3 +888,23 @@ def test_an_idle_link_is_pinged_and_a_peer_that_stops_answering_is_noticed_withi
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=clock)
+
+
+def test_a_connection_the_kernel_gave_up_on_is_not_connected_again_at_once() -> None:
+    """A reset (the peer's listener restarted) is worth a new connection at once; ETIMEDOUT (keepalive or
+    TCP_USER_TIMEOUT: the host stopped answering) is not, a new connection would only wait out peer_timeout."""
+    import errno
+
+    from ckptfs.peers.link import _reset
+
+    def wrapped(code: int) -> BaseException:
+        try:
+            try:
+                raise OSError(code, os.strerror(code))
+            except OSError as e:
+                raise trio.BrokenResourceError from e  # as trio's SocketStream raises it
+        except trio.BrokenResourceError as b:
+            return b
+
+    assert _reset(wrapped(errno.ECONNRESET)) and _reset(OSError(errno.EPIPE, "broken pipe"))
+    assert not _reset(wrapped(errno.ETIMEDOUT)) and not _reset(OSError(errno.EHOSTUNREACH, "no route"))
