@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import fuse_usable
+from tests.conftest import fuse_usable, write_random
 from tests.support.peer_nodes import WRITER, Cluster, Node, file_spec, wait_until
 from tests.support.seaweed import SeaweedServer
 
@@ -125,3 +125,14 @@ def test_files_whose_only_holder_stopped_answering_are_single_copy_until_another
                lambda: held_by(c, "a", 2) and states(a, spec) == ["replicated"] * 2 and a.metric("ckptfs_single_copy_bytes") == 0,
                120)
     lose_and_check(cluster, a, c, spec, digests)
+
+    # b continued at last: nothing breaks. Its connection from a is gone, the replicas it kept of a are dropped
+    # (c finished a's takeover), and it serves and drains its own files, replicated to c
+    b.resume()
+    wait_until("b to drop the replicas it kept of a", lambda: b.replica_files("a") == [], 120)
+    wait_until("b to see c live", lambda: {"node": "c", "state": "live"}.items() <= next(
+        (p for p in b.status()["peers"] if p["node"] == "c"), {}).items(), 120)
+    digest = write_random(b.path / "after.bin", 2 * MiB, seed=3)
+    assert b.metric("ckptfs_peer_degraded_writes_total") == 0  # its fsync found a peer (c): acknowledged with two copies
+    assert b.flush().returncode == 0
+    assert cluster.object_sha256(b.key("after.bin")) == digest
