@@ -36,7 +36,7 @@ from ..namespace import Namespace, under
 from ..patterns import Patterns
 from ..upload import hash_range
 from .bandwidth import TokenBucket
-from .channel import POLL_SECONDS, Channel
+from .channel import POLL_SECONDS, Channel, channel_status, close_down, single_copy_from_now
 from .link import PeerError, PeerLink, PeerUnreachable
 
 log = logging.getLogger(__name__)
@@ -344,13 +344,7 @@ class Sender:
         return size, oldest
 
     def channel_status(self) -> dict[str, dict[str, Any]]:
-        now = self.clock()
-        out = {}
-        for node, ch in self.channels.items():
-            waiting = [o.since for o in ch.owed.values()] + [self.single_since[i] for i in ch.seal_wanted if i in self.single_since]
-            out[node] = {"connected": ch.ready and not ch.failed, "lag_seconds": round(now - min(waiting), 3) if waiting else 0.0,
-                         "replicated_bytes": ch.replicated_bytes}
-        return out
+        return channel_status(self.channels, self.single_since, self.clock())
 
     # ------------------------------------------------------------------ run
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -377,7 +371,7 @@ class Sender:
                                 ch.owe(ino, self.clock())
                     if self.clock() - last_housekeeping >= HOUSEKEEPING_SECONDS:
                         last_housekeeping = self.clock()
-                        self._close_down()
+                        close_down(self.channels.values(), self.down())
                         self._fill()
                         for ch in self._healthy():
                             ch.deletes_due = True
@@ -408,26 +402,8 @@ class Sender:
             self._nursery.start_soon(self._serve, ch)
             missing -= 1
 
-    def _close_down(self) -> None:
-        """Channels to nodes whose record is down are closed (a peer that died silently, power lost: nothing may
-        have been sent to it since, so nothing timed out); their files go to the next candidate."""
-        down = self.down()
-        for ch in list(self.channels.values()):
-            if ch.node in down and not ch.failed:
-                ch.close("its node record is down (not renewed within peer_lease_ttl)")
-
-    def _single_copy_now(self) -> None:
-        """A channel failed: every file it held that fewer than R healthy channels hold now is single-copy from now
-        on (`single_copy`, `is_replicated`), until another peer seals it."""
-        now = self.clock()
-        for ino in list(self.files):
-            cur = self.current(ino)
-            if cur is not None and self.sealed_on(ino, cur[1]) < self.replicas:
-                self.single_since.setdefault(ino, now)
-
     async def _serve(self, ch: Channel) -> None:
-        """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails; the
-        link's `watch` beside, so a peer gone silent while the channel is idle fails it too."""
+        """One channel's life: connect, learn what the peer holds, send what it is owed (its link watched) until it fails."""
         failed = again = False
         try:
             with ch.scope:
@@ -456,7 +432,7 @@ class Sender:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
                 del self.channels[ch.node]
-            self._single_copy_now()
+            single_copy_from_now(self)
             if failed and not again:  # cancelled (the sender stops or restarts): the next run connects at once
                 self.rested[ch.node] = self.clock()
             if ch.link is not None:
