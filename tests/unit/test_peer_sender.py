@@ -698,7 +698,8 @@ async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below
         ino, fd = create(ns, "shard.pt")
         body = os.urandom(3 << 20)
         ns.files.write(ino, fd, 0, body)
-        await wait_for(lambda: (0, len(body)) in hashed)  # sent, then hashed
+        # sent, then hashed (and the hash kept: `(0, len(body)) in hashed` alone is true while the thread still runs)
+        await wait_for(lambda: (0, len(body)) in hashed and sender._prefix.get(ino, (0, None))[0] == len(body))
         ns.files.write(ino, fd, len(body), b"tail")
         hashed.clear()
         await sender.replicated(ino)
