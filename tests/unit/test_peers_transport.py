@@ -3,6 +3,7 @@ moving a file from a tmpfs cache file into a ReplicaStore."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import tempfile
@@ -908,3 +909,36 @@ def test_a_connection_the_kernel_gave_up_on_is_not_connected_again_at_once() -> 
 
     assert _reset(wrapped(errno.ECONNRESET)) and _reset(OSError(errno.EPIPE, "broken pipe"))
     assert not _reset(wrapped(errno.ETIMEDOUT)) and not _reset(OSError(errno.EHOSTUNREACH, "no route"))
+
+
+def test_a_peer_that_stops_reading_mid_write_breaks_the_link_and_later_calls_fail_at_once(shm: Path) -> None:
+    """The in-flight case: a peer (authenticated) that stops reading while a file streams to it. The kernel's buffers
+    fill, the link's sendfile thread finds no room for peer_timeout and the link breaks: a PeerError, not a hang, and
+    every later frame is refused at once (the sender takes the next candidate)."""
+    src = shm / "a-cache-file"
+    _cache_file(src, 64 * MiB)
+    cfg = config(peer_timeout=1.0)
+
+    async def main() -> None:
+        async def stopped_peer(stream: trio.SocketStream) -> None:
+            await server_handshake(stream, Reader(stream), SECRET, "node-b")
+            await trio.sleep_forever()  # reads nothing more
+
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(functools.partial(trio.serve_tcp, stopped_peer, 0, host="127.0.0.1"))
+            port = listeners[0].socket.getsockname()[1]
+            link = await PeerLink.open(cfg, "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
+            fd = os.open(src, os.O_RDONLY)
+            try:
+                with trio.fail_after(60):  # a hang would fail here, far past peer_timeout
+                    with pytest.raises(PeerError, match="no progress sending"):
+                        await link.write(1, fd, 0, 64 * MiB)
+            finally:
+                os.close(fd)
+            assert link.broken is not None and link.bytes_sent < 64 * MiB
+            with pytest.raises(PeerError):
+                await link.barrier()
+            await link.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
