@@ -15,7 +15,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import trio
 
@@ -117,8 +117,16 @@ class Channel:
         self.names_asked = False
         self.confirming = False  # the confirmer task runs
         self.copy_entries: dict[int, int] = {}  # ino -> version of the last entry sent sealed as a renamed durable file
-        self.nursery: trio.Nursery | None = None  # the pump's and the seal tasks'
+        self.nursery: trio.Nursery | None = None  # the pump's, the seal tasks' and the link's watch
         self.error: BaseException | None = None  # what failed the channel in one of them
+        self.scope = trio.CancelScope()  # the channel's whole life (`Sender._serve`): `close` cancels it
+
+    def close(self, why: str) -> None:
+        """Judge the peer gone (its node record is down): the channel fails as if a frame had, and its files go to the
+        next candidate. Whatever it was doing (connecting, sending, waiting for a seal) is cancelled."""
+        if self.error is None:
+            self.error = PeerError(f"peer {self.node}: {why}")
+        self.scope.cancel()
 
     def owe(self, ino: int, now: float) -> Owed:
         owed = self.owed.get(ino)
@@ -482,3 +490,32 @@ class Channel:
                 s.single_since.pop(ino, None)
         s.notify()
         return True
+
+
+def close_down(channels: Iterable[Channel], down: set[str]) -> None:
+    """Channels to nodes whose record is down (`Membership.down`) are closed: a peer that died silently (power lost)
+    while nothing was sent to it timed nothing out, and its files must go to the next candidate."""
+    for ch in list(channels):
+        if ch.node in down and not ch.failed:
+            ch.close("its node record is down (not renewed within peer_lease_ttl)")
+
+
+def single_copy_from_now(s: Sender) -> None:
+    """A channel failed: every file that fewer than R healthy channels hold now is single-copy from this moment
+    (`Sender.single_copy`, and not `replicated`), until another peer seals it."""
+    now = s.clock()
+    for ino in list(s.files):
+        cur = s.current(ino)
+        if cur is not None and s.sealed_on(ino, cur[1]) < s.replicas:
+            s.single_since.setdefault(ino, now)
+
+
+def channel_status(channels: dict[str, Channel], single_since: dict[int, float], now: float) -> dict[str, dict[str, Any]]:
+    """Each channel as `ckptfs status` shows it: connected, how far behind its peer is (the oldest change or seal it
+    still owes), the bytes it sent."""
+    out = {}
+    for node, ch in channels.items():
+        waiting = [o.since for o in ch.owed.values()] + [single_since[i] for i in ch.seal_wanted if i in single_since]
+        out[node] = {"connected": ch.ready and not ch.failed, "lag_seconds": round(now - min(waiting), 3) if waiting else 0.0,
+                     "replicated_bytes": ch.replicated_bytes}
+    return out

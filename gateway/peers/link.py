@@ -10,10 +10,19 @@ pass through Python.
 A link that lost its connection, timed out (`peer_timeout` without progress on a send, or without an
 answer to a seal, barrier or holdings), or was cancelled mid-frame is broken: every later call raises
 PeerError and the sender opens a new link (or takes the next candidate).
+
+A peer that dies silently (power lost: no FIN, no RST; or its daemon stopped) must be noticed even when
+nothing is being sent to it, or the owner goes on counting files `replicated` on a disk nobody will ever
+read again. Two things notice it, both within `peer_timeout`: the connection's sockets (`tune_socket`, both
+ends) have TCP keepalive and TCP_USER_TIMEOUT, so the kernel gives up on a host that stopped answering at all;
+and `watch` sends a ping (a barrier the peer answers without an fsync) on a link idle for a quarter of
+`peer_timeout`, to be answered within the rest of it, which also catches a daemon that stopped while its
+kernel still acknowledges the TCP segments (SIGSTOP, a hung event loop).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -24,12 +33,13 @@ import trio
 
 from ..peering import PeerOptionError, parse_addr
 from .wire import (REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, PeerUnreachable, Reader, SealMismatch, Session, WireError,
-                   client_handshake)
+                   client_handshake, tune_socket)
 
-__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "PeerUnreachable", "SealMismatch"]
+__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "PeerUnreachable", "SealMismatch", "tune_socket"]
 
 SENDFILE_CHUNK = 8 << 20  # per worker thread call: what a cancel may have to wait for
 ZEROS = bytes(1 << 16)
+IDLE_FRACTION = 0.25  # of peer_timeout: a link with nothing sent or heard for this long is pinged (`watch`)
 
 
 @dataclass
@@ -62,6 +72,8 @@ class PeerLink:
         self._read_lock = trio.Lock()
         self._waiters: dict[int, _Waiter] = {}
         self._next_id = 1
+        self._active_at = trio.current_time()  # the last frame sent or heard (trio's clock: `watch`)
+        self.pings = 0  # idle pings answered
         # set by the sender: awaited with the byte count of each chunk sent (peer_max_bandwidth, all links together)
         self.throttle: Callable[[int], Awaitable[None]] | None = None
 
@@ -78,6 +90,7 @@ class PeerLink:
             with trio.fail_after(cfg.peer_timeout):
                 stream = await trio.open_tcp_stream(host, port)
                 stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+                tune_socket(stream.socket, cfg.peer_timeout)
                 reader = Reader(stream)
                 session = await client_handshake(stream, reader, secret, me, incarnation, node)
         except trio.TooSlowError:
@@ -138,6 +151,32 @@ class PeerLink:
         """Wait until everything sent before is applied (a failed delete is raised here)."""
         await self._request(Kind.BARRIER, {})
 
+    async def ping(self, within: float) -> None:
+        """The peer is there: a barrier it answers at once (no fsync, a failed delete kept for the next real barrier),
+        within `within` seconds of being sent; PeerError otherwise (the link is broken)."""
+        await self._request(Kind.BARRIER, {"ping": True}, within=within)
+        self.pings += 1
+
+    def idle_for(self) -> float:
+        """Seconds since the last frame sent or heard; 0 while a frame is being sent or an answer awaited (each of
+        those has its own peer_timeout)."""
+        if self._send_lock.locked() or self._waiters:
+            return 0.0
+        return max(0.0, trio.current_time() - self._active_at)
+
+    async def watch(self) -> None:
+        """Until the link breaks: a link idle for a quarter of peer_timeout is pinged, the answer awaited for the rest
+        of it, so a peer that died silently while nothing was sent to it is noticed within peer_timeout (raises
+        PeerError). A busy link is not pinged: its sends and answers time out by themselves."""
+        every = self.timeout * IDLE_FRACTION
+        while True:
+            self._check()
+            idle = self.idle_for()
+            if idle < every:
+                await trio.sleep(every - idle if idle > 0 else every)
+                continue
+            await self.ping(self.timeout - every)
+
     async def holdings(self) -> dict[int, Held]:
         """What the peer holds of our files (at connect: sealed ones need not be sent again)."""
         reply = await self._request(Kind.HOLDINGS, {})
@@ -173,10 +212,11 @@ class PeerLink:
                     await self.stream.send_all(head)
                 if length:
                     await self._sendfile(fd, offset, length)
+                self._active_at = trio.current_time()
             except trio.TooSlowError:
                 raise self._break(f"no progress sending for peer_timeout ({self.timeout:g} s)") from None
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=True) from None
+                raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=_reset(e)) from None
             except BaseException:
                 self._break("cancelled in the middle of a frame")  # the stream is out of step: never used again
                 raise
@@ -227,15 +267,16 @@ class PeerLink:
                 await self.stream.send_all(chunk)
             count -= len(chunk)
 
-    async def _request(self, kind: Kind, meta: dict[str, Any]) -> Frame:
-        """Send a request and wait for its answer (peer_timeout after it was sent). Whoever waits reads the
-        connection for everybody: answers come in the order of the requests."""
+    async def _request(self, kind: Kind, meta: dict[str, Any], within: float | None = None) -> Frame:
+        """Send a request and wait for its answer (`within`, by default peer_timeout, after it was sent). Whoever
+        waits reads the connection for everybody: answers come in the order of the requests."""
         request = self._next_id
         self._next_id += 1
         waiter = self._waiters[request] = _Waiter()
         try:
             await self._send(kind, {**meta, "id": request})
-            with trio.move_on_after(self.timeout) as scope:
+            wait = self.timeout if within is None else within
+            with trio.move_on_after(wait) as scope:
                 while waiter.reply is None:
                     self._check()
                     async with self._read_lock:
@@ -244,7 +285,8 @@ class PeerLink:
                         self._check()
                         await self._read_one()
             if scope.cancelled_caught:
-                raise self._break(f"no answer within peer_timeout ({self.timeout:g} s)")
+                raise self._break(f"no answer within peer_timeout ({self.timeout:g} s)" if within is None else
+                                  f"no answer to a ping within {wait:g} s (the link idle; peer_timeout {self.timeout:g} s)")
         finally:
             self._waiters.pop(request, None)
         reply = waiter.reply
@@ -265,12 +307,24 @@ class PeerLink:
         except WireError as e:
             raise self._break(str(e), lost=str(e).startswith("connection closed")) from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=True) from None
+            raise self._break(f"connection lost ({getattr(e, 'strerror', None) or e or type(e).__name__})", lost=_reset(e)) from None
         if frame.kind not in (Kind.ACK, Kind.ERROR, Kind.HELD):
             raise self._break(f"unexpected frame {frame.kind.name} from the peer")
+        self._active_at = trio.current_time()
         waiter = self._waiters.get(int(frame.meta.get("id", -1)))
         if waiter is not None:
             waiter.reply = frame
+
+
+GONE = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
+
+
+def _reset(e: BaseException) -> bool:
+    """The peer closed or reset the connection (its listener restarted: worth connecting again at once), rather than
+    the kernel giving up on a host that stopped answering (keepalive, TCP_USER_TIMEOUT: ETIMEDOUT), which a new
+    connection would only wait on for another peer_timeout."""
+    cause = e.__cause__ or e.__context__ if not isinstance(e, OSError) else e
+    return not (isinstance(cause, OSError) and cause.errno in GONE)
 
 
 async def _close(stream: trio.SocketStream | None) -> None:

@@ -25,8 +25,9 @@ import trio
 
 from ..dbconnection import DiskFull
 from ..peering import parse_addr
+
 from .replicas import ReplicaFull, ReplicaMismatch, ReplicaStore, ReplicaUnknown
-from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_handshake
+from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_handshake, tune_socket
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class Listener:
             where = "?"
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+            tune_socket(stream.socket, self.timeout)  # an owner whose host died silently: the connection ends
             reader = Reader(stream)
             if self._handshakes >= MAX_HANDSHAKES:
                 self.refused_connections += 1
@@ -220,6 +222,10 @@ class _Connection:
             await self._run(None, store.drop_delete, owner, int(m["op_id"]))
         elif kind is Kind.SEAL:
             await self._seal(m)
+        elif kind is Kind.BARRIER and m.get("ping"):
+            # an idle owner asking whether this node is still there (link.watch): answered at once, nothing to fsync;
+            # a failed delete stays for the owner's next real barrier
+            await self._reply(Kind.ACK, {"id": int(m["id"])})
         elif kind is Kind.BARRIER:
             await self._run(None, store.sync)  # the deletes and entries before it are on the disk
             failed, self.failed_other = self.failed_other, None

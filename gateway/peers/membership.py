@@ -95,6 +95,7 @@ class Membership:
         self._fenced = False
         self._valid_until = 0.0  # monotonic
         self._records: dict[str, NodeRecord] = {}  # the others, as last read
+        self._read_at: float | None = None  # monotonic: when the last refresh that succeeded started
         self._changed = trio.Event()  # set (and replaced) whenever admit() may now answer otherwise
         self._own_lock = trio.Lock()
         self._warned_other_incarnation = 0.0
@@ -142,6 +143,17 @@ class Membership:
         """Live peers outside this node's failure domain, in the order this node's replicas go to them (rendezvous)."""
         live = {p.node: p for p in self.peers() if p.state == LIVE and other_domain(self.failure_domain, p.failure_domain)}
         return [live[n] for n in rendezvous(self.me, live)]
+
+    def down(self) -> set[str]:
+        """Other nodes known to be down now: their record, read by a refresh that started less than half the ttl ago,
+        is not live (expired, taken over, or absent while a static `peers` list names the node). A node that renews
+        every third of the ttl showed a record valid two thirds of it past that read, so a fresh read never takes a
+        live node for down; stale records (this node cut from the store) say nothing: empty then, and the peers it
+        streams to are kept. The sender closes its channels to these nodes: one that died silently while nothing was
+        sent to it is dropped as soon as its lease runs out, if the idle ping has not noticed it first."""
+        if self._read_at is None or self.monotonic() - self._read_at > self.ttl / 2:
+            return set()
+        return {p.node for p in self.peers() if p.state != LIVE}
 
     def dead(self) -> list[str]:
         """Other nodes that may be claimed now (records.is_dead), by the records last read."""
@@ -339,6 +351,7 @@ class Membership:
     async def refresh(self) -> None:
         """One LIST of the records and a GET of each one changed since (see the module's docstring for the cost)."""
         prefix = self.key_of(NODES_DIR)
+        started = self.monotonic()
         listing = await threads.call(lambda: self.store.list(prefix))
         seen: dict[str, NodeRecord] = {}
         for obj in listing.objects:
@@ -355,6 +368,7 @@ class Membership:
             if rec is not None and rec.node == node:
                 seen[node] = rec
         self._records = seen
+        self._read_at = started
 
     async def claim(self, node: str) -> bool:
         """Take `node` over: its record `taken_over` by this node, If-Match on the ETag judged dead. True: this node

@@ -38,7 +38,7 @@ from ..namespace.files import MTIME_SETTLED_NS
 from ..patterns import Patterns
 from ..upload import hash_range
 from .bandwidth import TokenBucket
-from .channel import POLL_SECONDS, Channel
+from .channel import POLL_SECONDS, Channel, channel_status, close_down, single_copy_from_now
 from .link import PeerError, PeerLink, PeerUnreachable
 from .names import NameChanges
 
@@ -89,8 +89,9 @@ async def connect(open_link: LinkOpener, node: str, addr: str) -> PeerLink:
 
 class Sender:
     def __init__(self, cfg: Any, ns: Namespace, open_link: LinkOpener, targets: Callable[[], Sequence[Target]],
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic, down: Callable[[], set[str]] = set) -> None:
         self.cfg, self.ns, self.open_link, self.targets, self.clock = cfg, ns, open_link, targets, clock
+        self.down = down  # nodes whose record says down (Membership.down): their channels are closed
         self.replicas: int = cfg.peer_replicas
         self.timeout: float = cfg.peer_timeout
         self.fail = cfg.on_no_peer == "fail"
@@ -337,13 +338,7 @@ class Sender:
         return size, oldest
 
     def channel_status(self) -> dict[str, dict[str, Any]]:
-        now = self.clock()
-        out = {}
-        for node, ch in self.channels.items():
-            waiting = [o.since for o in ch.owed.values()] + [self.single_since[i] for i in ch.seal_wanted if i in self.single_since]
-            out[node] = {"connected": ch.ready and not ch.failed, "lag_seconds": round(now - min(waiting), 3) if waiting else 0.0,
-                         "replicated_bytes": ch.replicated_bytes}
-        return out
+        return channel_status(self.channels, self.single_since, self.clock())
 
     # ------------------------------------------------------------------ run
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -370,6 +365,7 @@ class Sender:
                                 ch.owe(ino, self.clock())
                     if self.clock() - last_housekeeping >= HOUSEKEEPING_SECONDS:
                         last_housekeeping = self.clock()
+                        close_down(self.channels.values(), self.down())
                         self._fill()
                         for ch in self._healthy():
                             ch.deletes_due = True
@@ -401,19 +397,21 @@ class Sender:
             missing -= 1
 
     async def _serve(self, ch: Channel) -> None:
-        """One channel's life: connect, learn what the peer holds, then send what it is owed until it fails."""
+        """One channel's life: connect, learn what the peer holds, send what it is owed (its link watched) until it fails."""
         failed = again = False
         try:
-            with trio.fail_after(self.timeout):
-                ch.link = await connect(self.open_link, ch.node, ch.addr)
-                held = await ch.link.holdings()
-            ch.learn(self, held)
-            ch.ready = True
-            log.info("replicating to peer %s (%s)", ch.node, ch.addr)
-            self.notify()
-            async with trio.open_nursery() as nursery:
-                ch.nursery = nursery
-                nursery.start_soon(ch.guarded, ch.pump_forever, self)
+            with ch.scope:
+                with trio.fail_after(self.timeout):
+                    ch.link = await connect(self.open_link, ch.node, ch.addr)
+                    held = await ch.link.holdings()
+                ch.learn(self, held)
+                ch.ready = True
+                log.info("replicating to peer %s (%s)", ch.node, ch.addr)
+                self.notify()
+                async with trio.open_nursery() as nursery:
+                    ch.nursery = nursery
+                    nursery.start_soon(ch.guarded, ch.pump_forever, self)
+                    nursery.start_soon(ch.guarded, ch.link.watch)
             if ch.error is not None:
                 raise ch.error
         except (PeerError, OSError, trio.TooSlowError) as e:
@@ -428,6 +426,7 @@ class Sender:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
                 del self.channels[ch.node]
+            single_copy_from_now(self)
             if failed and not again:  # cancelled (the sender stops or restarts): the next run connects at once
                 self.rested[ch.node] = self.clock()
             if ch.link is not None:

@@ -47,7 +47,7 @@ class Peers:
         self.listener = Listener(cfg, self.replicas, self.secret, self.me)
         self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr)
         self.listener.on_listening = self._listening
-        self.sender = Sender(cfg, ns, self._open_link, self.membership.targets)
+        self.sender = Sender(cfg, ns, self._open_link, self.membership.targets, down=self.membership.down)
         self.takeover = Takeover(cfg, store, self.replicas, self.membership, ns.keys)  # type: ignore[arg-type]
         self.reconcile = Reconcile(cfg, ns, store, self.membership)  # type: ignore[arg-type]
         self.sweep = Sweep(cfg, store, self.replicas, self.membership)  # type: ignore[arg-type]

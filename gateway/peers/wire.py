@@ -32,6 +32,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,29 @@ CLIENT_LABEL = b"ckptfs-peer/1 client"
 SERVER_LABEL = b"ckptfs-peer/1 server"
 TO_SERVER, TO_CLIENT = b"c", b"s"
 RECEIVE_CHUNK = 1 << 20
+
+KEEPALIVE_PROBES = 3  # keepalive probes unanswered before the kernel ends a peer connection
+
+
+def tune_socket(sock: Any, timeout: float) -> None:
+    """TCP keepalive and TCP_USER_TIMEOUT on a peer connection (both ends: the link's and the listener's), so the
+    kernel closes it within about `timeout` once the other host stops answering at all (power lost, a cable cut):
+    probes after half of it idle, then every sixth; and data left unacknowledged for `timeout` ends it too (an idle
+    ping, a frame). Best effort where an option does not exist (TCP_USER_TIMEOUT is Linux's): `watch` still notices.
+    """
+    idle = max(1, int(timeout / 2))
+    interval = max(1, int(timeout / (2 * KEEPALIVE_PROBES)))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+                        ("TCP_USER_TIMEOUT", max(1, int(timeout * 1000)))):
+        option = getattr(socket, name, None)
+        if option is not None:
+            options.append((socket.IPPROTO_TCP, option, value))
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:
+            pass
 
 
 class PeerError(Exception):

@@ -60,7 +60,9 @@ class FakePeer:
         self.fail_at: str | None = None  # an operation that raises PeerError
         self.lose_at: str | None = None  # an operation whose connection the peer closes (once: the peer is still there)
         self.hang_at: str | None = None  # an operation that never answers
+        self.silent = trio.Event()  # set: the peer died silently; a link's idle ping goes unanswered (PeerLink.watch)
         self.links = 0
+        self.closed = 0  # links to it closed by the owner
 
     def held(self) -> dict[int, Held]:
         return {ino: Held(ino, r.sealed[0], r.sealed[1], True, r.sealed[2]) if r.sealed else Held(ino, 0, len(r.data), False, None)
@@ -75,6 +77,8 @@ class FakeLink:
 
     async def _op(self, name: str) -> None:
         await trio.sleep(0)
+        if self.peer.silent.is_set():
+            await trio.sleep_forever()
         if self.peer.fail_at == name:
             raise PeerError(f"{name}: connection reset")
         if self.peer.lose_at == name:
@@ -139,14 +143,20 @@ class FakeLink:
         await self._op("barrier")
         self.peer.frames.append(("barrier", None))
 
+    async def watch(self) -> None:
+        """As PeerLink.watch, told rather than timed (that one is tested on a real link): a silent peer fails it."""
+        await self.peer.silent.wait()
+        raise PeerError(f"peer {self.node}: no answer to a ping")
+
     async def aclose(self) -> None:
-        pass
+        self.peer.closed += 1
 
 
 class Cluster:
     def __init__(self, *peers: FakePeer) -> None:
         self.peers = {p.node: p for p in peers}
         self.down: set[str] = set()
+        self.records_down: set[str] = set()  # what Membership.down() says
 
     def targets(self) -> list[FakePeer]:
         return [p for p in self.peers.values() if p.node not in self.down]
@@ -164,7 +174,7 @@ def sender_for(ns: Namespace, cluster: Cluster, **opts: Any) -> Sender:
     ns.cfg.peer_timeout = opts.get("peer_timeout", 5.0)
     ns.cfg.peer_replicas = opts.get("peer_replicas", 1)
     ns.cfg.on_no_peer = opts.get("on_no_peer", "degrade")
-    return Sender(ns.cfg, ns, cluster.open, cluster.targets)
+    return Sender(ns.cfg, ns, cluster.open, cluster.targets, down=lambda: set(cluster.records_down))
 
 
 def create(ns: Namespace, name: str, parent: int = ROOT_INODE) -> tuple[int, int]:
@@ -344,6 +354,69 @@ async def test_a_peer_that_does_not_answer_is_replaced_after_peer_timeout(tmp_pa
         await sender.replicated(ino)
         assert b.replicas[ino].sealed is not None and "a" not in sender.channels
         close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_files_whose_only_holder_went_silent_are_single_copy_until_the_next_candidate_holds_them(tmp_path: Path) -> None:
+    """The holder stops answering while the channel is idle (its link's ping fails): from that moment its files are
+    counted single-copy and not `replicated`; once another candidate is there they are sent to it, sealed, and
+    `replicated` again."""
+    ns = make_ns(tmp_path)
+    a, b = FakePeer("a"), FakePeer("b")
+    cluster = Cluster(a, b)
+    cluster.down.add("b")  # not a candidate yet
+    sender = sender_for(ns, cluster, peer_timeout=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        inos = []
+        for name, size in (("s0", 70_000), ("s1", 5_000)):
+            ino, fd = create(ns, name)
+            ns.files.write(ino, fd, 0, os.urandom(size))
+            close(ns, ino, fd)
+            await sender.replicated(ino)
+            inos.append(ino)
+        assert all(sender.is_replicated(i) for i in inos) and sender.single_copy()[0] == 0
+        a.silent.set()  # power lost on a: nothing more is answered
+        await wait_for(lambda: "a" not in sender.channels)
+        assert not any(sender.is_replicated(i) for i in inos)
+        assert sender.single_copy()[0] == 75_000
+        assert sender.channel_status() == {}
+        cluster.down.discard("b")  # a candidate appears
+        await wait_for(lambda: all(sender.is_replicated(i) for i in inos))
+        assert sender.single_copy()[0] == 0 and list(sender.channels) == ["b"]
+        for i in inos:
+            assert bytes(b.replicas[i].data) == file_bytes(ns, i)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_channel_to_a_node_whose_record_is_down_is_closed_and_its_files_go_to_the_next(tmp_path: Path) -> None:
+    """The peer answers nothing and its record ran out: its channel is closed (not kept because nothing timed out),
+    whatever it was waiting for, and the next candidate gets the files."""
+    ns = make_ns(tmp_path)
+    a, b = FakePeer("a"), FakePeer("b")
+    cluster = Cluster(a, b)
+    sender = sender_for(ns, cluster, peer_timeout=3600)  # no timeout would notice in the test's time
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, os.urandom(40_000))
+        close(ns, ino, fd)
+        await sender.replicated(ino)
+        holder, other = (a, b) if "a" in sender.channels else (b, a)
+        holder.hang_at = "seal"  # and the next seal waits for ever: a close cancels it too
+        ino2, fd2 = create(ns, "g")
+        ns.files.write(ino2, fd2, 0, os.urandom(9_000))
+        close(ns, ino2, fd2)
+        cluster.down.add(holder.node)
+        cluster.records_down.add(holder.node)
+        await wait_for(lambda: holder.node not in sender.channels)
+        assert holder.closed == 1
+        await sender.replicated(ino2)
+        await wait_for(lambda: sender.is_replicated(ino))
+        assert list(sender.channels) == [other.node] and sender.single_copy()[0] == 0
+        assert bytes(other.replicas[ino].data) == file_bytes(ns, ino) and bytes(other.replicas[ino2].data) == file_bytes(ns, ino2)
         nursery.cancel_scope.cancel()
 
 
@@ -684,7 +757,8 @@ async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below
         ino, fd = create(ns, "shard.pt")
         body = os.urandom(3 << 20)
         ns.files.write(ino, fd, 0, body)
-        await wait_for(lambda: (0, len(body)) in hashed)  # sent, then hashed
+        # sent, then hashed (and the hash kept: `(0, len(body)) in hashed` alone is true while the thread still runs)
+        await wait_for(lambda: (0, len(body)) in hashed and sender._prefix.get(ino, (0, None))[0] == len(body))
         ns.files.write(ino, fd, len(body), b"tail")
         hashed.clear()
         await sender.replicated(ino)

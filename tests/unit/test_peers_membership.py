@@ -122,6 +122,30 @@ def test_a_node_not_renewed_for_its_ttl_is_dead_and_down() -> None:
     run(main)
 
 
+def test_down_names_a_node_whose_record_ran_out_only_while_the_records_are_fresh() -> None:
+    """The sender closes its channels to `down()` nodes: a peer that died silently is dropped once its lease runs
+    out. Records this node could not read again (cut from the store) say nothing: no peer is taken for down then."""
+    store, clock = MemoryStore(), Clock()
+    a, b = node(store, "a", clock), node(store, "b", clock)
+
+    async def main() -> None:
+        await a.announce()
+        await b.announce()
+        assert b.down() == set()  # nothing read yet
+        await b.refresh()
+        assert b.down() == set()
+        clock.now += TTL + 0.001  # a renewed nothing for its ttl
+        await b.refresh()
+        assert b.down() == {"a"}
+        clock.now += TTL / 2 + 0.001  # b's last read is older than half a ttl: what it knows is stale
+        assert b.down() == set()
+        await a.renew()  # a is back (its record live again)
+        await b.refresh()
+        assert b.down() == set()
+
+    run(main)
+
+
 def test_a_refresh_gets_only_the_records_that_changed() -> None:
     store, clock = MemoryStore(), Clock()
     nodes = [node(store, n, clock) for n in "abcd"]

@@ -3,6 +3,7 @@ moving a file from a tmpfs cache file into a ReplicaStore."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import tempfile
@@ -838,3 +839,156 @@ def test_a_replica_index_of_an_older_version_gains_the_deletes_after_ino(shm: Pa
         assert [(d.key, d.after_ino) for d in store.deletes("node-a")] == [("k", None), ("k2", 9)]
     finally:
         store.close()
+
+
+# -- a peer that dies silently (issue 42) ----------------------------------------------------------------
+
+def _socket_with_peer(addr: tuple[str, int]) -> socket.socket | None:
+    """A copy of this process's socket whose other end is `addr` (the listener's side of a link, same process)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.getpeername() == addr:
+                return s
+        except OSError:
+            pass
+        s.close()
+    return None
+
+
+def test_both_ends_of_a_peer_connection_have_keepalive_and_a_user_timeout(shm: Path) -> None:
+    """Power lost on either node sends nothing: the kernel ends the connection within about peer_timeout."""
+    cfg = config(peer_timeout=10.0)
+
+    async def body(listener: Listener, addr: str) -> None:
+        link = await PeerLink.open(cfg, "node-a", "i", "node-b", addr, SECRET)
+        await link.barrier()  # the listener has accepted and authenticated it
+        ours = link.stream.socket
+        theirs = _socket_with_peer(ours.getsockname())
+        assert theirs is not None, "the listener's side of the connection"
+        try:
+            for s in (ours, theirs):
+                assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10_000
+                idle, interval, probes = (s.getsockopt(socket.IPPROTO_TCP, o)
+                                          for o in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT))
+                assert idle + interval * probes <= 10, (idle, interval, probes)
+        finally:
+            theirs.close()
+            await link.aclose()
+
+    (shm / "b").mkdir()
+    with_listener(cfg, shm / "b", body)
+
+
+def test_an_idle_link_is_pinged_and_a_peer_that_stops_answering_is_noticed_within_peer_timeout() -> None:
+    """Nothing to send, nothing awaited: `watch` pings the peer (a barrier it answers without an fsync), so one that
+    died silently (its kernel may still acknowledge segments: a stopped daemon) breaks the link within peer_timeout
+    of its last answer. Trio's MockClock: the times are the protocol's, not the machine's."""
+    timeout = 8.0
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def main() -> None:
+        c, s = trio.testing.memory_stream_pair()
+        answering = True
+        answers: list[float] = []
+        frames: list[dict[str, Any]] = []
+
+        async def peer() -> None:
+            reader = Reader(s)
+            session = await server_handshake(s, reader, SECRET, "node-b")
+            while True:
+                frame = await session.receive(reader)
+                frames.append(frame.meta)
+                if not answering:
+                    await trio.sleep_forever()  # stopped: reads nothing more, answers nothing
+                await s.send_all(session.encode(Kind.ACK, {"id": frame.meta["id"]}))
+                answers.append(trio.current_time())
+
+        failed: list[tuple[float, PeerError]] = []
+
+        async def watching(link: PeerLink) -> None:
+            try:
+                await link.watch()
+            except PeerError as e:
+                failed.append((trio.current_time(), e))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer)
+            reader = Reader(c)
+            session = await client_handshake(c, reader, SECRET, "node-a", "i", "node-b")
+            link = PeerLink(config(peer_timeout=timeout), "node-b", "b:1", c, reader, session)  # type: ignore[arg-type]
+            nursery.start_soon(watching, link)
+            await trio.sleep(10 * timeout)
+            # idle all along: pinged every quarter of peer_timeout, every ping answered, the link fine
+            assert not failed and link.broken is None
+            assert len(frames) == link.pings >= 35 and all(m.get("ping") is True for m in frames)
+            await link.barrier()  # a real barrier is not a ping
+            assert frames[-1].get("ping") is None
+            answering = False
+            await trio.sleep(2 * timeout)
+            assert len(failed) == 1 and "no answer to a ping" in str(failed[0][1])
+            assert failed[0][0] - answers[-1] <= timeout + 1e-6
+            with pytest.raises(PeerError):
+                await link.entry(1, {})  # broken: the sender takes the next candidate
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=clock)
+
+
+def test_a_connection_the_kernel_gave_up_on_is_not_connected_again_at_once() -> None:
+    """A reset (the peer's listener restarted) is worth a new connection at once; ETIMEDOUT (keepalive or
+    TCP_USER_TIMEOUT: the host stopped answering) is not, a new connection would only wait out peer_timeout."""
+    import errno
+
+    from ckptfs.peers.link import _reset
+
+    def wrapped(code: int) -> BaseException:
+        try:
+            try:
+                raise OSError(code, os.strerror(code))
+            except OSError as e:
+                raise trio.BrokenResourceError from e  # as trio's SocketStream raises it
+        except trio.BrokenResourceError as b:
+            return b
+
+    assert _reset(wrapped(errno.ECONNRESET)) and _reset(OSError(errno.EPIPE, "broken pipe"))
+    assert not _reset(wrapped(errno.ETIMEDOUT)) and not _reset(OSError(errno.EHOSTUNREACH, "no route"))
+
+
+def test_a_peer_that_stops_reading_mid_write_breaks_the_link_and_later_calls_fail_at_once(shm: Path) -> None:
+    """The in-flight case: a peer (authenticated) that stops reading while a file streams to it. The kernel's buffers
+    fill, the link's sendfile thread finds no room for peer_timeout and the link breaks: a PeerError, not a hang, and
+    every later frame is refused at once (the sender takes the next candidate)."""
+    src = shm / "a-cache-file"
+    _cache_file(src, 64 * MiB)
+    cfg = config(peer_timeout=1.0)
+
+    async def main() -> None:
+        async def stopped_peer(stream: trio.SocketStream) -> None:
+            await server_handshake(stream, Reader(stream), SECRET, "node-b")
+            await trio.sleep_forever()  # reads nothing more
+
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(functools.partial(trio.serve_tcp, stopped_peer, 0, host="127.0.0.1"))
+            port = listeners[0].socket.getsockname()[1]
+            link = await PeerLink.open(cfg, "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
+            fd = os.open(src, os.O_RDONLY)
+            try:
+                with trio.fail_after(60):  # a hang would fail here, far past peer_timeout
+                    with pytest.raises(PeerError, match="no progress sending"):
+                        await link.write(1, fd, 0, 64 * MiB)
+            finally:
+                os.close(fd)
+            assert link.broken is not None and link.bytes_sent < 64 * MiB
+            with pytest.raises(PeerError):
+                await link.barrier()
+            await link.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
