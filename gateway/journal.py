@@ -57,6 +57,7 @@ import logging
 import os
 import sqlite3
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,25 @@ _ADDED_COLUMNS = [
 ]
 
 
+def new_journal_id() -> str:
+    return uuid.uuid4().hex
+
+
+def journal_id_of(journal: "Journal") -> str:
+    """The journal's identity: random, made with the journal and kept in it. A node that comes back under its name
+    with another journal (an empty cache directory: a replaced disk, a rescheduled pod) is another incarnation of
+    the node, and must not be taken for the one whose files its peers hold (docs/peers.md, identity). A journal of
+    an earlier release has none yet: it gets one now, once."""
+    row = journal.db.execute("SELECT value FROM meta WHERE key = 'journal_id'").fetchone()
+    if row is not None:
+        return str(row[0])
+    ident = new_journal_id()
+    with journal.transaction():
+        journal.db.execute("INSERT INTO meta(key, value) VALUES ('journal_id', ?)", (ident,))
+    journal.sync()
+    return ident
+
+
 class Journal:
     def __init__(self, path: Path, bucket: str, prefix: str) -> None:
         self.path = path
@@ -283,7 +303,8 @@ class Journal:
             with self.transaction():
                 self.db.executemany(
                     "INSERT INTO meta(key, value) VALUES (?, ?)",
-                    [("schema", str(SCHEMA_VERSION)), ("bucket", bucket), ("prefix", prefix), ("created", str(time.time()))],
+                    [("schema", str(SCHEMA_VERSION)), ("bucket", bucket), ("prefix", prefix), ("created", str(time.time())),
+                     ("journal_id", new_journal_id())],
                 )
                 now = time.time_ns()
                 self.db.execute(
@@ -292,6 +313,7 @@ class Journal:
                     (ROOT_INODE, 0o40755, now, now),
                 )
             self.sync()
+            self.journal_id = journal_id_of(self)
             return
         if meta.get("schema") != str(SCHEMA_VERSION):
             raise JournalError(f"journal {self.path} has schema {meta.get('schema')}, this ckptfs understands {SCHEMA_VERSION}: use the matching ckptfs version")
@@ -301,6 +323,7 @@ class Journal:
                 f"cache dir belongs to {where}, not s3://{bucket}/{prefix}".rstrip("/")
                 + ": use another --cache-dir, or mount that source to drain it first"
             )
+        self.journal_id = journal_id_of(self)
 
     def close(self) -> None:
         self.db.close()

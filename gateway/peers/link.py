@@ -66,7 +66,7 @@ class PeerLink:
         self.throttle: Callable[[int], Awaitable[None]] | None = None
 
     @classmethod
-    async def open(cls, cfg: Any, me: str, incarnation: str, node: str, addr: str, secret: bytes) -> "PeerLink":
+    async def open(cls, cfg: Any, me: str, incarnation: str, node: str, addr: str, secret: bytes, journal: str = "") -> "PeerLink":
         """Connect to `node` at `addr` and prove the secret both ways; PeerError (one line) otherwise."""
         where = f"peer {node} at {addr}"
         try:
@@ -79,7 +79,7 @@ class PeerLink:
                 stream = await trio.open_tcp_stream(host, port)
                 stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
                 reader = Reader(stream)
-                session = await client_handshake(stream, reader, secret, me, incarnation, node)
+                session = await client_handshake(stream, reader, secret, me, incarnation, node, journal)
         except trio.TooSlowError:
             await _close(stream)
             raise PeerError(f"{where} did not answer within peer_timeout ({cfg.peer_timeout:g} s)") from None

@@ -39,12 +39,20 @@ CREATE TABLE IF NOT EXISTS replicas (
     owner TEXT NOT NULL, ino INTEGER NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, size INTEGER NOT NULL,
     sealed INTEGER NOT NULL DEFAULT 0, xxh3 TEXT, copy_from TEXT, marker INTEGER NOT NULL DEFAULT 0,
     seq INTEGER NOT NULL DEFAULT 0, mtime REAL NOT NULL DEFAULT 0, checkpoint TEXT,
+    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (owner, ino));
 CREATE TABLE IF NOT EXISTS deletes (
     owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
+    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (owner, op_id));
 """
-_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint"
+# columns added since the first release: an index of an existing cache gets them (ALTER TABLE), its rows tagged ''
+# (no journal known: `records.same_journal` matches them with any, as that release did)
+_ADDED = [("replicas", "journal", "TEXT NOT NULL DEFAULT ''"), ("replicas", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+          ("deletes", "journal", "TEXT NOT NULL DEFAULT ''"), ("deletes", "incarnation", "TEXT NOT NULL DEFAULT ''")]
+_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, journal, incarnation"
+# rows of `owner` whose journal is ? (or either is '': see records.same_journal)
+_OF_JOURNAL = "owner = ? AND (? = '' OR journal = '' OR journal = ?)"
 
 
 class ReplicaFull(OSError):
@@ -81,6 +89,8 @@ class ReplicaEntry:
     mtime: float
     checkpoint: str | None
     path: str  # its data file
+    journal: str = ""  # the owner's journal id and incarnation that sent it ("": an index of an earlier release)
+    incarnation: str = ""
 
 
 @dataclass
@@ -89,6 +99,8 @@ class ReplicaDelete:
     op_id: int
     key: str
     seq: int
+    journal: str = ""
+    incarnation: str = ""
 
 
 @dataclass
@@ -132,6 +144,9 @@ class ReplicaStore:
             # `sync` puts every change committed so far on the disk before a seal or barrier is acknowledged
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
+            for table, column, decl in _ADDED:
+                if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         except (OSError, sqlite3.Error) as e:
             raise ReplicaIndexError(f"the index of other nodes' replicas {index} cannot be opened ({e}): check the cache "
                                     "disk; moved aside, this node forgets the replicas it holds (their owners send them again)") from None
@@ -169,19 +184,28 @@ class ReplicaStore:
     def path(self, owner: str, ino: int) -> str:
         return str(self.root / owner / str(ino))
 
+    def _tagged(self, owner: str, journal: str | None, keep_incarnation: str | None) -> tuple[str, tuple[Any, ...]]:
+        """The WHERE clause (and its values) of `owner`'s rows of `journal` (None: any), but those `keep_incarnation` sent."""
+        j = journal or ""
+        return (_OF_JOURNAL + " AND incarnation != ?",
+                (owner, j, j, "\0" if keep_incarnation is None else keep_incarnation))
+
     def owners(self) -> list[str]:
         with self._lock:
             rows = self.db.execute("SELECT owner FROM replicas UNION SELECT owner FROM deletes ORDER BY 1").fetchall()
         return [r[0] for r in rows]
 
     def _entry(self, row: tuple[Any, ...]) -> ReplicaEntry:
-        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint = row
+        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, journal, incarnation = row
         return ReplicaEntry(owner, ino, key, version, size, bool(sealed), xxh3, copy_from, bool(marker), seq, mtime,
-                            checkpoint, self.path(owner, ino))
+                            checkpoint, self.path(owner, ino), journal, incarnation)
 
-    def entries(self, owner: str) -> list[ReplicaEntry]:
+    def entries(self, owner: str, journal: str | None = None) -> list[ReplicaEntry]:
+        """`owner`'s entries in its order; with `journal`: only those that journal's incarnations sent (a takeover of
+        one incarnation of a node never takes another's, nor an owner back with a new journal the old one's)."""
+        where, args = self._tagged(owner, journal, None)
         with self._lock:
-            rows = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE owner = ? ORDER BY seq, ino", (owner,)).fetchall()
+            rows = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE {where} ORDER BY seq, ino", args).fetchall()
         return [self._entry(r) for r in rows]
 
     def entry(self, owner: str, ino: int) -> ReplicaEntry | None:
@@ -189,9 +213,11 @@ class ReplicaStore:
             row = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
         return None if row is None else self._entry(row)
 
-    def deletes(self, owner: str) -> list[ReplicaDelete]:
+    def deletes(self, owner: str, journal: str | None = None) -> list[ReplicaDelete]:
+        where, args = self._tagged(owner, journal, None)
         with self._lock:
-            rows = self.db.execute("SELECT owner, op_id, key, seq FROM deletes WHERE owner = ? ORDER BY seq, op_id", (owner,)).fetchall()
+            rows = self.db.execute(f"SELECT owner, op_id, key, seq, journal, incarnation FROM deletes WHERE {where} "
+                                   "ORDER BY seq, op_id", args).fetchall()
         return [ReplicaDelete(*r) for r in rows]
 
     def held_bytes(self, owner: str | None = None) -> int:
@@ -235,26 +261,31 @@ class ReplicaStore:
         except FileNotFoundError:
             pass
 
-    def drop_delete(self, owner: str, op_id: int) -> None:
+    def drop_owner(self, owner: str, journal: str | None = None, keep_incarnation: str | None = None) -> None:
+        """Drop `owner`'s replicas: all of them, or (`journal`) only those its incarnations of that journal sent, but
+        (`keep_incarnation`) those of an incarnation the listener admits now: a takeover or a sweep drops what the
+        incarnation it judged sent, never what a newer one sent since."""
+        everything = journal is None and keep_incarnation is None
+        where, args = self._tagged(owner, journal, keep_incarnation)
         with self._lock:
-            self.db.execute("DELETE FROM deletes WHERE owner = ? AND op_id = ?", (owner, op_id))
-
-    def drop_owner(self, owner: str) -> None:
-        with self._lock:
+            inos = [r[0] for r in self.db.execute(f"SELECT ino FROM replicas WHERE {where}", args)]
+            if everything:  # files the index does not name (a connection lost before the entry) too
+                inos = sorted(set(inos) | {k[1] for k in self._bytes if k[0] == owner} | {k[1] for k in self._fds if k[0] == owner})
             # the files first: on a disk left full by replicas the index cannot change before
-            for o, ino in [k for k in self._bytes if k[0] == owner] + [k for k in self._fds if k[0] == owner]:
-                self._forget_file(o, ino)
+            for ino in inos:
+                self._forget_file(owner, ino)
             self.db.execute("BEGIN IMMEDIATE")
             try:
-                self.db.execute("DELETE FROM replicas WHERE owner = ?", (owner,))
-                self.db.execute("DELETE FROM deletes WHERE owner = ?", (owner,))
+                self.db.execute(f"DELETE FROM replicas WHERE {where}", args)
+                self.db.execute(f"DELETE FROM deletes WHERE {where}", args)
                 self.db.execute("COMMIT")
             except BaseException:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
                 raise
-            self._sealed = {k for k in self._sealed if k[0] != owner}
-            if NODE_NAME.fullmatch(owner):
+            self._sealed -= {(owner, ino) for ino in inos}
+            left = self.db.execute("SELECT 1 FROM replicas WHERE owner = ? LIMIT 1", (owner,)).fetchone()
+            if left is None and NODE_NAME.fullmatch(owner):
                 try:
                     for f in os.scandir(self.root / owner):
                         os.unlink(f.path)
@@ -264,21 +295,24 @@ class ReplicaStore:
 
     # -- what the listener applies (an owner's frames, in order) -------------------------------------------
 
-    def put_entry(self, owner: str, ino: int, meta: dict[str, Any]) -> None:
-        """Upsert a file's entry. A new version is not sealed until the owner seals it. ValueError: malformed."""
+    def put_entry(self, owner: str, ino: int, meta: dict[str, Any], journal: str = "", incarnation: str = "") -> None:
+        """Upsert a file's entry, tagged with the journal and incarnation that sent it. A new version is not sealed
+        until the owner seals it; neither is an entry that replaces another journal's (an inode number of a new
+        journal names another file). ValueError: malformed."""
         m = _check_meta(meta)
         with self._lock:
-            row = self.db.execute("SELECT version, sealed, size FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            row = self.db.execute("SELECT version, sealed, size, journal FROM replicas WHERE owner = ? AND ino = ?",
+                                  (owner, ino)).fetchone()
             # only write and truncate frames change a replica's bytes, and they unseal it first: a sealed replica
             # given a new version of the same size (a close or fsync that changed no byte) holds that version's bytes
-            sealed = bool(row and row[1] and row[2] == m["size"])
+            sealed = bool(row and row[1] and row[2] == m["size"] and (not journal or row[3] == journal))
             if not sealed:
                 self._sealed.discard((owner, ino))
             self.db.execute(
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
-                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?)",
+                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?, ?, ?)",
                 (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["size"], m["copy_from"],
-                 m["marker"], m["seq"], m["mtime"], m["checkpoint"]))
+                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], journal, incarnation))
 
     def is_sealed(self, owner: str, ino: int) -> bool:
         return (owner, ino) in self._sealed
@@ -404,20 +438,32 @@ class ReplicaStore:
             self._hashed[(owner, ino)] = hashed
         return hashed.state.copy().hexdigest()
 
-    def forget(self, owner: str, ino: int, version: int | None) -> None:
-        """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one."""
+    def forget(self, owner: str, ino: int, version: int | None, journal: str = "") -> None:
+        """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one, or
+        one another journal of the owner sent (a new incarnation with an empty journal forgets what it does not
+        list: never its predecessor's files, which its inode numbers do not name)."""
         with self._lock:
-            row = self.db.execute("SELECT version FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            row = self.db.execute("SELECT version, journal FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
+            if row is not None and journal and row[1] and row[1] != journal:
+                return
             if version is None or row is None or row[0] <= version:
                 self.drop(owner, ino)
 
-    def add_delete(self, owner: str, op_id: int, key: str, seq: int) -> None:
+    def add_delete(self, owner: str, op_id: int, key: str, seq: int, journal: str = "", incarnation: str = "") -> None:
         with self._lock:
-            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq) VALUES (?, ?, ?, ?)", (owner, op_id, key, seq))
+            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq, journal, incarnation) VALUES (?, ?, ?, ?, ?, ?)",
+                            (owner, op_id, key, seq, journal, incarnation))
 
-    def holdings(self, owner: str) -> list[dict[str, Any]]:
+    def drop_delete(self, owner: str, op_id: int, journal: str = "") -> None:
+        with self._lock:
+            j = journal or ""
+            self.db.execute(f"DELETE FROM deletes WHERE {_OF_JOURNAL} AND op_id = ?", (owner, j, j, op_id))
+
+    def holdings(self, owner: str, journal: str | None = None) -> list[dict[str, Any]]:
+        """What this node holds of `owner`'s journal (None: any): an owner back with a new journal is not told of its
+        predecessor's files, so it never sends a forget for them."""
         return [{"ino": e.ino, "version": e.version, "size": e.size, "sealed": e.sealed, "xxh3": e.xxh3}
-                for e in self.entries(owner)]
+                for e in self.entries(owner, journal)]
 
 
 def _hash_range(fd: int, h: Any, start: int, end: int) -> None:

@@ -28,7 +28,7 @@ from ..config import Config
 from ..objects import ObjectInfo, StoreError
 from ..upload import XXH3_META, head_or_none
 from .membership import Membership
-from .records import TAKEN_OVER, record_path
+from .records import LIVE, TAKEN_OVER, record_path, same_journal
 from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,20 @@ class Sweep:
             if record is None or (record.state == TAKEN_OVER and record.takeover_done and record.taken_over_by != self.membership.me):
                 why = "its record is gone" if record is None else f"{record.taken_over_by} took it over"
                 log.info("replicas of %s dropped (%d bytes): %s", owner, self.replicas.held_bytes(owner), why)
-                self.replicas.drop_owner(owner)
+                if record is None:
+                    self.replicas.drop_owner(owner)
+                else:  # only what the claimed incarnation's journal sent: not what one that rejoined since sent here
+                    admitted = self.membership.admitted.get(owner)
+                    self.replicas.drop_owner(owner, record.journal_id or None,
+                                             admitted if admitted != record.incarnation else None)
                 report.owners_dropped.append(owner)
                 continue
+            if record.state == LIVE and record.journal_id:
+                # a predecessor's under this name (another journal): taken over before this journal could announce
+                for e in self.replicas.entries(owner):
+                    if not same_journal(e.journal, record.journal_id):
+                        self.replicas.drop(owner, e.ino)
+                        report.entries_dropped.append(e.key)
             for e in self.replicas.entries(owner):
                 if e.mtime > old or not e.sealed or not e.xxh3:
                     continue
