@@ -42,6 +42,7 @@ MAX_HANDSHAKES = 64  # connections not yet authenticated at once; more are close
 WRITE_BUFFER = 1 << 20  # bytes per recv and pwrite (and xxh3 update): small enough to stay in the CPU's cache
 RECEIVE_CHUNK = 16 << 20  # bytes a worker thread receives per call: what a cancel may wait for
 RECEIVE_LOWAT = 256 << 10  # a worker thread wakes when this much has arrived (SO_RCVLOWAT), not at every segment
+REFUSED_BYTES = 64 << 20  # a refused owner's write frame read off (its seal then answered why), at most
 STOP_POLL_MS = 200  # how often a worker thread waiting for an owner's bytes looks whether the listener is stopping
 
 
@@ -446,8 +447,11 @@ async def _refuse(stream: trio.SocketStream, reader: Reader, session: Session, w
         try:
             while True:
                 frame = await session.receive(reader, META_MAX)
-                if frame.data_length:
+                left = frame.data_length  # a write already on its way: read off and discarded, up to REFUSED_BYTES
+                if left > REFUSED_BYTES:
                     return
+                while left:
+                    left -= len(await reader.exactly(min(left, WRITE_BUFFER)))
                 if "id" in frame.meta:
                     await stream.send_all(session.encode(Kind.ERROR, {"id": int(frame.meta["id"]), "error": "refused",
                                                                        "message": f"replicas refused: {why}"}))
