@@ -531,6 +531,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
     return {
         "peers": list(peers.get("peers") or []),
         "peer_state": peers.get("state"),
+        "peer_copies_uncounted": peers.get("copies_uncounted"),  # why this node's writes count no peer copies (None: they do)
         "peer_addr": peers.get("peer_addr"),
         "failure_domain": peers.get("failure_domain"),
         "peer_replica_bytes": peers.get("replica_bytes_held", 0),

@@ -76,6 +76,11 @@ def new_incarnation() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def peer_state(rec: NodeRecord | None, now: float) -> str:
+    """A peer as `ckptfs status` shows it: live, taken_over (claimed by another node, until it rejoins) or down."""
+    return LIVE if is_live(rec, now) else TAKEN_OVER if rec is not None and rec.state == TAKEN_OVER else DOWN
+
+
 @dataclass(frozen=True)
 class PeerState:
     """Another node as this one sees it: where its listener is, its domain, whether it renews its record."""
@@ -83,7 +88,7 @@ class PeerState:
     node: str
     addr: str
     failure_domain: str
-    state: str  # LIVE | DOWN
+    state: str  # LIVE | DOWN | TAKEN_OVER (until it rejoins)
     incarnation: str | None  # of its record (None: no record read)
 
 
@@ -164,11 +169,11 @@ class Membership:
             for p in self.static.values():
                 rec = self._records.get(p.name)
                 domain = p.failure_domain or (rec.failure_domain if rec else "")  # the list's, else the node's own
-                out.append(PeerState(p.name, p.addr, domain, LIVE if is_live(rec, now) else DOWN,
+                out.append(PeerState(p.name, p.addr, domain, peer_state(rec, now),
                                      rec.incarnation if rec else None))
         else:
             for rec in self._records.values():
-                out.append(PeerState(rec.node, rec.peer_addr, rec.failure_domain, LIVE if is_live(rec, now) else DOWN,
+                out.append(PeerState(rec.node, rec.peer_addr, rec.failure_domain, peer_state(rec, now),
                                      rec.incarnation))
         return sorted(out, key=lambda p: p.node)
 
