@@ -16,7 +16,6 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Awaitable, Callable
 
 import pytest
@@ -261,6 +260,5 @@ def test_a_taken_over_record_keeps_the_journal_it_was_claimed_with() -> None:
     rec = b.record_of("a")
     assert rec is not None and rec.state == TAKEN_OVER and rec.journal_id == "ja"
     assert b.owners.owner_refused("a", "a-1", "ja") is not None
+    assert [(p.node, p.state) for p in b.peers()] == [("a", TAKEN_OVER)]  # `ckptfs status`: taken_over until it rejoins
 
-
-_ = SimpleNamespace
