@@ -30,6 +30,7 @@ from ckptfs.peers.listener import Listener
 from ckptfs.peers.membership import Membership
 from ckptfs.peers.records import LIVE, TAKEN_OVER
 from ckptfs.peers.replicas import ReplicaStore
+from ckptfs.peers.sweep import Sweep
 from ckptfs.peers.takeover import Takeover
 from tests.support.memstore import MemoryStore
 from tests.support.replicas import hold
@@ -262,3 +263,29 @@ def test_a_taken_over_record_keeps_the_journal_it_was_claimed_with() -> None:
     assert b.owners.owner_refused("a", "a-1", "ja") is not None
     assert [(p.node, p.state) for p in b.peers()] == [("a", TAKEN_OVER)]  # `ckptfs status`: taken_over until it rejoins
 
+
+
+def test_the_sweep_drops_what_the_claimed_incarnation_sent_not_what_one_admitted_since(shm: Path) -> None:
+    """c holds a's replicas; b took a over and finished. a rejoined (incarnation a-2, same journal) and c admitted it:
+    a sweep acting on the record c read before the rejoin drops a-1's replicas only."""
+    store = MemoryStore()
+    a = member(store, "a", time.time() - 10 * TTL, journal="ja")
+    trio.run(a.announce)
+    b = member(store, "b", time.time(), journal="jb")
+    c = member(store, "c", time.time(), journal="jc")
+    for m in (b, c):
+        trio.run(m.announce)
+        trio.run(m.refresh)
+    assert trio.run(b.claim, "a") and trio.run(b.mark_takeover_done, "a")
+    trio.run(c.refresh)
+    replicas = ReplicaStore(config(shm), str(shm))
+    for ino, incarnation in ((2, "a-1"), (3, "a-2")):
+        data = f"bytes of {ino}".encode()
+        replicas.put_entry("a", ino, meta(f"p/run/f{ino}", len(data), ino), "ja", incarnation)
+        os.pwrite(replicas.reserve("a", ino, len(data)), data, 0)
+        replicas.seal("a", ino, 1, len(data), xxhash.xxh3_128_hexdigest(data))
+    c.admitted["a"] = "a-2"  # what the listener records when it admits the rejoined incarnation
+    report = trio.run(Sweep(config(shm), store, replicas, c).once)  # type: ignore[arg-type]
+    assert report.owners_dropped == ["a"]
+    assert [e.ino for e in replicas.entries("a")] == [3], "the rejoined incarnation's replica was dropped"
+    replicas.close()
