@@ -89,3 +89,28 @@ def test_a_node_whose_record_cannot_be_written_acknowledges_no_peer_copy(cluster
     wait_until("a's record written", lambda: (a.record() or {}).get("state") == "live", 60)
     write_random(a.path / "later.bin", 1 * MiB, seed=2)
     wait_until("a's next write replicated", lambda: a.state("later.bin") == "replicated", 60)
+
+
+def test_an_owner_taken_over_while_paused_does_not_count_the_copies_it_sends_after(cluster: Cluster) -> None:
+    """Case 8 on real daemons: a paused past its lease, taken over by b; resumed, it saves again. On main b
+    acknowledged the new file (a said `replicated`) though the takeover that claimed a would never upload it."""
+    a = cluster.node("a", failure_domain="rack1", upload_delay=HELD, on_no_peer="degrade", peer_timeout=3)
+    b = cluster.node("b", failure_domain="rack2")
+    cluster.wait_live("ab")
+    (a.path / "run").mkdir()
+    first = write_random(a.path / "run/first.bin", 4 * MiB, seed=1)
+    assert a.state("run/first.bin") == "replicated"
+    a.pause()
+    try:
+        wait_until("b to take a over", lambda: (a.record() or {}).get("state") == "taken_over"
+                   and (a.record() or {}).get("takeover_done"), 120)
+        assert cluster.object_sha256(a.key("run/first.bin")) == first
+    finally:
+        a.resume()
+    second = write_random(a.path / "run/second.bin", 4 * MiB, seed=2)  # its fsync returned
+    assert a.state("run/second.bin") != "replicated"
+    # a reconciles and rejoins: what it acknowledged reaches the bucket from its own cache
+    wait_until("a to rejoin", lambda: (a.record() or {}).get("state") == "live", 120)
+    assert a.flush().returncode == 0
+    assert cluster.object_sha256(a.key("run/second.bin")) == second
+    assert cluster.object_sha256(a.key("run/first.bin")) == first
