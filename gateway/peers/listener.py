@@ -162,7 +162,10 @@ class Listener:
                 self._handshakes -= 1
             admitted = None
             if self.judge is not None:
-                why, admitted = await self.judge.admit_owner(session.peer, session.peer_incarnation, session.peer_journal)
+                why = "its node record could not be read within peer_timeout"
+                with trio.move_on_after(self.timeout / 2):  # a hung store: judged by the records as last read
+                    why = self.judge.owner_refused(session.peer, session.peer_incarnation, session.peer_journal)
+                    why, admitted = await self.judge.admit_owner(session.peer, session.peer_incarnation, session.peer_journal)
                 if why is not None:
                     self.refused_owners += 1
                     self._log.warning("replicas of %s (incarnation %s) refused: %s", session.peer, session.peer_incarnation, why)

@@ -246,7 +246,9 @@ class Membership:
 
     # ------------------------------------------------------------ our record
     async def announce(self) -> None:
-        """Read what an earlier incarnation left; fence if it was taken over, else write ours live."""
+        """Read what an earlier incarnation left; fence if it was taken over, wait if it is a predecessor with another
+        journal not yet taken over (`identity.wait_for_predecessor`: not announced, asked again at each renewal), else
+        write ours live."""
         async with self._own_lock:
             try:
                 rec, etag = await self._read_etag(self.me)
