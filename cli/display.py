@@ -201,6 +201,8 @@ def peers_line(st: dict[str, Any]) -> Text:
     state = st.get("peer_state") or "?"
     own = Text(f"{st.get('node') or 'this node'} {state}", style="green" if state == "live" else "bold red")
     parts: list[Text | str] = [own]
+    if st.get("peer_copies_uncounted"):
+        parts.append(Text(f"peer copies not counted: {st['peer_copies_uncounted']}", style="bold red"))
     for p in st.get("peers") or []:
         lag = p.get("lag_seconds")
         detail = f" (lag {fmt_duration(lag)})" if p.get("state") == "live" and lag else ""

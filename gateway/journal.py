@@ -57,6 +57,7 @@ import logging
 import os
 import sqlite3
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,26 @@ _ADDED_COLUMNS = [
 ]
 
 
+def new_journal_id() -> str:
+    return uuid.uuid4().hex
+
+
+def journal_id_of(journal: "Journal") -> str:
+    """The journal's identity: random, made with the journal and kept in it. A node that comes back under its name
+    with another journal (an empty cache directory: a replaced disk, a rescheduled pod) is another incarnation of
+    the node, and must not be taken for the one whose files its peers hold (docs/peers.md, identity). A journal of
+    an earlier release has none yet: it gets one now, once. Also the journal of provenance (publishing.py): an inode
+    number and a version mean something only within one journal."""
+    row = journal.db.execute("SELECT value FROM meta WHERE key = 'journal_id'").fetchone()
+    if row is not None:
+        return str(row[0])
+    ident = new_journal_id()
+    with journal.transaction():
+        journal.db.execute("INSERT INTO meta(key, value) VALUES ('journal_id', ?)", (ident,))
+    journal.sync()
+    return ident
+
+
 class Journal:
     def __init__(self, path: Path, bucket: str, prefix: str) -> None:
         self.path = path
@@ -279,16 +300,13 @@ class Journal:
         """A journal belongs to one bucket and prefix; reusing it elsewhere would upload to the wrong place."""
         meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
         self.bound_now = not meta  # this start bound it: `discard` may undo that if the mount never comes up
-        # which journal this is (publishing.py's provenance): an inode number and a version mean something only within
-        # one journal; the time it was created, as every journal has kept since the first release
-        self.journal_id = meta.get("journal_id") or meta.get("created") or ""
         if not meta:
             with self.transaction():
                 self.db.executemany(
                     "INSERT INTO meta(key, value) VALUES (?, ?)",
-                    [("schema", str(SCHEMA_VERSION)), ("bucket", bucket), ("prefix", prefix), ("created", str(time.time()))],
+                    [("schema", str(SCHEMA_VERSION)), ("bucket", bucket), ("prefix", prefix), ("created", str(time.time())),
+                     ("journal_id", new_journal_id())],
                 )
-                self.journal_id = str(self.db.execute("SELECT value FROM meta WHERE key = 'created'").fetchone()[0])
                 now = time.time_ns()
                 self.db.execute(
                     "INSERT INTO inodes(ino, parent, name, kind, mode, uid, gid, mtime_ns, ctime_ns) "
@@ -296,6 +314,7 @@ class Journal:
                     (ROOT_INODE, 0o40755, now, now),
                 )
             self.sync()
+            self.journal_id = journal_id_of(self)
             return
         if meta.get("schema") != str(SCHEMA_VERSION):
             raise JournalError(f"journal {self.path} has schema {meta.get('schema')}, this ckptfs understands {SCHEMA_VERSION}: use the matching ckptfs version")
@@ -305,6 +324,7 @@ class Journal:
                 f"cache dir belongs to {where}, not s3://{bucket}/{prefix}".rstrip("/")
                 + ": use another --cache-dir, or mount that source to drain it first"
             )
+        self.journal_id = journal_id_of(self)
 
     def close(self) -> None:
         self.db.close()

@@ -78,7 +78,7 @@ class PeerLink:
         self.throttle: Callable[[int], Awaitable[None]] | None = None
 
     @classmethod
-    async def open(cls, cfg: Any, me: str, incarnation: str, node: str, addr: str, secret: bytes) -> "PeerLink":
+    async def open(cls, cfg: Any, me: str, incarnation: str, node: str, addr: str, secret: bytes, journal: str = "") -> "PeerLink":
         """Connect to `node` at `addr` and prove the secret both ways; PeerError (one line) otherwise."""
         where = f"peer {node} at {addr}"
         try:
@@ -92,7 +92,7 @@ class PeerLink:
                 stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
                 tune_socket(stream.socket, cfg.peer_timeout)
                 reader = Reader(stream)
-                session = await client_handshake(stream, reader, secret, me, incarnation, node)
+                session = await client_handshake(stream, reader, secret, me, incarnation, node, journal)
         except trio.TooSlowError:
             await _close(stream)
             raise PeerError(f"{where} did not answer within peer_timeout ({cfg.peer_timeout:g} s)") from None

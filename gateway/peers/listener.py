@@ -7,6 +7,13 @@ handshake within `peer_timeout`, proves a wrong secret, sends a frame with a wro
 stalls mid-frame for `peer_timeout`, is closed without a word, counted and logged in one line (at most a
 few a minute). An authenticated owner's frames that fail on this disk (capacity, ENOSPC, EIO) are remembered
 per file and answered at its seal (`PeerFull`, an error): the connection goes on, the owner tries another peer.
+
+Whose replicas (docs/peers.md, identity): only an owner's incarnation whose node record is live in the bucket
+(read at the connection, one GET) may send; every frame is checked again against the records as last read,
+so frames of an incarnation claimed since (by this node at once, by another at the next read of the records)
+are refused: the owner's seal fails and its write is not counted as replicated, where the takeover that
+claimed it would have dropped the bytes. Entries are tagged with the owner's journal id and incarnation, and a
+new journal's forgets and holdings concern its own files only.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import socket
 import sqlite3
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import trio
 
@@ -36,6 +43,7 @@ MAX_HANDSHAKES = 64  # connections not yet authenticated at once; more are close
 WRITE_BUFFER = 1 << 20  # bytes per recv and pwrite (and xxh3 update): small enough to stay in the CPU's cache
 RECEIVE_CHUNK = 16 << 20  # bytes a worker thread receives per call: what a cancel may wait for
 RECEIVE_LOWAT = 256 << 10  # a worker thread wakes when this much has arrived (SO_RCVLOWAT), not at every segment
+REFUSED_BYTES = 64 << 20  # a refused owner's write frame read off (its seal then answered why), at most
 STOP_POLL_MS = 200  # how often a worker thread waiting for an owner's bytes looks whether the listener is stopping
 
 
@@ -63,9 +71,20 @@ class _RateLimitedLog:
         log.warning(msg + more, *args)
 
 
+class OwnerJudge(Protocol):
+    """Whose replicas this node takes (membership.Membership)."""
+
+    async def admit_owner(self, node: str, incarnation: str, journal: str) -> tuple[str | None, Any]: ...
+
+    def owner_refused(self, node: str, incarnation: str, journal: str, admitted: Any = None) -> str | None: ...
+
+
 class Listener:
-    def __init__(self, cfg: Any, store: ReplicaStore, secret: bytes, me: str) -> None:
+    def __init__(self, cfg: Any, store: ReplicaStore, secret: bytes, me: str, judge: OwnerJudge | None = None) -> None:
         self.cfg, self.store, self.secret, self.me = cfg, store, secret, me
+        self.judge = judge  # None: every authenticated owner is taken (a listener without node records: tests only)
+        self.refused_owners = 0  # connections or frames refused: the owner's incarnation has no live record
+        self._by_owner: dict[str, "_Connection"] = {}  # the connection each owner sends on now
         self.host, self.port = parse_addr(cfg.peer_addr)  # port: the bound one once `run` started
         self.configured_port = self.port
         self.on_listening: Callable[[str], None] = lambda addr: None  # the address bound (the node record announces it)
@@ -143,11 +162,29 @@ class Listener:
                 return
             finally:
                 self._handshakes -= 1
+            admitted = None
+            if self.judge is not None:
+                why = "its node record could not be read within peer_timeout"
+                with trio.move_on_after(self.timeout / 2):  # a hung store: judged by the records as last read
+                    why = self.judge.owner_refused(session.peer, session.peer_incarnation, session.peer_journal)
+                    why, admitted = await self.judge.admit_owner(session.peer, session.peer_incarnation, session.peer_journal)
+                if why is not None:
+                    self.refused_owners += 1
+                    self._log.warning("replicas of %s (incarnation %s) refused: %s", session.peer, session.peer_incarnation, why)
+                    await _refuse(stream, reader, session, why, self.timeout)
+                    return
             self.accepted_connections += 1
             self.connections += 1
-            log.info("peer %s (incarnation %s) connected from %s", session.peer, session.peer_incarnation, where)
+            log.info("peer %s (incarnation %s, journal %s) connected from %s", session.peer, session.peer_incarnation,
+                     session.peer_journal or "-", where)
+            conn = _Connection(self, stream, reader, session, admitted)
+            old = self._by_owner.get(session.peer)
+            if old is not None:
+                old.superseded = True  # one connection per owner: the old one applies nothing more (its frames may
+                # still be buffered while the new one seals: they would land after the seal)
+            self._by_owner[session.peer] = conn
             try:
-                await _Connection(self, stream, reader, session).serve()
+                await conn.serve()
             except _Stopping:
                 pass
             except (_Dropped, WireError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
@@ -159,6 +196,8 @@ class Listener:
                     self._log.warning("peer connection from %s (%s) dropped: %s", where, session.peer, why)
             finally:
                 self.connections -= 1
+                if self._by_owner.get(session.peer) is conn:
+                    del self._by_owner[session.peer]
         except Exception as e:  # noqa: BLE001 - one connection never takes the listener down
             self.dropped_connections += 1
             log.error("peer connection from %s failed: %s", where, e, exc_info=True)
@@ -171,10 +210,14 @@ class Listener:
 class _Connection:
     """One authenticated owner's frames applied to the store, in order."""
 
-    def __init__(self, listener: Listener, stream: trio.SocketStream, reader: Reader, session: Session) -> None:
+    def __init__(self, listener: Listener, stream: trio.SocketStream, reader: Reader, session: Session,
+                 admitted: Any = None) -> None:
         self.listener, self.stream, self.reader, self.session = listener, stream, reader, session
         self.store = listener.store
         self.owner = session.peer
+        self.journal, self.incarnation = session.peer_journal, session.peer_incarnation
+        self.admitted = admitted  # the owner's record this connection was admitted by
+        self.superseded = False  # the owner connected again: this connection is closed at its next frame
         self.failed: dict[int, Exception] = {}  # ino -> the first failure of its frames since its last seal
         self.failed_other: Exception | None = None  # a delete's: answered at the next barrier
         self.buffer = bytearray(WRITE_BUFFER)
@@ -182,6 +225,18 @@ class _Connection:
     async def serve(self) -> None:
         while True:
             frame = await self._next_frame()
+            if self.superseded:
+                log.info("peer %s: an older connection closed (the owner connected again)", self.owner)
+                raise _Stopping
+            judge = self.listener.judge
+            why = None if judge is None else judge.owner_refused(self.owner, self.incarnation, self.journal, self.admitted)
+            if why is not None:  # claimed since it connected: nothing more of it is kept
+                self.listener.refused_owners += 1
+                self.listener._log.warning("replicas of %s (incarnation %s) refused from now on: %s", self.owner,
+                                           self.incarnation, why)
+                if "id" in frame.meta and frame.data_length == 0:
+                    await self._reply(Kind.ERROR, {"id": int(frame.meta["id"]), "error": "refused", "message": why})
+                raise _Stopping  # closed: the owner's pending seals fail, its sender reconnects and is refused
             try:
                 await self._apply(frame)
             except (ValueError, KeyError, TypeError) as e:
@@ -204,7 +259,7 @@ class _Connection:
             await self._write(int(m["ino"]), int(m["offset"]), frame.data_length)
         elif kind is Kind.ENTRY:
             ino = int(m["ino"])
-            await self._run(ino, store.put_entry, owner, ino, m["meta"])
+            await self._run(ino, store.put_entry, owner, ino, m["meta"], self.journal, self.incarnation)
         elif kind is Kind.TRUNCATE:
             ino = int(m["ino"])
             await self._unseal(ino)
@@ -213,13 +268,13 @@ class _Connection:
             ino = int(m["ino"])
             version = m.get("version")
             self.failed.pop(ino, None)  # whatever failed of it, the replica goes
-            await self._run(ino, store.forget, owner, ino, None if version is None else int(version))
+            await self._run(ino, store.forget, owner, ino, None if version is None else int(version), self.journal)
         elif kind is Kind.DELETE:
             after = m.get("after_ino")
             await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]),
-                            None if after is None else int(after))
+                            None if after is None else int(after), self.journal, self.incarnation)
         elif kind is Kind.DELETE_DONE:
-            await self._run(None, store.drop_delete, owner, int(m["op_id"]))
+            await self._run(None, store.drop_delete, owner, int(m["op_id"]), self.journal)
         elif kind is Kind.SEAL:
             await self._seal(m)
         elif kind is Kind.BARRIER and m.get("ping"):
@@ -232,7 +287,7 @@ class _Connection:
             await self._answer(int(m["id"]), failed)
         elif kind is Kind.HOLDINGS:
             try:
-                held = await trio.to_thread.run_sync(store.holdings, owner)
+                held = await trio.to_thread.run_sync(store.holdings, owner, self.journal or None)
             except (OSError, sqlite3.Error) as e:  # the index cannot be read: the owner takes another peer
                 await self._answer(int(m["id"]), e)
                 return
@@ -393,3 +448,23 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
+
+
+async def _refuse(stream: trio.SocketStream, reader: Reader, session: Session, why: str, timeout: float) -> None:
+    """Tell an owner whose replicas this node does not take why, at its first request (a sender's first frame is
+    HOLDINGS), then close: its link fails with that message and the owner degrades or fails (`on_no_peer`)."""
+    with trio.move_on_after(timeout):
+        try:
+            while True:
+                frame = await session.receive(reader, META_MAX)
+                left = frame.data_length  # a write already on its way: read off and discarded, up to REFUSED_BYTES
+                if left > REFUSED_BYTES:
+                    return
+                while left:
+                    left -= len(await reader.exactly(min(left, WRITE_BUFFER)))
+                if "id" in frame.meta:
+                    await stream.send_all(session.encode(Kind.ERROR, {"id": int(frame.meta["id"]), "error": "refused",
+                                                                       "message": f"replicas refused: {why}"}))
+                    return
+        except (WireError, ValueError, TypeError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return

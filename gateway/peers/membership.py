@@ -15,6 +15,14 @@ own. The records are `records.NodeRecord`s at `.ckptfs/nodes/<node>.json` under 
   counting while the process is stopped and while the machine is suspended. Other nodes judge
   `expires_at` by their wall clocks, so clocks must agree within the margin (NTP: milliseconds).
   A renewal whose If-Match fails reads the record: `taken_over` -> this node is fenced.
+* Identity (docs/peers.md): the record carries this node's journal id (made with its cache directory). A record
+  under our name with *another* journal id that was not taken over to the end is a predecessor: a node of this name
+  whose disk was lost, whose peers may still hold files nobody uploaded. This incarnation then writes nothing
+  (`waiting_for`): the predecessor's record stays as it is, so its holders claim it when its lease runs out and
+  take it over; the peers' listeners refuse this incarnation's frames meanwhile (its record is not the one in
+  the bucket), so an empty journal never tells them to forget anything. Once the record says the takeover
+  finished, ours is written live. A predecessor nobody claims for 2 x ttl after it became dead had no live
+  holder: its record is written over then (logged), or the name could never be mounted again.
 * The fence: `admit()` returns at once while the lease is valid and the node is not fenced;
   otherwise it waits for the next renewal (or for `rejoin`). The drain awaits it before every
   request that writes to the bucket, so a node paused past its ttl sends at most the requests
@@ -45,8 +53,9 @@ from .. import threads
 from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from ..peering import StaticPeer, parse_peer
 from ..storeapi import LifecycleStore, read_json
+from .identity import Owners, stamp, wait_for_predecessor
 from .records import (DOWN, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, other_domain, record_path,
-                      rendezvous)
+                      rendezvous, same_journal)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,11 @@ def new_incarnation() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def peer_state(rec: NodeRecord | None, now: float) -> str:
+    """A peer as `ckptfs status` shows it: live, taken_over (claimed by another node, until it rejoins) or down."""
+    return LIVE if is_live(rec, now) else TAKEN_OVER if rec is not None and rec.state == TAKEN_OVER else DOWN
+
+
 @dataclass(frozen=True)
 class PeerState:
     """Another node as this one sees it: where its listener is, its domain, whether it renews its record."""
@@ -74,15 +88,16 @@ class PeerState:
     node: str
     addr: str
     failure_domain: str
-    state: str  # LIVE | DOWN
+    state: str  # LIVE | DOWN | TAKEN_OVER (until it rejoins)
     incarnation: str | None  # of its record (None: no record read)
 
 
 class Membership:
     def __init__(self, cfg: Any, store: LifecycleStore, key_of: Callable[[str], str], me: str, incarnation: str,
                  peer_addr_bound: str, *, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = boottime) -> None:
+                 monotonic: Callable[[], float] = boottime, journal_id: str = "") -> None:
         self.store, self.key_of, self.me, self.incarnation = store, key_of, me, incarnation
+        self.journal_id = journal_id
         self.peer_addr, self.failure_domain = peer_addr_bound, cfg.failure_domain
         self.ttl: float = cfg.peer_lease_ttl
         self.margin = self.ttl * MARGIN
@@ -90,6 +105,12 @@ class Membership:
         self.static: dict[str, StaticPeer] = {p.name: p for p in map(parse_peer, cfg.peers) if p.name != me}
         self.record_at_start: NodeRecord | None = None  # what an earlier incarnation left (read at announce)
         self.must_reconcile = False  # taken over while away: reconcile, then rejoin()
+        self.waiting_for: NodeRecord | None = None  # a predecessor (another journal under our name) not yet taken over
+        self.record_error = ""  # why our record could not be written at the last attempt ("": it was)
+        self._read_at_start = False
+        self._warned_predecessor = -1e18
+        self.owners = Owners(self)  # whose replicas this node's listener takes
+        self.admitted = self.owners.admitted
         self.announced = trio.Event()  # set once the record at start is known (and ours written, unless fenced)
         self._own: NodeRecord | None = None  # our record as last written or read by us (its etag: the next If-Match)
         self._fenced = False
@@ -112,7 +133,25 @@ class Membership:
         return not self._fenced and self._own is not None and self.monotonic() < self._valid_until
 
     def state(self) -> str:
+        if self.waiting_for is not None:
+            return "waiting_predecessor"
+        if self._own is None and not self._fenced:
+            return "unannounced"
         return "fenced" if self._fenced else LIVE if self.lease_valid() else "expired"
+
+    def copies_uncounted(self) -> str | None:
+        """Why peer copies of this node's files must not count as replicas now (None: they count). Only a node whose
+        record is in the bucket under this incarnation can be taken over, and its peers refuse the frames of one
+        that has none (`owner_refused`): what they were sent would be dropped, never uploaded."""
+        if self.waiting_for is not None:
+            return (f"this node's record still names a predecessor with another cache (journal {self.waiting_for.journal_id[:8]}): "
+                    "waiting for its takeover")
+        if self._fenced:
+            return "this node was taken over and has not rejoined"
+        if self._own is None or self._own.incarnation != self.incarnation:
+            why = f" ({self.record_error})" if self.record_error else ""
+            return f"this node's record {self.key_of(record_path(self.me))} could not be written{why}"
+        return None
 
     async def admit(self) -> None:
         """The drain's fence: returns at once while the lease is valid; else waits for a renewal (or `rejoin`)."""
@@ -131,11 +170,11 @@ class Membership:
             for p in self.static.values():
                 rec = self._records.get(p.name)
                 domain = p.failure_domain or (rec.failure_domain if rec else "")  # the list's, else the node's own
-                out.append(PeerState(p.name, p.addr, domain, LIVE if is_live(rec, now) else DOWN,
+                out.append(PeerState(p.name, p.addr, domain, peer_state(rec, now),
                                      rec.incarnation if rec else None))
         else:
             for rec in self._records.values():
-                out.append(PeerState(rec.node, rec.peer_addr, rec.failure_domain, LIVE if is_live(rec, now) else DOWN,
+                out.append(PeerState(rec.node, rec.peer_addr, rec.failure_domain, peer_state(rec, now),
                                      rec.incarnation))
         return sorted(out, key=lambda p: p.node)
 
@@ -180,8 +219,9 @@ class Membership:
         return self._own if node == self.me else self._records.get(node)
 
     def status(self) -> dict[str, Any]:
-        return {"node": self.me, "incarnation": self.incarnation, "state": self.state(), "failure_domain": self.failure_domain,
-                "peer_addr": self.peer_addr, "must_reconcile": self.must_reconcile,
+        return {"node": self.me, "incarnation": self.incarnation, "journal_id": self.journal_id, "state": self.state(),
+                "failure_domain": self.failure_domain, "peer_addr": self.peer_addr, "must_reconcile": self.must_reconcile,
+                "copies_uncounted": self.copies_uncounted(),
                 "peers": [{"node": p.node, "addr": p.addr, "state": p.state, "failure_domain": p.failure_domain} for p in self.peers()]}
 
     # ------------------------------------------------------------ store calls
@@ -213,24 +253,42 @@ class Membership:
         return replace(rec, etag=etag)
 
     def _live_record(self, now: float) -> NodeRecord:
-        return NodeRecord(self.me, self.incarnation, self.peer_addr, self.failure_domain, LIVE, now + self.ttl, now)
+        return NodeRecord(self.me, self.incarnation, self.peer_addr, self.failure_domain, LIVE, now + self.ttl, now,
+                          journal_id=self.journal_id)
 
     # ------------------------------------------------------------ our record
     async def announce(self) -> None:
-        """Read what an earlier incarnation left; fence if it was taken over, else write ours live."""
+        """Read what an earlier incarnation left; fence if it was taken over, wait if it is a predecessor with another
+        journal not yet taken over (`identity.wait_for_predecessor`: not announced, asked again at each renewal), else
+        write ours live."""
         async with self._own_lock:
-            rec, etag = await self._read_etag(self.me)
-            if not self.announced.is_set():
+            try:
+                rec, etag = await self._read_etag(self.me)
+            except StoreError as e:
+                self.record_error = str(e)
+                raise
+            if not self._read_at_start:
+                self._read_at_start = True
                 self.record_at_start = rec  # a run restarted by the supervisor announces again: the first read stays
             for _ in range(ANNOUNCE_ATTEMPTS):
-                if rec is not None and rec.state == TAKEN_OVER:
+                if rec is not None and not same_journal(rec.journal_id, self.journal_id) and not (
+                        rec.state == TAKEN_OVER and rec.takeover_done):
+                    if wait_for_predecessor(self, rec):
+                        return  # not announced: asked again at each renewal
+                elif rec is not None and rec.state == TAKEN_OVER and not same_journal(rec.journal_id, self.journal_id):
+                    pass  # a predecessor taken over to the end: nothing of it is ours to reconcile, written over
+                elif rec is not None and rec.state == TAKEN_OVER:
                     self._fence(rec)
                     break
                 if self._fenced:
                     break  # fenced before (a restarted run): only rejoin writes our record live again
                 if await self._write_live(etag):
-                    log.info("node %s announced (incarnation %s, peer_addr %s, failure_domain %s)", self.me, self.incarnation,
-                             self.peer_addr, self.failure_domain or "-")
+                    if self.waiting_for is not None:
+                        log.warning("node %s: its predecessor (journal %s) was taken over: announced with journal %s",
+                                    self.me, self.waiting_for.journal_id, self.journal_id)
+                        self.waiting_for = None
+                    log.info("node %s announced (incarnation %s, journal %s, peer_addr %s, failure_domain %s)", self.me,
+                             self.incarnation, self.journal_id, self.peer_addr, self.failure_domain or "-")
                     break
                 rec, etag = await self._read_etag(self.me)  # a claim got there first (or a record appeared): look again
             else:
@@ -240,7 +298,12 @@ class Membership:
     async def _write_live(self, if_match: str | None) -> bool:
         """Our record live for another ttl; the local lease runs from when it was sent."""
         sent = self.monotonic()
-        written = await self._write(self._live_record(self.clock()), if_match)
+        try:
+            written = await self._write(self._live_record(self.clock()), if_match)
+        except StoreError as e:
+            self.record_error = str(e)
+            raise
+        self.record_error = ""
         if written is None:
             return False
         self._own = written
@@ -276,6 +339,14 @@ class Membership:
             rec, etag = await self._read_etag(self.me)
             if rec is not None and rec.state == TAKEN_OVER:
                 self._fence(rec)
+                return
+            if rec is not None and not same_journal(rec.journal_id, self.journal_id) and rec.state == LIVE:
+                self._own = None  # another journal renews this name: it is not ours to write over (announce waits)
+                self.announced = trio.Event()
+                self._valid_until = 0.0
+                self._notify()
+                log.error("node %s: another daemon with another cache directory (journal %s) renews this node's record: "
+                          "this one stops counting peer copies; give each mount its own node_name", self.me, rec.journal_id)
                 return
             if rec is not None and rec.incarnation != self.incarnation and self.clock() - self._warned_other_incarnation > self.ttl:
                 self._warned_other_incarnation = self.clock()
@@ -366,7 +437,8 @@ class Membership:
                 continue
             rec = await self._read(node)
             if rec is not None and rec.node == node:
-                seen[node] = rec
+                newer = self._records.get(node)  # read meanwhile by a listener admitting the node: the later read wins
+                seen[node] = newer if newer is not None and stamp(newer) > stamp(rec) else rec
         self._records = seen
         self._read_at = started
 

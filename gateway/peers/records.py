@@ -6,7 +6,7 @@ node computes the same answers from the same records: the takeover of a dead nod
 of them agreeing whose replicas a node holds and when a node is dead.
 
 A record (`.ckptfs/nodes/<node>.json` under the mount's prefix, `FORMAT`) says: the node's name and
-incarnation (random per daemon start), the address its peer listener answers on, its failure
+incarnation (random per daemon start), its journal id (random per cache directory: `same_journal`), the address its peer listener answers on, its failure
 domain, `state` (`live`, or `taken_over` once another node claimed it), `expires_at` (wall time,
 Unix seconds: renewed every ttl/3) and, once taken over, by whom (`taken_over_by` and that
 node's incarnation), when, and whether the takeover finished (`takeover_done`).
@@ -48,6 +48,9 @@ class NodeRecord:
     taken_over_at: float | None = None
     takeover_done: bool = False
     etag: str | None = field(default=None, compare=False)  # of the object it was read from or written as
+    # the node's journal (journal.Journal.journal_id): its cache directory's identity. Another one under the same name is
+    # another incarnation of the node that lost the first one's files. "" in a record of an earlier release.
+    journal_id: str = ""
 
     def to_json(self) -> bytes:
         doc = asdict(self)
@@ -69,7 +72,7 @@ class NodeRecord:
                        str(doc.get("failure_domain") or ""), doc["state"], float(doc["expires_at"]),
                        float(doc.get("renewed_at") or 0.0), None if by is None else str(by),
                        None if by_inc is None else str(by_inc), None if at is None else float(at),
-                       bool(doc.get("takeover_done", False)), etag)
+                       bool(doc.get("takeover_done", False)), etag, str(doc.get("journal_id") or ""))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -84,6 +87,12 @@ class NodeRecord:
             return f"{self.node} (incarnation {self.incarnation}, until {time.strftime('%H:%M:%S', time.gmtime(self.expires_at))} UTC)"
         done = "finished" if self.takeover_done else "unfinished"
         return f"{self.node} (taken over by {self.taken_over_by}, {done})"
+
+
+def same_journal(a: str, b: str) -> bool:
+    """Two journal ids name the same journal; an empty one (a record or replica of an earlier release) matches any:
+    there is nothing to tell them apart by, and that release had no other rule."""
+    return not a or not b or a == b
 
 
 def is_live(rec: NodeRecord | None, now: float) -> bool:

@@ -39,18 +39,26 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS replicas (
     owner TEXT NOT NULL, ino INTEGER NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, size INTEGER NOT NULL,
     sealed INTEGER NOT NULL DEFAULT 0, xxh3 TEXT, copy_from TEXT, marker INTEGER NOT NULL DEFAULT 0,
-    seq INTEGER NOT NULL DEFAULT 0, mtime REAL NOT NULL DEFAULT 0, checkpoint TEXT,
+    seq INTEGER NOT NULL DEFAULT 0, mtime REAL NOT NULL DEFAULT 0, checkpoint TEXT, seen TEXT,
+    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (owner, ino));
 CREATE TABLE IF NOT EXISTS deletes (
     owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, after_ino INTEGER,
+    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (owner, op_id));
 CREATE TABLE IF NOT EXISTS checkpoints (
     owner TEXT NOT NULL, path TEXT NOT NULL, noted REAL NOT NULL,
     PRIMARY KEY (owner, path));
 """
-# columns added since the first release (an index written by it is brought up to date at open)
-_ADDED = (("replicas", "seen", "TEXT"), ("replicas", "journal", "TEXT"), ("deletes", "after_ino", "INTEGER"))  # an older index
-_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal"
+# columns added since the first release: an index of an existing cache gets them (ALTER TABLE), its rows tagged ''
+# (no journal known: `records.same_journal` matches them with any, as that release did)
+_ADDED = [("replicas", "seen", "TEXT"),
+          ("replicas", "journal", "TEXT NOT NULL DEFAULT ''"), ("replicas", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+          ("deletes", "after_ino", "INTEGER"),
+          ("deletes", "journal", "TEXT NOT NULL DEFAULT ''"), ("deletes", "incarnation", "TEXT NOT NULL DEFAULT ''")]
+_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal, incarnation"
+# rows of `owner` whose journal is ? (or either is '': see records.same_journal)
+_OF_JOURNAL = "owner = ? AND (? = '' OR journal = '' OR journal = ?)"
 
 
 class ReplicaFull(OSError):
@@ -87,10 +95,11 @@ class ReplicaEntry:
     mtime: float
     checkpoint: str | None
     path: str  # its data file
-    # the ETag of the object the owner last saw at `key` ("": none; None: an owner that did not say, an older release)
-    # and the owner's journal id: with `ino` and `version`, the provenance a takeover writes (publishing.py)
+    # the ETag of the object the owner last saw at `key` ("": none; None: an owner that did not say, an older release):
+    # with the journal, `ino` and `version`, the provenance a takeover writes (publishing.py)
     seen: str | None = None
-    journal: str | None = None
+    journal: str = ""  # the owner's journal id and incarnation that sent it ("": an index of an earlier release)
+    incarnation: str = ""
 
 
 @dataclass
@@ -100,6 +109,8 @@ class ReplicaDelete:
     key: str
     seq: int
     after_ino: int | None = None  # the file it waits for: a rename's old key goes once the file is durable under its new one
+    journal: str = ""
+    incarnation: str = ""
 
 
 @dataclass
@@ -185,6 +196,12 @@ class ReplicaStore:
     def path(self, owner: str, ino: int) -> str:
         return str(self.root / owner / str(ino))
 
+    def _tagged(self, owner: str, journal: str | None, keep_incarnation: str | None) -> tuple[str, tuple[Any, ...]]:
+        """The WHERE clause (and its values) of `owner`'s rows of `journal` (None: any), but those `keep_incarnation` sent."""
+        j = journal or ""
+        return (_OF_JOURNAL + " AND incarnation != ?",
+                (owner, j, j, "\0" if keep_incarnation is None else keep_incarnation))
+
     def owners(self) -> list[str]:
         with self._lock:
             rows = self.db.execute("SELECT owner FROM replicas UNION SELECT owner FROM deletes "
@@ -212,13 +229,16 @@ class ReplicaStore:
             return cur.rowcount
 
     def _entry(self, row: tuple[Any, ...]) -> ReplicaEntry:
-        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal = row
+        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal, incarnation = row
         return ReplicaEntry(owner, ino, key, version, size, bool(sealed), xxh3, copy_from, bool(marker), seq, mtime,
-                            checkpoint, self.path(owner, ino), seen, journal)
+                            checkpoint, self.path(owner, ino), seen, journal, incarnation)
 
-    def entries(self, owner: str) -> list[ReplicaEntry]:
+    def entries(self, owner: str, journal: str | None = None) -> list[ReplicaEntry]:
+        """`owner`'s entries in its order; with `journal`: only those that journal's incarnations sent (a takeover of
+        one incarnation of a node never takes another's, nor an owner back with a new journal the old one's)."""
+        where, args = self._tagged(owner, journal, None)
         with self._lock:
-            rows = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE owner = ? ORDER BY seq, ino", (owner,)).fetchall()
+            rows = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE {where} ORDER BY seq, ino", args).fetchall()
         return [self._entry(r) for r in rows]
 
     def entry(self, owner: str, ino: int) -> ReplicaEntry | None:
@@ -226,10 +246,11 @@ class ReplicaStore:
             row = self.db.execute(f"SELECT {_COLUMNS} FROM replicas WHERE owner = ? AND ino = ?", (owner, ino)).fetchone()
         return None if row is None else self._entry(row)
 
-    def deletes(self, owner: str) -> list[ReplicaDelete]:
+    def deletes(self, owner: str, journal: str | None = None) -> list[ReplicaDelete]:
+        where, args = self._tagged(owner, journal, None)
         with self._lock:
-            rows = self.db.execute("SELECT owner, op_id, key, seq, after_ino FROM deletes WHERE owner = ? ORDER BY seq, op_id",
-                                   (owner,)).fetchall()
+            rows = self.db.execute(f"SELECT owner, op_id, key, seq, after_ino, journal, incarnation FROM deletes WHERE {where} "
+                                   "ORDER BY seq, op_id", args).fetchall()
         return [ReplicaDelete(*r) for r in rows]
 
     def held_bytes(self, owner: str | None = None) -> int:
@@ -273,27 +294,33 @@ class ReplicaStore:
         except FileNotFoundError:
             pass
 
-    def drop_delete(self, owner: str, op_id: int) -> None:
+    def drop_owner(self, owner: str, journal: str | None = None, keep_incarnation: str | None = None) -> None:
+        """Drop `owner`'s replicas: all of them, or (`journal`) only those its incarnations of that journal sent, but
+        (`keep_incarnation`) those of an incarnation the listener admits now: a takeover or a sweep drops what the
+        incarnation it judged sent, never what a newer one sent since."""
+        everything = journal is None and keep_incarnation is None
+        where, args = self._tagged(owner, journal, keep_incarnation)
         with self._lock:
-            self.db.execute("DELETE FROM deletes WHERE owner = ? AND op_id = ?", (owner, op_id))
-
-    def drop_owner(self, owner: str) -> None:
-        with self._lock:
+            inos = [r[0] for r in self.db.execute(f"SELECT ino FROM replicas WHERE {where}", args)]
+            if everything:  # files the index does not name (a connection lost before the entry) too
+                inos = sorted(set(inos) | {k[1] for k in self._bytes if k[0] == owner} | {k[1] for k in self._fds if k[0] == owner})
             # the files first: on a disk left full by replicas the index cannot change before
-            for o, ino in [k for k in self._bytes if k[0] == owner] + [k for k in self._fds if k[0] == owner]:
-                self._forget_file(o, ino)
+            for ino in inos:
+                self._forget_file(owner, ino)
             self.db.execute("BEGIN IMMEDIATE")
             try:
-                self.db.execute("DELETE FROM replicas WHERE owner = ?", (owner,))
-                self.db.execute("DELETE FROM deletes WHERE owner = ?", (owner,))
-                self.db.execute("DELETE FROM checkpoints WHERE owner = ?", (owner,))
+                self.db.execute(f"DELETE FROM replicas WHERE {where}", args)
+                self.db.execute(f"DELETE FROM deletes WHERE {where}", args)
+                if everything:
+                    self.db.execute("DELETE FROM checkpoints WHERE owner = ?", (owner,))
                 self.db.execute("COMMIT")
             except BaseException:
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
                 raise
-            self._sealed = {k for k in self._sealed if k[0] != owner}
-            if NODE_NAME.fullmatch(owner):
+            self._sealed -= {(owner, ino) for ino in inos}
+            left = self.db.execute("SELECT 1 FROM replicas WHERE owner = ? LIMIT 1", (owner,)).fetchone()
+            if left is None and NODE_NAME.fullmatch(owner):
                 try:
                     for f in os.scandir(self.root / owner):
                         os.unlink(f.path)
@@ -303,8 +330,10 @@ class ReplicaStore:
 
     # -- what the listener applies (an owner's frames, in order) -------------------------------------------
 
-    def put_entry(self, owner: str, ino: int, meta: dict[str, Any]) -> None:
-        """Upsert a file's entry. A new version is not sealed until the owner seals it. ValueError: malformed.
+    def put_entry(self, owner: str, ino: int, meta: dict[str, Any], journal: str = "", incarnation: str = "") -> None:
+        """Upsert a file's entry, tagged with the journal and incarnation that sent it. A new version is not sealed
+        until the owner seals it; neither is an entry that replaces another journal's (an inode number of a new
+        journal names another file). ValueError: malformed.
 
         An entry renamed from a durable file (`copy_from`) that the owner sends `sealed` is sealed as it arrives, with
         the object's xxh3: its bytes are the bucket's, there is nothing here to check (and what this node held of an
@@ -313,25 +342,27 @@ class ReplicaStore:
         if m["copy_from"] is not None and m["sealed"]:
             with self._lock:
                 self._forget_file(owner, ino)
-                self.db.execute(f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self.db.execute(f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 (owner, ino, m["key"], m["version"], m["size"], m["xxh3"], m["copy_from"], m["marker"],
-                                 m["seq"], m["mtime"], m["checkpoint"], m["seen"], m["journal"]))
+                                 m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal or m["journal"] or "", incarnation))
                 self._sealed.add((owner, ino))
             return
         with self._lock:
-            row = self.db.execute("SELECT version, sealed, size, copy_from FROM replicas WHERE owner = ? AND ino = ?",
+            row = self.db.execute("SELECT version, sealed, size, copy_from, journal FROM replicas WHERE owner = ? AND ino = ?",
                                   (owner, ino)).fetchone()
             # only write and truncate frames change a replica's bytes, and they unseal it first: a sealed replica
             # given a new version of the same size (a close or fsync that changed no byte) holds that version's bytes.
-            # Not one sealed as a renamed durable file: it holds no bytes, and the file's are now to be sent
-            sealed = bool(row and row[1] and row[2] == m["size"] and (row[3] is None or m["copy_from"] is not None))
+            # Not one sealed as a renamed durable file (it holds no bytes, and the file's are now to be sent), nor
+            # one another journal sent
+            sealed = bool(row and row[1] and row[2] == m["size"] and (row[3] is None or m["copy_from"] is not None)
+                          and (not journal or row[4] == journal))
             if not sealed:
                 self._sealed.discard((owner, ino))
             self.db.execute(
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
-                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?, ?, ?)",
+                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?, ?, ?, ?)",
                 (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["size"], m["copy_from"],
-                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], m["seen"], m["journal"]))
+                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal or m["journal"] or "", incarnation))
 
     def is_sealed(self, owner: str, ino: int) -> bool:
         return (owner, ino) in self._sealed
@@ -457,26 +488,38 @@ class ReplicaStore:
             self._hashed[(owner, ino)] = hashed
         return hashed.state.copy().hexdigest()
 
-    def forget(self, owner: str, ino: int, version: int | None) -> None:
-        """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one. A
-        durable file's checkpoint is noted: not committed yet as far as this node knows, and if the owner is lost
-        before it commits it, nothing else would remember it (the owner's tracker state is gone with it)."""
+    def forget(self, owner: str, ino: int, version: int | None, journal: str = "") -> None:
+        """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one, or
+        one another journal of the owner sent (a new incarnation with an empty journal forgets what it does not
+        list: never its predecessor's files, which its inode numbers do not name). A durable file's checkpoint is
+        noted: not committed yet as far as this node knows, and if the owner is lost before it commits it, nothing
+        else would remember it (the owner's tracker state is gone with it)."""
         with self._lock:
-            row = self.db.execute("SELECT version, checkpoint, sealed FROM replicas WHERE owner = ? AND ino = ?",
+            row = self.db.execute("SELECT version, checkpoint, sealed, journal FROM replicas WHERE owner = ? AND ino = ?",
                                   (owner, ino)).fetchone()
+            if row is not None and journal and row[3] and row[3] != journal:
+                return
             if version is None or row is None or row[0] <= version:
                 if row is not None and row[1] and row[2]:
                     self.note_checkpoint(owner, row[1], time.time())
                 self.drop(owner, ino)
 
-    def add_delete(self, owner: str, op_id: int, key: str, seq: int, after_ino: int | None = None) -> None:
+    def add_delete(self, owner: str, op_id: int, key: str, seq: int, after_ino: int | None = None, journal: str = "",
+                   incarnation: str = "") -> None:
         with self._lock:
-            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq, after_ino) VALUES (?, ?, ?, ?, ?)",
-                            (owner, op_id, key, seq, after_ino))
+            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq, after_ino, journal, incarnation) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?)", (owner, op_id, key, seq, after_ino, journal, incarnation))
 
-    def holdings(self, owner: str) -> list[dict[str, Any]]:
+    def drop_delete(self, owner: str, op_id: int, journal: str = "") -> None:
+        with self._lock:
+            j = journal or ""
+            self.db.execute(f"DELETE FROM deletes WHERE {_OF_JOURNAL} AND op_id = ?", (owner, j, j, op_id))
+
+    def holdings(self, owner: str, journal: str | None = None) -> list[dict[str, Any]]:
+        """What this node holds of `owner`'s journal (None: any): an owner back with a new journal is not told of its
+        predecessor's files, so it never sends a forget for them."""
         return [{"ino": e.ino, "version": e.version, "size": e.size, "sealed": e.sealed, "xxh3": e.xxh3}
-                for e in self.entries(owner)]
+                for e in self.entries(owner, journal)]
 
 
 def _hash_range(fd: int, h: Any, start: int, end: int) -> None:

@@ -109,6 +109,7 @@ class Sender:
         self.sync_passthrough: Callable[[], None] = lambda: None  # fs.py's: the sizes the kernel wrote, taken now (as fsync)
         self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
         self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
+        self.uncounted: Callable[[], str | None] = lambda: None  # why peer copies do not count now (no record of ours)
         self._pt_sizes: dict[int, int] = {}
         self._hashed: dict[int, Hashed] = {}  # dropped at every change the namespace reports
         # the xxh3 state of each file's first bytes, as hashed at its last seal: a seal after an append hashes only
@@ -170,7 +171,7 @@ class Sender:
         return ch.ready and ch.sealed.get(ino) in self._versions_held(ino, version)
 
     def sealed_on(self, ino: int, version: int) -> int:
-        held = self._versions_held(ino, version)
+        held = self._versions_held(ino, version) if self.uncounted() is None else set()
         return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) in held)
 
     def notify(self) -> None:
@@ -281,21 +282,22 @@ class Sender:
                     ch.start_seal(self, ino)
             self._fill()
             healthy = self._healthy()
-            if len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
-                self._no_peer(ino, len(healthy))
+            why = self.uncounted()  # no record of ours: what the peers hold is not a replica
+            if why is not None or len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
+                self._no_peer(ino, 0 if why else len(healthy), why)
                 return
             await self._changed.wait()
 
-    def _no_peer(self, ino: int, holders: int) -> None:
+    def _no_peer(self, ino: int, holders: int, why: str | None = None) -> None:
         path = self.ns.journal.path_of(ino) or f"inode {ino}"
         if self.fail:
-            raise OSError(errno.EIO, f"{path}: only {holders} of {self.replicas} peers hold a copy (on_no_peer = fail)")
+            raise OSError(errno.EIO, f"{path}: only {holders} of {self.replicas} peers hold a copy (on_no_peer = fail){why and ': ' + why or ''}")
         self.degraded_writes += 1
         self.on_degraded()
         if ino not in self.degraded:
             self.degraded.add(ino)
             log.warning("%s: acknowledged with %d of %d peer copies: single-copy on this node until it drains "
-                        "(no other peer answers; on_no_peer = degrade)", path, holders, self.replicas)
+                        "(%s; on_no_peer = degrade)", path, holders, self.replicas, why or "no other peer answers")
 
     def unreplicated_under(self, path: str) -> tuple[int, int]:
         """(files, bytes) under mount-relative `path` that are neither durable nor replicated."""

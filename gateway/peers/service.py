@@ -45,9 +45,12 @@ class Peers:
         self.secret = read_secret(cfg.peer_secret_file)
         self.replicas = ReplicaStore(cfg, cfg.cache_dir)
         self.listener = Listener(cfg, self.replicas, self.secret, self.me)
-        self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr)
+        self.journal_id: str = getattr(ns.journal, "journal_id", "")
+        self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr, journal_id=self.journal_id)
+        self.listener.judge = self.membership.owners  # replicas only from an owner incarnation whose record is live
         self.listener.on_listening = self._listening
         self.sender = Sender(cfg, ns, self._open_link, self.membership.targets, down=self.membership.down)
+        self.sender.uncounted = self.membership.copies_uncounted  # no record of ours: peer copies are not replicas
         self.takeover = Takeover(cfg, store, self.replicas, self.membership, ns.keys)  # type: ignore[arg-type]
         self.reconcile = Reconcile(cfg, ns, store, self.membership)  # type: ignore[arg-type]
         self.sweep = Sweep(cfg, store, self.replicas, self.membership)  # type: ignore[arg-type]
@@ -67,7 +70,7 @@ class Peers:
             self.on_taken_over.append(lambda paths: takeovers.inc())
 
     async def _open_link(self, node: str, addr: str) -> PeerLink:
-        return await PeerLink.open(self.cfg, self.me, self.incarnation, node, addr, self.secret)
+        return await PeerLink.open(self.cfg, self.me, self.membership.incarnation, node, addr, self.secret, self.journal_id)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listener, membership, sender, each supervised. An address the listener cannot bind raises the OSError
@@ -149,7 +152,7 @@ class Peers:
         single_bytes, single_age = self.sender.single_copy()
         return {
             "node": self.me,
-            "incarnation": self.incarnation,
+            "incarnation": self.membership.incarnation,
             "state": "reconciling" if self._reconciling else own.get("state"),
             "failure_domain": self.cfg.failure_domain,
             "peer_addr": self.listener.addr,
@@ -162,5 +165,9 @@ class Peers:
             "takeover_conflicts": self.takeover.conflicts_total,
             "conditional_writes": self.conditional_writes,
             "degraded_writes": self.sender.degraded_writes,
+            "journal_id": self.journal_id,
+            # why this node's writes count no peer copies now (no record of its own in the bucket...): None when they do
+            "copies_uncounted": self.membership.copies_uncounted(),
+            "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
         }

@@ -33,7 +33,7 @@ from ..config import Config
 from ..objects import ObjectInfo, StoreError
 from ..upload import XXH3_META, head_or_none
 from .membership import Membership
-from .records import TAKEN_OVER, record_path
+from .records import LIVE, TAKEN_OVER, record_path, same_journal
 from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,20 @@ class Sweep:
                             hook(noted)
                         except Exception:  # noqa: BLE001 - a hook's bug must not keep replicas forever
                             log.exception("a hook on the checkpoints of %s failed", owner)
-                self.replicas.drop_owner(owner)
+                if record is None:
+                    self.replicas.drop_owner(owner)
+                else:  # only what the claimed incarnation's journal sent: not what one that rejoined since sent here
+                    admitted = self.membership.admitted.get(owner)
+                    self.replicas.drop_owner(owner, record.journal_id or None,
+                                             admitted if admitted != record.incarnation else None)
                 report.owners_dropped.append(owner)
                 continue
+            if record.state == LIVE and record.journal_id:
+                # a predecessor's under this name (another journal): taken over before this journal could announce
+                for e in self.replicas.entries(owner):
+                    if not same_journal(e.journal, record.journal_id):
+                        self.replicas.drop(owner, e.ino)
+                        report.entries_dropped.append(e.key)
             for e in self.replicas.entries(owner):
                 if e.mtime > old or not e.sealed or not e.xxh3:
                     continue

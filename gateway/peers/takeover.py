@@ -173,6 +173,7 @@ class Takeover:
             self.claimed.add(owner)
             log.warning("node %s is dead: taking it over (%d files, %d deletes held here)", owner,
                         len(self.replicas.entries(owner)), len(self.replicas.deletes(owner)))
+        journal = self.claimed_journal(owner)
         report = await self.finish(owner)
         self.claimed.discard(owner)
         if not await self.membership.mark_takeover_done(owner):
@@ -180,7 +181,7 @@ class Takeover:
             # over): that holder finishes; what was uploaded here it finds in the bucket
             log.warning("takeover of %s: this node no longer holds the claim; the node that does finishes it", owner)
             return None
-        self.replicas.drop_owner(owner)
+        self.replicas.drop_owner(owner, journal, self.kept_incarnation(owner))  # what the claimed incarnation's journal sent
         self.takeovers_total += 1
         log.warning("takeover of %s done: %d files uploaded (%d bytes), %d copied, %d already durable, %d deletes, %d markers; "
                     "%d conflicts, %d corrupt, %d never acknowledged, %d markers held back", owner, len(report.uploaded),
@@ -193,12 +194,27 @@ class Takeover:
                 log.exception("a hook on the takeover of %s failed", owner)
         return report
 
+    def claimed_journal(self, owner: str) -> str | None:
+        """The journal id of the incarnation claimed (its record as written by the claim): a takeover takes and drops
+        what that journal's incarnations sent, never a successor's under the same name (None: a record of an earlier
+        release, every entry)."""
+        rec = self.membership.record_of(owner)
+        return rec.journal_id or None if rec is not None else None
+
+    def kept_incarnation(self, owner: str) -> str | None:
+        """An incarnation of `owner` admitted by the listener that is not the claimed one (one that rejoined since):
+        its replicas are not the takeover's to drop."""
+        rec = self.membership.record_of(owner)
+        admitted = self.membership.admitted.get(owner)
+        return admitted if rec is not None and admitted != rec.incarnation else None
+
     # ---------------------------------------------------------------- the work
     async def finish(self, owner: str) -> TakeoverReport:
         """The owner's work, in its order: copies, uploads, deletes, markers. Raises on a failed request (run again)."""
         report = TakeoverReport(owner)
         latest: dict[str, ReplicaEntry] = {}
-        held = self.replicas.entries(owner)
+        journal = self.claimed_journal(owner)
+        held = self.replicas.entries(owner, journal)
         for e in held:  # by seq: a later entry for a key supersedes an earlier one
             latest[e.key] = e
         entries = sorted(latest.values(), key=lambda e: e.seq)
@@ -224,7 +240,7 @@ class Takeover:
                 if e.ino in checks and not e.marker:
                     nursery.start_soon(self._publish_checked, e, checks[e.ino], checked, report, durable)
         by_ino, keys_held = {e.ino: e for e in held}, {e.key for e in held}
-        for d in sorted(self.replicas.deletes(owner), key=lambda d: d.seq):
+        for d in sorted(self.replicas.deletes(owner, journal), key=lambda d: d.seq):
             await self._delete(d, report, by_ino, keys_held, durable)
         missing = report.corrupt + report.unsealed + report.lost
         for e in entries:

@@ -4,13 +4,15 @@ secret, then MACed frames.
 Handshake, before anything else (both ends prove the secret; nothing is sent before the other end did):
 
     server -> client   MAGIC, nonce_s (32 B)
-    client -> server   MAGIC, u16 length, hello JSON {"node", "incarnation"}, nonce_c (32 B),
+    client -> server   MAGIC, u16 length, hello JSON {"node", "incarnation", "journal"}, nonce_c (32 B),
                        HMAC-SHA256(secret, "ckptfs-peer/1 client" | nonce_s | nonce_c | hello)
     server -> client   u16 length, JSON {"node"}, HMAC-SHA256(secret, "ckptfs-peer/1 server" | nonce_c | nonce_s | hello | its JSON)
 
 Each side's proof covers the other side's fresh nonce, so a recorded handshake replayed on a new
 connection proves nothing; the labels differ, so a server's proof cannot be reflected as a client's.
-The session key is HMAC-SHA256(secret, "session" | nonce_s | nonce_c).
+The session key is HMAC-SHA256(secret, "session" | nonce_s | nonce_c). The hello names the owner's incarnation and
+journal id (covered by the proof): the listener takes replicas only from the incarnation its record names
+(docs/peers.md, identity), and tags every replica with both.
 
 Frame: header (kind u8, meta length u32, data length u64), JSON meta, a 16-byte tag, then the data
 bytes. The tag is a keyed blake2b (session key) over the direction, the frame's number in its direction
@@ -159,9 +161,9 @@ class Reader:
 class Session:
     """The MACs of one authenticated connection, one frame counter per direction."""
 
-    def __init__(self, key: bytes, is_server: bool, peer: str, peer_incarnation: str = "") -> None:
+    def __init__(self, key: bytes, is_server: bool, peer: str, peer_incarnation: str = "", peer_journal: str = "") -> None:
         self.key = key
-        self.peer, self.peer_incarnation = peer, peer_incarnation
+        self.peer, self.peer_incarnation, self.peer_journal = peer, peer_incarnation, peer_journal
         self._out_dir, self._in_dir = (TO_CLIENT, TO_SERVER) if is_server else (TO_SERVER, TO_CLIENT)
         self._sent = 0
         self._received = 0
@@ -207,14 +209,14 @@ class Session:
 
 
 async def client_handshake(stream: trio.abc.Stream, reader: Reader, secret: bytes, me: str, incarnation: str,
-                           expect: str | None) -> Session:
+                           expect: str | None, journal: str = "") -> Session:
     """Prove the secret to the server and check its proof; `expect`: the node name the server must have."""
     greeting = await reader.exactly(len(MAGIC) + NONCE_BYTES)
     if greeting[:len(MAGIC)] != MAGIC:
         raise WireError("not a ckptfs peer (wrong greeting)")
     nonce_s = greeting[len(MAGIC):]
     nonce_c = os.urandom(NONCE_BYTES)
-    hello = json.dumps({"node": me, "incarnation": incarnation}, separators=(",", ":")).encode()
+    hello = json.dumps({"node": me, "incarnation": incarnation, "journal": journal}, separators=(",", ":")).encode()
     proof = _hmac(secret, CLIENT_LABEL, nonce_s, nonce_c, hello)
     await stream.send_all(MAGIC + len(hello).to_bytes(2, "big") + hello + nonce_c + proof)
     length = int.from_bytes(await reader.exactly(2), "big")
@@ -251,7 +253,7 @@ async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: byte
         raise WireError("the client did not prove the shared secret")
     try:
         fields = json.loads(hello)
-        node, incarnation = fields["node"], str(fields.get("incarnation", ""))
+        node, incarnation, journal = fields["node"], str(fields.get("incarnation", "")), str(fields.get("journal") or "")
     except (ValueError, KeyError, TypeError):
         raise WireError("malformed handshake") from None
     if not isinstance(node, str) or not NODE_NAME.fullmatch(node):  # it names a directory: never a path
@@ -260,4 +262,5 @@ async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: byte
         raise WireError("the client echoed our nonce")
     answer = json.dumps({"node": me}, separators=(",", ":")).encode()
     await stream.send_all(len(answer).to_bytes(2, "big") + answer + _hmac(secret, SERVER_LABEL, nonce_c, nonce_s, hello, answer))
-    return Session(_hmac(secret, b"session", nonce_s, nonce_c), is_server=True, peer=node, peer_incarnation=incarnation)
+    return Session(_hmac(secret, b"session", nonce_s, nonce_c), is_server=True, peer=node, peer_incarnation=incarnation,
+                   peer_journal=journal)

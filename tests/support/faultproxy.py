@@ -8,6 +8,8 @@ bodies; boto3 neither pipelines nor chunks our requests) to act per request:
 * ``blackhole`` accept and read, never answer: the endpoint hangs
 * ``fail(status, code, count, methods)``  answer the next ``count`` matching requests
   with an S3 error (503 SlowDown, 500 InternalError, 403 AccessDenied ...)
+* ``deny(path_contains, methods)``  answer every matching request whose key contains ``path_contains``
+  with 403 AccessDenied, in any mode, until ``allow()`` (a bucket policy that does not cover a prefix)
 
 and, whatever the mode, archived objects (``archive(bucket, key)``) as an archive storage class
 behaves on AWS (SeaweedFS keeps a StorageClass given at PUT and reports it, but never archives):
@@ -93,6 +95,7 @@ class FaultProxy:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._failure: _Failure | None = None
+        self._denied: list[tuple[str, frozenset[str]]] = []
         self._next_free = 0.0
         self._conns: set[socket.socket] = set()
         self._stop = threading.Event()
@@ -119,6 +122,23 @@ class FaultProxy:
             self.mode = "pass"
             self._failure = _Failure(status, code, count, frozenset(methods) if methods else None)
         self.drop_connections()
+
+    def deny(self, path_contains: str, methods: set[str] | None = None) -> None:
+        """403 AccessDenied for every request (of `methods`, default PUT) whose path contains `path_contains`."""
+        with self._lock:
+            self._denied.append((path_contains, frozenset(methods or {"PUT"})))
+
+    def allow(self) -> None:
+        with self._lock:
+            self._denied.clear()
+
+    def _deny(self, method: str, target: str) -> _Failure | None:
+        path = urllib.parse.unquote(target.partition("?")[0])
+        with self._lock:
+            if any(part in path and method in methods for part, methods in self._denied):
+                self.injected += 1
+                return _Failure(403, "AccessDenied", 1, None)
+        return None
 
     def archive(self, bucket: str, key: str) -> None:
         with self._lock:
@@ -182,7 +202,7 @@ class FaultProxy:
                 if method == "PUT":
                     with self._lock:
                         self.put_agents[_user_agent(head).split("/", 1)[0]] += 1
-                failure = self._take_failure(method)
+                failure = self._deny(method, target.decode()) or self._take_failure(method)
                 archived = self._archived_answer(method, target.decode()) if failure is None else None
                 if failure is not None or archived is not None:
                     while len(buf) < length:
