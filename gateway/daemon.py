@@ -30,6 +30,7 @@ from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
 from .fs import CkptFS
+from .fuse.invalidations import Invalidations
 from .fuse.kernel import KernelSession, choose_transport
 from .fuse.workers import worker_count
 from .fuse.libfuse import LibfuseSession
@@ -116,6 +117,10 @@ class Daemon:
                 raise UserError(disk_full_message(cfg.cache_dir)) from None
             raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
                             "check that disk (dmesg), then mount again") from None
+        # names another node deleted and objects it replaced, found by a listing: the kernel forgets what it cached
+        self.invalidations = Invalidations()
+        self.ns.merge.on_removed.append(self.invalidations.entry)
+        self.ns.merge.on_replaced.append(self.invalidations.inode)
         self.metrics = Metrics(self.status, peers=cfg.durability == "peer")
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         if cfg.durability == "peer":
@@ -341,6 +346,7 @@ class Daemon:
                     raise UserError(f"cannot listen for peers on {cfg.peer_addr}: {e.strerror}: choose another peer_addr") from None
             session = self.session = self._mount(fs)
             await nursery.start(critical, "fuse", self._serve_fuse, session)
+            await nursery.start(supervise, "invalidations", self.invalidations.run, session)
             if self.fuse_transport == "kernel":
                 if session.passthrough:
                     log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
@@ -370,6 +376,8 @@ class Daemon:
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
             notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
+            # before the session closes its connection: an invalidation in flight writes to it
+            await self._stop_step("stop the kernel invalidations", self.invalidations.stop)
             await self._stop_step("stop the FUSE session", session.stop)
             await self._stop_step("record what passthrough writers wrote", fs.sync_passthrough_all)
             # handles still open at unmount will never be released to us
