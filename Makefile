@@ -8,7 +8,9 @@
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it), every test that mounts
 #                once per FUSE transport (CKPTFS_FUSE_TRANSPORT=kernel|libfuse: one); adds the test, train
 #                and bench extras (PyTorch...) and what the ops tests drive: prometheus, chromium,
-#                nfs-ganesha, rpcbind, libnfs-utils, s3fs
+#                nfs-ganesha, rpcbind, libnfs-utils, s3fs. Runs with CKPTFS_REQUIRE_EXTRAS=1: having
+#                installed the extras, a test whose optional module (torch, transformers, selenium...)
+#                does not import fails instead of skipping (a plain pytest skips it); each skip says why
 #   make test-vm the core integration tests inside a VM booted with Debian 12's Linux 6.1 (FUSE
 #                7.38, no passthrough) under qemu, both transports (scripts/test_vm.py); prints
 #                `guest kernel: ...` and pytest's summary. `make test` runs them too where the guest
@@ -124,7 +126,7 @@ $(BENCH_STAMP): pyproject.toml | $(PY) system-deps
 	touch $@
 
 test: system-deps test-deps $(if $(filter 1,$(TEST_VM)),vm-deps) $(TEST_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	CKPTFS_REQUIRE_EXTRAS=1 $(PY) -m pytest $(PYTEST_ARGS)
 	@if [ "$(TEST_VM)" = 1 ]; then $(PY) scripts/test_vm.py --if-possible --selection auto; else echo "test-vm: skipped: TEST_VM=$(TEST_VM) (make test-vm runs them)"; fi
 
 test-vm: system-deps vm-deps $(TEST_STAMP)
