@@ -117,8 +117,7 @@ class Daemon:
                 raise UserError(disk_full_message(cfg.cache_dir)) from None
             raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
                             "check that disk (dmesg), then mount again") from None
-        # names another node deleted and objects it replaced, found by a listing: the kernel forgets what it cached
-        self.invalidations = Invalidations()
+        self.invalidations = Invalidations()  # what a listing found deleted or replaced elsewhere: the kernel forgets it
         self.ns.merge.on_removed.append(self.invalidations.entry)
         self.ns.merge.on_replaced.append(self.invalidations.inode)
         self.metrics = Metrics(self.status, peers=cfg.durability == "peer")
@@ -321,6 +320,7 @@ class Daemon:
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
+        fs.invalidations = self.invalidations  # an OPENDIR waits for what its listing made the kernel forget
         if self.peers is not None:
             fs.peers = self.peers  # fsync and a writer's close wait for the peers' copies
             self.peers.sender.passthrough_inos = fs.passthrough_writers

@@ -112,3 +112,39 @@ def test_stop_waits_for_the_invalidation_in_flight() -> None:
             assert session.gate.is_set()  # stop returned only after the session call could end
 
     trio.run(main)
+
+
+def test_delivered_waits_for_what_was_queued_before_it_and_no_longer_than_its_bound() -> None:
+    async def main() -> None:
+        inval, session = Invalidations(), FakeSession()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(inval.run, session)
+            await inval.delivered()  # nothing queued: at once
+            inval.entry(1, "a")
+            inval.entry(1, "b")
+            waited: list[list[tuple[str, int, bytes | None]]] = []
+
+            async def opendir() -> None:
+                await inval.delivered(bound=60)
+                waited.append(list(session.told))
+
+            nursery.start_soon(opendir)
+            await trio.sleep(0.05)
+            assert waited == []  # the session has not taken them yet
+            session.gate.set()
+            with trio.fail_after(10):  # a bound on a hang
+                while not waited:
+                    await trio.sleep(0.01)
+            assert waited == [[("entry", 1, b"a"), ("entry", 1, b"b")]]  # returned only once both were sent
+            session.gate = trio.Event()  # the kernel holds the next one up (a lock held by a long request)
+            inval.entry(1, "c")
+            with trio.move_on_after(10) as guard:  # a bound on a hang, not a measure
+                await inval.delivered(bound=0.1)  # gives up after its bound
+            assert not guard.cancelled_caught and session.told[-1] == ("entry", 1, b"b")
+            session.gate.set()
+            await inval.stop()
+            with trio.move_on_after(10) as guard:
+                await inval.delivered(bound=60)  # stopped: nothing more will be sent, no wait
+            assert not guard.cancelled_caught
+
+    trio.run(main)
