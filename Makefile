@@ -10,7 +10,9 @@
 #                and bench extras (PyTorch...) and what the ops tests drive: prometheus, chromium,
 #                nfs-ganesha, rpcbind, libnfs-utils, s3fs. Runs with CKPTFS_REQUIRE_EXTRAS=1: having
 #                installed the extras, a test whose optional module (torch, transformers, selenium...)
-#                does not import fails instead of skipping (a plain pytest skips it); each skip says why
+#                does not import fails instead of skipping (a plain pytest skips it); each skip says why.
+#                On TEST_WORKERS (2) pytest-xdist workers, each with its own SeaweedFS; the tests that run
+#                NFS-Ganesha (one rpcbind per host) on one of them in turn. TEST_WORKERS=0: serially
 #   make test-vm the core integration tests inside a VM booted with Debian 12's Linux 6.1 (FUSE
 #                7.38, no passthrough) under qemu, both transports (scripts/test_vm.py); prints
 #                `guest kernel: ...` and pytest's summary. `make test` runs them too where the guest
@@ -56,7 +58,9 @@ BENCH_STAMP := $(VENV)/.installed-bench
 KEEP ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-PYTEST_ARGS ?= -q tests
+# pytest-xdist workers for make test (0: none, in one process); --dist loadgroup keeps each xdist_group on one worker
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= -q -n $(TEST_WORKERS) --dist loadgroup tests
 BENCH_ARGS ?=
 
 DEV := .dev

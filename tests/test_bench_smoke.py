@@ -20,7 +20,7 @@ import pytest
 
 from bench import report
 from bench.env import venv_bin
-from tests.conftest import ROOT, fuse_usable
+from tests.conftest import NFS_GROUP, ROOT, fuse_usable
 from tests.support.extras import required
 from tests.support.ganesha import missing_tools
 
@@ -28,6 +28,7 @@ MiB = 1 << 20
 
 
 @pytest.mark.integration
+@NFS_GROUP  # its NFS workload runs Ganesha: one at a time on this host (tests/conftest.py)
 def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
     if not fuse_usable():
         pytest.skip("/dev/fuse is not usable here")
@@ -180,6 +181,7 @@ def assert_nfs_gateway_result(nfs: dict, size: int) -> None:
 
 
 @pytest.mark.integration
+@NFS_GROUP
 def test_nfs_gateway_bench_alone_at_one_mib(tmp_path: Path) -> None:
     """`python -m bench.nfs_gateway`, the NFS workload run by itself, at 1 MiB per client; with `--compare`
     (this checkout again), the third export measured as the second is, and its figures printed apart."""
