@@ -8,7 +8,11 @@
 #   make test    the test suite (PYTEST_ARGS="-x tests/unit" to narrow it), every test that mounts
 #                once per FUSE transport (CKPTFS_FUSE_TRANSPORT=kernel|libfuse: one); adds the test, train
 #                and bench extras (PyTorch...) and what the ops tests drive: prometheus, chromium,
-#                nfs-ganesha, rpcbind, libnfs-utils, s3fs
+#                nfs-ganesha, rpcbind, libnfs-utils, s3fs. Runs with CKPTFS_REQUIRE_EXTRAS=1: having
+#                installed the extras, a test whose optional module (torch, transformers, selenium...)
+#                does not import fails instead of skipping (a plain pytest skips it); each skip says why.
+#                On TEST_WORKERS (2) pytest-xdist workers, each with its own SeaweedFS; the tests that run
+#                NFS-Ganesha (one rpcbind per host) on one of them in turn. TEST_WORKERS=0: serially
 #   make test-vm the core integration tests inside a VM booted with Debian 12's Linux 6.1 (FUSE
 #                7.38, no passthrough) under qemu, both transports (scripts/test_vm.py); prints
 #                `guest kernel: ...` and pytest's summary. `make test` runs them too where the guest
@@ -54,7 +58,9 @@ BENCH_STAMP := $(VENV)/.installed-bench
 KEEP ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-PYTEST_ARGS ?= -q tests
+# pytest-xdist workers for make test (0: none, in one process); --dist loadgroup keeps each xdist_group on one worker
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= -q -n $(TEST_WORKERS) --dist loadgroup tests
 BENCH_ARGS ?=
 
 DEV := .dev
@@ -124,7 +130,7 @@ $(BENCH_STAMP): pyproject.toml | $(PY) system-deps
 	touch $@
 
 test: system-deps test-deps $(if $(filter 1,$(TEST_VM)),vm-deps) $(TEST_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	CKPTFS_REQUIRE_EXTRAS=1 $(PY) -m pytest $(PYTEST_ARGS)
 	@if [ "$(TEST_VM)" = 1 ]; then $(PY) scripts/test_vm.py --if-possible --selection auto; else echo "test-vm: skipped: TEST_VM=$(TEST_VM) (make test-vm runs them)"; fi
 
 test-vm: system-deps vm-deps $(TEST_STAMP)

@@ -30,6 +30,7 @@ from .control import ControlServer
 from .drain import Drainer
 from .fetch import Fetcher
 from .fs import CkptFS
+from .fuse.invalidations import Invalidations
 from .fuse.kernel import KernelSession, choose_transport
 from .fuse.workers import worker_count
 from .fuse.libfuse import LibfuseSession
@@ -116,6 +117,9 @@ class Daemon:
                 raise UserError(disk_full_message(cfg.cache_dir)) from None
             raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
                             "check that disk (dmesg), then mount again") from None
+        self.invalidations = Invalidations()  # what a listing found deleted or replaced elsewhere: the kernel forgets it
+        self.ns.merge.on_removed.append(self.invalidations.entry)
+        self.ns.merge.on_replaced.append(self.invalidations.inode)
         self.metrics = Metrics(self.status, peers=cfg.durability == "peer")
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         if cfg.durability == "peer":
@@ -317,6 +321,7 @@ class Daemon:
         cfg = self.cfg
         fs = self.fs = CkptFS(self.ns, self.fetcher, self.remote, str(cfg.control_socket.resolve()), self.lifecycle.guard)
         fs.checkpoint_states = self.lifecycle  # user.ckptfs.state of a checkpoint directory
+        fs.invalidations = self.invalidations  # an OPENDIR waits for what its listing made the kernel forget
         if self.peers is not None:
             fs.peers = self.peers  # fsync and a writer's close wait for the peers' copies
             self.peers.sender.passthrough_inos = fs.passthrough_writers
@@ -342,6 +347,7 @@ class Daemon:
                     raise UserError(f"cannot listen for peers on {cfg.peer_addr}: {e.strerror}: choose another peer_addr") from None
             session = self.session = self._mount(fs)
             await nursery.start(critical, "fuse", self._serve_fuse, session)
+            await nursery.start(supervise, "invalidations", self.invalidations.run, session)
             if self.fuse_transport == "kernel":
                 if session.passthrough:
                     log.info("FUSE: the protocol spoken on /dev/fuse, with passthrough")
@@ -371,6 +377,8 @@ class Daemon:
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
             notify_systemd(f"STOPPING=1\nSTATUS=unmounting {cfg.mountpoint}\nEXTEND_TIMEOUT_USEC={extend_us}".encode())
             log.info("stopping: unmounting %s", cfg.mountpoint)
+            # before the session closes its connection: an invalidation in flight writes to it
+            await self._stop_step("stop the kernel invalidations", self.invalidations.stop)
             await self._stop_step("stop the FUSE session", session.stop)
             await self._stop_step("record what passthrough writers wrote", fs.sync_passthrough_all)
             # handles still open at unmount will never be released to us

@@ -43,6 +43,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import trio
 
 from .fetch import Download, Fetcher
+from .fuse.invalidations import Invalidations
 from .fuse.ops import Attr, DirEntry, FastHandle, OpenReply, Operations, RequestContext, SetattrFields, StatFs
 from .journal import DURABLE, ROOT_INODE, Row
 from .metrics import FUSE_COUNTERS
@@ -248,6 +249,7 @@ class CkptFS(Operations):
         self.xattrs = Xattrs(ns, fetcher, control_socket)
         self.checkpoint_states: CheckpointStates | None = None  # a checkpoint directory's user.ckptfs.state (the lifecycle)
         self.peers: Replication | None = None  # durability = peer: fsync and FLUSH wait for the peers' copies
+        self.invalidations: Invalidations | None = None  # what listings made the kernel forget (the daemon's)
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         # fsync gets threads of its own: worker threads stuck on a hung object store never delay it
@@ -387,6 +389,10 @@ class CkptFS(Operations):
         if not self.ns.files.row(inode).is_dir:
             raise OSError(errno.ENOTDIR, "not a directory")
         await self.remote.refresh(inode)
+        if self.invalidations is not None:
+            # before the READDIR shows the listing: a name it no longer shows must not answer a stat from the
+            # kernel's cache (OPENDIR holds no directory lock, so the invalidation can be waited for here)
+            await self.invalidations.delivered()
         return inode
 
     @_fuse

@@ -191,8 +191,19 @@ DEFAULT_LISTING_TIMEOUT = Config.__dataclass_fields__["listing_timeout"].default
 TRANSPORTS = ("kernel", "libfuse")
 
 
+# Parallel workers (pytest-xdist, `make test`: -n 2 --dist loadgroup): each worker is a session of its own, so it
+# starts its own SeaweedFS servers (the session fixtures `s3` and `second_s3`, on ports picked free, under the
+# worker's own base temp directory), and every test's mounts, cache directories, tmpfs disks, peer, metrics and UI
+# ports are its own too. What is one per host is shared: NFS-Ganesha registers its NFS and MOUNT programs with the
+# host's one rpcbind (port 111; one registration per program and version; started by whichever test finds none and
+# stopped by it), so every test that runs Ganesha carries NFS_GROUP and one worker runs them one after another.
+NFS_GROUP = pytest.mark.xdist_group("nfs")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "one_transport: run under the default FUSE transport only, not once per transport")
+    # registered by pytest-xdist too; here so a run without it (plain pytest) knows the marker
+    config.addinivalue_line("markers", "xdist_group(name): tests that pytest-xdist's --dist loadgroup runs on one worker, in turn")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -272,6 +272,17 @@ class LibfuseSession:
         finally:
             self.done.set()
 
+    async def invalidate_inode(self, ino: int) -> None:
+        """Make the kernel drop its cached attributes and pages of `ino`. In a worker thread, as
+        pyfuse3's docs advise: the kernel may make it wait for a request this trio thread serves.
+        Never once `stop` began (pyfuse3 frees the session): `invalidations.Invalidations.stop` first."""
+        await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino)
+
+    async def invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Make the kernel forget the name `name` in directory `parent`. In a worker thread: the kernel
+        takes the directory's lock, which a LOOKUP or READDIR being answered on this thread may hold."""
+        await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent, name)
+
     async def stop(self) -> None:
         """Stop serving (if an unmount has not already stopped it), then unmount."""
         if not self.done.is_set():

@@ -34,6 +34,15 @@ class FuseSession(Protocol):
         """Report started once answering, then serve until unmounted or `stop()`."""
         ...
 
+    async def invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Make the kernel forget the name `name` in directory `parent` (OSError ENOENT: it had none).
+        May wait for a request on that directory: never from within one (`invalidations.py`)."""
+        ...
+
+    async def invalidate_inode(self, ino: int) -> None:
+        """Make the kernel forget the attributes and pages it caches of `ino` (OSError ENOENT: none)."""
+        ...
+
     async def stop(self) -> None:
         """Unmount, stop serving, release the connection."""
         ...

@@ -27,6 +27,15 @@ dropped whole. The one confirmation that comes from another directory's listing
 is a subdirectory's own (its `dir/` marker or anything under it), kept per
 directory too. In memory is enough because no listing outlives the process: after
 a restart every listing merged starts after the journal's last write.
+
+The kernel caches what it was told of a name (its entry, its attributes, its pages) for a while
+without asking again: a name removed or an object replaced here would still answer a `stat` until
+that expires, while `ls` already shows the bucket's truth. Every name the merge removes, and every
+entry whose object it replaces, is told to the subscribers of `on_removed` / `on_replaced` (the
+daemon makes the kernel forget them). Lists of subscribers, so a second one never silently
+replaces the first; each is called on the trio thread, in the merge, and must not block: the merge
+may run while a request on the same directory waits for it (the daemon queues the invalidation and
+sends it from a task of its own).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import math
 import os
 import stat
 import time
+from typing import Callable
 
 from ..cache import Cache
 from ..journal import DURABLE, ROOT_INODE, Journal, Row
@@ -60,6 +70,9 @@ class ListingMerge:
         self.remote_changed_total = 0  # objects replaced in the bucket by another node
         self.merged_at: dict[int, float] = {}  # directory inode -> start of the newest listing of it merged
         self.shown_at: dict[int, float] = {}  # directory inode -> start of the newest listing of it that showed it exists
+        # told (parent inode, name) of every entry removed, and (inode) of every entry whose object was replaced
+        self.on_removed: list[Callable[[int, str], None]] = []
+        self.on_replaced: list[Callable[[int], None]] = []
 
     def merge(self, dir_ino: int, started_at: float, listing: Listing) -> None:
         """Overlay one directory's bucket listing (taken from `started_at`) on the journal."""
@@ -134,6 +147,7 @@ class ListingMerge:
                          remote_key=key, cached=0, seen_at=started_at, version=row.version + 1)
                 self.files.live.pop(row.ino, None)
                 self.remote_changed_total += 1
+                self._tell(self.on_replaced, row.ino)
             for name, row in children.items():
                 if name in seen or (row.seen_at or 0) > started_at or self.shown_at.get(row.ino, -math.inf) > started_at:
                     continue  # in the listing, or confirmed after it started (inserted, uploaded, or listed itself)
@@ -142,7 +156,17 @@ class ListingMerge:
                 log.info("%s is gone from the bucket: removing it from the mount", base + name)
                 self.tree.remove_subtree(row)
                 self.remote_removed_total += 1
+                self._tell(self.on_removed, dir_ino, name)
         self.space.freed()
+
+    @staticmethod
+    def _tell(subscribers: list[Callable[..., None]], *args: object) -> None:
+        """Call every subscriber; one that fails is logged and does not undo the merge or skip the others."""
+        for fn in subscribers:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("telling %r of a listing's change", fn)
 
     def _removable(self, row: Row) -> bool:
         """True if nothing of `row` (or below it) is local work the bucket has not seen yet."""

@@ -26,8 +26,9 @@ from tests.conftest import ROOT, Mount, mount_is_dead, wait_for
 from tests.integration.test_coldmove import entries, hot_keys, move_options
 from tests.integration.test_replication import body, commit, objects, start, write_config
 from tests.support.faultproxy import FaultProxy
+from tests.support.extras import need
 
-pytest.importorskip("torch", reason="the train extra (torch==2.13.0) is not installed")
+need("torch", "train")
 pytestmark = pytest.mark.one_transport  # store-side logic behind the control socket
 
 MiB = 1 << 20

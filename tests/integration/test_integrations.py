@@ -22,6 +22,7 @@ import pytest
 
 import ckptfs
 from tests.conftest import Mount
+from tests.support.extras import need
 
 # store-side logic behind the control socket: the FUSE transport changes nothing here
 pytestmark = pytest.mark.one_transport
@@ -164,7 +165,7 @@ def finished(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 def test_transformers_trainer_resumes_from_the_newest_committed_checkpoint(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("transformers")
+    need("transformers", "test")
     m: Mount = make_mount(**QUIET)
     out = m.path / "hf-run"
     killed(run(m, TRANSFORMERS_RUN, tmp_path, out, 4))  # saves at steps 2, 4, 6; killed writing step 8's
@@ -189,7 +190,7 @@ def test_transformers_trainer_resumes_from_the_newest_committed_checkpoint(make_
 
 
 def test_lightning_resumes_from_the_newest_committed_checkpoint(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("lightning")
+    need("lightning", "test")
     m: Mount = make_mount(**QUIET)
     run_dir = m.path / "pl-run"
     killed(run(m, LIGHTNING_RUN, tmp_path, run_dir, 8))  # saves at steps 2, 4, 6; killed writing step 8's
@@ -204,7 +205,7 @@ def test_lightning_resumes_from_the_newest_committed_checkpoint(make_mount, tmp_
 
 
 def test_dcp_loads_the_newest_committed_checkpoint(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("torch")
+    need("torch", "train")
     m: Mount = make_mount(**QUIET)
     run_dir = m.path / "dcp-run"
     killed(run(m, DCP_RUN, tmp_path, run_dir, 4))  # saves steps 1, 2, 3; killed writing step 4's

@@ -75,10 +75,36 @@ def test_rename_and_delete_on_a_seen_on_b(two: tuple[Mount, Mount]) -> None:
     assert a.keys() == sorted([a.key("g1.bin"), a.key("e/shard.bin")])
     assert a.object_sha256("g1.bin") == keep
     assert sorted(os.listdir(b.path)) == ["e", "g1.bin"]
+    # right after the listing that removed them: the kernel was told to forget the names (not left to time out)
+    assert not (b.path / "f1.bin").exists() and not (b.path / "d").exists()
     assert sha256_file(b.path / "g1.bin") == keep
     assert sha256_file(b.path / "e/shard.bin") == inner
-    assert not (b.path / "f1.bin").exists() and not (b.path / "d").exists()
     assert b.status()["remote_removed_total"] >= 3
+
+
+def test_names_deleted_or_replaced_elsewhere_are_forgotten_by_the_kernel_at_once(two: tuple[Mount, Mount]) -> None:
+    """A name the kernel holds (entry and attributes, cached 1 s) is gone, or has the new object's size, as soon as a
+    listing on b shows the bucket's change: `stat` agrees with `ls`. The kernel is made to hold them just before the
+    change (a stat each), which is done straight in the bucket, so everything until the check takes a fraction of the
+    kernel's timeout: without the invalidation the stats below answer from the kernel's cache."""
+    a, b = two
+    write_random(a.path / "gone.bin", 1 * MiB, seed=20)
+    write_random(a.path / "replaced.bin", 1 * MiB, seed=22)
+    a.flush()
+    assert sorted(os.listdir(b.path)) == ["gone.bin", "replaced.bin"]
+    client = b.s3.client()
+    new_body = os.urandom(3 * MiB + 5)
+    for rel in ("gone.bin", "replaced.bin"):  # the kernel now holds each name and its attributes
+        os.stat(b.path / rel)
+    client.delete_object(Bucket=b.bucket, Key=b.key("gone.bin"))
+    client.put_object(Bucket=b.bucket, Key=b.key("replaced.bin"), Body=new_body)
+    assert os.listdir(b.path) == ["replaced.bin"]  # b's listing (metadata_ttl = 0) merges the change
+    with pytest.raises(FileNotFoundError):
+        os.stat(b.path / "gone.bin")
+    assert os.stat(b.path / "replaced.bin").st_size == len(new_body)
+    assert (b.path / "replaced.bin").read_bytes() == new_body
+    st = b.status()
+    assert st["remote_removed_total"] >= 1 and st["remote_changed_total"] >= 1
 
 
 def test_empty_directory_survives_as_marker(two: tuple[Mount, Mount]) -> None:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Mount, sha256_file, write_random, wait_for
+from tests.conftest import NFS_GROUP, Mount, sha256_file, write_random, wait_for
 from tests.integration.test_core import xattr
 from tests.support.ganesha import GaneshaServer, missing_tools
+
+pytestmark = NFS_GROUP  # one Ganesha at a time on this host (tests/conftest.py)
 
 MiB = 1 << 20
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pytest
 import xxhash
 
-from tests.conftest import Mount, mount_is_dead, sha256_file, wait_for, write_random
+from tests.conftest import NFS_GROUP, Mount, mount_is_dead, sha256_file, wait_for, write_random
 from tests.integration.test_core import xattr
 from tests.integration.test_lifecycle import catalogue, dcp_save, manifest
 from tests.support.ganesha import GaneshaServer, missing_tools
@@ -41,7 +41,8 @@ def kernel_nfs_client() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(kernel_nfs_client() is not None, reason=kernel_nfs_client() or "")
+# NFS_GROUP: one Ganesha at a time on this host (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(kernel_nfs_client() is not None, reason=kernel_nfs_client() or ""), NFS_GROUP]
 
 # one client process: a shard written to a tmp name, fsynced, renamed into place (as torch.save
 # wrappers and DCP's .metadata do); its bytes follow from the seed

@@ -1,8 +1,8 @@
 """What a user sees of peer durability on real daemons (issue 36 items 3 and 6): two mounts of one bucket as nodes
 a and b over a real SeaweedFS. `ckptfs status` lists the peer and its state, `flush --level replicated` and
 `wait_durable(level="replicated")` return once b holds a's files, a checkpoint directory says `replicated`, the
-metrics show the peer up and nothing single-copy; b stopped shows as down. Runs only where the peers package is
-built (`ckptfs.peers.service`); the durability = local side is in test_metrics.py."""
+metrics show the peer up and nothing single-copy; b stopped shows as down. The durability = local side is in
+test_metrics.py."""
 
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Mount, wait_for, write_random
 from tests.support.seaweed import free_port
-
-pytest.importorskip("ckptfs.peers.service", reason="the peers package (issue 36) is not built on this branch")
 
 MiB = 1 << 20
 STATE = "user.ckptfs.state"

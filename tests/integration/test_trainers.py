@@ -26,6 +26,7 @@ from tests.conftest import ROOT, Mount, wait_for
 from tests.integration.test_lifecycle import catalogue
 from tests.support.seaweed import free_port
 from tests.support.watch import BucketWatcher
+from tests.support.extras import need
 
 # store-side behaviour and real trainers: the FUSE transport changes nothing here
 pytestmark = pytest.mark.one_transport
@@ -71,17 +72,17 @@ def saves_three_times(make_mount: Any, tmp_path: Path, kind: str, run: str, comm
 # Orbax writes into `N.orbax-checkpoint-tmp/` (files there rewritten and removed before its rename): held back
 # (temporary_dir_patterns), no key of it reaches the bucket and no byte travels twice
 def test_orbax_checkpoint_manager_with_max_to_keep(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("orbax.checkpoint")
+    need("orbax.checkpoint", "test")
     saves_three_times(make_mount, tmp_path, "orbax", "orbax-run", {"jax/2": 2, "jax/3": 3})
 
 
 def test_transformers_trainer_with_save_total_limit(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("transformers")
+    need("transformers", "test")
     saves_three_times(make_mount, tmp_path, "transformers", "hf-run", {"hf/checkpoint-4": 4, "hf/checkpoint-6": 6})
 
 
 def test_lightning_model_checkpoint(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("lightning")
+    need("lightning", "test")
     saves_three_times(make_mount, tmp_path, "lightning", "pl-run",
                       {f"lightning_logs/version_0/checkpoints/epoch=0-step={s}.ckpt": s for s in (1, 2, 3)})
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, Mount, sha256_file, wait_for
+from tests.support.extras import need
 
-torch = pytest.importorskip("torch", reason="the train extra (torch==2.13.0) is not installed")
+torch = need("torch", "train")
 
 MiB = 1 << 20
 

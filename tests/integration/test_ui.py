@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import CKPTFS, Mount, wait_for
 from tests.integration.test_lifecycle import dcp_save
 from tests.support.seaweed import free_port
+from tests.support.extras import need
 
 pytestmark = pytest.mark.one_transport  # the page reads the control socket: the FUSE transport changes nothing
 
@@ -27,7 +28,7 @@ TOKEN = "catalogue-token-0123456789"
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver")
+    webdriver = need("selenium.webdriver", "test")
     from selenium.webdriver.chrome.service import Service
 
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):

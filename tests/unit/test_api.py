@@ -17,6 +17,7 @@ import pytest
 import ckptfs
 from ckptfs import api, client
 from ckptfs.integrations.committer import Committer, jsonable, require
+from tests.support.extras import need
 
 
 class FakeDaemon:
@@ -212,7 +213,7 @@ def test_a_cancelled_async_call_returns_at_once(daemon: FakeDaemon, tmp_path: Pa
 
 
 def test_jsonable_makes_metrics_plain() -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch", "train")
     doc = jsonable({"loss": torch.tensor(0.25), "nan": float("nan"), "n": 3, "path": Path("/x"), "t": (1, 2)})
     assert doc == {"loss": 0.25, "nan": None, "n": 3, "path": "/x", "t": [1, 2]}
     json.dumps(doc, allow_nan=False)

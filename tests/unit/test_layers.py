@@ -37,7 +37,7 @@ LAYERS = [
     "namespace",
     "publishing",
     "journal | cache | store | upload",
-    "config | threads | dbconnection | metrics | ui | policy | storeapi | fuse.messages | fuse.iomode | fuse.mount | fuse.session",
+    "config | threads | dbconnection | metrics | ui | policy | storeapi | fuse.messages | fuse.iomode | fuse.mount | fuse.session | fuse.invalidations",
     "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies | httpserver | supervisor | peering",
 ]
 # the package markers themselves (ckptfs/fuse/__init__.py, ...) hold no code that imports; ckptfs/__init__.py
