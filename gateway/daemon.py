@@ -117,9 +117,7 @@ class Daemon:
                 raise UserError(disk_full_message(cfg.cache_dir)) from None
             raise UserError(f"cache directory {cfg.cache_dir} cannot be read or written ({e.strerror}): "
                             "check that disk (dmesg), then mount again") from None
-        self.invalidations = Invalidations()  # what a listing found deleted or replaced elsewhere: the kernel forgets it
-        self.ns.merge.on_removed.append(self.invalidations.entry)
-        self.ns.merge.on_replaced.append(self.invalidations.inode)
+        self.invalidations = Invalidations(self.ns.merge)  # what a listing found deleted or replaced elsewhere: the kernel forgets it
         self.metrics = Metrics(self.status, peers=cfg.durability == "peer")
         self.ns.uploads.on_durable = self.metrics.time_to_durable.observe
         if cfg.durability == "peer":

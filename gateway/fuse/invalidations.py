@@ -45,7 +45,11 @@ class Notifier(Protocol):
 class Invalidations:
     """A queue of kernel cache invalidations and the task that sends them."""
 
-    def __init__(self) -> None:
+    def __init__(self, merge: Any = None) -> None:
+        """`merge`: a listing merge (namespace.ListingMerge) whose removed names and replaced inodes are queued."""
+        if merge is not None:
+            merge.on_removed.append(self.entry)
+            merge.on_replaced.append(self.inode)
         send, receive = trio.open_memory_channel[tuple[int, bytes | None]](math.inf)
         self._send, self._receive = send, receive
         self._scope: trio.CancelScope | None = None
