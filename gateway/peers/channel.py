@@ -22,6 +22,7 @@ import trio
 from ..journal import Row
 from ..namespace import Namespace
 from .bandwidth import TokenBucket
+from .digests import Digests
 from .link import Held, PeerError, PeerLink, SealMismatch
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class Sender(Protocol):
     files: set[int]
     single_since: dict[int, float]
     bandwidth: TokenBucket
+    digests: Digests
     on_sent: Callable[[int], None]
     clock: Callable[[], float]
 
@@ -58,10 +60,6 @@ class Sender(Protocol):
     def meta_of(self, ino: int, row: Row, version: int, size: int) -> dict[str, Any] | None: ...
     def next_seq(self) -> int: ...
     def notify(self) -> None: ...
-    async def digest(self, ino: int, version: int, size: int) -> str | None: ...
-    def digest_holds(self, ino: int, version: int, xxh3: str) -> bool: ...
-    async def hash_sent(self, ino: int, start: int, end: int) -> None: ...
-    def forget_digest(self, ino: int) -> None: ...
 
 
 @dataclass
@@ -358,7 +356,7 @@ class Channel:
                     self.replicated_bytes += n
                     s.replicated_bytes += n
                     s.on_sent(n)
-                    await s.hash_sent(ino, start, start + n)
+                    await s.digests.extend(ino, start, start + n)
                     start += n
         finally:
             os.close(fd)
@@ -461,13 +459,13 @@ class Channel:
                 await link.barrier()  # and arrived
         else:
             t0 = s.clock()
-            xxh3 = await s.digest(ino, version, size)
+            xxh3 = await s.digests.digest(ino, version, size)
             t1 = s.clock()
             if xxh3 is None:
                 log.debug("seal of %d v%d (%d B): hashed in %.3f s, changed meanwhile", ino, version, size, t1 - t0)
                 return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
             await self.sent_out(ino)  # its bytes go first
-            if not s.digest_holds(ino, version, xxh3):
+            if not s.digests.holds(ino, version, xxh3):
                 return False  # changed since it was hashed: hashed again
             t2 = s.clock()
             try:
@@ -477,7 +475,7 @@ class Channel:
                           ino, version, size, self.node, t1 - t0, t2 - t1, s.clock() - t2)
             except SealMismatch:
                 log.info("peer %s: its copy of %s differs; sending it whole", self.node, s.ns.journal.path_of(ino))
-                s.forget_digest(ino)  # hashed whole next time, whatever was kept of it
+                s.digests.forget(ino)  # hashed whole next time, whatever was kept of it
                 owed = self.owe(ino, s.clock())
                 owed.truncate(0)
                 owed.add(0, size)

@@ -29,15 +29,12 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 import trio
-import xxhash
 
-from ..cache import mtimes_change_after_stat
 from ..journal import DURABLE, Row
 from ..namespace import Namespace, under
-from ..namespace.files import MTIME_SETTLED_NS
 from ..patterns import Patterns
-from ..upload import hash_range
 from .bandwidth import TokenBucket
+from .digests import Digests
 from .channel import POLL_SECONDS, Channel, channel_status, close_down, single_copy_from_now
 from .link import PeerError, PeerLink, PeerUnreachable
 from .names import NameChanges
@@ -56,22 +53,6 @@ class Target(Protocol):
 
 
 LinkOpener = Callable[[str, str], Awaitable[PeerLink]]  # (node, addr) -> a connected, authenticated link
-
-
-@dataclass(frozen=True)
-class Hashed:
-    """The last xxh3 taken of a file, and of which bytes: its version and size, and its cache file's size and mtime
-    then. While the cache file still has that size and mtime (and no write callback came), the peers sealed at that
-    version hold the file's bytes, even if a passthrough close or fsync has counted a new version since: but only
-    if that mtime proves it (`proof`). On a kernel whose mtimes come from a coarse clock (before Linux 6.13's
-    multigrain timestamps), a rewrite in place within the same tick as the hash leaves size and mtime as they were,
-    so an mtime younger than a tick when hashed proves nothing about the bytes a later version holds."""
-
-    version: int
-    size: int
-    stat: tuple[int, int]  # (st_size, st_mtime_ns) of the cache file when hashed
-    xxh3: str
-    proof: bool = True  # an unchanged stat proves unchanged bytes (see above): Sender.fine_mtimes, or an mtime a tick old
 
 
 async def connect(open_link: LinkOpener, node: str, addr: str) -> PeerLink:
@@ -111,17 +92,10 @@ class Sender:
         self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
         self.uncounted: Callable[[], str | None] = lambda: None  # why peer copies do not count now (no record of ours)
         self._pt_sizes: dict[int, int] = {}
-        self._hashed: dict[int, Hashed] = {}  # dropped at every change the namespace reports
-        # the xxh3 state of each file's first bytes, as hashed at its last seal: a seal after an append hashes only
-        # the new bytes (a file fsynced every few MiB is not hashed whole each time). Forgotten by a write or truncate
-        # below it; never kept for a file the kernel writes itself (passthrough: a rewrite in place is not seen)
-        self._prefix: dict[int, tuple[int, Any]] = {}  # ino -> (bytes hashed, xxh3 state)
-        self._extending: dict[int, list[Any]] = {}  # ino -> [end, still valid] of a prefix being extended (`hash_sent`)
         self._seq = 0
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self._digest_threads = trio.CapacityLimiter(2)
-        self.fine_mtimes = mtimes_change_after_stat(ns.cache.data_dir)
+        self.digests = Digests(ns, self.current, self._kernel_writes)  # the xxh3 of each file's bytes, kept between seals
         self.names = NameChanges(self)  # renames, unlinks, rmdirs: numbered, and what their FUSE request waits for
         ns.files.on_bytes = self._on_bytes
         ns.files.on_truncate = self._on_truncate
@@ -150,28 +124,11 @@ class Sender:
             return False
         return self.sealed_on(ino, cur[1]) >= self.replicas
 
-    def _versions_held(self, ino: int, version: int) -> set[int]:
-        """The sealed versions that hold the file's current bytes: `version`, and the one last hashed if its cache
-        file is as it was then (a passthrough close or fsync counts a version without a byte changed). None at all
-        if the cache file changed since that hash: the kernel wrote under passthrough, no version counted it yet."""
-        h = self._hashed.get(ino)
-        if h is None:
-            return {version}
-        try:
-            st = os.stat(self.ns.cache.path(ino))
-        except OSError:
-            return set()
-        return set() if (st.st_size, st.st_mtime_ns) != h.stat else {version, h.version} if h.proof else {version}
-
-    def forget_digest(self, ino: int) -> None:
-        self._hashed.pop(ino, None)
-        self._prefix.pop(ino, None)
-
     def holds(self, ch: Channel, ino: int, version: int) -> bool:
-        return ch.ready and ch.sealed.get(ino) in self._versions_held(ino, version)
+        return ch.ready and ch.sealed.get(ino) in self.digests.versions_held(ino, version)
 
     def sealed_on(self, ino: int, version: int) -> int:
-        held = self._versions_held(ino, version) if self.uncounted() is None else set()
+        held = self.digests.versions_held(ino, version) if self.uncounted() is None else set()
         return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) in held)
 
     def notify(self) -> None:
@@ -197,18 +154,8 @@ class Sender:
             self.notify()
         return True
 
-    def _below(self, ino: int, offset: int) -> None:
-        """Bytes from `offset` on changed: a hashed prefix past it no longer holds (nor one being extended)."""
-        self._hashed.pop(ino, None)
-        prefix = self._prefix.get(ino)
-        if prefix is not None and offset < prefix[0]:
-            del self._prefix[ino]
-        extending = self._extending.get(ino)
-        if extending is not None and offset < extending[0]:
-            extending[1] = False
-
     def _on_bytes(self, ino: int, offset: int, length: int) -> None:
-        self._below(ino, offset)
+        self.digests.below(ino, offset)
         if not self._track(ino):
             return
         now = self.clock()
@@ -216,7 +163,7 @@ class Sender:
             ch.owe(ino, now).add(offset, offset + length)
 
     def _on_truncate(self, ino: int, size: int) -> None:
-        self._below(ino, size)
+        self.digests.below(ino, size)
         if not self._track(ino):
             return
         now = self.clock()
@@ -232,7 +179,7 @@ class Sender:
         self.single_since.pop(ino, None)
         self.degraded.discard(ino)
         self._pt_sizes.pop(ino, None)
-        self.forget_digest(ino)
+        self.digests.forget(ino)
         for ch in self.channels.values():
             ch.owed.pop(ino, None)
             ch.drop_name(ino)  # durable under its name now: the bucket has the name
@@ -253,7 +200,7 @@ class Sender:
             return
         last = self._pt_sizes.get(ino)
         self._pt_sizes[ino] = size
-        self._prefix.pop(ino, None)  # the kernel writes it: hashed whole at each seal
+        self.digests.kernel_writes(ino)  # hashed whole at each seal
         if last is None:
             self._on_bytes(ino, 0, size)
         elif size > last:
@@ -457,80 +404,8 @@ class Sender:
             meta["sealed"], meta["xxh3"] = True, row.xxh3
         return meta
 
-    def digest_holds(self, ino: int, version: int, xxh3: str) -> bool:
-        """The digest `digest` gave for `version` still holds: no change reported and the cache file as it was."""
-        h = self._hashed.get(ino)
-        return h is not None and (h.version, h.xxh3) == (version, xxh3) and bool(self._versions_held(ino, version))
-
     def _kernel_writes(self, ino: int) -> bool:
         return ino in self._pt_sizes or ino in set(self.passthrough_inos())
-
-    async def hash_sent(self, ino: int, start: int, end: int) -> None:
-        """Bytes [start, end) just sent that continue the file's hashed prefix (or start it) are hashed now, so its
-        seal hashes only what came after. Copy mode only: under passthrough the kernel may rewrite hashed bytes in
-        place unseen, and the seal reads the whole file again."""
-        if end <= start or ino in self._extending or self._kernel_writes(ino):
-            return
-        prefix = self._prefix.get(ino)
-        if (prefix[0] if prefix is not None else 0) != start:
-            return
-        state = prefix[1] if prefix is not None else None
-        path = self.ns.cache.path(ino)
-        marker = self._extending[ino] = [end, True]
-
-        def extend() -> Any:
-            h = state.copy() if state is not None else xxhash.xxh3_128()
-            with open(path, "rb", buffering=0) as f:
-                return h if hash_range(h, f.fileno(), start, end) == end - start else None  # shorter: truncated meanwhile
-
-        try:
-            h = await trio.to_thread.run_sync(extend, limiter=self._digest_threads)
-        except OSError:
-            return
-        finally:
-            del self._extending[ino]
-        if h is not None and marker[1] and self._prefix.get(ino) is prefix and not self._kernel_writes(ino):
-            self._prefix[ino] = (end, h)
-
-    async def digest(self, ino: int, version: int, size: int) -> str | None:
-        """The xxh3-128 of the file's cache copy at `version` (shared by the channels). None if the cache file is not
-        that version's bytes now: it changed while hashed, or the kernel wrote more under passthrough."""
-        path = self.ns.cache.path(ino)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        stat = (st.st_size, st.st_mtime_ns)
-        if st.st_size != size:
-            return None
-        proof = self.fine_mtimes or time.time_ns() - st.st_mtime_ns >= MTIME_SETTLED_NS
-        known = self._hashed.get(ino)
-        if known is not None and (known.version, known.size, known.stat) == (version, size, stat):
-            return known.xxh3
-
-        prefix = self._prefix.get(ino)
-        start, state = prefix if prefix is not None and prefix[0] <= size else (0, None)
-
-        def hash_file() -> tuple[str, Any]:
-            h = state.copy() if state is not None else xxhash.xxh3_128()
-            with open(path, "rb", buffering=0) as f:
-                hash_range(h, f.fileno(), start, size)
-            return h.hexdigest(), h.copy()
-
-        try:
-            value, state_after = await trio.to_thread.run_sync(hash_file, limiter=self._digest_threads)
-            after = os.stat(path)
-        except OSError:
-            return None
-        cur = self.current(ino)
-        if (after.st_size, after.st_mtime_ns) != stat or cur is None or cur[1] != version or cur[2] != size:
-            return None
-        self._hashed[ino] = Hashed(version, size, stat, value, proof)
-        if ino in self._pt_sizes:
-            self._prefix.pop(ino, None)
-        else:
-            self._prefix[ino] = (size, state_after)
-        return value
 
 
 def judged_by(row: Row, key: str, journal_id: str) -> dict[str, str]:

@@ -582,7 +582,7 @@ async def test_a_rewrite_in_place_within_the_mtime_tick_of_the_seal_is_sealed_ag
     ns = make_ns(tmp_path)
     b = FakePeer("b")
     sender = sender_for(ns, Cluster(b))
-    sender.fine_mtimes = False  # as on Linux before 6.13 (this machine's kernel gives fine mtimes after a stat)
+    sender.digests.fine_mtimes = False  # as on Linux before 6.13 (this machine's kernel gives fine mtimes after a stat)
     writing: set[int] = set()
     sender.passthrough_inos = lambda: list(writing)
     async with trio.open_nursery() as nursery:
@@ -739,7 +739,7 @@ async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below
     """Copy mode (every write reported): what was sent in order is hashed as it goes, so the seal at the fsync
     hashes only the bytes after it; a write below what was hashed throws that away, and the seal's xxh3 is the
     file's (the peer finds no mismatch)."""
-    import ckptfs.peers.sender as sender_module
+    import ckptfs.peers.digests as sender_module
 
     hashed: list[tuple[int, int]] = []
     hash_range = sender_module.hash_range
@@ -758,7 +758,7 @@ async def test_bytes_streamed_in_order_are_hashed_as_they_go_and_a_rewrite_below
         body = os.urandom(3 << 20)
         ns.files.write(ino, fd, 0, body)
         # sent, then hashed (and the hash kept: `(0, len(body)) in hashed` alone is true while the thread still runs)
-        await wait_for(lambda: (0, len(body)) in hashed and sender._prefix.get(ino, (0, None))[0] == len(body))
+        await wait_for(lambda: (0, len(body)) in hashed and sender.digests.prefix.get(ino, (0, None))[0] == len(body))
         ns.files.write(ino, fd, len(body), b"tail")
         hashed.clear()
         await sender.replicated(ino)
