@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..cache import Cache
 from ..config import Config
+from ..hooks import Hook
 from ..journal import DIRTY, UPLOADING, Journal, Row
 from .backlog import Backlog
 
@@ -55,8 +56,8 @@ class OpenFiles:
         self.fetching: set[int] = set()  # being read in from the bucket: never evicted meanwhile
         # which bytes changed, as they change (peers/sender.py streams them to the peers under durability = peer):
         # (ino, offset, length) after bytes reached the cache file; (ino, size) after a truncate. Must not raise.
-        self.on_bytes: Callable[[int, int, int], None] = lambda ino, offset, length: None
-        self.on_truncate: Callable[[int, int], None] = lambda ino, size: None
+        self.on_bytes: Hook[[int, int, int]] = Hook()
+        self.on_truncate: Hook[[int, int]] = Hook()
 
     def row(self, ino: int) -> Row:
         """The journal's row with the in-memory size, mtime and state of a file in use."""

@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from ..cache import Cache
+from ..hooks import Hook
 from ..journal import DIRTY, ROOT_INODE, Journal, Row
 from .backlog import Backlog
 from .files import OpenFiles
@@ -41,7 +42,7 @@ class Tree:
         self.journal, self.cache, self.backlog, self.files, self.space, self.uploads = journal, cache, backlog, files, space, uploads
         self._on_change = on_change
         # files whose path changed (renamed, moved with a directory, unlinked, replaced): peers/sender.py tells the peers
-        self.on_paths_changed: Callable[[list[int]], None] = lambda inos: None
+        self.on_paths_changed: Hook[[list[int]]] = Hook()
         self.lookups: dict[int, int] = {}
 
     # ---------------------------------------------------------------- lookups

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Container
 
 from ..config import Config
+from ..hooks import Hook
 from ..journal import DIRTY, DURABLE, ROOT_INODE, UPLOADING, Journal, Row
 from .backlog import Backlog, Waiting
 from .deletes import DeleteQueue
@@ -74,7 +75,7 @@ class UploadQueue:
         self.on_durable: Callable[[float], None] = lambda seconds: None
         self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
         # (ino, version): that version of a file is durable (peers/sender.py: its peers may drop their replicas)
-        self.on_file_durable: Callable[[int, int], None] = lambda ino, version: None
+        self.on_file_durable: Hook[[int, int]] = Hook()
         # before a file is made durable or published by a copy: stop writes the journal does not see
         # coming (the copy workers'); False if one may have changed the bytes uploaded (fs.py)
         self.stop_fast_writes: Callable[[int], bool] = lambda ino: True

@@ -97,10 +97,10 @@ class Sender:
         self._nursery: trio.Nursery | None = None
         self.digests = Digests(ns, self.current, self._kernel_writes)  # the xxh3 of each file's bytes, kept between seals
         self.names = NameChanges(self)  # renames, unlinks, rmdirs: numbered, and what their FUSE request waits for
-        ns.files.on_bytes = self._on_bytes
-        ns.files.on_truncate = self._on_truncate
-        ns.tree.on_paths_changed = self.names.paths_changed
-        ns.uploads.on_file_durable = self._on_durable
+        ns.files.on_bytes.subscribe(self._on_bytes)
+        ns.files.on_truncate.subscribe(self._on_truncate)
+        ns.tree.on_paths_changed.subscribe(self.names.paths_changed)
+        ns.uploads.on_file_durable.subscribe(self._on_durable)
 
     # ------------------------------------------------------------------ state
     def current(self, ino: int) -> tuple[Row, int, int] | None:

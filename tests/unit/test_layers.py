@@ -38,7 +38,7 @@ LAYERS = [
     "publishing",
     "journal | cache | store | upload",
     "config | threads | dbconnection | metrics | ui | policy | storeapi | fuse.messages | fuse.iomode | fuse.mount | fuse.session | fuse.invalidations",
-    "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies | httpserver | supervisor | peering",
+    "encryption | patterns | storageclass | version | sizes | fuse.ops | fuse.abi | objects | bodies | httpserver | supervisor | peering | hooks",
 ]
 # the package markers themselves (ckptfs/fuse/__init__.py, ...) hold no code that imports; ckptfs/__init__.py
 # re-exports the Python API (`api`), checked to stay cheap by tests/unit/test_api.py
