@@ -421,10 +421,19 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
                 raise AssertionError(f"no fsync returned on node {owner.name} within {timeout:.0f}s")
             time.sleep(kill_after)
         kill_started = time.monotonic()
-        owner.kill(delete_cache=delete_cache)
+        assert owner.pid
+        os.kill(owner.pid, signal.SIGKILL)
+        wait_until(f"node {owner.name}'s daemon to be gone", lambda: not _alive(owner.pid), 60)
+        # the writer's next call on the dead mount fails: it ends before the mount is detached (after that, its
+        # calls would reach the directory under the mount point, and an fsync there "succeed")
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
         # taken once the daemon is gone: an fsync that returned while the kill was under way was acknowledged too,
         # and is checked like the others (taken before the kill, it was counted as never acknowledged)
         lost_at = time.monotonic()
+        owner.kill(delete_cache=delete_cache)  # the daemon is dead already: the mount detached, the cache deleted
     finally:
         try:
             proc.wait(timeout=60)  # its next request on the dead mount fails

@@ -206,10 +206,10 @@ try:
         say(ev="op_done", i=i)
         time.sleep(op.get("pause", 0))
 except OSError as e:
-    say(ev="error", error=repr(e))
+    say(ev="error", error=f"op {i} {kind}: {type(e).__name__}: {e}")
     sys.exit(3)
 except Exception as e:  # ckptfs.wait_durable on a dead mount: a CkptfsError
-    say(ev="error", error=repr(e))
+    say(ev="error", error=f"op {i} {kind}: {type(e).__name__}: {e}")
     sys.exit(4)
 say(ev="done")
 """
@@ -403,11 +403,15 @@ class CampaignCluster:
             self.new_node()
         self.cluster.wait_live([n.name for n in self.live], timeout=180)
 
-    def lose(self, node: Node, delete_cache: bool = True) -> None:
-        """The node is gone for good (its disk with it unless kept): killed, unmounted, out of the live set."""
+    def lose(self, node: Node, delete_cache: bool = True, writer: "WriterRun | None" = None) -> None:
+        """The node is gone for good (its disk with it unless kept): killed, unmounted, out of the live set.
+        `writer`, the application on its mount, ends (its next call fails) before the mount is detached: after that
+        its calls would reach the directory under the mount point and "succeed"."""
         if node.pid and _alive(node.pid):
             os.kill(node.pid, signal.SIGKILL)
             wait_until(f"node {node.name}'s daemon to be gone", lambda: not _alive(node.pid), 60)
+        if writer is not None:
+            writer.end(timeout=60)
         node.unmount_dead()
         if delete_cache:
             shutil.rmtree(node.cache_dir, ignore_errors=True)  # on its own disk: what it held (the disk stays mounted)
@@ -666,7 +670,9 @@ class Campaign:
         owner = rng.choice(self.cc.live)
         base = f"ep{index}"
         plan = plan_ops(rng, base, self.ops, self.off)
-        trigger = rng.randint(1, len(plan))  # the fault comes after this many operations returned
+        # the fault comes after this many operations returned: at any point for the owner; for the holder and the
+        # taker once the owner has saved at least half, so that they hold something when it strikes
+        trigger = rng.randint(1 if role == "owner" else (len(plan) + 1) // 2, len(plan))
         notes: list[str] = []
         w = WriterRun(owner, plan)
         w.wait_ops(trigger, timeout=240)
@@ -684,10 +690,10 @@ class Campaign:
 
         if role == "owner":
             if kind == "kill":
-                self.cc.lose(owner)
+                self.cc.lose(owner, writer=w)
                 owner_alive = None
             elif kind == "kill_keep_cache":
-                self.cc.lose(owner, delete_cache=False)
+                self.cc.lose(owner, delete_cache=False, writer=w)
                 w.end()
                 time.sleep(rng.choice([0.0, 2 * LEASE]))  # back at once, or after its takeover began
                 self.cc.restart_same_name(owner, empty_cache=False)
@@ -702,7 +708,7 @@ class Campaign:
                 time.sleep(PAUSE_FOR)
                 owner.resume()
             elif kind == "same_name_empty":
-                self.cc.lose(owner)
+                self.cc.lose(owner, writer=w)
                 w.end()
                 self.cc.restart_same_name(owner, empty_cache=True)
                 owner_alive = None  # its new incarnation holds none of it
@@ -718,7 +724,7 @@ class Campaign:
                 for n in (owner, holder):
                     if n.pid:
                         os.kill(n.pid, signal.SIGKILL)  # both at once, then torn down
-                self.cc.lose(owner)
+                self.cc.lose(owner, writer=w)
                 self.cc.lose(holder)
                 owner_alive = None
         elif role == "holder":
@@ -752,13 +758,13 @@ class Campaign:
                 disk.fill()
             # the owner had REREPLICATE_WINDOW to notice and copy its files elsewhere; its writer goes on meanwhile
             time.sleep(REREPLICATE_WINDOW)
-            self.cc.lose(owner)
+            self.cc.lose(owner, writer=w)
             owner_alive = None
             if kind == "disk_full":
                 time.sleep(PAUSE_FOR)  # the takeover starts on a full disk
                 self.cc.disks[holder.name].empty()
         else:  # taker
-            self.cc.lose(owner)
+            self.cc.lose(owner, writer=w)
             owner_alive = None
             taker = self._wait_claim(owner, notes)
             if taker is None:
