@@ -766,20 +766,23 @@ class Campaign:
         else:  # taker
             self.cc.lose(owner, writer=w)
             owner_alive = None
-            taker = self._wait_claim(owner, notes)
+            taker, done = self._wait_claim(owner, notes)
             if taker is None:
                 taker = holder_of(owner, self.cc.live)
+                done = True  # no claim in 6 leases: nothing was left to take over (or a bug): its loss loses nothing
                 notes.append("no claim seen in time: the fault went to the holder")
             assert taker is not None
             target = taker
+            # a taker lost with its disk mid-takeover loses the only copy left of what it had not uploaded: allowed;
+            # once its takeover is done it has nothing left to lose
             if kind == "kill":
-                double_loss = snapshot()
+                double_loss = None if done else snapshot()
                 self.cc.lose(taker)
             elif kind == "kill_keep_cache":
                 self.cc.lose(taker, delete_cache=False)
                 self.cc.restart_same_name(taker, empty_cache=False)
             elif kind == "silent":
-                double_loss = snapshot()
+                double_loss = None if done else snapshot()
                 taker.pause()
                 silent.append(taker)
                 self.cc.live.remove(taker)
@@ -814,18 +817,20 @@ class Campaign:
         return EpisodeResult(index, f"{self.seed}:{index}", fault, owner.name, target.name, model.ops_done,
                              len(model.files), findings, violations, allowed, notes, time.monotonic() - started)
 
-    def _wait_claim(self, owner: Node, notes: list[str]) -> Node | None:
-        """The node that claims the lost owner's record (mid-takeover, if caught before it is done)."""
+    def _wait_claim(self, owner: Node, notes: list[str]) -> tuple[Node | None, bool]:
+        """The node that claims the lost owner's record (mid-takeover, if caught before it is done), and whether its
+        record already says the takeover is done."""
         deadline = time.monotonic() + 6 * LEASE
         while time.monotonic() < deadline:
             rec = owner.record() or {}
             by = rec.get("taken_over_by")
             if rec.get("state") == "taken_over" and by:
-                if rec.get("takeover_done"):
+                done = bool(rec.get("takeover_done"))
+                if done:
                     notes.append("the takeover was done before the taker's fault")
-                return next((n for n in self.cc.live if n.name == by), None)
+                return next((n for n in self.cc.live if n.name == by), None), done
             time.sleep(0.1)
-        return None
+        return None, False
 
     def _settle(self, prefix: str, model: Model, double_loss: dict[str, str] | None, owner_alive: Node | None) -> list[Finding]:
         """Until the bucket is as the model says (nothing found, or only allowed losses), or SETTLE_TIMEOUT."""
