@@ -174,6 +174,7 @@ def test_node_loss_trials_at_random_instants(cluster: Cluster) -> None:
     rng = random.Random(int(os.environ.get("CKPTFS_TRIAL_SEED", "36")))
     b = cluster.node("b")
     c = cluster.node("c")
+    undrained = 0
     for trial in range(3):
         owner = cluster.node(f"o{trial}", upload_delay=0.5)
         cluster.wait_live(["b", "c", owner.name])
@@ -183,7 +184,12 @@ def test_node_loss_trials_at_random_instants(cluster: Cluster) -> None:
         assert r.lost == [] and r.misnamed == [], r.as_dict()
         assert r.completed_twice == {}, r.as_dict()
         assert len(r.taken_over_by) <= 1  # nothing left to take over if the drain had finished
+        if r.undrained_bytes:  # the bucket lacked acknowledged bytes at the loss: only a takeover can have put them there
+            assert len(r.taken_over_by) == 1, r.as_dict()
+        undrained += r.undrained_bytes
         wait_until("no replica of the lost owner left", lambda o=owner.name: b.replica_files(o) == [] and c.replica_files(o) == [], 120)
+    # trials whose owners had drained everything before the loss checked no takeover: at least one must have had work
+    assert undrained > 0, "no trial lost its owner with bytes the bucket lacked: the takeover was never exercised"
 
 
 # ------------------------------------------------------------ a paused node

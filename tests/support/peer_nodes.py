@@ -357,9 +357,9 @@ class Acknowledged:
 class TrialResult:
     """What one node-loss trial found (plain values: the benchmark stores it as JSON)."""
 
-    acknowledged: int  # files whose fsync returned before the loss
+    acknowledged: int  # files whose fsync returned before the loss (the owner's daemon gone)
     acknowledged_bytes: int
-    undrained_bytes: int  # of those, not in the bucket when the node was lost
+    undrained_bytes: int  # of those, not in the bucket when the node was lost: > 0 needs a takeover
     lost: list[str]  # acknowledged files in the bucket under neither name, or with other bytes
     misnamed: list[str]  # its rename returned before the loss, but in the bucket under the tmp name only
     under_tmp_name: list[str]  # its rename had not returned when the node was lost: in the bucket under the tmp name
@@ -420,8 +420,20 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
             if not first_fsync.wait(timeout):
                 raise AssertionError(f"no fsync returned on node {owner.name} within {timeout:.0f}s")
             time.sleep(kill_after)
+        kill_started = time.monotonic()
+        assert owner.pid
+        os.kill(owner.pid, signal.SIGKILL)
+        wait_until(f"node {owner.name}'s daemon to be gone", lambda: not _alive(owner.pid), 60)
+        # the writer's next call on the dead mount fails: it ends before the mount is detached (after that, its
+        # calls would reach the directory under the mount point, and an fsync there "succeed")
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        # taken once the daemon is gone: an fsync that returned while the kill was under way was acknowledged too,
+        # and is checked like the others (taken before the kill, it was counted as never acknowledged)
         lost_at = time.monotonic()
-        owner.kill(delete_cache=delete_cache)
+        owner.kill(delete_cache=delete_cache)  # the daemon is dead already: the mount detached, the cache deleted
     finally:
         try:
             proc.wait(timeout=60)  # its next request on the dead mount fails
@@ -460,7 +472,17 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
         if time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    takers = [n.name for n in survivors if n.metric("ckptfs_peer_takeovers_total") > takeovers_before[n.name]]
+    def takers_now() -> list[str]:
+        return [n.name for n in survivors if n.metric("ckptfs_peer_takeovers_total") > takeovers_before[n.name]]
+
+    takers = takers_now()
+    if undrained and durable_at is not None and not takers:
+        # bytes the bucket lacked at the loss reached it: someone took the owner over, and counts it once its record
+        # says done, just after the uploads the loop above saw; wait for that count (the test asserts on it)
+        end = time.monotonic() + 60
+        while not takers and time.monotonic() < end:
+            time.sleep(0.2)
+            takers = takers_now()
     made = completions(cluster.writes(), cluster.bucket)
     twice = {k: len(v) - 1 for k, v in made.items() if len(v) > 1 and k.removesuffix(".tmp") in {*keys.values()}}
     sizes = {keys[a.name]: a.size for a in files} | {keys[a.name] + ".tmp": a.size for a in files}
@@ -470,7 +492,7 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
         under_tmp_name=sorted(n for n, v in found.items() if v == "tmp"),
         durable_s=None if durable_at is None else durable_at - lost_at, taken_over_by=takers,
         completed_twice=twice, twice_bytes=sum(sizes.get(k, 0) * n for k, n in twice.items()),
-        killed_after_first_fsync_s=lost_at - first)
+        killed_after_first_fsync_s=kill_started - first)
 
 
 def random_instant(rng: random.Random, spread: float) -> float:
