@@ -223,6 +223,20 @@ def fuse_transport(request: pytest.FixtureRequest) -> str | None:
     return name
 
 
+def peer_cluster(s3: SeaweedServer, bucket: str, tmp_path: Path, **options: Any) -> Iterator[Any]:
+    """What a peers test's `cluster` fixture yields from: nodes of one bucket with peer durability
+    (tests/support/peer_nodes.py `Cluster`; `options` go to it), stopped afterwards (a paused daemon continued first)."""
+    from tests.support.peer_nodes import Cluster
+
+    if not fuse_usable():
+        pytest.skip("/dev/fuse is not usable here")
+    c = Cluster(s3, bucket, tmp_path, **options)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
 @pytest.fixture
 def make_mount(s3: SeaweedServer, bucket: str, tmp_path: Path, fuse_transport: str | None) -> Iterator[Any]:
     if not fuse_usable():

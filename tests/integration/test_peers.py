@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import ROOT, fuse_usable, run_cli, sha256_file, write_random
+from tests.conftest import ROOT, fuse_usable, peer_cluster, run_cli, sha256_file, write_random
 from tests.support.peer_nodes import WRITER, Cluster, Node, completions, file_spec, node_loss_trial, wait_until, write_secret
 from tests.support.seaweed import SeaweedServer
 
@@ -34,13 +34,7 @@ HELD = 3600  # upload_delay that keeps a node's drain from uploading anything in
 
 @pytest.fixture
 def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path, fuse_transport: str | None) -> Iterator[Cluster]:
-    if not fuse_usable():
-        pytest.skip("/dev/fuse is not usable here")
-    c = Cluster(s3, bucket, tmp_path, **({"fuse_transport": fuse_transport} if fuse_transport else {}))
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from peer_cluster(s3, bucket, tmp_path, **({"fuse_transport": fuse_transport} if fuse_transport else {}))
 
 
 def three(cluster: Cluster, a: dict[str, Any] | None = None, b: dict[str, Any] | None = None,

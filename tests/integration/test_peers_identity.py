@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import fuse_usable, sha256_file, write_random
+from tests.conftest import peer_cluster, sha256_file, write_random
 from tests.support.peer_nodes import Cluster, wait_until
 from tests.support.seaweed import SeaweedServer
 
@@ -26,13 +26,7 @@ HELD = 3600  # upload_delay that keeps a node's drain from uploading anything in
 
 @pytest.fixture
 def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Cluster]:
-    if not fuse_usable():
-        pytest.skip("/dev/fuse is not usable here")
-    c = Cluster(s3, bucket, tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from peer_cluster(s3, bucket, tmp_path)
 
 
 def test_a_node_back_at_once_with_an_empty_cache_under_its_name_loses_nothing(cluster: Cluster) -> None:

@@ -24,7 +24,7 @@ from ckptfs.config import Config
 from ckptfs.objects import PRECONDITION, StoreError, crc32_b64
 from ckptfs.publishing import store_refuses_stale_writes
 from ckptfs.store import Store
-from tests.conftest import fuse_usable
+from tests.conftest import peer_cluster
 from tests.support.peer_nodes import Cluster, Node, wait_until
 from tests.support.seaweed import SeaweedServer
 
@@ -34,13 +34,7 @@ MiB = 1 << 20
 @pytest.fixture
 def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Cluster]:
     """One transport only: what is proven here happens in the peers and the store, not in the FUSE transport."""
-    if not fuse_usable():
-        pytest.skip("/dev/fuse is not usable here")
-    c = Cluster(s3, bucket, tmp_path, fuse_transport="libfuse")
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from peer_cluster(s3, bucket, tmp_path, fuse_transport="libfuse")
 
 
 def three(cluster: Cluster, a: dict[str, Any], bc: dict[str, Any]) -> tuple[Node, Node, Node]:

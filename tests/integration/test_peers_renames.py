@@ -14,11 +14,11 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from tests.conftest import fuse_usable
+from tests.conftest import peer_cluster
 from tests.support.peer_nodes import Cluster, Node, wait_until
 from tests.support.seaweed import SeaweedServer
 
@@ -28,13 +28,7 @@ HELD = 3600  # upload_delay that keeps a node's drain from uploading (or copying
 
 @pytest.fixture
 def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Cluster]:
-    if not fuse_usable():
-        pytest.skip("/dev/fuse is not usable here")
-    c = Cluster(s3, bucket, tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from peer_cluster(s3, bucket, tmp_path)
 
 
 def taken_over(node: Node) -> bool:

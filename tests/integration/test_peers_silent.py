@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import fuse_usable, write_random
+from tests.conftest import peer_cluster, write_random
 from tests.support.peer_nodes import WRITER, Cluster, Node, file_spec, wait_until
 from tests.support.seaweed import SeaweedServer
 
@@ -32,13 +32,7 @@ HELD = 3600  # upload_delay that keeps a node's drain from uploading anything in
 
 @pytest.fixture
 def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Cluster]:
-    if not fuse_usable():
-        pytest.skip("/dev/fuse is not usable here")
-    c = Cluster(s3, bucket, tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop()  # SIGCONT to a paused daemon first, then unmount
+    yield from peer_cluster(s3, bucket, tmp_path)
 
 
 def save(node: Node, spec: list[dict[str, Any]]) -> dict[str, str]:
