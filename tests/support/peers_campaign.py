@@ -328,6 +328,7 @@ class WriterRun:
 
     def __init__(self, node: Node, plan: list[dict[str, Any]]) -> None:
         self.model = Model()
+        self.mountpoint = node.path
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.proc = subprocess.Popen([sys.executable, "-c", WRITER, str(node.path), json.dumps(plan)],
@@ -360,13 +361,35 @@ class WriterRun:
                 self.changed.wait(min(left, 0.5))
 
     def end(self, timeout: float = 60) -> None:
-        """Wait for the writer to end (its node's mount answers or is dead), then for its last events."""
+        """Wait for the writer to end (its node's mount answers or is dead), then for its last events. A writer killed
+        while its node's daemon is stopped (a silent death) may not die: the kernel sends the FLUSH of its open files
+        at exit and waits for the answer whatever the signal. On a real node it dies with the machine; here the
+        mount's FUSE connection is aborted, which is what the rest of the machine sees of a node that is gone."""
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                abort_fuse_connection(self.mountpoint)
+                self.proc.wait(timeout=60)
         self.reader.join(timeout=30)
+
+
+def abort_fuse_connection(mountpoint: Path) -> None:
+    """Abort the FUSE connection of the mount at `mountpoint` (/sys/fs/fuse/connections/<minor>/abort): its requests
+    fail at once. Found through /proc/self/mountinfo: a stat of the mount would wait on its stopped daemon."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == str(mountpoint):
+                minor = fields[2].split(":")[1]
+                connections = Path("/sys/fs/fuse/connections")
+                if not (connections / minor).exists():  # fusectl not mounted here yet
+                    subprocess.run(["mount", "-t", "fusectl", "none", str(connections)], check=False, capture_output=True)
+                (connections / minor / "abort").write_text("1")
+                return
 
 
 # ------------------------------------------------------------------ the cluster of the campaign
