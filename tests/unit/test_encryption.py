@@ -47,7 +47,7 @@ def test_key_file_readable_by_others_is_refused(tmp_path: Path, mode: int, fragm
     assert "\n" not in msg and "readable by others" in msg and fragment in msg and path in msg
 
 
-@pytest.mark.parametrize("data", [b"short", os.urandom(31), base64.b64encode(os.urandom(16))])
+@pytest.mark.parametrize("data", [b"short", os.urandom(31), base64.b64encode(os.urandom(16))], ids=["short", "31-bytes", "base64-of-16"])
 def test_key_file_without_a_256_bit_key_is_refused(tmp_path: Path, data: bytes) -> None:
     with pytest.raises(ConfigError, match="does not hold a 256-bit key"):
         load_config(environ={}, overrides={**BASE, "sse_c_key_file": key_file(tmp_path, data)})
