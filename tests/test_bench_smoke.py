@@ -11,7 +11,9 @@ here, and not where CKPTFS_REQUIRE_EXTRAS=1 says its pip extra is).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,15 +31,19 @@ MiB = 1 << 20
 
 @pytest.mark.integration
 @NFS_GROUP  # its NFS workload runs Ganesha: one at a time on this host (tests/conftest.py)
-def test_bench_quick_run_writes_every_figure(tmp_path: Path) -> None:
+def test_bench_quick_run_writes_every_figure(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if not fuse_usable():
         pytest.skip("/dev/fuse is not usable here")
+    # the bench's cache directories hold control sockets, whose path may be 107 bytes at most: a pytest-xdist
+    # worker's tmp_path (.../popen-gw1/test_bench_quick_run_writes_every_figure0/work/...) is too long for them
+    work = Path(tempfile.mkdtemp(prefix="ckptfs-bench-"))
+    request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
     out = tmp_path / "results.json"
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nHand-written analysis stays.\n")
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--scale", "0.001", "--runs", "1", "--out", str(out),
-         "--doc", str(doc), "--work", str(tmp_path / "work")],
+         "--doc", str(doc), "--work", str(work)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
