@@ -301,11 +301,12 @@ class Journal:
         meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
         self.bound_now = not meta  # this start bound it: `discard` may undo that if the mount never comes up
         if not meta:
+            ident = new_journal_id()
             with self.transaction():
                 self.db.executemany(
                     "INSERT INTO meta(key, value) VALUES (?, ?)",
                     [("schema", str(SCHEMA_VERSION)), ("bucket", bucket), ("prefix", prefix), ("created", str(time.time())),
-                     ("journal_id", new_journal_id())],
+                     ("journal_id", ident)],
                 )
                 now = time.time_ns()
                 self.db.execute(
@@ -314,7 +315,7 @@ class Journal:
                     (ROOT_INODE, 0o40755, now, now),
                 )
             self.sync()
-            self.journal_id = journal_id_of(self)
+            self.journal_id = ident
             return
         if meta.get("schema") != str(SCHEMA_VERSION):
             raise JournalError(f"journal {self.path} has schema {meta.get('schema')}, this ckptfs understands {SCHEMA_VERSION}: use the matching ckptfs version")
