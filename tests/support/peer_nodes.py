@@ -158,7 +158,7 @@ class Node:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        wait_until(f"node {self.name}'s daemon to be gone", lambda: not _alive(self.pid), 60)
+        wait_until(f"node {self.name}'s daemon to be gone", lambda: not process_alive(self.pid), 60)
         self.unmount_dead()
         if delete_cache:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
@@ -177,7 +177,7 @@ class Node:
         os.kill(self.pid, signal.SIGCONT)
 
     def stop(self) -> None:
-        if self.pid and _alive(self.pid):
+        if self.pid and process_alive(self.pid):
             try:
                 os.kill(self.pid, signal.SIGCONT)  # a paused daemon cannot unmount
             except ProcessLookupError:
@@ -187,7 +187,8 @@ class Node:
         self.unmount_dead()
 
 
-def _alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
+    """The process `pid` exists and is not a zombie (a daemon killed but not yet reaped counts as gone)."""
     if not pid:
         return False
     try:
@@ -423,7 +424,7 @@ def node_loss_trial(cluster: Cluster, owner: Node, survivors: list[Node], spec: 
         kill_started = time.monotonic()
         assert owner.pid
         os.kill(owner.pid, signal.SIGKILL)
-        wait_until(f"node {owner.name}'s daemon to be gone", lambda: not _alive(owner.pid), 60)
+        wait_until(f"node {owner.name}'s daemon to be gone", lambda: not process_alive(owner.pid), 60)
         # the writer's next call on the dead mount fails: it ends before the mount is detached (after that, its
         # calls would reach the directory under the mount point, and an fsync there "succeed")
         try:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.peer_nodes import Cluster, Node, wait_until
+from tests.support.peer_nodes import Cluster, Node, process_alive, wait_until
 from tests.support.smallfs import SmallFs, can_mount_tmpfs
 
 MiB = 1 << 20
@@ -433,9 +433,9 @@ class CampaignCluster:
         """The node is gone for good (its disk with it unless kept): killed, unmounted, out of the live set.
         `writer`, the application on its mount, ends (its next call fails) before the mount is detached: after that
         its calls would reach the directory under the mount point and "succeed"."""
-        if node.pid and _alive(node.pid):
+        if node.pid and process_alive(node.pid):
             os.kill(node.pid, signal.SIGKILL)
-            wait_until(f"node {node.name}'s daemon to be gone", lambda: not _alive(node.pid), 60)
+            wait_until(f"node {node.name}'s daemon to be gone", lambda: not process_alive(node.pid), 60)
         if writer is not None:
             writer.end(timeout=60)
         node.unmount_dead()
@@ -455,16 +455,6 @@ class CampaignCluster:
         self.cluster.restart(node)
         if node not in self.live:
             self.live.append(node)
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def holder_of(owner: Node, live: list[Node]) -> Node | None:
@@ -833,7 +823,7 @@ class Campaign:
         for n in silent:
             self.cc.lose(n)
         for n in list(self.cc.live):  # a node that died on its own (not a fault of ours) is a finding too
-            if not _alive(n.pid):
+            if not process_alive(n.pid):
                 notes.append(f"node {n.name}'s daemon died")
                 findings.append(Finding("daemon_died", n.name, "a daemon the campaign did not kill is gone"))
                 self.cc.lose(n, delete_cache=False)
