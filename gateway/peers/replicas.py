@@ -133,7 +133,7 @@ def _check_meta(meta: dict[str, Any]) -> dict[str, Any]:
             "copy_from": typed("copy_from", (str, type(None)), None), "marker": typed("marker", (bool,), False),
             "seq": typed("seq", (int,), 0), "mtime": float(typed("mtime", (int, float), 0.0)),
             "checkpoint": typed("checkpoint", (str, type(None)), None),
-            "seen": typed("seen", (str, type(None)), None), "journal": typed("journal", (str, type(None)), None),
+            "seen": typed("seen", (str, type(None)), None),
             "sealed": typed("sealed", (bool,), False), "xxh3": typed("xxh3", (str, type(None)), None)}
 
 
@@ -344,7 +344,7 @@ class ReplicaStore:
                 self._forget_file(owner, ino)
                 self.db.execute(f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 (owner, ino, m["key"], m["version"], m["size"], m["xxh3"], m["copy_from"], m["marker"],
-                                 m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal or m["journal"] or "", incarnation))
+                                 m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal, incarnation))
                 self._sealed.add((owner, ino))
             return
         with self._lock:
@@ -362,7 +362,7 @@ class ReplicaStore:
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
                 "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?, ?, ?, ?)",
                 (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["size"], m["copy_from"],
-                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal or m["journal"] or "", incarnation))
+                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal, incarnation))
 
     def is_sealed(self, owner: str, ino: int) -> bool:
         return (owner, ino) in self._sealed

@@ -397,7 +397,7 @@ class Sender:
         meta = {"key": key, "version": version, "size": size, "copy_from": row.copy_from,
                 "marker": self.ns.backlog.is_marker(path.rsplit("/", 1)[-1]), "seq": self.next_seq(),
                 "mtime": row.mtime_ns / 1e9, "checkpoint": cp.path if cp is not None else None,
-                **judged_by(row, key, self.ns.journal.journal_id)}
+                **judged_by(row, key)}
         if row.copy_from:
             # a durable file renamed: its bytes are the bucket's (the object it is copied from), so its entry goes
             # sealed, with that object's xxh3; a takeover copies it to the new key, and only then deletes the old one
@@ -408,7 +408,7 @@ class Sender:
         return ino in self._pt_sizes or ino in set(self.passthrough_inos())
 
 
-def judged_by(row: Row, key: str, journal_id: str) -> dict[str, str]:
-    """What a taker judges the key's object by (publishing.py): the ETag this node last saw there ("": none) and this
-    node's journal, whose inode and version the provenance of the object it uploads will name."""
-    return {"seen": row.etag if row.etag and row.remote_key == key else "", "journal": journal_id}
+def judged_by(row: Row, key: str) -> dict[str, str]:
+    """What a taker judges the key's object by (publishing.py): the ETag this node last saw there ("": none). The
+    journal whose inode and version the provenance will name is the connection's (the handshake says it)."""
+    return {"seen": row.etag if row.etag and row.remote_key == key else ""}

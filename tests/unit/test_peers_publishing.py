@@ -33,10 +33,10 @@ def digest(data: bytes) -> str:
 
 def hold_v(replicas: Any, owner: str, ino: int, key: str, data: bytes, *, version: int, mtime: float, seen: str | None,
            checkpoint: str | None = None, seq: int = 1) -> None:
-    """A sealed replica of `owner`'s file at `version`, with the entry meta an owner of this release sends (`seen`,
-    `journal`); an owner of the previous release sent neither (ignored by its replica store)."""
+    """A sealed replica of `owner`'s file at `version`, with the entry meta an owner of this release sends (`seen`) and
+    the journal its connection's handshake names; an owner of the previous release sent no `seen`."""
     replicas.put_entry(owner, ino, {"key": key, "version": version, "size": len(data), "copy_from": None, "marker": False,
-                                    "seq": seq, "mtime": mtime, "checkpoint": checkpoint, "seen": seen, "journal": JOURNAL})
+                                    "seq": seq, "mtime": mtime, "checkpoint": checkpoint, "seen": seen}, journal=JOURNAL)
     fd = replicas.reserve(owner, ino, len(data))
     os.pwrite(fd, data, 0)
     replicas.wrote(owner, ino, 0)
