@@ -161,6 +161,7 @@ def write(rel, size, seed, fsync=True):
     if not fsync:
         say(ev="ack", path=rel, sha=hashlib.sha256(data).hexdigest(), size=size, how="close")
 def rename(src, dst, is_dir=False):
+    say(ev="renaming", src=src, dst=dst)
     os.rename(p(src), p(dst))
     say(ev="rename", src=src, dst=dst, dir=is_dir)
 def fsync_dir(rel):
@@ -279,6 +280,9 @@ class Model:
     # a file whose rewrite began (open with O_TRUNC returned) and was never acknowledged: its content is what the
     # application left half-written; the checker accepts the version before, or nothing, and counts it as unsettled
     unsettled: set[str] = field(default_factory=set)
+    # a rename that began and never returned (its node lost under it): it happened or it did not, so what was under
+    # `src` may be in the bucket under `dst` instead, under one name, never both
+    renaming: tuple[str, str] | None = None
     error: str | None = None
     done: bool = False
 
@@ -295,7 +299,10 @@ class Model:
             self.files[ev["path"]] = Version(ev["sha"], ev["size"], ev["how"], op, older, self.ops_started.get(op, ""))
             self.gone.pop(ev["path"], None)
             self.unsettled.discard(ev["path"])
+        elif kind == "renaming":
+            self.renaming = (ev["src"], ev["dst"])
         elif kind == "rename":
+            self.renaming = None
             src, dst = ev["src"], ev["dst"]
             moved = {k: v for k, v in self.files.items() if k == src or k.startswith(src + "/")}
             for k, v in moved.items():
@@ -550,9 +557,23 @@ def check_episode(bucket: Bucket, prefix: str, model: Model, double_loss: dict[s
         except OSError:
             return False
 
+    def renamed_in_doubt(rel: str) -> str | None:
+        """The name `rel` has if the rename that never returned happened."""
+        if model.renaming is None:
+            return None
+        src, dst = model.renaming
+        return dst + rel[len(src):] if rel == src or rel.startswith(src + "/") else None
+
+    expected_keys = {mount_prefix + r for r in model.files}
     for rel, v in sorted(model.files.items()):
         key = mount_prefix + rel
         got = bucket.sha(key, objects[key]) if key in objects else None
+        moved = renamed_in_doubt(rel)
+        if got is None and moved is not None and mount_prefix + moved in objects:
+            # the rename in doubt happened: the file is under its new name, and only there
+            key, rel = mount_prefix + moved, moved
+            got = bucket.sha(key, objects[key])
+            expected_keys.add(key)
         index = len(v.older) if got == v.sha else v.older.index(got) if got in v.older else None
         if index is not None and seen is not None:
             if index < seen.get(rel, index):
@@ -575,7 +596,6 @@ def check_episode(bucket: Bucket, prefix: str, model: Model, double_loss: dict[s
             found.append(Finding("regressed", rel, f"the bucket holds version {v.older.index(got) + 1} of {len(v.older) + 1} (op {v.op_kind})", allowed))
         else:
             found.append(Finding("corrupt", rel, f"the bucket's bytes are none acknowledged there (op {v.op_kind})", allowed))
-    expected_keys = {mount_prefix + r for r in model.files}
     for key in sorted(objects):
         rel = key[len(mount_prefix):]
         if key in expected_keys or "/.ckptfs" in key or key.endswith("/"):
