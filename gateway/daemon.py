@@ -136,7 +136,7 @@ class Daemon:
         self.metrics.registry.register(UsageCollector(self.lifecycle))
         self.metrics.registry.register(MoveCollector(self.lifecycle.mover))
         if self.peers is not None:  # a takeover's checkpoints commit as if their writer had finished
-            self.peers.on_taken_over.append(self.lifecycle.tracker.taken_over)
+            self.peers.commit_taken_over_with(self.lifecycle.tracker.commit_taken_over)
             self.peers.on_checkpoints.append(self.lifecycle.tracker.taken_over)
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:

@@ -59,6 +59,9 @@ class Active:
     # files put in the bucket here for another node (a takeover of a dead peer): the bucket, not this node's
     # journal, says whether the checkpoint is there
     elsewhere: bool = False
+    # keys a takeover here put in the bucket (or found there) for the dead owner: its writes ended with it, so they do
+    # not hold the commit back as another node's recent writes would
+    taken_over_keys: frozenset[str] = frozenset()
 
 
 class Tracker:
@@ -71,6 +74,8 @@ class Tracker:
         self.replicated: Callable[[int], bool] | None = None
         self.commits_total = 0
         self.commit_errors_total = 0
+        # checkpoints a takeover waits on (commit_taken_over): set once each is committed or needs no commit
+        self.commits_awaited: dict[str, trio.Event] = {}
         try:
             (Path(cache_dir) / LEGACY_STATE_FILE).unlink(missing_ok=True)
         except OSError as e:
@@ -158,20 +163,46 @@ class Tracker:
         if ck is not None and ck.path not in self.active:
             self.active[ck.path] = Active(ck.step, time.time(), file=ck.file)
 
-    def taken_over(self, paths: list[str]) -> None:
-        """A takeover here uploaded a dead node's files under these mount-relative paths (checkpoints or files in
-        them; peers/takeover.py `on_taken_over`): each checkpoint commits once quiet, as if its writer had finished.
-        A manifest that lacks the new files gets a new generation; one that already describes them is left alone."""
+    def taken_over(self, paths: list[str], keys: frozenset[str] | None = None) -> None:
+        """A dead node's checkpoints under these mount-relative paths (checkpoints or files in them) are this node's
+        to commit, as if their writer had finished: once quiet (a holder that noted them, Sweep.on_checkpoints), or,
+        with `keys` (what a takeover here put in the bucket for it: commit_taken_over), once the bucket is quiet but
+        for those keys. A manifest that lacks the new files gets a new generation; one that already describes them
+        is left alone."""
         now = time.time()
+        last_work = now - self.lc.cfg.checkpoint_quiet_seconds if keys is not None else now
         for path in paths:
             ck = self.lc.patterns.checkpoint_of(path, None)
             if ck is None:
                 continue
             a = self.active.get(ck.path)
             if a is None:
-                self.active[ck.path] = Active(ck.step, now, file=ck.file, elsewhere=True)
+                a = self.active[ck.path] = Active(ck.step, last_work, file=ck.file, elsewhere=True)
             else:
-                a.last_work, a.elsewhere, a.recovered = now, True, False
+                a.last_work, a.elsewhere, a.recovered = max(a.last_work, last_work) if keys is not None else now, True, False
+            a.taken_over_keys = a.taken_over_keys | (keys or frozenset())
+
+    async def commit_taken_over(self, paths: list[str], keys: frozenset[str]) -> None:
+        """`taken_over`, then return once each of those checkpoints is committed, or found to need no commit (removed,
+        moved, a file still under a temporary name). A takeover is done only after this (peers/takeover.py): a taker
+        lost between its uploads and these commits leaves them to the next holder, not to nobody. Commit errors are
+        retried here as any commit's; the caller bounds the wait."""
+        self.taken_over(paths, keys)
+        if not self.lc.patterns.enabled:
+            return
+        waits = []
+        for path in paths:
+            ck = self.lc.patterns.checkpoint_of(path, None)
+            if ck is not None and ck.path in self.active:
+                waits.append(self.commits_awaited.setdefault(ck.path, trio.Event()))
+        for event in waits:
+            await event.wait()
+
+    def _settle(self, path: str) -> None:
+        self.active.pop(path, None)
+        event = self.commits_awaited.pop(path, None)
+        if event is not None:
+            event.set()
 
     def local_state(self, path: str) -> str | None:
         return self.work.get(path)
@@ -226,7 +257,7 @@ class Tracker:
                 a.next_check = now + RETRY_SECONDS
                 continue
             if done:
-                self.active.pop(path, None)
+                self._settle(path)
 
     async def _try_commit(self, path: str, a: Active, now: float, quiet: float) -> bool:
         """Commit `path` if the bucket is quiet too; True when nothing is left to do for it."""
@@ -263,7 +294,7 @@ class Tracker:
             manifest = await lc.catalogue.manifest(ck)
             if manifest is not None and signature(manifest.files) == signature(files):
                 return True  # committed before the restart, unchanged since
-        newest = max(f.mtime for f in files)
+        newest = max((f.mtime for f in files if f.key not in a.taken_over_keys), default=0.0)
         if now - newest < quiet:
             a.last_work = newest  # written in the bucket lately (another node): wait for quiet
             return False
@@ -300,7 +331,7 @@ class Tracker:
             write_manifest, lc.store, place.own_key(lc.keys.prefix, ck, MANIFEST),
             lambda existing: next_manifest(existing, ck.path, ck.step, files, how, finite(metadata), node=node_name_of(lc.cfg)),
         )
-        self.active.pop(ck.path, None)
+        self._settle(ck.path)
         if wrote:
             self.commits_total += 1
             change = " (changed since its last manifest)" if manifest.changed and manifest.generation > 1 else ""

@@ -13,7 +13,7 @@ others' (the sender chooses among them), then the sender and the takeover loop.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -56,7 +56,7 @@ class Peers:
         self.sweep = Sweep(cfg, store, self.replicas, self.membership)  # type: ignore[arg-type]
         self._reconciling = False
         self.conditional_writes: bool | None = None  # the store refuses a stale conditional write (None: not known yet)
-        # mount-relative checkpoint paths a takeover uploaded files into (the daemon: the lifecycle tracker)
+        # mount-relative checkpoint paths a takeover uploaded files into, after it is done (a counter)
         self.on_taken_over: list[Callable[[list[str]], None]] = self.takeover.on_taken_over
         # checkpoints of an owner another holder took over, noted here (their files durable before the loss): the
         # sweep hands them over before it drops that owner's replicas (the daemon: the lifecycle tracker too)
@@ -68,6 +68,10 @@ class Peers:
             self.sender.on_sent = sent.inc
             self.sender.on_degraded = degraded.inc
             self.on_taken_over.append(lambda paths: takeovers.inc())
+
+    def commit_taken_over_with(self, commit: Callable[[list[str], frozenset[str]], Awaitable[None]]) -> None:
+        """What commits a takeover's checkpoints (the daemon: the lifecycle tracker), awaited before it is done."""
+        self.takeover.commit = commit
 
     async def _open_link(self, node: str, addr: str) -> PeerLink:
         return await PeerLink.open(self.cfg, self.me, self.membership.incarnation, node, addr, self.secret, self.journal_id)

@@ -3,8 +3,10 @@
 A node holding replicas of a node whose lease ran out claims it (one conditional write of its record:
 exactly one holder wins), then finishes its work in the owner's order: renamed durable files copied
 inside the store, files uploaded, deletes applied, commit markers last, so a reader of the bucket sees the
-checkpoint commit as if its writer had finished. Then the record says `takeover_done`, the replicas go,
-and the `on_taken_over` hooks (the lifecycle tracker) hear which checkpoints had work.
+checkpoint commit as if its writer had finished. The checkpoints it had work in are committed (`commit`: the
+lifecycle tracker, once quiet). Only then does the record say `takeover_done` and the replicas go: a taker lost
+before the commits leaves them, with the takeover, to the next holder. The `on_taken_over` hooks (a counter)
+hear which checkpoints had work.
 
 Never worse than doing nothing:
 * a replica whose bytes do not have the xxh3 its owner sealed it with is not uploaded (counted, logged);
@@ -29,7 +31,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
@@ -47,6 +49,7 @@ from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
 log = logging.getLogger(__name__)
 
 RETRIED = (StoreError, OSError, Abandoned)  # a takeover that meets one is not done: the next round goes on with it
+COMMIT_MARGIN_SECONDS = 60.0  # past checkpoint_quiet_seconds, what a takeover waits for its checkpoints' commits
 MIN_LOOK_SECONDS = 0.2  # between rounds at least: an owner whose lease just ran out is claimed once, not spun on
 MARGIN_SECONDS = 0.05  # after an expiry: is_dead wants expires_at <= now
 HASHING_THREADS = 2  # replicas checked at once: each a sequential read of its file, on a node with its own work to do
@@ -109,6 +112,10 @@ class Takeover:
     def __init__(self, cfg: Config, store: TakeoverStore, replicas: ReplicaStore, membership: Membership, keys: Keys) -> None:
         self.cfg, self.store, self.replicas, self.membership, self.keys = cfg, store, replicas, membership, keys
         self.on_taken_over: list[Callable[[list[str]], None]] = []
+        # commits the checkpoints a takeover had work in, returning once they are committed (the daemon: the lifecycle
+        # tracker's commit_taken_over); awaited before `takeover_done`, so a taker lost before the commits leaves the
+        # takeover, commits included, to the next holder
+        self.commit: Callable[[list[str], frozenset[str]], Awaitable[None]] | None = None
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.files = trio.CapacityLimiter(small_objects_in_flight(cfg.max_parts_in_flight))
         self.hashing = trio.CapacityLimiter(HASHING_THREADS)
@@ -175,6 +182,7 @@ class Takeover:
                         len(self.replicas.entries(owner)), len(self.replicas.deletes(owner)))
         journal = self.claimed_journal(owner)
         report = await self.finish(owner)
+        await self._commit(owner, report)
         self.claimed.discard(owner)
         if not await self.membership.mark_takeover_done(owner):
             # this node lost the claim meanwhile (paused past its own lease, and another holder took the takeover
@@ -193,6 +201,20 @@ class Takeover:
             except Exception:  # noqa: BLE001 - a hook's bug must not undo a finished takeover
                 log.exception("a hook on the takeover of %s failed", owner)
         return report
+
+    async def _commit(self, owner: str, report: TakeoverReport) -> None:
+        """The checkpoints the takeover had work in, committed before it is done: at once, unless other nodes wrote
+        into them lately (what the takeover put there does not count: the owner's writes ended with it). Bounded by
+        quiet and a margin for a retried commit; past that the takeover is marked done anyway and the commits stay
+        with this node's tracker (a takeover held open for ever would keep the owner's name unusable)."""
+        if self.commit is None or not report.checkpoints:
+            return
+        with trio.move_on_after(self.cfg.checkpoint_quiet_seconds + COMMIT_MARGIN_SECONDS) as waited:
+            await self.commit(report.checkpoints, frozenset(report.uploaded + report.copied + report.already_durable))
+        if waited.cancelled_caught:
+            log.error("takeover of %s: its checkpoints are not all committed after %.0fs (%s); marked done anyway, this "
+                      "node's tracker goes on committing them", owner, self.cfg.checkpoint_quiet_seconds + COMMIT_MARGIN_SECONDS,
+                      ", ".join(report.checkpoints[:5]))
 
     def claimed_journal(self, owner: str) -> str | None:
         """The journal id of the incarnation claimed (its record as written by the claim): a takeover takes and drops

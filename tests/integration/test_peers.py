@@ -61,7 +61,7 @@ def sent_by(node: Node, bucket: str, keys: list[str]) -> int:
     """Object bytes `node` sent for `keys` (PutObject and UploadPart bodies)."""
     prefix = f"/{bucket}/"
     return sum(w.length for w in node.proxy.writes
-               if w.method == "PUT" and not w.copy and w.key.startswith(prefix) and w.key[len(prefix):] in keys)
+               if w.sends_object_bytes and w.key.startswith(prefix) and w.key[len(prefix):] in keys)
 
 
 def save(node: Node, spec: list[dict[str, Any]]) -> dict[str, str]:

@@ -68,12 +68,23 @@ class ForwardedWrite:
     forwarded: float | None  # when its whole body had been forwarded upstream (None: cut off before)
 
     @property
+    def subresource(self) -> bool:
+        """A request on an object's tags, ACL or retention, not on its bytes."""
+        params = {q.split("=", 1)[0] for q in self.query.lstrip("?").split("&") if q}
+        return bool(params & {"tagging", "acl", "retention", "legal-hold"})
+
+    @property
+    def sends_object_bytes(self) -> bool:
+        """A PutObject or an UploadPart (not a copy): its body is object bytes."""
+        return self.method == "PUT" and not self.copy and not self.subresource
+
+    @property
     def completes_object(self) -> bool:
         """A PutObject or a CompleteMultipartUpload whose request reached the server whole: it makes the object."""
         if self.forwarded is None:
             return False
         if self.method == "PUT":
-            return "uploadId=" not in self.query
+            return "uploadId=" not in self.query and not self.subresource
         return self.method == "POST" and "uploadId=" in self.query
 
 

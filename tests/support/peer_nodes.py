@@ -306,7 +306,7 @@ def body_bytes(writes: Iterable[ForwardedWrite], bucket: str) -> dict[str, int]:
     """Per object key: the object bytes sent for it (PutObject and UploadPart bodies; copies send none)."""
     out: dict[str, int] = {}
     for w in writes:
-        if w.method == "PUT" and not w.copy and w.key.startswith(f"/{bucket}/"):
+        if w.sends_object_bytes and w.key.startswith(f"/{bucket}/"):
             k = w.key[len(bucket) + 2:]
             out[k] = out.get(k, 0) + w.length
     return out

@@ -322,6 +322,58 @@ def test_a_checkpoint_completed_by_a_takeover_commits_with_a_new_manifest_genera
     assert {f["path"]: f["xxh3"] for f in manifest.files}["shard1.distcp"] == digest(shard1)
 
 
+def test_a_takeover_is_done_only_once_its_checkpoints_are_committed(tmp_path: Path) -> None:
+    """Campaign seed 9 (episodes 8, 11): the taker marked the takeover done, then was lost before its tracker
+    committed the owner's checkpoint; nothing was left to commit it. Now `takeover_done` waits for the commit: a taker
+    lost before it leaves the record unfinished and the replicas held, and the next takeover commits."""
+    from types import SimpleNamespace
+
+    from ckptfs.lifecycle.manifest import MANIFEST, read_manifest
+    from ckptfs.lifecycle.tracker import Tracker
+    from ckptfs.patterns import Patterns
+    from tests.unit.test_journal import make_ns
+
+    (tmp_path / "taker").mkdir()
+    ns = make_ns(tmp_path / "taker", checkpoint_quiet_seconds=0, checkpoint_tags=False)
+    t, store, replicas, _ = setup(tmp_path)
+    shard = os.urandom(3000)
+    hold(replicas, "a", 1, "p/step_7/shard0.distcp", shard, seq=1, mtime=time.time(), checkpoint="step_7")
+
+    async def io(fn, *args):  # type: ignore[no-untyped-def]
+        return await trio.to_thread.run_sync(fn, *args)
+
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys, cfg=ns.cfg, store=store, io=io, on_commit=[])
+    tracker = Tracker(lc, str(tmp_path / "taker"))  # type: ignore[arg-type]
+    t.commit = tracker.commit_taken_over
+
+    async def lost_before_the_commit() -> None:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(t.round)  # no tracker ticks: the commit never comes
+                while "step_7" not in tracker.commits_awaited:
+                    await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()  # the taker lost here
+
+    trio.run(lost_before_the_commit)
+    in_bucket(store, "p/step_7/shard0.distcp", shard)
+    assert f"p/step_7/{MANIFEST}" not in store.objects
+    assert not record(store, "a")["takeover_done"] and replicas.owners() == ["a"]  # the next holder's to finish
+
+    async def finished() -> list:  # type: ignore[type-arg]
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tracker.run)
+                reports = await t.round()
+                nursery.cancel_scope.cancel()
+                return reports
+
+    [report] = trio.run(finished)
+    assert report.checkpoints == ["step_7"] and report.already_durable == ["p/step_7/shard0.distcp"]
+    manifest = read_manifest(store, f"p/step_7/{MANIFEST}")
+    assert manifest is not None and [f["path"] for f in manifest.files] == ["shard0.distcp"]
+    assert record(store, "a")["takeover_done"] and replicas.owners() == []
+
+
 def test_what_an_owner_streamed_through_the_transport_is_what_the_takeover_uploads(tmp_path: Path) -> None:
     """The whole chain but the S3 server: owner a streams its files to b's listener (real PeerLink, real listener and
     ReplicaStore on b's disk), seals them, queues a delete, and dies; b takes a over and the bucket ends up holding a's
