@@ -41,16 +41,17 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 from . import threads
 from .cache import Cache
+from .drainfence import DrainFence
 from .config import Config, part_size_for, small_objects_in_flight
 from .journal import DiskFull, JournalIOError, UploadRecord
 from .metrics import Metrics
 from .namespace import Namespace, Pending, UploadTicket
-from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, StoreError
+from .objects import AUTH, NO_BUCKET, NO_OBJECT, NO_UPLOAD, PRECONDITION, StoreError
 from .storeapi import ObjectStore
 from .peering import node_name_of
 from .publishing import Provenance
@@ -118,6 +119,7 @@ class Drainer:
                  gate: Callable[[], Awaitable[None]] | None = None) -> None:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
         self.gate = gate  # awaited before each request that writes to the bucket (the fence); None: none
+        self.fence = DrainFence(store, ns.journal, node_name_of(cfg))  # and the store's: conditional writes (peers)
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
         self.multipart_files = trio.CapacityLimiter(max(2, cfg.max_parts_in_flight))
@@ -158,7 +160,7 @@ class Drainer:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             task_status.started()
-            nursery.start_soon(self._abort_leaked_uploads)
+            nursery.start_soon(abort_leaked_uploads, self.cfg, self.ns, self.store, self.busy_keys)
             while True:
                 self._wake = trio.Event()
                 next_at = self._schedule(nursery)
@@ -332,21 +334,33 @@ class Drainer:
             raise Abandoned("file changed or was removed, or another file took the name it uploads under")
 
     async def _upload(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
+        """Upload the ticket's bytes, conditional on what this node last saw at the key (drainfence.py); a refusal
+        judged once, then written again under the condition judged, or found durable already."""
+        try:
+            return await self._upload_as(ticket, fd, None)
+        except StoreError as e:
+            if e.kind != PRECONDITION or not self.fence.enabled():
+                raise
+        condition, there = await self.fence.rejudge(ticket, fd)
+        return there if there is not None else await self._upload_as(ticket, fd, condition)
+
+    async def _upload_as(self, ticket: UploadTicket, fd: int, condition: dict[str, Any] | None) -> tuple[str, str]:
         size = ticket.size
         if size < self.cfg.multipart_threshold:
-            return await self._put(ticket, fd)
+            return await self._put(ticket, fd, condition)
         part_size = part_size_for(size, self.cfg.part_size)
         async with self.hashing:
             xxh3, crcs = await trio.to_thread.run_sync(file_digests, fd, size, part_size)
         self._check(ticket)
-        return await self._multipart(ticket, fd, part_size, xxh3, crcs, {**self._provenance(ticket), XXH3_META: xxh3}), xxh3
+        return await self._multipart(ticket, fd, part_size, xxh3, crcs, {**self._provenance(ticket), XXH3_META: xxh3},
+                                     condition), xxh3
 
     def _provenance(self, ticket: UploadTicket) -> dict[str, str]:
         """Whose file the object is (publishing.py): this node, its journal, the file's inode and version. A takeover
         of this node, its reconcile and other nodes judge by it whether they may replace the object, never by time."""
         return Provenance(node_name_of(self.cfg), self.ns.journal.journal_id, ticket.ino, ticket.version).meta()
 
-    async def _put(self, ticket: UploadTicket, fd: int) -> tuple[str, str]:
+    async def _put(self, ticket: UploadTicket, fd: int, condition: dict[str, Any] | None) -> tuple[str, str]:
         """A file below `multipart_threshold`: one PutObject, its digests computed in the same worker thread.
 
         One thread hop per file instead of two, and `small_objects_in_flight` of them at once: enough
@@ -363,8 +377,9 @@ class Drainer:
             self.metrics.parts_in_flight.inc()
             self.throughput.started()
             try:
+                cond = self.fence.condition(ticket.ino, ticket.key) if condition is None else condition
                 etag, xxh3 = await threads.call_with_fd(fd, functools.partial(put_whole, self.store, ticket.key, size=size,
-                                                                              metadata=self._provenance(ticket)),
+                                                                              metadata=self._provenance(ticket), **cond),
                                                          limiter=self.small_threads)
             finally:
                 self.metrics.parts_in_flight.dec()
@@ -373,7 +388,8 @@ class Drainer:
         self.throughput.add(size)
         return etag, xxh3
 
-    async def _multipart(self, ticket: UploadTicket, fd: int, part_size: int, xxh3: str, crcs: list[str], metadata: dict[str, str]) -> str:
+    async def _multipart(self, ticket: UploadTicket, fd: int, part_size: int, xxh3: str, crcs: list[str], metadata: dict[str, str],
+                         condition: dict[str, Any] | None) -> str:
         journal = self.ns.journal
         count = len(crcs)
         done: dict[int, str] = {}
@@ -457,41 +473,12 @@ class Drainer:
             raise
         try:
             parts = [(n, done[n], crcs[n - 1]) for n in range(1, count + 1)]
-            return await threads.call(functools.partial(self.store.complete, ticket.key, upload_id, parts))
+            cond = self.fence.condition(ticket.ino, ticket.key) if condition is None else condition
+            return await threads.call(functools.partial(self.store.complete, ticket.key, upload_id, parts, **cond))
         except StoreError as e:
             if e.kind == NO_UPLOAD:
                 journal.forget_upload(ticket.ino)
             raise
-
-    async def _abort_leaked_uploads(self) -> None:
-        """Multipart uploads no journal will finish cost storage forever: abort them.
-
-        Ours: an upload of a key this journal owns but does not record (a crash
-        between CreateMultipartUpload and the journal commit). Anyone's: uploads
-        older than `abort_stale_uploads_after`, left by a node that never came back.
-        """
-        if not self.cfg.abort_stale_uploads_after or self.cfg.read_only:
-            return
-        try:
-            uploads = await threads.call(functools.partial(self.store.list_uploads, self.cfg.key_prefix))
-        except StoreError as e:
-            log.warning("could not list multipart uploads to clean up: %s", e)
-            return
-        known = {u.upload_id for u in self.ns.journal.all_uploads()}
-        now = time.time()
-        for key, upload_id, started in uploads:
-            if upload_id in known:
-                continue
-            owner = self.ns.journal.resolve(self.ns.keys.path(key))
-            ours = owner is not None and owner.kind == "file"
-            stale = now - started >= self.cfg.abort_stale_uploads_after
-            if not (ours and key not in self.busy_keys) and not stale:
-                continue
-            try:
-                await threads.call(functools.partial(self.store.abort, key, upload_id))
-                log.info("aborted leaked multipart upload %s of %s", upload_id, key)
-            except StoreError as e:
-                log.warning("could not abort leaked multipart upload %s of %s: %s", upload_id, key, e)
 
     # ------------------------------------------------------ object operations
     async def _put_marker(self, marker_id: int, key: str) -> None:
@@ -557,3 +544,34 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
+
+
+async def abort_leaked_uploads(cfg: Config, ns: Namespace, store: ObjectStore, busy_keys: set[str]) -> None:
+    """Multipart uploads no journal will finish cost storage forever: abort them.
+
+    Ours: an upload of a key this journal owns but does not record (a crash
+    between CreateMultipartUpload and the journal commit). Anyone's: uploads
+    older than `abort_stale_uploads_after`, left by a node that never came back.
+    """
+    if not cfg.abort_stale_uploads_after or cfg.read_only:
+        return
+    try:
+        uploads = await threads.call(functools.partial(store.list_uploads, cfg.key_prefix))
+    except StoreError as e:
+        log.warning("could not list multipart uploads to clean up: %s", e)
+        return
+    known = {u.upload_id for u in ns.journal.all_uploads()}
+    now = time.time()
+    for key, upload_id, started in uploads:
+        if upload_id in known:
+            continue
+        owner = ns.journal.resolve(ns.keys.path(key))
+        ours = owner is not None and owner.kind == "file"
+        stale = now - started >= cfg.abort_stale_uploads_after
+        if not (ours and key not in busy_keys) and not stale:
+            continue
+        try:
+            await threads.call(functools.partial(store.abort, key, upload_id))
+            log.info("aborted leaked multipart upload %s of %s", upload_id, key)
+        except StoreError as e:
+            log.warning("could not abort leaked multipart upload %s of %s: %s", upload_id, key, e)

@@ -110,6 +110,24 @@ def judge(mine: Provenance, size: int, xxh3: str | None, info: ObjectInfo | None
     return Verdict(CONFLICT, why=f"written by {who}, not the object the owner last saw")
 
 
+def after_refusal(mine: Provenance, size: int, xxh3: str, info: ObjectInfo | None) -> Verdict:
+    """The owner's own drain, whose write conditional on the object it last saw was refused (412): the key changed
+    since. Between nodes the last writer wins (docs/semantics.md): another node's object, or one without provenance,
+    is replaced, under a condition on the ETag judged now. Never this file's own version at or past `mine`: a taker of
+    this node wrote it from a replica, and this node is the stale one (issue 42, case 7: a late retry of v1)."""
+    if info is None:
+        return Verdict(WRITE, if_none_match=True, why="nothing at the key now")
+    if xxh3 and info.size == size and info.metadata.get(XXH3_META) == xxh3:
+        return Verdict(DURABLE, why="the same bytes are there")
+    theirs = provenance_of(info.metadata)
+    if theirs is not None and theirs.same_writer(mine) and theirs.ino == mine.ino and theirs.version >= mine.version:
+        return Verdict(CONFLICT, why=f"this file's own version {theirs.version} is there (a takeover wrote it), not older "
+                                     f"than {mine.version}")
+    who = "this node's older write" if theirs is not None and theirs.same_writer(mine) else (
+        f"node {theirs.node}'s write" if theirs is not None else "a write without provenance")
+    return Verdict(WRITE, if_match=info.etag, why=f"{who}: the last writer wins")
+
+
 def written_by(node: str, journal: str, info: ObjectInfo) -> bool | None:
     """Whether the object is one of this node's (its own drain's, or a taker's on its behalf): True or False by its
     provenance; None when it carries none (nothing says who wrote it)."""

@@ -69,6 +69,11 @@ class Peers:
             self.sender.on_degraded = degraded.inc
             self.on_taken_over.append(lambda paths: takeovers.inc())
 
+    def stale_writes_refused(self) -> bool:
+        """Whether the store was found to refuse a write whose condition no longer holds (the drain's writes then
+        carry one: drainfence.py)."""
+        return self.conditional_writes is True
+
     def commit_taken_over_with(self, commit: Callable[[list[str], frozenset[str]], Awaitable[None]]) -> None:
         """What commits a takeover's checkpoints (the daemon: the lifecycle tracker), awaited before it is done."""
         self.takeover.commit = commit

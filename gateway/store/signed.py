@@ -5,7 +5,7 @@ serialising, parsing), all of it holding the GIL the FUSE loop needs, and over p
 body for the signature, which the store then hashes again; this path costs about half, and over TLS no
 hash at all (docs/benchmarks.md). It reproduces a request boto3 has just sent (`Store.put_object_body`
 learns the URL, signing region and name from the first PutObject), so where a bucket is served stays
-boto3's decision; its failures are raised as botocore's, so `store._classify` reads them alike.
+boto3's decision; its failures are raised as botocore's, so `store.errors.classify` reads them alike.
 """
 
 from __future__ import annotations

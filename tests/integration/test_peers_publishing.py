@@ -106,6 +106,34 @@ def test_a_file_overwritten_with_an_older_mtime_then_its_node_lost_reaches_the_b
                lambda: cluster.object_sha256(key) == hashlib.sha256(v2).hexdigest(), 180)
 
 
+def test_a_write_of_an_older_version_landing_after_the_takeover_is_refused_by_the_store(cluster: Cluster) -> None:
+    """Case 7's timeline: a's PutObject of v1 is held up in the network (the proxy keeps it); a rewrites the file (v2,
+    fsynced: on b too) and is paused past its lease; b takes it over and uploads v2; then v1's request lands. It
+    carries a's condition (nothing was at the key when a sent it): the store refuses it, the bucket keeps v2. Without
+    the condition v1 replaces v2, and a, back, finds its own older version there."""
+    a, b, c = three(cluster, a={"upload_delay": 0}, bc={})
+    wait_until("a to know the store honours conditions", lambda: a.status().get("peer_conditional_writes") is True, 60)
+    path = a.path / "late" / "model.pt"
+    a.proxy.hold("late/model.pt", {"PUT"})
+    v1, v2 = os.urandom(300 * 1024), os.urandom(300 * 1024)
+    write_fsynced(path, v1)
+    wait_until("a's upload of v1 held up on its way", lambda: a.proxy.held >= 1, 60)
+    write_fsynced(path, v2)  # replicated to b before fsync returns; a's drain is busy with v1
+    key = a.key("late/model.pt")
+    a.pause()
+    try:
+        wait_until("b to take a over and upload v2", lambda: cluster.object_sha256(key) == hashlib.sha256(v2).hexdigest(), 180)
+        a.proxy.release()
+        wait_until("v1's request to land", lambda: len(a.proxy.landed) >= 1, 60)
+        assert a.proxy.landed[0] == 412, f"the late write of v1 was answered {a.proxy.landed[0]}, not refused"
+        assert cluster.object_sha256(key) == hashlib.sha256(v2).hexdigest(), "the late write of v1 replaced v2"
+    finally:
+        a.resume()
+    wait_until("a durable again after reconciling", lambda: a.state("late/model.pt") == "durable", 180)
+    assert cluster.object_sha256(key) == hashlib.sha256(v2).hexdigest()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(v2).hexdigest()
+
+
 def test_seaweedfs_refuses_a_conditional_write_whose_condition_no_longer_holds(s3: SeaweedServer, bucket: str,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in s3.env().items():

@@ -10,6 +10,10 @@ bodies; boto3 neither pipelines nor chunks our requests) to act per request:
   with an S3 error (503 SlowDown, 500 InternalError, 403 AccessDenied ...)
 * ``deny(path_contains, methods)``  answer every matching request whose key contains ``path_contains``
   with 403 AccessDenied, in any mode, until ``allow()`` (a bucket policy that does not cover a prefix)
+* ``hold(path_contains, methods)``  read every matching request whole and keep it, neither forwarded nor answered,
+  until ``release()``: then each reaches the server (on a connection of its own) and its answer goes back to the
+  client if it still waits (a request held up in the network that lands late: issue 42, case 7); ``held`` counts
+  them, ``landed`` those the server answered since
 
 and, whatever the mode, archived objects (``archive(bucket, key)``) as an archive storage class
 behaves on AWS (SeaweedFS keeps a StorageClass given at PUT and reports it, but never archives):
@@ -102,11 +106,15 @@ class FaultProxy:
     restore_requests: int = 0
     put_agents: collections.Counter[str] = field(default_factory=collections.Counter)  # User-Agent product of each PUT
     writes: list[ForwardedWrite] = field(default_factory=list)  # every PUT and POST forwarded, in order
+    held: int = 0  # requests held (hold)
+    landed: list[int] = field(default_factory=list)  # the HTTP status the server gave each held request once released
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._failure: _Failure | None = None
         self._denied: list[tuple[str, frozenset[str]]] = []
+        self._holding: tuple[str, frozenset[str]] | None = None
+        self._released = threading.Event()
         self._next_free = 0.0
         self._conns: set[socket.socket] = set()
         self._stop = threading.Event()
@@ -138,6 +146,48 @@ class FaultProxy:
         """403 AccessDenied for every request (of `methods`, default PUT) whose path contains `path_contains`."""
         with self._lock:
             self._denied.append((path_contains, frozenset(methods or {"PUT"})))
+
+    def hold(self, path_contains: str, methods: set[str] | None = None) -> None:
+        with self._lock:
+            self._holding = (path_contains, frozenset(methods or {"PUT", "POST"}))
+            self._released.clear()
+
+    def release(self) -> None:
+        with self._lock:
+            self._holding = None
+        self._released.set()
+
+    def _held(self, method: str, target: str) -> bool:
+        with self._lock:
+            rule = self._holding
+        return rule is not None and method in rule[1] and rule[0] in urllib.parse.unquote(target)
+
+    def _land_late(self, client: socket.socket, method: str, target: str, head: bytes, body: bytes) -> None:
+        """A held request, once released: sent on a connection of its own (closed by the server after its answer),
+        the answer relayed to the client if it is still there."""
+        with self._lock:
+            self.held += 1
+        self._released.wait(600)
+        # the body is in hand: no `Expect: 100-continue` (the server's interim answer would come first)
+        lines = [line for line in head.split(b"\r\n") if not line.lower().startswith((b"connection:", b"expect:"))]
+        server = socket.create_connection((self.host, self.upstream_port))
+        try:
+            started = time.monotonic()
+            server.sendall(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n" + body)
+            answer = b""
+            while chunk := server.recv(65536):
+                answer += chunk
+        finally:
+            server.close()
+        with self._lock:
+            self.requests += 1
+            self.writes.append(_forwarded(method, target, head, len(body), started))
+            statuses = [int(line.split(b" ", 2)[1]) for line in answer.split(b"\r\n") if line.startswith(b"HTTP/")]
+            self.landed.append(next((st for st in statuses if st >= 200), 0))
+        try:
+            client.sendall(answer)
+        except OSError:
+            pass  # the client gave up on it long ago
 
     def allow(self) -> None:
         with self._lock:
@@ -175,6 +225,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._stop.set()
+        self._released.set()  # a request still held goes nowhere: its thread ends
         self._listener.close()
         self.drop_connections()
 
@@ -213,6 +264,14 @@ class FaultProxy:
                 if method == "PUT":
                     with self._lock:
                         self.put_agents[_user_agent(head).split("/", 1)[0]] += 1
+                if self._held(method, target.decode()):
+                    while len(buf) < length:
+                        chunk = client.recv(65536)
+                        if not chunk:
+                            return
+                        buf += chunk
+                    self._land_late(client, method, target.decode(), head, buf[:length])
+                    return
                 failure = self._deny(method, target.decode()) or self._take_failure(method)
                 archived = self._archived_answer(method, target.decode()) if failure is None else None
                 if failure is not None or archived is not None:

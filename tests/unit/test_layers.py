@@ -34,6 +34,7 @@ LAYERS = [
     "fuse.kernel | fuse.libfuse | replication",
     "fs | lifecycle | fuse.handlers | fuse.workers | warmup",
     "drain | fetch | remote | peers | xattrs",
+    "drainfence",
     "namespace",
     "publishing",
     "journal | cache | store | upload",

@@ -1,0 +1,112 @@
+"""The drain's writes as a fence (gateway/drainfence.py; issue 42, case 7), over the in-memory store's conditional
+writes: a write conditional on what this node last saw at the key, and what the drain does when the store refuses it.
+The same conditions against SeaweedFS, and the late write they stop on real daemons: tests/integration/
+test_peers_publishing.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import xxhash
+
+from ckptfs.drain import Drainer
+from ckptfs.journal import ROOT_INODE
+from ckptfs.namespace import Namespace
+from ckptfs.objects import ObjectInfo
+from ckptfs.peering import node_name_of
+from ckptfs.publishing import CONFLICT, DURABLE, WRITE, Provenance, after_refusal
+from ckptfs.upload import XXH3_META
+from tests.support.memstore import MemoryStore, StoredObject
+from tests.unit.test_drain_faults import drain_until, drainer, durable, namespace, sha
+from tests.unit.test_journal import write_file
+
+
+def fenced(ns: Namespace, store: MemoryStore) -> Drainer:
+    d = drainer(ns, store)
+    d.fence.enabled = lambda: True  # what the daemon sets once the peers' probe found the store honours conditions
+    return d
+
+
+def rewrite(ns: Namespace, ino: int, data: bytes) -> None:
+    fd = ns.files.open(ino, write=True)
+    os.ftruncate(fd, 0)
+    ns.files.write(ino, fd, 0, data)
+    os.close(fd)
+    ns.files.release(ino, write=True)
+
+
+def mine(ns: Namespace, ino: int) -> Provenance:
+    row = ns.journal.get(ino)
+    assert row is not None
+    return Provenance(node_name_of(ns.cfg), ns.journal.journal_id, ino, row.version)
+
+
+def test_a_write_whose_key_changed_since_is_refused_then_replaces_another_nodes_object(tmp_path: Path) -> None:
+    ns, store = namespace(tmp_path), MemoryStore()
+    ino = write_file(ns, ROOT_INODE, "f.bin", os.urandom(1000))
+    d = fenced(ns, store)
+    drain_until(d, lambda: durable(ns, ino))
+    assert d.fence.refusals_total == 0  # nothing was there: If-None-Match held
+    # another node writes the key; this node, not having listed it since, rewrites its file
+    theirs = Provenance("other-node", "j-other", 7, 1).meta()
+    store.objects["p/f.bin"] = StoredObject(b"theirs", "e-theirs", theirs)
+    v2 = os.urandom(2000)
+    rewrite(ns, ino, v2)
+    drain_until(d, lambda: durable(ns, ino))
+    assert d.fence.refusals_total == 1  # If-Match on its own last upload: refused, judged, written again
+    assert sha(store.objects["p/f.bin"].body) == sha(v2)  # between nodes the last writer wins
+    assert [c[0] for c in store.calls["put_object_body"]] == ["p/f.bin"] * 3
+
+
+def test_a_late_write_over_a_takers_newer_version_of_the_same_file_is_never_made(tmp_path: Path) -> None:
+    """The case-7 timeline in memory: a taker wrote this file's version from a replica; the owner's write of an older
+    version (the bucket had nothing when it saw it) is refused and left as a conflict, the taker's object kept."""
+    ns, store = namespace(tmp_path), MemoryStore()
+    ino = write_file(ns, ROOT_INODE, "f.bin", os.urandom(1000))
+    newer = mine(ns, ino)
+    newer = Provenance(newer.node, newer.journal, ino, newer.version + 1)
+    taker = {**newer.meta(by="taker"), XXH3_META: xxhash.xxh3_128_hexdigest(b"v2")}
+    store.objects["p/f.bin"] = StoredObject(b"v2", "e-v2", taker)
+    d = fenced(ns, store)
+    drain_until(d, lambda: d.fence.conflicts_total >= 1)
+    assert store.objects["p/f.bin"].body == b"v2" and store.objects["p/f.bin"].etag == "e-v2"
+    assert not durable(ns, ino)  # not taken as durable: its bytes are not there
+    assert "not uploaded" in d.last_error and "takeover" in d.last_error
+
+
+def test_the_same_bytes_found_after_a_refusal_are_durable_without_another_write(tmp_path: Path) -> None:
+    ns, store = namespace(tmp_path), MemoryStore()
+    data = os.urandom(1000)
+    ino = write_file(ns, ROOT_INODE, "f.bin", data)
+    store.objects["p/f.bin"] = StoredObject(data, "e-same", {XXH3_META: xxhash.xxh3_128_hexdigest(data)})
+    d = fenced(ns, store)
+    drain_until(d, lambda: durable(ns, ino))
+    assert len(store.calls["put_object_body"]) == 1 and store.objects["p/f.bin"].etag == "e-same"
+    row = ns.journal.get(ino)
+    assert row is not None and row.etag == "e-same"
+
+
+def test_without_the_fence_writes_go_unconditional(tmp_path: Path) -> None:
+    ns, store = namespace(tmp_path), MemoryStore()
+    ino = write_file(ns, ROOT_INODE, "f.bin", b"mine")
+    store.objects["p/f.bin"] = StoredObject(b"theirs", "e-theirs", {})
+    d = drainer(ns, store)
+    drain_until(d, lambda: durable(ns, ino))
+    assert store.objects["p/f.bin"].body == b"mine" and d.fence.refusals_total == 0
+
+
+def info(size: int, etag: str, metadata: dict[str, str]) -> ObjectInfo:
+    return ObjectInfo(size=size, etag=etag, version_id=None, metadata=metadata)
+
+
+def test_the_rule_after_a_refusal() -> None:
+    me = Provenance("a", "ja", 5, 3)
+    assert after_refusal(me, 10, "x", None).if_none_match
+    assert after_refusal(me, 10, "x", info(10, "e", {XXH3_META: "x"})).action == DURABLE
+    for version in (3, 4):  # this file's own version, at or past mine: a taker's; never replaced
+        assert after_refusal(me, 10, "x", info(9, "e", Provenance("a", "ja", 5, version).meta())).action == CONFLICT
+    for other in (Provenance("a", "ja", 5, 2), Provenance("a", "ja", 6, 9), Provenance("a", "jb", 5, 9), Provenance("b", "jb", 5, 9)):
+        v = after_refusal(me, 10, "x", info(9, "e", other.meta()))  # older, another file, another journal, another node
+        assert (v.action, v.if_match) == (WRITE, "e")
+    assert (after_refusal(me, 10, "x", info(9, "e", {})).action, after_refusal(me, 10, "x", info(9, "e", {})).if_match) == (WRITE, "e")
