@@ -138,7 +138,7 @@ class Daemon:
         if self.peers is not None:  # a takeover's checkpoints commit as if their writer had finished
             self.peers.commit_taken_over_with(self.lifecycle.tracker.commit_taken_over)
             self.peers.on_checkpoints.append(self.lifecycle.tracker.taken_over)
-            self.drainer.fence.enabled = self.peers.stale_writes_refused  # the drain's writes conditional (drainfence.py)
+            self.peers.fence(self.drainer.fence)  # the drain's writes and deletes conditional (drainfence.py)
         self.replicator = Replicator(cfg, self.lifecycle)
         if self.replicator.targets:
             self.metrics.registry.register(self.replicator.collector())
@@ -533,7 +533,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
     (`peers` None) no peer holds anything: every byte not yet durable is single-copy, since its file's last close."""
     if peers is None:
         return {"peers": [], "peer_state": None, "peer_copies_uncounted": None, "peer_addr": None, "failure_domain": None,
-                "peer_replica_bytes": 0, "peer_conditional_writes": None,
+                "peer_replica_bytes": 0, "peer_conditional_writes": None, "peer_conditional_deletes": None,
                 "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
                 "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
                 "peer_replicas_refused_total": 0}
@@ -546,6 +546,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "peer_replica_bytes": peers.get("replica_bytes_held", 0),
         # whether the store refuses a stale conditional write (the fence of takeovers and of the drain); None: not known yet
         "peer_conditional_writes": peers.get("conditional_writes"),
+        "peer_conditional_deletes": peers.get("conditional_deletes"),
         # unknown (the peers' status failed): as without peers, the worst case
         "single_copy_bytes": peers.get("single_copy_bytes", dirty_bytes),
         "single_copy_oldest_age_seconds": peers.get("single_copy_oldest_age_seconds", oldest_close_age),

@@ -487,7 +487,7 @@ class Drainer:
                 log.info("put directory marker %s", key)
 
     async def _delete(self, delete_id: int, key: str) -> None:
-        if await self._object_op(delete_id, key, "delete of", self.store.delete):
+        if await self._object_op(delete_id, key, "delete of", self.fence.deleter(delete_id)):
             if self._recorded(delete_id, key, lambda: self.ns.uploads.delete_done(delete_id, key)):
                 self.metrics.deleted_objects.inc()
                 log.info("deleted object %s", key)
@@ -518,7 +518,7 @@ class Drainer:
             return True
         except StoreError as e:
             self.metrics.upload_errors.labels(e.kind).inc()
-            if e.denied and call == self.store.delete:
+            if e.denied and what == "delete of":
                 # valid credentials without the permission to delete (a writer role, docs/security.md): retrying cannot
                 # help, so the delete is dropped and reported; the object stays in the bucket and shows again
                 if not self._recorded(op_id, key, lambda: self.ns.uploads.drop_delete(op_id)):

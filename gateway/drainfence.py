@@ -11,6 +11,10 @@ A refusal (412) is judged by `publishing.after_refusal`: the same bytes are dura
 version (a taker's) is a conflict, left alone; anything else was another node's write, which the last writer
 replaces, under a condition on the ETag judged now. Only when the mount found that the store honours conditions
 (`conditional_writes`, probed by the peers at start); otherwise, and without peers, writes go unconditional as before.
+
+Deletes likewise: a delete is queued with the ETag of the object it removes (`Journal.queue_delete`), and sent with
+`If-Match` on it where the store honours that (`conditional_deletes`: SeaweedFS does; probed apart, as not every
+store that fences writes fences deletes). A key another node (or a taker) wrote since keeps that object.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import trio
 
 from .journal import Journal
 from .namespace import UploadTicket
-from .objects import PRECONDITION, StoreError
+from .objects import NO_OBJECT, PRECONDITION, StoreError
 from .publishing import CONFLICT, DURABLE, Provenance, after_refusal
 from .storeapi import ObjectStore
 from .upload import file_digests, head_or_none
@@ -38,6 +42,9 @@ class DrainFence:
         self.enabled: Callable[[], bool] = enabled or (lambda: False)
         self.refusals_total = 0  # writes the store refused: the key changed since this node saw it
         self.conflicts_total = 0  # of those, the ones left alone: this file's own newer version was there
+        # whether deletes go conditional (the daemon: the peers' probe found the store refuses a stale delete)
+        self.deletes_enabled: Callable[[], bool] = lambda: False
+        self.deletes_refused_total = 0  # deletes not done: the key held another object than the one deleted
 
     def condition(self, ino: int, key: str) -> dict[str, Any]:
         """The condition of a write of inode `ino` at `key`: on what this node last saw there ({}: unconditional)."""
@@ -47,6 +54,27 @@ class DrainFence:
         if row is not None and row.etag and row.remote_key == key:
             return {"if_match": row.etag}
         return {"if_none_match": True}
+
+    def deleter(self, delete_id: int) -> Callable[[str], None]:
+        """The request of a queued delete: conditional on the object it was queued for, when the store honours
+        conditional deletes and the journal knows that object's ETag. A key another node wrote since is left to it
+        (the delete was for an object that is gone already): done, not retried."""
+        etag = self.journal.delete_etag(delete_id) if self.deletes_enabled() else None
+        if etag is None:
+            return self.store.delete
+
+        def delete_if_still(key: str) -> None:
+            try:
+                self.store.delete_if_match(key, etag)
+            except StoreError as e:
+                if e.kind == NO_OBJECT:
+                    return
+                if e.kind != PRECONDITION:
+                    raise
+                self.deletes_refused_total += 1
+                log.info("delete of %s not done: the key holds another object than the one this node deleted (written "
+                         "since, by another node or a takeover); it stays", key)
+        return delete_if_still
 
     async def rejudge(self, ticket: UploadTicket, fd: int) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
         """After a refused write: (the condition to write again under, None) or (None, (etag, xxh3)) when the bytes

@@ -199,6 +199,7 @@ _ADDED_COLUMNS = [
     ("inodes", "seen_at", "REAL"),
     ("deletes", "op", "TEXT NOT NULL DEFAULT 'delete'"),
     ("inodes", "atime_ns", "INTEGER"),
+    ("deletes", "etag", "TEXT"),  # the object the delete is for (its ETag when queued): conditional with peers
 ]
 
 
@@ -632,8 +633,16 @@ class Journal:
         self._with_uploads.discard(ino)
 
     # ----------------------------------------------------------------- deletes
-    def queue_delete(self, key: str, after_ino: int | None = None) -> None:
-        self.db.execute("INSERT INTO deletes(key, after_ino, queued_at) VALUES (?, ?, ?)", (key, after_ino, time.time()))
+    def queue_delete(self, key: str, after_ino: int | None = None, etag: str | None = None) -> None:
+        """`etag`: the object to delete, as this node last saw it (a delete then removes only that object, never one
+        another node wrote at the key since: drainfence.py); None: whatever is there."""
+        self.db.execute("INSERT INTO deletes(key, after_ino, queued_at, etag) VALUES (?, ?, ?, ?)",
+                        (key, after_ino, time.time(), etag or None))
+
+    def delete_etag(self, delete_id: int) -> str | None:
+        """The ETag a queued delete is for (queue_delete), None when it is for whatever is at its key."""
+        row = self.db.execute("SELECT etag FROM deletes WHERE id = ?", (delete_id,)).fetchone()
+        return row[0] if row is not None else None
 
     def queue_marker(self, key: str) -> None:
         """Put an empty `dir/` object so that an empty directory survives in the bucket."""

@@ -31,7 +31,7 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from .objects import NO_OBJECT, PRECONDITION, ObjectInfo, StoreError
+from .objects import NO_OBJECT, OTHER, PRECONDITION, ObjectInfo, StoreError
 from .storeapi import LifecycleStore
 from .upload import XXH3_META
 
@@ -156,3 +156,25 @@ def store_refuses_stale_writes(store: LifecycleStore, key_of_probe: str) -> bool
         except StoreError as e:
             if e.kind != NO_OBJECT:
                 raise
+
+
+def store_refuses_stale_deletes(store: LifecycleStore, key_of_probe: str) -> bool:
+    """Whether the store honours `If-Match` on DeleteObject (SeaweedFS does; not every store that fences writes does):
+    a probe object deleted with another ETag must stay (412), then is deleted with its own. Blocking; StoreError when
+    the store cannot be asked."""
+    key = f"{key_of_probe}{uuid.uuid4().hex}"
+    etag = store.put_bytes(key, b"{}")
+    try:
+        store.delete_if_match(key, "0" * 32 if etag != "0" * 32 else "1" * 32)
+    except StoreError as e:
+        if e.kind == PRECONDITION:
+            store.delete_if_match(key, etag)
+            return True
+        if e.kind not in (NO_OBJECT, OTHER):  # a store that refuses the header itself (400, 501) does not support it
+            raise
+    try:
+        store.delete(key)
+    except StoreError as e:
+        if e.kind != NO_OBJECT:
+            raise
+    return False

@@ -125,7 +125,7 @@ class UploadQueue:
     def drop_object(self, row: Row) -> None:
         """The object of a file that leaves the tree must leave the bucket; an upload in flight is abandoned."""
         if row.remote_key:
-            self.journal.queue_delete(row.remote_key)
+            self.journal.queue_delete(row.remote_key, etag=row.etag)
         self.files.abandon_upload(row.ino)
         self.journal.forget_upload(row.ino)
 
@@ -144,7 +144,7 @@ class UploadQueue:
         live = self.files.get(row.ino)
         if row.state == UPLOADING and not row.copy_from and not live.modified:
             if row.remote_key:  # an older version's object at the old key goes once the new one is complete
-                self.journal.queue_delete(row.remote_key, after_ino=row.ino)
+                self.journal.queue_delete(row.remote_key, after_ino=row.ino, etag=row.etag)
                 self.journal.update(row.ino, remote_key=None)
             return  # its upload goes on under the old key and is copied when done (finish_upload)
         live.version += 1  # an upload under the old key in flight is abandoned
@@ -152,7 +152,7 @@ class UploadQueue:
         copy_from = row.remote_key if unchanged else row.copy_from if not live.modified else None
         if row.remote_key:
             # the new object first, then delete the old one
-            self.journal.queue_delete(row.remote_key, after_ino=row.ino)
+            self.journal.queue_delete(row.remote_key, after_ino=row.ino, etag=row.etag)
         self.journal.update(row.ino, state=DIRTY, version=live.version, remote_key=None, copy_from=copy_from, closed_at=time.time())
         self.journal.forget_upload(row.ino)
 
@@ -299,7 +299,7 @@ class UploadQueue:
             row = j.get(ticket.ino)
             owner = j.resolve(self.keys.path(ticket.key))
             if owner is None or owner.ino != ticket.ino:
-                j.queue_delete(ticket.key)  # a stale object under a name the file no longer has
+                j.queue_delete(ticket.key, etag=etag)  # a stale object under a name the file no longer has
             if row is not None and row.state == UPLOADING:
                 j.update(ticket.ino, state=DIRTY)
             j.forget_upload(ticket.ino)

@@ -373,7 +373,7 @@ class Channel:
                     self.deletes_due = True  # after the entry of the file it waits for (the next pass)
                     continue
                 with trio.fail_after(s.timeout):
-                    await link.delete(delete_id, key, s.next_seq(), after)
+                    await link.delete(delete_id, key, s.next_seq(), after, s.ns.journal.delete_etag(delete_id))
                 self.deletes_sent.add(delete_id)
                 did = True
         for delete_id in [d for d in self.deletes_sent if d not in queued]:

@@ -129,12 +129,15 @@ class PeerLink:
         """The file is durable at `version` (or removed: None): the peer drops its replica unless it holds a newer one."""
         await self._send(Kind.FORGET, {"ino": ino, "version": version})
 
-    async def delete(self, op_id: int, key: str, seq: int, after_ino: int | None = None) -> None:
+    async def delete(self, op_id: int, key: str, seq: int, after_ino: int | None = None, etag: str | None = None) -> None:
         """An object delete the owner queued; `after_ino`: the file it waits for (a rename: the old key goes once the
-        file is durable under its new one), so a takeover applies it only then."""
+        file is durable under its new one), so a takeover applies it only then; `etag`: the object it removes (a
+        takeover's delete is conditional on it: another node's object written at the key since stays)."""
         meta: dict[str, Any] = {"op_id": op_id, "key": key, "seq": seq}
         if after_ino is not None:
             meta["after_ino"] = after_ino
+        if etag:
+            meta["etag"] = etag
         await self._send(Kind.DELETE, meta)
 
     async def delete_done(self, op_id: int) -> None:

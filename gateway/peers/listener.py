@@ -272,7 +272,7 @@ class _Connection:
         elif kind is Kind.DELETE:
             after = m.get("after_ino")
             await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]),
-                            None if after is None else int(after), self.journal, self.incarnation)
+                            None if after is None else int(after), self.journal, self.incarnation, str(m.get("etag") or ""))
         elif kind is Kind.DELETE_DONE:
             await self._run(None, store.drop_delete, owner, int(m["op_id"]), self.journal)
         elif kind is Kind.SEAL:

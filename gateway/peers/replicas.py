@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS replicas (
     PRIMARY KEY (owner, ino));
 CREATE TABLE IF NOT EXISTS deletes (
     owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, after_ino INTEGER,
-    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '',
+    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '', etag TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (owner, op_id));
 CREATE TABLE IF NOT EXISTS checkpoints (
     owner TEXT NOT NULL, path TEXT NOT NULL, noted REAL NOT NULL,
@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 _ADDED = [("replicas", "seen", "TEXT"),
           ("replicas", "journal", "TEXT NOT NULL DEFAULT ''"), ("replicas", "incarnation", "TEXT NOT NULL DEFAULT ''"),
           ("deletes", "after_ino", "INTEGER"),
-          ("deletes", "journal", "TEXT NOT NULL DEFAULT ''"), ("deletes", "incarnation", "TEXT NOT NULL DEFAULT ''")]
+          ("deletes", "journal", "TEXT NOT NULL DEFAULT ''"), ("deletes", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+          ("deletes", "etag", "TEXT NOT NULL DEFAULT ''")]
 _COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal, incarnation"
 # rows of `owner` whose journal is ? (or either is '': see records.same_journal)
 _OF_JOURNAL = "owner = ? AND (? = '' OR journal = '' OR journal = ?)"
@@ -111,6 +112,7 @@ class ReplicaDelete:
     after_ino: int | None = None  # the file it waits for: a rename's old key goes once the file is durable under its new one
     journal: str = ""
     incarnation: str = ""
+    etag: str = ""  # the object the owner deleted ('': not known, whatever is at the key)
 
 
 @dataclass
@@ -249,7 +251,7 @@ class ReplicaStore:
     def deletes(self, owner: str, journal: str | None = None) -> list[ReplicaDelete]:
         where, args = self._tagged(owner, journal, None)
         with self._lock:
-            rows = self.db.execute(f"SELECT owner, op_id, key, seq, after_ino, journal, incarnation FROM deletes WHERE {where} "
+            rows = self.db.execute(f"SELECT owner, op_id, key, seq, after_ino, journal, incarnation, etag FROM deletes WHERE {where} "
                                    "ORDER BY seq, op_id", args).fetchall()
         return [ReplicaDelete(*r) for r in rows]
 
@@ -505,10 +507,10 @@ class ReplicaStore:
                 self.drop(owner, ino)
 
     def add_delete(self, owner: str, op_id: int, key: str, seq: int, after_ino: int | None = None, journal: str = "",
-                   incarnation: str = "") -> None:
+                   incarnation: str = "", etag: str = "") -> None:
         with self._lock:
-            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq, after_ino, journal, incarnation) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?)", (owner, op_id, key, seq, after_ino, journal, incarnation))
+            self.db.execute("INSERT OR REPLACE INTO deletes (owner, op_id, key, seq, after_ino, journal, incarnation, etag) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (owner, op_id, key, seq, after_ino, journal, incarnation, etag))
 
     def drop_delete(self, owner: str, op_id: int, journal: str = "") -> None:
         with self._lock:

@@ -22,7 +22,7 @@ from ..namespace import Namespace
 from .. import threads
 from ..objects import StoreError
 from ..peering import node_name_of, read_secret
-from ..publishing import store_refuses_stale_writes
+from ..publishing import store_refuses_stale_deletes, store_refuses_stale_writes
 from ..storeapi import ObjectStore
 from ..supervisor import Supervisor
 from .link import PeerLink
@@ -56,6 +56,8 @@ class Peers:
         self.sweep = Sweep(cfg, store, self.replicas, self.membership)  # type: ignore[arg-type]
         self._reconciling = False
         self.conditional_writes: bool | None = None  # the store refuses a stale conditional write (None: not known yet)
+        self.conditional_deletes: bool | None = None  # and a stale conditional delete
+        self.takeover.conditional_deletes = lambda: self.conditional_deletes is True
         # mount-relative checkpoint paths a takeover uploaded files into, after it is done (a counter)
         self.on_taken_over: list[Callable[[list[str]], None]] = self.takeover.on_taken_over
         # checkpoints of an owner another holder took over, noted here (their files durable before the loss): the
@@ -69,10 +71,11 @@ class Peers:
             self.sender.on_degraded = degraded.inc
             self.on_taken_over.append(lambda paths: takeovers.inc())
 
-    def stale_writes_refused(self) -> bool:
-        """Whether the store was found to refuse a write whose condition no longer holds (the drain's writes then
-        carry one: drainfence.py)."""
-        return self.conditional_writes is True
+    def fence(self, drain: Any) -> None:
+        """Make the drain's writes (drainfence.DrainFence) conditional once the store is found to refuse a stale write,
+        and its deletes once it is found to refuse a stale delete."""
+        drain.enabled = lambda: self.conditional_writes is True
+        drain.deletes_enabled = self.takeover.conditional_deletes
 
     def commit_taken_over_with(self, commit: Callable[[list[str], frozenset[str]], Awaitable[None]]) -> None:
         """What commits a takeover's checkpoints (the daemon: the lifecycle tracker), awaited before it is done."""
@@ -104,6 +107,14 @@ class Peers:
             log.info("could not ask the object store whether it honours conditional writes: %s", e)
             return
         self.conditional_writes = ok
+        try:
+            self.conditional_deletes = await threads.call(
+                lambda: store_refuses_stale_deletes(self.store, self.ns.keys.of(".ckptfs/probe-")))  # type: ignore[arg-type]
+        except StoreError as e:
+            log.info("could not ask the object store whether it honours conditional deletes: %s", e)
+        if self.conditional_deletes is False:
+            log.warning("the object store ignores If-Match on DeleteObject: the drain's deletes go unconditional (a delete "
+                        "landing late can remove an object another node wrote since; docs/peers.md)")
         if not ok:
             log.error("the object store ignores conditional writes (If-None-Match / If-Match): with durability = peer a "
                       "takeover's late write can replace a newer object and two claims of one node can both win; use a "
@@ -173,6 +184,7 @@ class Peers:
             "takeovers": self.takeover.takeovers_total,
             "takeover_conflicts": self.takeover.conflicts_total,
             "conditional_writes": self.conditional_writes,
+            "conditional_deletes": self.conditional_deletes,
             "degraded_writes": self.sender.degraded_writes,
             "journal_id": self.journal_id,
             # why this node's writes count no peer copies now (no record of its own in the bucket...): None when they do

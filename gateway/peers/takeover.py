@@ -95,6 +95,7 @@ class TakeoverReport:
     lost: list[str] = field(default_factory=list)  # a renamed durable file whose source object is gone, no bytes here
     deleted: list[str] = field(default_factory=list)
     deletes_held: list[str] = field(default_factory=list)  # a rename's old key: the file is not durable under its new one
+    deletes_kept: list[str] = field(default_factory=list)  # another object than the one the owner deleted is there now
     markers: list[str] = field(default_factory=list)  # commit markers uploaded (also in `uploaded`)
     markers_held: list[str] = field(default_factory=list)  # a file under their directory is not in the bucket
     checkpoints: list[str] = field(default_factory=list)  # mount-relative paths handed to `on_taken_over`
@@ -116,6 +117,8 @@ class Takeover:
         # tracker's commit_taken_over); awaited before `takeover_done`, so a taker lost before the commits leaves the
         # takeover, commits included, to the next holder
         self.commit: Callable[[list[str], frozenset[str]], Awaitable[None]] | None = None
+        # whether the store refuses a stale conditional delete (the peers' probe): deletes then carry the owner's ETag
+        self.conditional_deletes: Callable[[], bool] = lambda: False
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.files = trio.CapacityLimiter(small_objects_in_flight(cfg.max_parts_in_flight))
         self.hashing = trio.CapacityLimiter(HASHING_THREADS)
@@ -440,9 +443,18 @@ class Takeover:
                         d.owner, d.key, waits.key)
             return
         await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
+        conditional = bool(d.etag) and self.conditional_deletes()
         try:
-            await threads.call(functools.partial(self.store.delete, d.key))
+            if conditional:  # only the object the owner deleted: one another node wrote since stays
+                await threads.call(functools.partial(self.store.delete_if_match, d.key, d.etag))
+            else:
+                await threads.call(functools.partial(self.store.delete, d.key))
         except StoreError as e:
+            if e.kind == PRECONDITION and conditional:
+                report.deletes_kept.append(d.key)
+                log.warning("takeover of %s: %s not deleted: it holds another object than the one the owner deleted "
+                            "(written since)", d.owner, d.key)
+                return
             if e.kind != NO_OBJECT:
                 raise
         report.deleted.append(d.key)

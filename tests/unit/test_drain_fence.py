@@ -110,3 +110,37 @@ def test_the_rule_after_a_refusal() -> None:
         v = after_refusal(me, 10, "x", info(9, "e", other.meta()))  # older, another file, another journal, another node
         assert (v.action, v.if_match) == (WRITE, "e")
     assert (after_refusal(me, 10, "x", info(9, "e", {})).action, after_refusal(me, 10, "x", info(9, "e", {})).if_match) == (WRITE, "e")
+
+
+def test_a_delete_removes_only_the_object_it_was_queued_for(tmp_path: Path) -> None:
+    """A file removed here: its object goes (If-Match on the ETag this node uploaded). Another file removed after
+    another node rewrote its key: that node's object stays, and the delete is done, not retried."""
+    ns, store = namespace(tmp_path), MemoryStore()
+    gone = write_file(ns, ROOT_INODE, "gone.bin", os.urandom(100))
+    kept = write_file(ns, ROOT_INODE, "kept.bin", os.urandom(100))
+    d = fenced(ns, store)
+    d.fence.deletes_enabled = lambda: True
+    drain_until(d, lambda: durable(ns, gone) and durable(ns, kept))
+    store.objects["p/kept.bin"] = StoredObject(b"theirs", "e-theirs", Provenance("other-node", "j", 3, 1).meta())
+    ns.tree.unlink(ROOT_INODE, "gone.bin")
+    ns.tree.unlink(ROOT_INODE, "kept.bin")
+    drain_until(d, lambda: not ns.journal.pending_deletes())
+    assert "p/gone.bin" not in store.objects
+    assert store.objects["p/kept.bin"].body == b"theirs"
+    assert d.fence.deletes_refused_total == 1 and len(store.calls["delete_if_match"]) == 2
+    assert "delete" not in store.calls  # never unconditional
+
+
+def test_the_probe_of_conditional_deletes() -> None:
+    from ckptfs.publishing import store_refuses_stale_deletes
+
+    store = MemoryStore()
+    assert store_refuses_stale_deletes(store, "p/.ckptfs/probe-") is True
+    assert not store.objects  # the probe object is gone either way
+
+    class Ignores(MemoryStore):  # a store that takes DeleteObject's If-Match for a plain delete
+        def delete_if_match(self, key: str, etag: str) -> None:
+            self.delete(key)
+
+    ignores = Ignores()
+    assert store_refuses_stale_deletes(ignores, "p/.ckptfs/probe-") is False and not ignores.objects

@@ -54,6 +54,7 @@ class FakePeer:
         self.forgotten: list[tuple[int, int | None]] = []
         self.deletes: dict[int, str] = {}
         self.after: dict[int, int | None] = {}  # delete id -> the file it waits for
+        self.etags: dict[int, str | None] = {}  # delete id -> the object it removes, as the owner saw it
         self.frames: list[tuple[str, Any]] = []  # entries, deletes and barriers, in the order they arrived
         self.written = 0  # data bytes received
         self.mismatches = 0  # seals whose xxh3 differed from this copy's
@@ -131,8 +132,9 @@ class FakeLink:
         self.peer.forgotten.append((ino, version))
         self.peer.replicas.pop(ino, None)
 
-    async def delete(self, op_id: int, key: str, seq: int, after_ino: int | None = None) -> None:
+    async def delete(self, op_id: int, key: str, seq: int, after_ino: int | None = None, etag: str | None = None) -> None:
         self.peer.frames.append(("delete", key))
+        self.peer.etags[op_id] = etag
         self.peer.deletes[op_id] = key
         self.peer.after[op_id] = after_ino
 
@@ -535,6 +537,7 @@ async def test_queued_deletes_reach_the_peer_in_order_and_are_retired(tmp_path: 
         ns.tree.unlink(ROOT_INODE, "old.pt")  # a durable file removed: its object's delete is queued
         await wait_for(lambda: list(b.deletes.values()) == ["p/old.pt"])
         (delete_id, key), = ns.uploads.ready_deletes(set())
+        assert b.etags[delete_id] == "etag"  # the object the owner deleted: a takeover's delete is conditional on it
         ns.uploads.delete_done(delete_id, key)  # the drain deleted it
         await wait_for(lambda: not b.deletes, timeout=10)
         nursery.cancel_scope.cancel()

@@ -540,3 +540,21 @@ def test_a_delete_of_a_key_one_of_the_owners_files_has_now_is_not_applied(tmp_pa
 
     in_bucket(store, "p/model.pt", b"the new model")
     assert report.deleted == []
+
+
+def test_a_delete_removes_only_the_object_the_owner_deleted(tmp_path: Path) -> None:
+    """The owner removed two files (its deletes carry the ETags it saw); another node wrote one key since. With a
+    store that refuses a stale conditional delete, the takeover removes the owner's object and leaves the other
+    node's; without the owner's ETag (an older release) a delete removes whatever is there, as before."""
+    t, store, replicas, _ = setup(tmp_path)
+    t.conditional_deletes = lambda: True
+    now = time.time() - 30
+    for name, etag in (("mine.pt", "e-mine"), ("rewritten.pt", "e-theirs"), ("legacy.pt", "e-legacy")):
+        store.objects[f"p/{name}"] = StoredObject(name.encode(), etag, {}, mtime=now)
+    replicas.add_delete("a", 1, "p/mine.pt", 1, None, "", "", "e-mine")
+    replicas.add_delete("a", 2, "p/rewritten.pt", 2, None, "", "", "e-owners-old")
+    replicas.add_delete("a", 3, "p/legacy.pt", 3)
+    [report] = run(t)
+    assert [k for k in sorted(store.objects) if ".ckptfs" not in k] == ["p/rewritten.pt"]
+    assert store.objects["p/rewritten.pt"].etag == "e-theirs"
+    assert report.deletes_kept == ["p/rewritten.pt"] and sorted(report.deleted) == ["p/legacy.pt", "p/mine.pt"]
