@@ -602,10 +602,13 @@ def run_daemon(cfg: Config, ready_fd: int | None = None) -> int:
             if daemon.failure is not None:
                 return 1  # the FUSE session or the journal failed: the last log line says why
         except BaseExceptionGroup as group:
-            user_errors = group.subgroup(UserError)
+            user_errors = group.subgroup((UserError, PeerOptionError))  # a service that could not start: one line
             if user_errors is None:
                 raise
-            raise user_errors.exceptions[0] from None
+            first = user_errors.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise UserError(str(first)) from None
     except UserError as e:
         log.error("%s", e)
         daemon.unbind_if_never_ready()

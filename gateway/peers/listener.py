@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol
 import trio
 
 from ..dbconnection import DiskFull
-from ..peering import parse_addr
+from ..peering import PeerOptionError, parse_addr
 
 from .replicas import ReplicaFull, ReplicaMismatch, ReplicaStore, ReplicaUnknown
 from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_handshake, tune_socket
@@ -117,9 +117,9 @@ class Listener:
                 if self.port == self.configured_port:
                     raise
                 listeners = await trio.open_tcp_listeners(self.configured_port, host=self.host)
-        except OSError as e:
-            raise OSError(e.errno, f"peer_addr = {self.cfg.peer_addr} cannot be listened on ({e.strerror}): "
-                                   "give a free port of an address of this node (port 0: any free port)") from None
+        except OSError as e:  # at start: the daemon's one line (run_daemon); later: one more failure, restarted
+            raise PeerOptionError(f"peer_addr = {self.cfg.peer_addr} cannot be listened on ({e.strerror}): "
+                                  "give a free port of an address of this node (port 0: any free port)") from None
         self.port = listeners[0].socket.getsockname()[1]
         log.info("peer listener on %s", self.addr)
         self.on_listening(self.addr)

@@ -81,3 +81,22 @@ def test_status_flush_level_replicated_checkpoint_state_and_metrics_with_a_peer(
     assert metric(a.metrics_port, "ckptfs_peer_up", peer="b") == 0
     screen = a.cli("status", str(a.path), timeout=30).stdout
     assert "b down" in screen and "a live" in screen, screen
+
+
+def test_a_busy_peer_addr_is_one_line_and_leaves_the_cache_directory_as_found(make_mount: Any, tmp_path: Path) -> None:
+    """Issue 43, a new user's first mount: the sentence that names the fix was the last line of a 75-line
+    ExceptionGroup in the log, behind `the daemon exited during start-up`, and the cache directory kept the journal
+    and the replica index the failed start made."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        m: Mount = make_mount("a", start=False, **peer_options(tmp_path, "a", peer_addr=f"127.0.0.1:{busy.getsockname()[1]}"))
+        before = sorted(os.listdir(m.cache_dir))
+        failed = m.cli(*m.mount_args())
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr and "+-" not in failed.stderr, failed.stderr
+    assert failed.stderr.count("\n") == 1 and "peer_addr = 127.0.0.1:" in failed.stderr, failed.stderr
+    assert "cannot be listened on" in failed.stderr and "give a free port" in failed.stderr
+    assert not os.path.ismount(m.path)
+    assert sorted(n for n in os.listdir(m.cache_dir) if n != "ckptfs.log") == [n for n in before if n != "ckptfs.log"]

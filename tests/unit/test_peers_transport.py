@@ -19,6 +19,7 @@ import xxhash
 from ckptfs.peers.link import PeerError, PeerFull, PeerLink, SealMismatch
 from ckptfs.peers.listener import Listener
 from ckptfs.peers.replicas import ReplicaStore
+from ckptfs.peering import PeerOptionError
 from ckptfs.peers.wire import Kind, Reader, Session, WireError, client_handshake, server_handshake
 
 SECRET = b"s" * 40
@@ -446,7 +447,7 @@ def test_a_peer_addr_in_use_is_one_line_naming_it(shm: Path) -> None:
     async def main() -> None:
         await Listener(cfg, store, SECRET, "node-b").run()  # raised as it is, not in a group: the supervisor's start shows it
 
-    with pytest.raises(OSError, match=f"peer_addr = {cfg.peer_addr} cannot be listened on"):
+    with pytest.raises(PeerOptionError, match=f"peer_addr = {cfg.peer_addr} cannot be listened on"):
         trio.run(main)
     taken.close()
     store.close()
