@@ -8,6 +8,7 @@ can read is refused before anything starts, with one line.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
@@ -79,15 +80,35 @@ def parse_peer(entry: str) -> StaticPeer:
 
 
 def read_secret(path: str) -> bytes:
-    """The shared secret in `path`, after the checks a key file gets (owner only, long enough)."""
+    """The shared secret in `path`, after the checks a key file gets (owner only, long enough).
+
+    The checks are of the file actually read: they are made with fstat on the open descriptor, never on the name
+    before opening it (a name swapped in between would pass the checks with one file and be read from another). The
+    name itself is opened without following a symbolic link; a link is followed once, to its target, only when it is
+    the mounting user's or root's (a Kubernetes secret volume's names are root's links into `..data/`), and that
+    target is opened the same way. O_NONBLOCK: a FIFO put there answers at once instead of hanging the mount."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    fail = f"give a file of at least {SECRET_MIN_BYTES} random bytes, chmod 600"
     try:
-        st = os.stat(path)
-        with open(path, "rb") as f:
-            secret = f.read().strip()
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            link = os.lstat(path)
+            if link.st_uid not in (os.geteuid(), 0):
+                raise PeerOptionError(f"peer_secret_file = {path!r} is a symbolic link owned by uid {link.st_uid}: give the "
+                                      "file itself, or a link of the mounting user's or root's") from None
+            fd = os.open(os.path.realpath(path), flags)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise PeerOptionError(f"peer_secret_file = {path!r} is not a regular file: {fail}")
+            secret = os.read(fd, 1 << 16).strip()
+        finally:
+            os.close(fd)
     except OSError as e:
-        raise PeerOptionError(f"peer_secret_file = {path!r} cannot be read ({e.strerror}): give a file of at least {SECRET_MIN_BYTES} random bytes, chmod 600") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise PeerOptionError(f"peer_secret_file = {path!r} is not a regular file: give a file of at least {SECRET_MIN_BYTES} random bytes, chmod 600")
+        raise PeerOptionError(f"peer_secret_file = {path!r} cannot be read ({e.strerror}): {fail}") from None
     if st.st_mode & 0o077:
         raise PeerOptionError(f"peer_secret_file = {path!r} can be read by others (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 {path}")
     if st.st_uid != os.geteuid():
