@@ -166,6 +166,9 @@ PEER_COUNTERS = {
                             "(on_no_peer = degrade): those files are single-copy until they drain.",
     "peer_replicas_refused": "Other nodes' files this node refused to hold because its replica space (peer_capacity) or its "
                              "cache disk was full; their owners tried another peer, then on_no_peer.",
+    "peer_handshake_refused": "Connections to this node's peer_addr closed without authenticating: a wrong secret, no handshake "
+                              "in time, or too many unauthenticated at once (from one address, or from addresses no node "
+                              "announces). A steady rise is a flood or a misconfigured node.",
 }
 
 

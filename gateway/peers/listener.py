@@ -39,7 +39,15 @@ from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_hand
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 10.0  # seconds between two log lines about refused connections
-MAX_HANDSHAKES = 64  # connections not yet authenticated at once; more are closed at once (a flood costs no memory)
+# Connections not yet authenticated, at once: more are closed at once (a flood costs no memory). Addresses the node
+# records announce (the cluster's nodes) have slots of their own and the whole of peer_timeout; anyone else ("a
+# stranger": a flood, a scanner) shares the other slots, at most a few per address, each for a short deadline, so
+# that no number of strangers keeps a node's owners from connecting (issue 43: about 7 connections a second from
+# one process held all 64 shared slots, each for peer_timeout).
+MAX_HANDSHAKES = 64  # of strangers, at once
+MAX_KNOWN_HANDSHAKES = 64  # of the nodes' own addresses, at once
+MAX_HANDSHAKES_PER_ADDRESS = 4  # of one stranger address, at once
+STRANGER_HANDSHAKE_SECONDS = 2.0  # a handshake is three small frames: a network does it in milliseconds
 WRITE_BUFFER = 1 << 20  # bytes per recv and pwrite (and xxh3 update): small enough to stay in the CPU's cache
 RECEIVE_CHUNK = 16 << 20  # bytes a worker thread receives per call: what a cancel may wait for
 RECEIVE_LOWAT = 256 << 10  # a worker thread wakes when this much has arrived (SO_RCVLOWAT), not at every segment
@@ -95,7 +103,11 @@ class Listener:
         self.dropped_connections = 0  # authenticated, then a wrong MAC, a malformed frame, a stall
         self.full_answers = 0  # seals answered PeerFull
         self.bytes_received = 0
-        self._handshakes = 0
+        self._handshakes = 0  # strangers' handshakes now
+        self._known_handshakes = 0
+        self._by_address: dict[str, int] = {}  # a stranger address -> its handshakes now
+        # the hosts the nodes' records (and the static `peers`) announce: their connections are served first
+        self.known_hosts: Callable[[], set[str]] = lambda: set()
         self._log = _RateLimitedLog(LOG_EVERY)
         # set when the listener is cancelled: a worker thread receiving from a silent owner returns within STOP_POLL
         # instead of waiting out peer_timeout (a thread cannot be cancelled, and the cancel waits for it)
@@ -138,30 +150,57 @@ class Listener:
         finally:
             self.stopping.set()  # cancelled: before the connections' tasks, which may wait for a worker thread
 
+    def _take_slot(self, host: str, known: bool) -> str | None:
+        """A handshake slot for a connection from `host`, or why there is none (the connection is closed)."""
+        if known:
+            if self._known_handshakes >= MAX_KNOWN_HANDSHAKES:
+                return f"{self._known_handshakes} connections from the nodes' addresses are not authenticated yet"
+            self._known_handshakes += 1
+            return None
+        if self._by_address.get(host, 0) >= MAX_HANDSHAKES_PER_ADDRESS:
+            return f"{MAX_HANDSHAKES_PER_ADDRESS} others from this address (not a node's) are not authenticated yet"
+        if self._handshakes >= MAX_HANDSHAKES:
+            return f"{self._handshakes} others from addresses no node announces are not authenticated yet"
+        self._handshakes += 1
+        self._by_address[host] = self._by_address.get(host, 0) + 1
+        return None
+
+    def _free_slot(self, host: str, known: bool) -> None:
+        if known:
+            self._known_handshakes -= 1
+            return
+        self._handshakes -= 1
+        left = self._by_address.pop(host, 1) - 1
+        if left:
+            self._by_address[host] = left
+
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
-            where = "%s:%s" % stream.socket.getpeername()[:2]
+            host, port = stream.socket.getpeername()[:2]
+            where = f"{host}:{port}"
         except OSError:
-            where = "?"
+            host = where = "?"
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
             tune_socket(stream.socket, self.timeout)  # an owner whose host died silently: the connection ends
             reader = Reader(stream)
-            if self._handshakes >= MAX_HANDSHAKES:
+            known = host in self.known_hosts()
+            full = self._take_slot(host, known)
+            if full is not None:
                 self.refused_connections += 1
-                self._log.warning("peer connection from %s refused: %d others are not authenticated yet", where, self._handshakes)
+                self._log.warning("peer connection from %s refused: %s", where, full)
                 return
-            self._handshakes += 1
+            deadline = self.timeout if known else min(self.timeout, STRANGER_HANDSHAKE_SECONDS)
             try:
-                with trio.fail_after(self.timeout):
+                with trio.fail_after(deadline):
                     session = await server_handshake(stream, reader, self.secret, self.me)
             except (WireError, trio.TooSlowError, trio.BrokenResourceError, OSError) as e:
                 self.refused_connections += 1
-                why = "no handshake within peer_timeout" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
+                why = f"no handshake within {deadline:g}s" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
                 self._log.warning("peer connection from %s refused: %s", where, why)
                 return
             finally:
-                self._handshakes -= 1
+                self._free_slot(host, known)
             admitted = None
             if self.judge is not None:
                 why = "its node record could not be read within peer_timeout"

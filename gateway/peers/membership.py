@@ -51,7 +51,7 @@ import trio
 
 from .. import threads
 from ..objects import NO_OBJECT, PRECONDITION, StoreError
-from ..peering import StaticPeer, parse_peer
+from ..peering import PeerOptionError, StaticPeer, parse_addr, parse_peer
 from ..storeapi import LifecycleStore, read_json
 from .identity import Owners, stamp, wait_for_predecessor
 from .records import (DOWN, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, other_domain, record_path,
@@ -534,3 +534,14 @@ class Membership:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._every_third, self.refresh, "read")
             nursery.start_soon(self._every_third, self.renew, "renew")
+
+
+def known_hosts(peers: list[PeerState]) -> set[str]:
+    """The hosts the other nodes' records (or the static list) announce: the listener serves them first."""
+    hosts = set()
+    for p in peers:
+        try:
+            hosts.add(parse_addr(p.addr)[0])
+        except PeerOptionError:
+            continue  # an address this release cannot read: that node is served as anyone
+    return hosts

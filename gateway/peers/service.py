@@ -27,7 +27,7 @@ from ..storeapi import ObjectStore
 from ..supervisor import Supervisor
 from .link import PeerLink
 from .listener import Listener
-from .membership import Membership, new_incarnation
+from .membership import Membership, known_hosts, new_incarnation
 from .reconcile import Reconcile
 from .replicas import ReplicaStore
 from .sender import Sender
@@ -48,6 +48,7 @@ class Peers:
         self.journal_id: str = getattr(ns.journal, "journal_id", "")
         self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr, journal_id=self.journal_id)
         self.listener.judge = self.membership.owners  # replicas only from an owner incarnation whose record is live
+        self.listener.known_hosts = lambda: known_hosts(self.membership.peers())  # the nodes' addresses: slots of their own
         self.listener.on_listening = self._listening
         self.sender = Sender(cfg, ns, self._open_link, self.membership.targets, down=self.membership.down)
         self.sender.uncounted = self.membership.copies_uncounted  # no record of ours: peer copies are not replicas
@@ -191,4 +192,5 @@ class Peers:
             "copies_uncounted": self.membership.copies_uncounted(),
             "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
+            "handshake_refused": self.listener.refused_connections,  # connections closed unauthenticated: a flood, a wrong secret
         }

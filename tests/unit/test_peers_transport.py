@@ -531,6 +531,35 @@ def test_connections_past_the_handshake_limit_are_closed_at_once(shm: Path, monk
     with_listener(config(peer_timeout=60.0), shm / "b", body)
 
 
+def test_strangers_flooding_the_listener_never_keep_the_nodes_out(shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43 item 3: connections that never authenticate, from an address no node announces (127.0.0.2 here),
+    get a few slots per address and a short deadline; a node's own address has slots of its own and gets in."""
+    import ckptfs.peers.listener as listener_module
+    monkeypatch.setattr(listener_module, "STRANGER_HANDSHAKE_SECONDS", 0.5)
+    (shm / "b").mkdir()
+
+    async def body(listener: Listener, addr: str) -> None:
+        listener.known_hosts = lambda: {"127.0.0.1"}
+        flood = [await trio.open_tcp_stream("127.0.0.1", listener.port, local_address="127.0.0.2") for _ in range(12)]
+        per_address = listener_module.MAX_HANDSHAKES_PER_ADDRESS
+        await wait_for(lambda: listener.refused_connections >= len(flood) - per_address)
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)  # the strangers' slots are full
+        await link.barrier()
+        await link.aclose()
+        challenged = 0
+        for s in flood:  # each held one got its challenge, then was closed at its deadline (peer_timeout is 60 s)
+            got = b""
+            with trio.fail_after(30):
+                while chunk := await s.receive_some(1 << 16):
+                    got += chunk
+            challenged += bool(got)
+            await s.aclose()
+        assert challenged == per_address
+        assert listener.refused_connections == len(flood)
+
+    with_listener(config(peer_timeout=60.0), shm / "b", body)
+
+
 def test_a_cache_file_shorter_than_a_write_keeps_the_link_in_step(shm: Path) -> None:
     """The file was truncated between the sender's look at its size and the sendfile: the frame is filled up with
     zeros, the link goes on, and the truncate that follows makes the replica right."""
