@@ -173,8 +173,21 @@ class Writer:
                 data = t.timed("read", lambda: (shared / name).read_bytes())
                 if data != second_node_body(name):
                     with t.lock:
-                        t.unexpected.append(f"read of shared/{name}: not what the second node wrote")
+                        want = second_node_body(name)
+                        at = next((i for i, (x, y) in enumerate(zip(data, want)) if x != y), min(len(data), len(want)))
+                        t.unexpected.append(f"read of shared/{name}: not what the second node wrote ({len(data)} bytes of "
+                                            f"{len(want)}, first difference at {at}: {data[at:at + 40]!r})")
         return kind
+
+
+def daemon_log_about(m: Mount, findings: list[str]) -> list[str]:
+    """The daemon's log lines that name a file a finding names (and its errors): what a rare failure left to read."""
+    names = {w.rstrip(":").rsplit("/", 1)[-1] for f in findings for w in f.split() if ".bin" in w}
+    try:
+        lines = (m.cache_dir / "ckptfs.log").read_text(errors="replace").splitlines()
+    except OSError as e:
+        return [f"no daemon log: {e}"]
+    return [line for line in lines if any(n in line for n in names) or " ERROR " in line][-60:]
 
 
 def second_node_body(name: str) -> bytes:
@@ -285,7 +298,7 @@ def test_fault_campaign(make_mount: Any, small_fs: Callable[[Path], SmallFs], pr
     if os.environ.get("CKPTFS_CAMPAIGN_REPORT"):
         Path(os.environ["CKPTFS_CAMPAIGN_REPORT"]).write_text(json.dumps(figures, indent=2))
     assert not lost_files, f"fsynced files not byte-identical in the bucket: {lost_files}"
-    assert not tally.unexpected, tally.unexpected
+    assert not tally.unexpected, (tally.unexpected, daemon_log_about(m, tally.unexpected))
     assert tally.slowest[0] <= BOUND, f"a {tally.slowest[1]} blocked {tally.slowest[0]:.1f}s, longer than write_stall_timeout + 1s"
     assert tally.ops == total_ops
     assert not mount_is_dead(m.path)
