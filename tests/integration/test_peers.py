@@ -153,7 +153,8 @@ def test_dcp_two_nodes_rank1_node_lost_latest_on_third_node_restores(cluster: Cl
 
     ck = wait_until("step 5 committed with both ranks' shards, seen from node c", newest, 240)
     assert ck.state in ("committed", "protected")
-    assert a.metric("ckptfs_peer_takeovers_total") + c.metric("ckptfs_peer_takeovers_total") == 1
+    # the takeover commits its checkpoints before it is done (and counted): the count comes just after
+    wait_until("the takeover counted", lambda: a.metric("ckptfs_peer_takeovers_total") + c.metric("ckptfs_peer_takeovers_total") == 1, 60)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

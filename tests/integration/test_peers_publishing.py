@@ -78,7 +78,7 @@ def test_a_checkpoint_durable_but_not_committed_when_its_node_is_lost_is_committ
     assert ck.info.get("files") == 2, ck.info
     for name, digest in digests.items():
         assert cluster.object_sha256(a.key(f"run/step_7/{name}")) == digest
-    assert b.metric("ckptfs_peer_takeovers_total") == 1
+    wait_until("b to count the takeover (done once its checkpoints are committed)", lambda: b.metric("ckptfs_peer_takeovers_total") == 1, 60)
 
 
 def test_a_file_overwritten_with_an_older_mtime_then_its_node_lost_reaches_the_bucket(cluster: Cluster, tmp_path: Path) -> None:
