@@ -130,9 +130,14 @@ def test_commit_marker_uploads_last(make_mount) -> None:  # type: ignore[no-unty
     m: Mount = make_mount(max_parts_in_flight=1, part_size="5MiB", multipart_threshold="5MiB")
     step = m.path / "step_7"
     step.mkdir()
+    shards = [f"__{i}_0.distcp" for i in range(3)]
+    # the last shard is open for writing from before the marker is closed to the end of the save: the directory
+    # has a file not durable at every moment the marker could be taken (written first, with the shards made after
+    # it, a loaded machine could take longer than upload_delay to create the first shard: the marker was then
+    # rightly alone and durable, and the test failed on its own timing)
+    last = open(step / shards[-1], "wb")
     # the marker is closed FIRST: oldest-first alone would upload it before the data
     (step / ".metadata").write_bytes(b"commit")
-    shards = [f"__{i}_0.distcp" for i in range(3)]
     seen_marker_early = []
     stop = threading.Event()
 
@@ -147,7 +152,7 @@ def test_commit_marker_uploads_last(make_mount) -> None:  # type: ignore[no-unty
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        with open(step / shards[-1], "wb") as last:
+        with last:
             for i, s in enumerate(shards[:-1]):
                 write_random(step / s, 12 * MiB, seed=20 + i, fsync=False)
             last.write(random.Random(22).randbytes(12 * MiB))
