@@ -172,6 +172,8 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
         (g("stale_directories"), "stale directory", "stale directories"),
         (g("checkpoint_commit_errors_total"), "checkpoint commit error", None),
         (g("deletes_not_permitted_total"), "deletion not permitted", "deletions not permitted"),
+        (g("peer_refused_writes_total"), "write refused for want of a peer (on_no_peer = fail)",
+         "writes refused for want of a peer (on_no_peer = fail)"),
         ((st.get("tier_move") or {}).get("errors_total", 0), "move to the cold target failed", "moves to the cold target failed"),
     ]
     shown = [Text(plural(n, one, many), style="bold red") for n, one, many in counts if n]
@@ -206,8 +208,11 @@ def peers_line(st: dict[str, Any]) -> Text:
     for p in st.get("peers") or []:
         lag = p.get("lag_seconds")
         detail = f" (lag {fmt_duration(lag)})" if p.get("state") == "live" and lag else ""
-        parts.append(Text(f"{p.get('node')} {p.get('state')}{detail}", style="" if p.get("state") == "live" else "bold red"))
-    if not st.get("peers"):
+        if p.get("state") == "refusing" and p.get("error"):
+            detail = f" ({p['error']})"
+        style = "" if p.get("state") == "live" else "dim" if p.get("state") == "left" else "bold red"
+        parts.append(Text(f"{p.get('node')} {p.get('state')}{detail}", style=style))
+    if not [p for p in st.get("peers") or [] if p.get("state") != "left"]:
         parts.append(Text("no peer known", style="bold red"))
     single = st.get("single_copy_bytes") or 0
     if single:

@@ -99,6 +99,10 @@ def mount(
     except (ConfigError, CliError) as e:
         fail(str(e), EXIT_USAGE)
     if daemon:
+        from ckptfs.peering import peer_warnings
+
+        for w in peer_warnings(cfg):  # the detached daemon logs them too, where nobody reads them at mount time
+            typer.echo(f"ckptfs: warning: {w}", err=True)
         detach([a for a in sys.argv[1:] if a != "--daemon"], cfg.cache_dir, cfg.mountpoint)
         return
     from ckptfs.daemon import run_daemon

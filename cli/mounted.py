@@ -187,6 +187,21 @@ def evict(
     typer.echo(f"ckptfs: evicted {plural(msg['files'], 'file')} ({fmt_bytes(msg['bytes'])}){note}")
 
 
+@app.command("remove-node")
+@one_line_errors
+def remove_node(
+    mountpoint: str = MOUNT_POINT,
+    node: str = typer.Argument(..., metavar="NODE", help="The node_name of the node to take out of the cluster."),
+    force: bool = typer.Option(False, "--force", help="Also a node that is down and not yet taken over to the end: the files "
+                                                      "only its peers hold are given up."),
+) -> None:
+    """Take a node that will not come back out of the cluster (durability = peer): its record says left, so it is
+    no longer listed as down nor alerted on. A node unmounted cleanly leaves by itself."""
+    root = find_mount_root(mountpoint)
+    msg = one_reply(root, {"cmd": "remove_node", "node": node, "force": force}, timeout=60.0)
+    typer.echo(f"ckptfs: {msg['message']}")
+
+
 def wait_durable(root: Path, rel: str, timeout: Optional[float], label: str | None = None, level: str = "durable") -> None:
     """Flush `rel` and show its progress by bytes (parts already in the bucket count), with throughput and ETA."""
     from ckptfs.cli import display

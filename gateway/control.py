@@ -181,6 +181,13 @@ class ControlServer:
             await send({"ok": False, "error": f"{cmd}: this mount is read-only (read_only = true): run it on a mount that may change the bucket"})
         elif cmd in LIFECYCLE_COMMANDS:
             await self.daemon.lifecycle.handle(request, send)
+        elif cmd == "remove_node":
+            peers = getattr(self.daemon, "peers", None)  # peers.service.Peers
+            if peers is None:
+                await send({"ok": False, "error": "remove-node: this mount has durability = local and keeps no node records: run it "
+                                                  "on a mount with durability = peer"})
+                return
+            await send(await peers.remove_node(str(request.get("node", "")), bool(request.get("force"))))
         elif cmd == "inject_fault" and self.daemon.supervisor.faults:  # tests only (CKPTFS_TEST_FAULTS)
             self.daemon.inject_fault(str(request.get("service")))
             await send({"ok": True})

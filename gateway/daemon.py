@@ -165,9 +165,10 @@ class Daemon:
         rate = self.drainer.throughput.rate()
         in_bucket = min(s["dirty_bytes"], self.bytes_in_bucket(""))
         left = s["dirty_bytes"] - in_bucket
-        last_error, last_error_at = self.drainer.last_error, self.drainer.last_error_at
-        if self.fetcher.last_error_at is not None and (last_error_at is None or self.fetcher.last_error_at > last_error_at):
-            last_error, last_error_at = self.fetcher.last_error, self.fetcher.last_error_at  # a read refused: archived
+        errors = [(self.drainer.last_error, self.drainer.last_error_at), (self.fetcher.last_error, self.fetcher.last_error_at)]
+        if self.peers is not None:  # a write refused, or acknowledged without its peer copies
+            errors.append((self.peers.sender.last_error, self.peers.sender.last_error_at))
+        last_error, last_error_at = max(errors, key=lambda e: -1.0 if e[1] is None else e[1])  # the latest
         s.update(
             version=VERSION,
             pid=os.getpid(),
@@ -370,7 +371,7 @@ class Daemon:
             source = f"s3://{cfg.bucket}/{cfg.prefix}".rstrip("/")
             notify_systemd(f"READY=1\nSTATUS=mounted {source} at {cfg.mountpoint}".encode())
             if os.environ.get("NOTIFY_SOCKET"):
-                nursery.start_soon(self._report_status)
+                nursery.start_soon(report_status, self)
             await self._stop.wait()
             # the stop may take up to shutdown_timeout: tell systemd, whatever its TimeoutStopSec says
             extend_us = int((self.cfg.shutdown_timeout + STOP_MARGIN_SECONDS) * 1_000_000)
@@ -385,6 +386,8 @@ class Daemon:
             await self._drain_before_exit()
             self.left = {"cache_dir": os.path.abspath(cfg.cache_dir)}
             await self._stop_step("count what is left", self._count_left)
+            if self.peers is not None and self.failure is None:  # with nothing undrained, its record says left
+                await self._stop_step("leave the cluster", self.peers.leave)
             self._stopped.set()
             with trio.move_on_after(5):  # let `ckptfs unmount` hear what stays in the journal
                 while self._stop_reporters:
@@ -450,18 +453,6 @@ class Daemon:
             except OSError as e:
                 log.warning("could not remove %s, created by the failed start: %s", path, e.strerror)
 
-    async def _report_status(self) -> None:
-        """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
-        while True:
-            s = self.ns.stats()
-            what = f"{s['dirty_files']} files ({fmt_bytes(s['dirty_bytes'])}) not yet in the bucket"
-            if self._stop.is_set():
-                notify_systemd(f"STATUS=stopping: draining, {what}".encode())
-            else:
-                notify_systemd(f"STATUS={what}, drain lag {s['oldest_dirty_age_seconds']:.0f}s, "
-                               f"cache {fmt_bytes(self.cache.used_bytes)} of {fmt_bytes(self.cache.capacity_bytes)}".encode())
-            await trio.sleep(STATUS_INTERVAL)
-
     def _mount(self, fs: CkptFS) -> FuseSession:
         """Mount with the chosen transport; with `auto`, a kernel mount(2) refused (no
         CAP_SYS_ADMIN, say in a container) falls back to libfuse."""
@@ -515,6 +506,19 @@ class Daemon:
                     await self._stop_now.wait()
 
 
+async def report_status(daemon: "Daemon") -> None:
+    """Keep `systemctl status` saying how far behind the drain is (STATUS= every few seconds)."""
+    while True:
+        s = daemon.ns.stats()
+        what = f"{s['dirty_files']} files ({fmt_bytes(s['dirty_bytes'])}) not yet in the bucket"
+        if daemon._stop.is_set():
+            notify_systemd(f"STATUS=stopping: draining, {what}".encode())
+        else:
+            notify_systemd(f"STATUS={what}, drain lag {s['oldest_dirty_age_seconds']:.0f}s, "
+                           f"cache {fmt_bytes(daemon.cache.used_bytes)} of {fmt_bytes(daemon.cache.capacity_bytes)}".encode())
+        await trio.sleep(STATUS_INTERVAL)
+
+
 def peer_status(peers: Any) -> dict[str, Any] | None:
     """`Peers.status()` (None with durability = local). Its failure (a bug) must not fail `ckptfs status` and every
     scrape with it: the rest is answered, this node's peer state says `unknown`, the log has the traceback."""
@@ -536,7 +540,8 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
                 "peer_replica_bytes": 0, "peer_conditional_writes": None, "peer_conditional_deletes": None,
                 "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
                 "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
-                "peer_replicas_refused_total": 0, "peer_handshake_refused_total": 0}
+                "peer_replicas_refused_total": 0, "peer_handshake_refused_total": 0, "peer_unclaimed_nodes": [],
+                "peer_refused_writes_total": 0}
     return {
         "peers": list(peers.get("peers") or []),
         "peer_state": peers.get("state"),
@@ -552,9 +557,12 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "single_copy_oldest_age_seconds": peers.get("single_copy_oldest_age_seconds", oldest_close_age),
         "peer_replicated_bytes_total": peers.get("replicated_bytes", 0),
         "peer_degraded_writes_total": peers.get("degraded_writes", 0),
+        "peer_refused_writes_total": peers.get("refused_writes", 0),
         "peer_takeovers_total": peers.get("takeovers", 0),
         "peer_replicas_refused_total": peers.get("replicas_refused", 0),
         "peer_handshake_refused_total": peers.get("handshake_refused", 0),
+        # dead for 2 x peer_lease_ttl and claimed by nobody: a takeover that cannot happen (CkptfsPeerTakeoverOverdue)
+        "peer_unclaimed_nodes": list(peers.get("unclaimed_nodes") or []),
     }
 
 

@@ -164,6 +164,7 @@ PEER_COUNTERS = {
     "peer_replicated_bytes": "Bytes of this node's files sent to peers and acknowledged by them.",
     "peer_degraded_writes": "Fsyncs and closes acknowledged on this node alone because no peer took a copy in time "
                             "(on_no_peer = degrade): those files are single-copy until they drain.",
+    "peer_refused_writes": "Fsyncs and closes answered EIO because no peer took a copy in time (on_no_peer = fail).",
     "peer_replicas_refused": "Other nodes' files this node refused to hold because its replica space (peer_capacity) or its "
                              "cache disk was full; their owners tried another peer, then on_no_peer.",
     "peer_handshake_refused": "Connections to this node's peer_addr closed without authenticating: a wrong secret, no handshake "
@@ -174,17 +175,21 @@ PEER_COUNTERS = {
 
 def peer_families(values: dict[str, Any]) -> list[GaugeMetricFamily | CounterMetricFamily]:
     """The peer metrics (durability = peer), from the status: its `peers` list, `peer_replica_bytes`, the counters."""
-    up = GaugeMetricFamily("ckptfs_peer_up", "1 while the peer's node record is live (renewed within peer_lease_ttl), 0 while it is down.",
+    up = GaugeMetricFamily("ckptfs_peer_up", "1 while the peer's node record is live (renewed within peer_lease_ttl) and it accepts "
+                           "this node's handshake, 0 while it is down, taken over or refusing; no series for a node that left.",
                            labels=["peer"])
     lag = GaugeMetricFamily("ckptfs_peer_replication_lag_seconds", "Seconds the peer's copies are behind what this node wrote for it "
                             "(0: it holds everything sent to it).", labels=["peer"])
-    for p in sorted((p for p in values.get("peers") or [] if p.get("node")), key=lambda p: str(p["node"])):
+    for p in sorted((p for p in values.get("peers") or [] if p.get("node") and p.get("state") != "left"), key=lambda p: str(p["node"])):
         up.add_metric([str(p["node"])], 1.0 if p.get("state") == "live" else 0.0)
         if p.get("lag_seconds") is not None:
             lag.add_metric([str(p["node"])], float(p["lag_seconds"]))
     held = GaugeMetricFamily("ckptfs_peer_replica_bytes", "Bytes of other nodes' files this node holds as their peer until the bucket has them (peer_capacity).")
     held.add_metric([], float(values.get("peer_replica_bytes", 0)))
-    families: list[GaugeMetricFamily | CounterMetricFamily] = [up, lag, held]
+    unclaimed = GaugeMetricFamily("ckptfs_peer_unclaimed_nodes", "Nodes dead for 2 x peer_lease_ttl that no node took over: "
+                                  "no live node holds their copies (they had nothing undrained, or their holders are down too).")
+    unclaimed.add_metric([], float(len(values.get("peer_unclaimed_nodes") or [])))
+    families: list[GaugeMetricFamily | CounterMetricFamily] = [up, lag, held, unclaimed]
     for name, doc in PEER_COUNTERS.items():
         c = CounterMetricFamily(f"ckptfs_{name}", doc)
         c.add_metric([], float(values.get(f"{name}_total", 0)))

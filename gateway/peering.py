@@ -119,6 +119,19 @@ def read_secret(path: str) -> bytes:
     return secret
 
 
+def peer_warnings(cfg: Any) -> list[str]:
+    """What a mount's peer options leave unsafe though valid: one line each, naming the option to change (`ckptfs
+    mount` prints them, the daemon logs them)."""
+    if cfg.durability != "peer":
+        return []
+    out = []
+    if cfg.peer_replicas == 1 and not cfg.failure_domain:
+        out.append("durability = peer with peer_replicas = 1 and no failure_domain: a file's one other copy may go to a node "
+                   "in this node's rack or on its power feed, and losing that loses both; set failure_domain (the same "
+                   "on every node of a rack) or peer_replicas = 2 (docs/peers.md)")
+    return out
+
+
 def check_peer_options(cfg: Any) -> None:
     """Every peer option's check; raises PeerOptionError with one line."""
     if cfg.durability not in DURABILITY_LEVELS:

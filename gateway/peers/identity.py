@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from ..objects import StoreError
-from .records import LIVE, NodeRecord, is_dead, same_journal
+from .records import LEFT, LIVE, NodeRecord, is_dead, same_journal
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ def refusal(rec: NodeRecord | None, incarnation: str, journal: str) -> str | Non
     if rec.incarnation != incarnation or not same_journal(rec.journal_id, journal):
         return (f"its record names another incarnation ({rec.incarnation}, journal {rec.journal_id[:8] or '-'}), "
                 f"not {incarnation} (journal {journal[:8] or '-'})")
+    if rec.state == LEFT:
+        return "it left the cluster (a clean unmount, or an operator removed it)"
     if rec.state != LIVE:
         return f"this incarnation was taken over by {rec.taken_over_by}"
     return None

@@ -32,10 +32,10 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from ..peering import PeerOptionError, parse_addr
-from .wire import (REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, PeerUnreachable, Reader, SealMismatch, Session, WireError,
+from .wire import (REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, PeerRefused, PeerUnreachable, Reader, SealMismatch, Session, WireError,
                    client_handshake, tune_socket)
 
-__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "PeerUnreachable", "SealMismatch", "tune_socket"]
+__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "PeerRefused", "PeerUnreachable", "SealMismatch", "tune_socket"]
 
 SENDFILE_CHUNK = 8 << 20  # per worker thread call: what a cancel may have to wait for
 ZEROS = bytes(1 << 16)
@@ -99,8 +99,8 @@ class PeerLink:
         except WireError as e:
             await _close(stream)
             if str(e).startswith("connection closed"):
-                raise PeerError(f"{where} refused the connection during the handshake (is peer_secret_file the same on both nodes?)") from None
-            raise PeerError(f"{where} refused: {e}") from None
+                raise PeerRefused(f"{where} refused the connection during the handshake (is peer_secret_file the same on both nodes?)") from None
+            raise PeerRefused(f"{where} refused: {e}") from None
         except (OSError, trio.BrokenResourceError) as e:
             await _close(stream)
             why = f"{where} cannot be reached: {getattr(e, 'strerror', None) or e}"

@@ -54,8 +54,8 @@ from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from ..peering import PeerOptionError, StaticPeer, parse_addr, parse_peer
 from ..storeapi import LifecycleStore, read_json
 from .identity import Owners, stamp, wait_for_predecessor
-from .records import (DOWN, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, other_domain, record_path,
-                      rendezvous, same_journal)
+from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, nothing_to_take_over,
+                      other_domain, record_path, rendezvous, same_journal)
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,11 @@ def new_incarnation() -> str:
 
 
 def peer_state(rec: NodeRecord | None, now: float) -> str:
-    """A peer as `ckptfs status` shows it: live, taken_over (claimed by another node, until it rejoins) or down."""
-    return LIVE if is_live(rec, now) else TAKEN_OVER if rec is not None and rec.state == TAKEN_OVER else DOWN
+    """A peer as `ckptfs status` shows it: live, taken_over (claimed by another node, until it rejoins), left (it
+    unmounted cleanly, or an operator removed it), or down."""
+    if is_live(rec, now):
+        return LIVE
+    return rec.state if rec is not None and rec.state in (TAKEN_OVER, LEFT) else DOWN
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class PeerState:
     node: str
     addr: str
     failure_domain: str
-    state: str  # LIVE | DOWN | TAKEN_OVER (until it rejoins)
+    state: str  # LIVE | DOWN | TAKEN_OVER (until it rejoins) | LEFT
     incarnation: str | None  # of its record (None: no record read)
 
 
@@ -271,12 +274,11 @@ class Membership:
                 self._read_at_start = True
                 self.record_at_start = rec  # a run restarted by the supervisor announces again: the first read stays
             for _ in range(ANNOUNCE_ATTEMPTS):
-                if rec is not None and not same_journal(rec.journal_id, self.journal_id) and not (
-                        rec.state == TAKEN_OVER and rec.takeover_done):
+                if rec is not None and not same_journal(rec.journal_id, self.journal_id) and not nothing_to_take_over(rec):
                     if wait_for_predecessor(self, rec):
                         return  # not announced: asked again at each renewal
-                elif rec is not None and rec.state == TAKEN_OVER and not same_journal(rec.journal_id, self.journal_id):
-                    pass  # a predecessor taken over to the end: nothing of it is ours to reconcile, written over
+                elif rec is not None and nothing_to_take_over(rec) and not same_journal(rec.journal_id, self.journal_id):
+                    pass  # a predecessor taken over to the end, or that left: nothing of it is ours to reconcile, written over
                 elif rec is not None and rec.state == TAKEN_OVER:
                     self._fence(rec)
                     break
@@ -370,7 +372,7 @@ class Membership:
         its own record's claim because the taker died unfinished: claimed here, so nobody else re-claims it meanwhile)."""
         async with self._own_lock:
             rec = await self._read(self.me)
-            if rec is None or rec.state == LIVE:
+            if rec is None or rec.state in (LIVE, LEFT):
                 return True  # nothing to wait for (a record removed by hand, or rejoined already): rejoin writes it
             self._own = rec
             if rec.takeover_done or (rec.taken_over_by == self.me and rec.taken_over_by_incarnation == self.incarnation):
@@ -483,7 +485,7 @@ class Membership:
         return True
 
     async def prune_expired(self, expiry: float) -> list[str]:
-        """Delete the records of nodes taken over long ago (`records.is_expired`, by the records last read), each If-Match
+        """Delete the records of nodes taken over or left long ago (`records.is_expired`, by the records last read), each If-Match
         on the ETag it was judged by: a node that came back and wrote its record since is never removed, and of nodes
         pruning at once one deletes, the others find it gone. The nodes whose records this call deleted."""
         now = self.clock()
@@ -501,8 +503,9 @@ class Membership:
                 raise
             self._records.pop(node, None)
             pruned.append(node)
-            log.info("node record of %s deleted: taken over by %s, nothing written to it for %.0f s (peer_record_expiry)",
-                     node, rec.taken_over_by, now - max(rec.renewed_at, rec.taken_over_at or 0.0))
+            log.info("node record of %s deleted: %s, nothing written to it for %.0f s (peer_record_expiry)", node,
+                     "it left the cluster" if rec.state == LEFT else f"taken over by {rec.taken_over_by}",
+                     now - max(rec.renewed_at, rec.taken_over_at or 0.0))
         return pruned
 
     # ------------------------------------------------------------ the service

@@ -7,7 +7,8 @@ of them agreeing whose replicas a node holds and when a node is dead.
 
 A record (`.ckptfs/nodes/<node>.json` under the mount's prefix, `FORMAT`) says: the node's name and
 incarnation (random per daemon start), its journal id (random per cache directory: `same_journal`), the address its peer listener answers on, its failure
-domain, `state` (`live`, or `taken_over` once another node claimed it), `expires_at` (wall time,
+domain, `state` (`live`; `taken_over` once another node claimed it; `left` once it unmounted cleanly with
+everything durable, or an operator removed it: nothing of it to take over), `expires_at` (wall time,
 Unix seconds: renewed every ttl/3) and, once taken over, by whom (`taken_over_by` and that
 node's incarnation), when, and whether the takeover finished (`takeover_done`).
 """
@@ -26,6 +27,7 @@ NODES_DIR = ".ckptfs/nodes/"
 FORMAT = "ckptfs-node/1"
 LIVE = "live"
 TAKEN_OVER = "taken_over"
+LEFT = "left"  # the node left the cluster with nothing undrained (a clean unmount): nobody takes it over
 DOWN = "down"  # a peer's state as peers() reports it: not live (expired, taken over, or no record)
 
 
@@ -40,7 +42,7 @@ class NodeRecord:
     incarnation: str
     peer_addr: str
     failure_domain: str
-    state: str  # LIVE | TAKEN_OVER
+    state: str  # LIVE | TAKEN_OVER | LEFT
     expires_at: float  # wall clock
     renewed_at: float
     taken_over_by: str | None = None
@@ -63,7 +65,7 @@ class NodeRecord:
     def from_doc(cls, doc: dict[str, Any], etag: str | None) -> "NodeRecord | None":
         """The record in `doc`; None if it is not one this version can read (then nobody may act on it)."""
         try:
-            if doc.get("format") != FORMAT or doc["state"] not in (LIVE, TAKEN_OVER):
+            if doc.get("format") != FORMAT or doc["state"] not in (LIVE, TAKEN_OVER, LEFT):
                 return None
             by = doc.get("taken_over_by")
             by_inc = doc.get("taken_over_by_incarnation")
@@ -83,10 +85,17 @@ class NodeRecord:
                        expires_at=self.expires_at if expires_at is None else expires_at, etag=None)
 
     def describe(self) -> str:
+        if self.state == LEFT:
+            return f"{self.node} (left the cluster at {time.strftime('%H:%M:%S', time.gmtime(self.renewed_at))} UTC)"
         if self.state == LIVE:
             return f"{self.node} (incarnation {self.incarnation}, until {time.strftime('%H:%M:%S', time.gmtime(self.expires_at))} UTC)"
         done = "finished" if self.takeover_done else "unfinished"
         return f"{self.node} (taken over by {self.taken_over_by}, {done})"
+
+
+def nothing_to_take_over(rec: NodeRecord) -> bool:
+    """Its node's files are all in the bucket by its record: a takeover finished, or the node left the cluster."""
+    return rec.state == LEFT or (rec.state == TAKEN_OVER and rec.takeover_done)
 
 
 def same_journal(a: str, b: str) -> bool:
@@ -107,8 +116,10 @@ def is_dead(rec: NodeRecord, records: dict[str, NodeRecord], now: float) -> bool
     expired, taken over itself, or renewed by another incarnation: a taker that restarted has forgotten
     its takeover), so that takeover can be taken over. A node taken over by itself (an owner back after a
     takeover whose taker died, reconciling its own files) renews `expires_at` meanwhile and is dead only
-    when that passes. A finished takeover is not dead: there is nothing left to take over.
+    when that passes. A finished takeover is not dead: there is nothing left to take over; nor is a node that left.
     """
+    if rec.state == LEFT:
+        return False
     if rec.state == LIVE:
         return rec.expires_at <= now
     if rec.takeover_done:
@@ -119,11 +130,18 @@ def is_dead(rec: NodeRecord, records: dict[str, NodeRecord], now: float) -> bool
     return taker is None or not is_live(taker, now) or taker.incarnation != rec.taken_over_by_incarnation
 
 
+def unclaimed_for(rec: NodeRecord, now: float) -> float:
+    """Seconds since a dead node (`is_dead`) could first be claimed: its lease ran out, or its taker's claim (the
+    claim was written when the taker could not yet know it would die: counted from then, a bound from below)."""
+    return now - max(rec.expires_at, rec.taken_over_at or 0.0)
+
+
 def is_expired(rec: NodeRecord, now: float, expiry: float) -> bool:
     """A record nobody needs any more: its node was taken over, the takeover finished (the bucket has what the node
-    had), and nothing was written to it for `expiry` seconds (peer_record_expiry). A live record never is."""
+    had), or it left the cluster, and nothing was written to it for `expiry` seconds (peer_record_expiry). A live
+    record never is."""
     last = max(rec.renewed_at, rec.taken_over_at or 0.0)
-    return rec.state == TAKEN_OVER and rec.takeover_done and now - last >= expiry
+    return nothing_to_take_over(rec) and now - last >= expiry
 
 
 def other_domain(mine: str, theirs: str) -> bool:

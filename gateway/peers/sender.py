@@ -36,7 +36,7 @@ from ..patterns import Patterns
 from .bandwidth import TokenBucket
 from .digests import Digests
 from .channel import POLL_SECONDS, Channel, channel_status, close_down, single_copy_from_now
-from .link import PeerError, PeerLink, PeerUnreachable
+from .link import PeerError, PeerLink, PeerRefused, PeerUnreachable
 from .names import NameChanges
 
 log = logging.getLogger(__name__)
@@ -81,10 +81,15 @@ class Sender:
         self.channels: dict[str, Channel] = {}
         self.rested: dict[str, float] = {}  # node -> monotonic time its channel failed: not tried again for peer_timeout
         self.reconnected: dict[str, float] = {}  # node -> monotonic time a broken channel to it was opened again at once
+        # node -> (why its last channel failed, whether it refused the handshake): `ckptfs status`; gone once one works
+        self.failures: dict[str, tuple[str, bool]] = {}
         self.files: set[int] = set()  # every file not yet durable that the peers must hold
         self.single_since: dict[int, float] = {}  # files not replicated -> monotonic time they became so
-        self.degraded: set[int] = set()  # files acknowledged single-copy (logged once each)
-        self.degraded_writes = 0
+        self.degraded: set[int] = set()  # files acknowledged single-copy or refused (counted and logged once each)
+        self.degraded_writes = 0  # files acknowledged single-copy (on_no_peer = degrade): one per file, not per call
+        self.refused_writes = 0  # fsyncs and closes answered EIO for want of a peer (on_no_peer = fail)
+        self.last_error: str | None = None  # the last of either, for `ckptfs status`
+        self.last_error_at: float | None = None  # wall time
         self.replicated_bytes = 0
         self.passthrough_inos: Callable[[], Iterable[int]] = lambda: ()  # fs.py's passthrough writers (the daemon wires it)
         self.sync_passthrough: Callable[[], None] = lambda: None  # fs.py's: the sizes the kernel wrote, taken now (as fsync)
@@ -237,12 +242,21 @@ class Sender:
 
     def _no_peer(self, ino: int, holders: int, why: str | None = None) -> None:
         path = self.ns.journal.path_of(ino) or f"inode {ino}"
+        first = ino not in self.degraded  # a file's fsync and then its close are one file: counted and logged once
+        self.degraded.add(ino)
+        self.last_error_at = time.time()
         if self.fail:
+            self.refused_writes += 1
+            self.last_error = (f"{path}: fsync/close refused (EIO): {holders} of {self.replicas} peers hold a copy "
+                               f"({why or 'no other peer answers'}; on_no_peer = fail)")
+            if first:
+                log.error("%s", self.last_error)
             raise OSError(errno.EIO, f"{path}: only {holders} of {self.replicas} peers hold a copy (on_no_peer = fail){why and ': ' + why or ''}")
-        self.degraded_writes += 1
-        self.on_degraded()
-        if ino not in self.degraded:
-            self.degraded.add(ino)
+        self.last_error = (f"{path}: acknowledged with {holders} of {self.replicas} peer copies "
+                           f"({why or 'no other peer answers'}; on_no_peer = degrade)")
+        if first:
+            self.degraded_writes += 1
+            self.on_degraded()
             log.warning("%s: acknowledged with %d of %d peer copies: single-copy on this node until it drains "
                         "(%s; on_no_peer = degrade)", path, holders, self.replicas, why or "no other peer answers")
 
@@ -355,6 +369,7 @@ class Sender:
                     held = await ch.link.holdings()
                 ch.learn(self, held)
                 ch.ready = True
+                self.failures.pop(ch.node, None)
                 log.info("replicating to peer %s (%s)", ch.node, ch.addr)
                 self.notify()
                 async with trio.open_nursery() as nursery:
@@ -370,6 +385,7 @@ class Sender:
             again = ch.ready and ch.link is not None and ch.link.connection_lost and self.clock() - self.reconnected.get(ch.node, -1e18) >= self.timeout
             if again:
                 self.reconnected[ch.node] = self.clock()
+            self.failures[ch.node] = (why, isinstance(e, PeerRefused))
             log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why, "connecting again" if again else "its files go to the next candidate")
         finally:
             ch.failed = True

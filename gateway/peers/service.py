@@ -21,13 +21,15 @@ from ..cache import Cache
 from ..namespace import Namespace
 from .. import threads
 from ..objects import StoreError
-from ..peering import node_name_of, read_secret
+from ..peering import node_name_of, peer_warnings, read_secret
 from ..publishing import store_refuses_stale_deletes, store_refuses_stale_writes
 from ..storeapi import ObjectStore
 from ..supervisor import Supervisor
 from .link import PeerLink
 from .listener import Listener
+from .departure import RemoveRefused, leave, remove_node
 from .membership import Membership, known_hosts, new_incarnation
+from .records import LIVE, unclaimed_for
 from .reconcile import Reconcile
 from .replicas import ReplicaStore
 from .sender import Sender
@@ -36,6 +38,8 @@ from .takeover import Takeover
 
 log = logging.getLogger(__name__)
 
+REFUSING = "refusing"  # a peer's state in `ckptfs status`: its record is live, its listener refuses this node's handshake
+
 
 class Peers:
     def __init__(self, cfg: Any, ns: Namespace, cache: Cache, store: ObjectStore, metrics: Any, supervisor: Supervisor) -> None:
@@ -43,6 +47,8 @@ class Peers:
         self.me = node_name_of(cfg)
         self.incarnation = new_incarnation()
         self.secret = read_secret(cfg.peer_secret_file)
+        for warning in peer_warnings(cfg):
+            log.warning(warning)
         self.replicas = ReplicaStore(cfg, cfg.cache_dir)
         self.listener = Listener(cfg, self.replicas, self.secret, self.me)
         self.journal_id: str = getattr(ns.journal, "journal_id", "")
@@ -142,6 +148,25 @@ class Peers:
                     self._reconciling = False
             await trio.sleep(max(0.2, self.cfg.peer_lease_ttl / 6))
 
+    async def leave(self) -> None:
+        """At a clean stop, once the drain is done: leave the cluster (departure.py) if nothing is left undrained;
+        otherwise the lease runs out and a holder takes over what the bucket lacks, unless the node is back first."""
+        s = self.ns.stats()
+        if s["dirty_files"] or s["pending_deletes"] or s.get("pending_markers"):
+            log.info("node %s: %d files not in the bucket yet: it does not leave the cluster; a holder of their copies "
+                     "takes it over if it is not mounted again within peer_lease_ttl", self.me, s["dirty_files"])
+            return
+        await leave(self.membership)
+
+    async def remove_node(self, node: str, force: bool) -> dict[str, Any]:
+        """`ckptfs remove-node`: a node that will not come back marked `left`; the control socket's answer."""
+        try:
+            return {"ok": True, "message": await remove_node(self.membership, node, force)}
+        except RemoveRefused as e:
+            return {"ok": False, "error": str(e)}
+        except StoreError as e:
+            return {"ok": False, "error": f"the node records cannot be read or written now ({e}): try again"}
+
     async def gate(self) -> None:
         """The drain's fence: at once while this node's lease is valid; a fenced node waits for its reconcile."""
         await self.membership.admit()
@@ -168,8 +193,11 @@ class Peers:
         peers = []
         for p in own.get("peers", []):
             ch = channels.get(p["node"], {})
-            peers.append({**p, "lag_seconds": ch.get("lag_seconds", 0.0), "replicated_bytes": ch.get("replicated_bytes", 0),
-                          "connected": ch.get("connected", False)})
+            why, refused = self.sender.failures.get(p["node"], (None, False))
+            # live by its record, but it closes our handshake (another peer_secret): as good as down for this node
+            state = REFUSING if refused and p["state"] == LIVE and not ch.get("connected") else p["state"]
+            peers.append({**p, "state": state, "error": why, "lag_seconds": ch.get("lag_seconds", 0.0),
+                          "replicated_bytes": ch.get("replicated_bytes", 0), "connected": ch.get("connected", False)})
         single_bytes, single_age = self.sender.single_copy()
         return {
             "node": self.me,
@@ -187,10 +215,22 @@ class Peers:
             "conditional_writes": self.conditional_writes,
             "conditional_deletes": self.conditional_deletes,
             "degraded_writes": self.sender.degraded_writes,
+            "refused_writes": self.sender.refused_writes,
+            "last_error": self.sender.last_error,
+            "last_error_at": self.sender.last_error_at,
             "journal_id": self.journal_id,
             # why this node's writes count no peer copies now (no record of its own in the bucket...): None when they do
             "copies_uncounted": self.membership.copies_uncounted(),
             "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
             "handshake_refused": self.listener.refused_connections,  # connections closed unauthenticated: a flood, a wrong secret
+            "unclaimed_nodes": self.unclaimed_nodes(),
         }
+
+    def unclaimed_nodes(self) -> list[str]:
+        """Nodes dead for 2 x peer_lease_ttl that no holder claimed (or whose taker died unfinished that long): a
+        takeover that cannot happen. No live node holds their copies: they had nothing undrained (then they can be
+        removed), or their holders are down too (what only those held is lost until one comes back)."""
+        now = self.membership.clock()
+        return [n for n in self.membership.dead()
+                if (rec := self.membership.record_of(n)) is not None and unclaimed_for(rec, now) >= 2 * self.cfg.peer_lease_ttl]

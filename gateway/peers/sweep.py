@@ -4,8 +4,8 @@ The owner tells its peers as soon as a file is durable (`forget`); that message 
 connection, the owner killed right after its upload), and an owner can be gone for good, taken over by
 another holder. So every half of `peer_drop_grace` the sweep asks the bucket:
 
-* an owner whose record is gone, or whose takeover another node finished: all its replicas go (the
-  bucket has what could be made durable);
+* an owner whose record is gone, whose takeover another node finished, or that left the cluster (departure.py):
+  all its replicas go (the bucket has what could be made durable);
 * an entry older than half the grace whose key holds an object with the entry's xxh3: durable, dropped;
 * a queued delete whose key holds nothing: done, dropped;
 * a checkpoint noted for an owner (its files durable, its commit not seen: ReplicaStore.forget) is forgotten once
@@ -33,7 +33,7 @@ from ..config import Config
 from ..objects import ObjectInfo, StoreError
 from ..upload import XXH3_META, head_or_none
 from .membership import Membership
-from .records import LIVE, TAKEN_OVER, record_path, same_journal
+from .records import LEFT, LIVE, TAKEN_OVER, record_path, same_journal
 from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,10 @@ class Sweep:
             record = self.membership.record_of(owner)
             if record is None and await self._head(self.membership.key_of(record_path(owner))) is not None:
                 continue  # not in the records last read, but there (a read that failed, a node just back): next time
-            if record is None or (record.state == TAKEN_OVER and record.takeover_done and record.taken_over_by != self.membership.me):
-                why = "its record is gone" if record is None else f"{record.taken_over_by} took it over"
+            if record is None or record.state == LEFT or (
+                    record.state == TAKEN_OVER and record.takeover_done and record.taken_over_by != self.membership.me):
+                why = ("its record is gone" if record is None else "it left the cluster" if record.state == LEFT
+                       else f"{record.taken_over_by} took it over")
                 log.info("replicas of %s dropped (%d bytes): %s", owner, self.replicas.held_bytes(owner), why)
                 noted = self.replicas.checkpoints(owner)
                 if record is not None and noted:

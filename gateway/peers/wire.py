@@ -84,6 +84,11 @@ class PeerError(Exception):
     """The peer cannot be used: connection lost, timed out, handshake refused (the message is one line)."""
 
 
+class PeerRefused(PeerError):
+    """The peer closed the connection in the handshake: it does not hold this node's peer_secret, or its listener
+    refused this node. `ckptfs status` lists it as `refusing`."""
+
+
 class PeerUnreachable(PeerError):
     """Nothing accepted the connection at the peer's address (refused, no route): a listener restarting is so
     for a moment, a node gone for good until its lease runs out."""

@@ -57,7 +57,7 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
                      "CkptfsCacheNearlyFull", "CkptfsWritersStalled", "CkptfsWritesRefused", "CkptfsServiceRestarts", "CkptfsNoCommittedCheckpoint",
                      "CkptfsDrillFailedOrTooOld",
                      "CkptfsReplicationLagHigh", "CkptfsReplicaUnreachable",
-                     "CkptfsSingleCopyAgeHigh", "CkptfsPeerDown", "CkptfsPeerDegradedWrites", "CkptfsPeerReplicasRefused"}
+                     "CkptfsSingleCopyAgeHigh", "CkptfsPeerDown", "CkptfsPeerTakeoverOverdue", "CkptfsPeerDegradedWrites", "CkptfsPeerReplicasRefused"}
     assert names - firing == set(), "alerts never tested firing"
     assert names - silent == set(), "alerts never tested staying silent"
 

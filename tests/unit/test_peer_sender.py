@@ -433,8 +433,9 @@ async def test_no_peer_degrade_counts_and_acknowledges(tmp_path: Path, caplog: p
         ino, fd = create(ns, "f")
         ns.files.write(ino, fd, 0, b"alone")
         await sender.replicated(ino)
-        await sender.replicated(ino)
-        assert sender.degraded_writes == 2
+        await sender.replicated(ino)  # its fsync, then its close: one file acknowledged alone, counted once (issue 43)
+        assert sender.degraded_writes == 1
+        assert "acknowledged with 0 of 1 peer copies" in (sender.last_error or "") and sender.last_error_at
         assert not sender.is_replicated(ino)
         assert len([r for r in caplog.records if "single-copy" in r.getMessage()]) == 1  # once per file
         assert sender.single_copy()[0] == 5
@@ -443,16 +444,23 @@ async def test_no_peer_degrade_counts_and_acknowledges(tmp_path: Path, caplog: p
 
 
 @trio_test
-async def test_no_peer_fail_answers_eio(tmp_path: Path) -> None:
+async def test_no_peer_fail_answers_eio_logs_it_once_and_says_it_in_status(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 43: with on_no_peer = fail and no peer, fsync and close got EIO, but the log had no line and status said
+    `errors none`."""
     ns = make_ns(tmp_path)
     sender = sender_for(ns, Cluster(), on_no_peer="fail")
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         ino, fd = create(ns, "f")
         ns.files.write(ino, fd, 0, b"alone")
-        with pytest.raises(OSError) as e:
-            await sender.replicated(ino)
-        assert e.value.errno == errno.EIO and "on_no_peer = fail" in str(e.value)
+        for _ in range(2):  # its fsync, then its close
+            with pytest.raises(OSError) as e:
+                await sender.replicated(ino)
+            assert e.value.errno == errno.EIO and "on_no_peer = fail" in str(e.value)
+        assert sender.refused_writes == 2 and sender.degraded_writes == 0
+        assert "refused (EIO)" in (sender.last_error or "") and "on_no_peer = fail" in (sender.last_error or "")
+        lines = [r for r in caplog.records if r.levelname == "ERROR" and "refused (EIO)" in r.getMessage()]
+        assert len(lines) == 1, caplog.text  # once per file
         close(ns, ino, fd)
         nursery.cancel_scope.cancel()
 

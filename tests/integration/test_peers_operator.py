@@ -1,0 +1,104 @@
+"""What an operator and a new user see of peers (issue 43), on real daemons of one bucket over a real SeaweedFS:
+
+* a node unmounted cleanly leaves the cluster (its record says `left`): listed as such, no `ckptfs_peer_up` series,
+  mounted again it is live again;
+* a node lost for good shows `down`, then as a takeover nobody can make (`ckptfs_peer_unclaimed_nodes`), and
+  `ckptfs remove-node` takes it out (refusing a live node, and an unfinished takeover without --force);
+* a peer whose secret differs is listed `refusing` with the reason, `ckptfs_peer_up` 0; with on_no_peer = fail the
+  refused fsync is one log line and the status's last error, counted per file;
+* `ckptfs mount` warns where peer_replicas = 1 runs without a failure_domain.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.support.peer_nodes import Cluster, Node, wait_until, write_secret
+from tests.support.seaweed import SeaweedServer
+
+pytestmark = pytest.mark.one_transport
+
+
+@pytest.fixture
+def cluster(s3: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(s3, bucket, tmp_path, fuse_transport="libfuse", failure_domain="")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def peer(n: Node, other: str) -> dict:
+    return next((p for p in n.status()["peers"] if p["node"] == other), {})
+
+
+def up_series(n: Node, other: str) -> bool:
+    return f'ckptfs_peer_up{{peer="{other}"}}' in n.metrics_text()
+
+
+def test_a_clean_unmount_leaves_a_lost_node_is_unclaimed_and_remove_node_takes_it_out(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    cluster.wait_live(["a", "b"])
+    assert up_series(a, "b") and a.metric("ckptfs_peer_up", 'peer="b"') == 1
+
+    b.stop()  # nothing undrained: its record says left, nobody takes it over
+    assert (b.record() or {}).get("state") == "left"
+    wait_until("a to list b as left", lambda: peer(a, "b").get("state") == "left", 60)
+    assert not up_series(a, "b")  # no series: CkptfsPeerDown has nothing to fire on
+    screen = a.cli("status", str(a.path), timeout=30).stdout
+    assert "b left" in screen and "no peer known" in screen, screen  # the only other node left: a has no peer now
+
+    cluster.restart(b)
+    wait_until("a to see b live again", lambda: peer(a, "b").get("state") == "live", 60)
+    refused = a.cli("remove-node", str(a.path), "b", timeout=90)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("ckptfs: ") and "node b is live" in refused.stderr and "Traceback" not in refused.stderr
+
+    b.kill(delete_cache=False)  # lost with nothing undrained: a holds nothing of b's, so nobody will claim it
+    wait_until("a to see b down", lambda: peer(a, "b").get("state") == "down", 60)
+    wait_until("b unclaimed for 2 x ttl", lambda: a.metric("ckptfs_peer_unclaimed_nodes") == 1, 60)
+    assert a.status()["peer_unclaimed_nodes"] == ["b"]
+    refused = a.cli("remove-node", str(a.path), "b", timeout=90)
+    assert refused.returncode == 1 and "nobody has taken it over yet" in refused.stderr and "--force" in refused.stderr, refused.stderr
+    removed = a.cli("remove-node", str(a.path), "b", "--force", timeout=90)
+    assert removed.returncode == 0 and removed.stdout.startswith("ckptfs: node b removed"), removed.stderr
+    assert (b.record() or {}).get("state") == "left"
+    wait_until("a to list b as left", lambda: peer(a, "b").get("state") == "left", 60)
+    assert a.metric("ckptfs_peer_unclaimed_nodes") == 0 and not up_series(a, "b")
+
+
+def test_a_peer_with_another_secret_is_refusing_and_on_no_peer_fail_is_said(cluster: Cluster, tmp_path: Path) -> None:
+    c = cluster.node("c", peer_secret_file=str(write_secret(tmp_path / "other.secret")))
+    a = cluster.node("a", start=False, on_no_peer="fail")
+    a.path.mkdir(parents=True, exist_ok=True)
+    a.cache_dir.mkdir(parents=True, exist_ok=True)
+    mounted = a.cli(*a.mount_args(), timeout=120)
+    assert mounted.returncode == 0, mounted.stderr
+    warnings = [line for line in mounted.stderr.splitlines() if line]
+    assert len(warnings) == 1 and warnings[0].startswith("ckptfs: warning: durability = peer with peer_replicas = 1 and no "
+                                                         "failure_domain") and "set failure_domain" in warnings[0], mounted.stderr
+    a.pid = int(a.status()["pid"])
+    wait_until("a to see c's record", lambda: peer(a, "c").get("state") in ("live", "refusing"), 60)
+
+    fd = os.open(a.path / "step_1.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * 4096)
+    with pytest.raises(OSError) as fsynced:  # c refuses a's handshake: no peer holds a copy
+        os.fsync(fd)
+    with pytest.raises(OSError) as closed:  # and its close, as fsync
+        os.close(fd)
+    assert fsynced.value.errno == errno.EIO and closed.value.errno == errno.EIO
+    p = peer(a, "c")
+    assert p["state"] == "refusing" and "peer_secret_file" in (p.get("error") or ""), p
+    assert a.metric("ckptfs_peer_up", 'peer="c"') == 0
+    st = a.status()
+    assert st["peer_refused_writes_total"] >= 1 and "on_no_peer = fail" in (st["last_error"] or ""), st
+    screen = a.cli("status", str(a.path), timeout=30).stdout
+    assert "c refusing" in screen and "refused for want of a peer" in screen, screen
+    log = (a.cache_dir / "ckptfs.log").read_text()
+    assert log.count("step_1.bin: fsync/close refused (EIO)") == 1, log[-3000:]
+    assert c.metric("ckptfs_peer_handshake_refused_total") >= 1
