@@ -18,7 +18,8 @@ import logging
 from typing import Any
 
 from ..objects import StoreError
-from .records import LEFT, LIVE, NodeRecord, is_dead, same_journal
+from ..peering import PeerOptionError
+from .records import LEFT, LIVE, NodeRecord, is_dead, is_live, same_journal
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,19 @@ class Owners:
         if why is None:
             self.admitted[node] = incarnation
         return why, rec
+
+
+async def refuse_live_duplicate(m: Any, rec: NodeRecord) -> None:  # m: membership.Membership
+    """At mount: `rec`, our name with another journal, is live. If a daemon answers as this name at the address it
+    announces (`m.answers_as_me`), it is not a predecessor that died but another mount given the same node_name:
+    PeerOptionError, the mount refused with one line. Otherwise (nothing answers: the predecessor's host is gone)
+    the record is waited for as a predecessor's."""
+    probe = getattr(m, "answers_as_me", None)
+    if probe is None or not is_live(rec, m.clock()) or not rec.peer_addr:
+        return
+    if await probe(rec.peer_addr):
+        raise PeerOptionError(f"node_name = {m.me} is taken: a live node answers as {m.me} at {rec.peer_addr} (another "
+                              f"cache directory, journal {rec.journal_id[:8] or '-'}); give each mount its own node_name")
 
 
 def wait_for_predecessor(m: Any, rec: NodeRecord) -> bool:  # m: membership.Membership

@@ -322,6 +322,27 @@ class PeerLink:
 GONE = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
 
 
+async def answers_as(addr: str, node: str, secret: bytes, me: str, incarnation: str, journal: str, timeout: float) -> bool:
+    """A daemon at `addr` completes the handshake as node `node` within `timeout`: it holds the secret and is alive.
+    Membership asks it of the address a live record with this node's own name announces (another mount with the
+    same node_name, refused at mount); the probe sends nothing after the handshake."""
+    try:
+        host, port = parse_addr(addr, "peer address")
+    except PeerOptionError:
+        return False
+    stream: trio.SocketStream | None = None
+    try:
+        with trio.move_on_after(timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            await client_handshake(stream, Reader(stream), secret, me, incarnation, node, journal)
+            return True
+        return False
+    except (WireError, OSError, trio.BrokenResourceError):
+        return False
+    finally:
+        await _close(stream)
+
+
 def _reset(e: BaseException) -> bool:
     """The peer closed or reset the connection (its listener restarted: worth connecting again at once), rather than
     the kernel giving up on a host that stopped answering (keepalive, TCP_USER_TIMEOUT: ETIMEDOUT), which a new

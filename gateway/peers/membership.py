@@ -53,7 +53,7 @@ from .. import threads
 from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from ..peering import PeerOptionError, StaticPeer, parse_addr, parse_peer
 from ..storeapi import LifecycleStore, read_json
-from .identity import Owners, stamp, wait_for_predecessor
+from .identity import Owners, refuse_live_duplicate, stamp, wait_for_predecessor
 from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, nothing_to_take_over,
                       other_domain, record_path, rendezvous, same_journal)
 
@@ -111,6 +111,7 @@ class Membership:
         self.waiting_for: NodeRecord | None = None  # a predecessor (another journal under our name) not yet taken over
         self.record_error = ""  # why our record could not be written at the last attempt ("": it was)
         self._read_at_start = False
+        self.mounting = True  # until run() reports started: only then is a live duplicate of our name refused
         self._warned_predecessor = -1e18
         self.owners = Owners(self)  # whose replicas this node's listener takes
         self.admitted = self.owners.admitted
@@ -275,6 +276,8 @@ class Membership:
                 self.record_at_start = rec  # a run restarted by the supervisor announces again: the first read stays
             for _ in range(ANNOUNCE_ATTEMPTS):
                 if rec is not None and not same_journal(rec.journal_id, self.journal_id) and not nothing_to_take_over(rec):
+                    if self.mounting:
+                        await refuse_live_duplicate(self, rec)  # another live mount with our name: refused at mount
                     if wait_for_predecessor(self, rec):
                         return  # not announced: asked again at each renewal
                 elif rec is not None and nothing_to_take_over(rec) and not same_journal(rec.journal_id, self.journal_id):
@@ -533,6 +536,7 @@ class Membership:
             await self.refresh()
         except StoreError as e:
             log.warning("node %s: could not read the node records (%s): retrying", self.me, e)
+        self.mounting = False
         task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._every_third, self.refresh, "read")

@@ -25,7 +25,7 @@ from ..peering import node_name_of, peer_warnings, read_secret
 from ..publishing import store_refuses_stale_deletes, store_refuses_stale_writes
 from ..storeapi import ObjectStore
 from ..supervisor import Supervisor
-from .link import PeerLink
+from .link import PeerLink, answers_as
 from .listener import Listener
 from .departure import RemoveRefused, leave, remove_node
 from .membership import Membership, known_hosts, new_incarnation
@@ -38,6 +38,7 @@ from .takeover import Takeover
 
 log = logging.getLogger(__name__)
 
+DUPLICATE_PROBE_SECONDS = 5.0  # at mount, for an answer at the address a live record with our name announces
 REFUSING = "refusing"  # a peer's state in `ckptfs status`: its record is live, its listener refuses this node's handshake
 
 
@@ -56,6 +57,7 @@ class Peers:
         self.listener.judge = self.membership.owners  # replicas only from an owner incarnation whose record is live
         self.listener.known_hosts = lambda: known_hosts(self.membership.peers())  # the nodes' addresses: slots of their own
         self.listener.on_listening = self._listening
+        self.membership.answers_as_me = self._answers_as_me  # type: ignore[attr-defined]  # identity.refuse_live_duplicate
         self.sender = Sender(cfg, ns, self._open_link, self.membership.targets, down=self.membership.down)
         self.sender.uncounted = self.membership.copies_uncounted  # no record of ours: peer copies are not replicas
         self.takeover = Takeover(cfg, store, self.replicas, self.membership, ns.keys)  # type: ignore[arg-type]
@@ -87,6 +89,10 @@ class Peers:
     def commit_taken_over_with(self, commit: Callable[[list[str], frozenset[str]], Awaitable[None]]) -> None:
         """What commits a takeover's checkpoints (the daemon: the lifecycle tracker), awaited before it is done."""
         self.takeover.commit = commit
+
+    async def _answers_as_me(self, addr: str) -> bool:
+        return await answers_as(addr, self.me, self.secret, self.me, self.incarnation, self.journal_id,
+                                min(self.cfg.peer_timeout, DUPLICATE_PROBE_SECONDS))
 
     async def _open_link(self, node: str, addr: str) -> PeerLink:
         return await PeerLink.open(self.cfg, self.me, self.membership.incarnation, node, addr, self.secret, self.journal_id)

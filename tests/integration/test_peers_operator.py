@@ -102,3 +102,24 @@ def test_a_peer_with_another_secret_is_refusing_and_on_no_peer_fail_is_said(clus
     log = (a.cache_dir / "ckptfs.log").read_text()
     assert log.count("step_1.bin: fsync/close refused (EIO)") == 1, log[-3000:]
     assert c.metric("ckptfs_peer_handshake_refused_total") >= 1
+
+
+def test_a_second_mount_with_a_live_nodes_name_is_refused_at_mount(cluster: Cluster, tmp_path: Path) -> None:
+    """Issue 43: it was mounted (exit 0), wrote over the live node's record, and both logged an error every 30 s
+    while `ckptfs status` said all was well."""
+    a = cluster.node("a")
+    cluster.wait_live(["a"])
+    record = a.record()
+    twin = cluster.node("a-twin", start=False, node_name="a")  # its own mount point and cache directory, a's name
+    twin.path.mkdir(parents=True, exist_ok=True)
+    twin.cache_dir.mkdir(parents=True, exist_ok=True)
+    refused = twin.cli(*twin.mount_args(), timeout=120)
+    errors = [line for line in refused.stderr.splitlines() if not line.startswith("ckptfs: warning: ")]
+    assert refused.returncode != 0 and len(errors) == 1, refused.stderr
+    assert errors[0].startswith("ckptfs: ") and "node_name = a is taken" in errors[0] and "own node_name" in errors[0], errors
+    assert not os.path.ismount(twin.path) and "Traceback" not in refused.stderr
+    assert sorted(n for n in os.listdir(twin.cache_dir) if n != "ckptfs.log") == []  # left as found
+    after = a.record() or {}
+    assert (after.get("incarnation"), after.get("journal_id"), after.get("state")) == (
+        record["incarnation"], record["journal_id"], "live")  # a's record untouched
+    assert a.status()["peer_state"] == "live"
