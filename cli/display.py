@@ -325,6 +325,8 @@ class FlushProgress:
 
     def update(self, msg: dict[str, Any]) -> None:
         left = max(0, int(msg["bytes"]) - int(msg.get("uploaded_bytes", 0)))
+        if not self.started and not (msg["bytes"] or msg["files"] or msg.get("deletes")):
+            return  # nothing was left to do: "0 B of 0 B (100%)" would say nothing (the caller says it is done)
         if not self.started:
             self.started = True
             self.total, self.completed = int(msg["bytes"]), int(msg["bytes"]) - left

@@ -237,6 +237,15 @@ class FastPath:
             FUSE_COUNTERS.error("write", error)
 
 
+def _chown_to_the_same(fields: SetattrFields) -> bool:
+    """`chown(path, -1, -1)`: with HANDLE_KILLPRIV(_V2) the kernel drops the kill bits it leaves to us and has no
+    owner to send, so it arrives as a SETATTR that changes nothing (at most the change time, with a writeback
+    cache). Linux's own file systems drop setuid and setgid then, as on any chown, whoever calls it (tmpfs:
+    06555 -> 0555). utimensat with both times omitted never reaches a file system; nothing else sends an empty one."""
+    return (fields.size is None and fields.mode is None and fields.uid is None and fields.gid is None
+            and fields.atime_ns is None and fields.mtime_ns is None)
+
+
 class CkptFS(Operations):
     def __init__(self, ns: Namespace, fetcher: Fetcher, remote: Remote, control_socket: str, guard: Guard | None = None) -> None:
         super().__init__()
@@ -359,7 +368,8 @@ class CkptFS(Operations):
             # a truncate by a caller who may not keep setuid/setgid, or a chown/chgrp: as local file systems do
             # (Linux drops them on every chown of a file), and with HANDLE_KILLPRIV(_V2) the kernel leaves it to
             # us; in the same journal write as the new owner, so a chown is never half done
-            kill_priv=fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None),
+            kill_priv=fields.mode is None and (fields.kill_suidgid or fields.uid is not None or fields.gid is not None
+                                               or _chown_to_the_same(fields)),
         )
         if fields.mode is not None:
             for fh, h in self.handles.items():

@@ -222,6 +222,30 @@ def test_chown_by_the_owner_clears_setuid_and_setgid_as_a_local_file_system_does
     assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o555, OTHER_GROUP)  # in the journal
 
 
+def test_chown_minus_one_minus_one_by_the_owner_clears_setuid_and_setgid_as_linux_does(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 43: the owner (not root) makes its file 06555, then calls chown(path, -1, -1), no change of owner or
+    group. Linux's own file systems clear both bits (tmpfs: 06555 -> 0555); the kernel sends it to the daemon as a
+    SETATTR of the change time alone, which ckptfs kept as 06555."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    m: Mount = make_mount(allow_other="true")
+    local = tmp_path / "local"
+    local.mkdir()
+    modes = {}
+    script = "chmod 06555, 'tool' or die $!; chown -1, -1, 'tool' or die $!"  # perl: the venv's python is root's
+    for where in (local, m.path):
+        os.chmod(where, 0o777)
+        p = where / "tool"
+        p.write_bytes(b"#!/bin/sh\n")
+        os.chown(p, NOBODY, NOBODY)
+        proc = subprocess.run(["perl", "-e", script], cwd=where, user=NOBODY, group=NOBODY, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        modes[where] = stat.S_IMODE(os.stat(p).st_mode)
+    assert modes[local] == 0o555, oct(modes[local])
+    assert modes[m.path] == modes[local], (oct(modes[m.path]), oct(modes[local]))
+
+
 def test_setuid_dropped_by_every_chgrp_of_a_reused_name(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """pjdfstest chown/00.t's sequence, the name unlinked and created again before each round (as the
     conformance run did): the owner's chown to another of its groups drops setuid/setgid, root sets

@@ -142,3 +142,12 @@ def test_flush_progress_of_level_replicated_counts_toward_replicated_without_an_
         "ckptfs: flush /mnt/ckpt/step_1: 0 B of 8.0 MiB replicated (0%), 2 files left",
         "ckptfs: flush /mnt/ckpt/step_1: 8.0 MiB of 8.0 MiB replicated (100%), 0 files left",
     ]
+
+
+def test_a_flush_with_nothing_left_prints_no_progress() -> None:
+    """Issue 43: `flush --level replicated` of a replicated file printed `0 B of 0 B replicated (100%), 0 files left`."""
+    out = io.StringIO()
+    progress = FlushProgress("/mnt/ckpt/step_1", make_console(out), level="replicated")
+    progress.update({"files": 0, "bytes": 0, "deletes": 0})
+    progress.update({"files": 0, "bytes": 0, "deletes": 0})
+    assert out.getvalue() == ""
