@@ -108,6 +108,9 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
         lines.append(_line(
             "drain",
             Text(f"{plural(dirty_files, 'dirty file')} ({fmt_bytes(dirty_bytes)}) not in the bucket", style="yellow"),
+            # durability = peer: what of it is on peers' disks too (`user.ckptfs.state` replicated): not single-copy
+            Text(f"{fmt_bytes(dirty_bytes - g('single_copy_bytes'))} of it replicated on peers", style="green")
+            if st.get("durability") == "peer" and dirty_bytes > g("single_copy_bytes") else None,
             f"{g('uploading_files')} uploading" if dirty_files else None,
             f"{g('temporary_held_files')} held in temporary directories" if g("temporary_held_files") else None,
             f"lag {fmt_duration(lag)}" if dirty_files else None,

@@ -46,6 +46,15 @@ class Catalogue:
         self.protected: dict[str, dict[str, Any]] = {}  # checkpoint path -> what its protection object says
         self._manifests: dict[str, Manifest] = {}  # manifest key -> last one read (by ETag)
 
+    def _in_the_mount(self, path: str, files: int, size: int) -> tuple[int, int]:
+        """(files, bytes) of the checkpoint at `path` as this mount sees it (written here and not yet in the bucket
+        included: the listing alone said `0 files, 0 B` while they drained); the listing's if the path is gone."""
+        row = self.lc.ns.journal.resolve(path)
+        if row is None:
+            return files, size
+        rows = [row] if not row.is_dir else [r for r in self.lc.ns.journal.descendants(row.ino) if r.kind == "file"]
+        return len(rows), sum(self.lc.ns.files.size_of(r) for r in rows)
+
     # ------------------------------------------------------ protection knowledge
     def learn_listing(self, path: str, listing: Listing) -> None:
         """A listing of directory `path` was merged into the mount: note whether it is a protected checkpoint, and
@@ -139,6 +148,8 @@ class Catalogue:
             files, size = len(entries), sum(f.size for f in entries)
             since = max((f.mtime for f in entries), default=0.0)
         local = lc.tracker.local_state(ck.path)
+        if local and manifest is None:  # its files are here, not all in the bucket yet: count them as the mount sees them
+            files, size = self._in_the_mount(ck.path, files, size)
         if local:
             state = local
         elif retention is not None and retention.get("state") == "expiring" and protection is None:

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_RETRY_SECONDS = 0.05  # the first wait before a refused connection is tried again (doubling to 1 s)
 HOUSEKEEPING_SECONDS = 1.0  # queued deletes looked at, missing channels filled
+LOOK_FOR_PEERS_SECONDS = 1.0  # between two reads of the node records by fsyncs that found no peer at start-up
 
 
 class Target(Protocol):
@@ -68,6 +69,10 @@ async def connect(open_link: LinkOpener, node: str, addr: str) -> PeerLink:
             delay = min(2 * delay, 1.0)
 
 
+async def _nothing() -> None:
+    return None
+
+
 class Sender:
     def __init__(self, cfg: Any, ns: Namespace, open_link: LinkOpener, targets: Callable[[], Sequence[Target]],
                  *, clock: Callable[[], float] = time.monotonic, down: Callable[[], set[str]] = set) -> None:
@@ -83,6 +88,11 @@ class Sender:
         self.reconnected: dict[str, float] = {}  # node -> monotonic time a broken channel to it was opened again at once
         # node -> (why its last channel failed, whether it refused the handshake): `ckptfs status`; gone once one works
         self.failures: dict[str, tuple[str, bool]] = {}
+        # the node records read now (Membership.refresh, errors swallowed): an fsync at start-up that knows no peer
+        self.find_peers: Callable[[], Awaitable[None]] = _nothing
+        self.started_at = clock()
+        self._ever_connected = False
+        self._looked_at = -1e18
         self.files: set[int] = set()  # every file not yet durable that the peers must hold
         self.single_since: dict[int, float] = {}  # files not replicated -> monotonic time they became so
         self.degraded: set[int] = set()  # files acknowledged single-copy or refused (counted and logged once each)
@@ -219,6 +229,7 @@ class Sender:
         (counted, logged once per file), `fail` raises OSError(EIO)."""
         if ino in self._pt_sizes or ino in set(self.passthrough_inos()):
             self._poll_passthrough(ino)
+        deadline = self.clock() + self.timeout
         while True:
             cur = self.current(ino)
             if cur is None:
@@ -235,10 +246,29 @@ class Sender:
             self._fill()
             healthy = self._healthy()
             why = self.uncounted()  # no record of ours: what the peers hold is not a replica
+            if why is None and not healthy and await self._awaited_a_first_peer(deadline):
+                continue
             if why is not None or len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
                 self._no_peer(ino, 0 if why else len(healthy), why)
                 return
             await self._changed.wait()
+
+    async def _awaited_a_first_peer(self, deadline: float) -> bool:
+        """No peer known, in this node's first 2 x peer_lease_ttl and before it ever reached one: True after looking
+        for one (the records read now, at most once a second, then a short wait), False once that window or this
+        call's peer_timeout is over. A node mounted before the others sees them only at its next read of the records
+        (a third of the lease later): its first fsyncs wait for them rather than acknowledge single-copy at once."""
+        now = self.clock()
+        if self._ever_connected or now >= min(deadline, self.started_at + 2 * self.cfg.peer_lease_ttl):
+            return False
+        if now - self._looked_at >= LOOK_FOR_PEERS_SECONDS:
+            self._looked_at = now
+            await self.find_peers()
+            self._fill()
+        if not self._healthy():
+            with trio.move_on_after(min(LOOK_FOR_PEERS_SECONDS, max(0.0, deadline - now))):
+                await self._changed.wait()
+        return True
 
     def _no_peer(self, ino: int, holders: int, why: str | None = None) -> None:
         path = self.ns.journal.path_of(ino) or f"inode {ino}"
@@ -369,6 +399,7 @@ class Sender:
                     held = await ch.link.holdings()
                 ch.learn(self, held)
                 ch.ready = True
+                self._ever_connected = True
                 self.failures.pop(ch.node, None)
                 log.info("replicating to peer %s (%s)", ch.node, ch.addr)
                 self.notify()

@@ -60,6 +60,7 @@ class Peers:
         self.membership.answers_as_me = self._answers_as_me  # type: ignore[attr-defined]  # identity.refuse_live_duplicate
         self.sender = Sender(cfg, ns, self._open_link, self.membership.targets, down=self.membership.down)
         self.sender.uncounted = self.membership.copies_uncounted  # no record of ours: peer copies are not replicas
+        self.sender.find_peers = self._find_peers
         self.takeover = Takeover(cfg, store, self.replicas, self.membership, ns.keys)  # type: ignore[arg-type]
         self.reconcile = Reconcile(cfg, ns, store, self.membership)  # type: ignore[arg-type]
         self.sweep = Sweep(cfg, store, self.replicas, self.membership)  # type: ignore[arg-type]
@@ -89,6 +90,13 @@ class Peers:
     def commit_taken_over_with(self, commit: Callable[[list[str], frozenset[str]], Awaitable[None]]) -> None:
         """What commits a takeover's checkpoints (the daemon: the lifecycle tracker), awaited before it is done."""
         self.takeover.commit = commit
+
+    async def _find_peers(self) -> None:
+        """The node records read now, for an fsync at start-up that knows no peer yet (Sender._awaited_a_first_peer)."""
+        try:
+            await self.membership.refresh()
+        except StoreError as e:
+            log.info("node %s: could not read the node records to find a first peer: %s", self.me, e)
 
     async def _answers_as_me(self, addr: str) -> bool:
         return await answers_as(addr, self.me, self.secret, self.me, self.incarnation, self.journal_id,

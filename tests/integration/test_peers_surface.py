@@ -7,6 +7,7 @@ test_metrics.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.request
 from pathlib import Path
@@ -72,6 +73,13 @@ def test_status_flush_level_replicated_checkpoint_state_and_metrics_with_a_peer(
     assert metric(a.metrics_port, "ckptfs_single_copy_bytes") == 0
     assert metric(a.metrics_port, "ckptfs_peer_up", peer="b") == 1
     assert (metric(a.metrics_port, "ckptfs_peer_replicated_bytes_total") or 0) >= 8 * MiB
+    # issue 43: the table said `replicated │ 0 files │ 0 B` (the bucket's listing) and the status `2 dirty files`
+    listed = a.cli("checkpoints", str(a.path), "--json", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    step = next(c for c in json.loads(listed.stdout) if c["path"] == "step_5")
+    assert (step["state"], step["files"], step["bytes"]) == ("replicated", 2, 8 * MiB), step
+    screen = a.cli("status", str(a.path), timeout=30).stdout
+    assert "8.0 MiB of it replicated on peers" in screen, screen
 
     a.flush()  # level durable: in the bucket now
     assert os.getxattr(a.path / "step_5" / "model.pt", STATE) == b"durable"

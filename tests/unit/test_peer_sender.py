@@ -176,6 +176,7 @@ def sender_for(ns: Namespace, cluster: Cluster, **opts: Any) -> Sender:
     ns.cfg.peer_timeout = opts.get("peer_timeout", 5.0)
     ns.cfg.peer_replicas = opts.get("peer_replicas", 1)
     ns.cfg.on_no_peer = opts.get("on_no_peer", "degrade")
+    ns.cfg.peer_lease_ttl = opts.get("peer_lease_ttl", 0.0)  # 0: no start-up wait for a first peer (tested on its own)
     return Sender(ns.cfg, ns, cluster.open, cluster.targets, down=lambda: set(cluster.records_down))
 
 
@@ -440,6 +441,43 @@ async def test_no_peer_degrade_counts_and_acknowledges(tmp_path: Path, caplog: p
         assert len([r for r in caplog.records if "single-copy" in r.getMessage()]) == 1  # once per file
         assert sender.single_copy()[0] == 5
         close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_node_mounted_first_waits_for_its_first_peer_rather_than_degrade(tmp_path: Path) -> None:
+    """Issue 43: the first node mounted said `no peer known` for about 10 s after the others started (until its next
+    read of the records), so a save right after start was acknowledged single-copy. In its first 2 x ttl an fsync
+    that knows no peer reads the records (find_peers) and waits up to peer_timeout for one."""
+    ns = make_ns(tmp_path)
+    late = FakePeer("b")
+    cluster = Cluster()
+    sender = sender_for(ns, cluster, peer_lease_ttl=30.0, peer_timeout=30.0)
+    looked = []
+
+    async def find_peers() -> None:  # the records read now: the second read finds b, mounted meanwhile
+        looked.append(1)
+        if len(looked) == 2:
+            cluster.peers["b"] = late
+
+    sender.find_peers = find_peers
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, b"saved at start")
+        await sender.replicated(ino)
+        assert sender.degraded_writes == 0 and sender.is_replicated(ino) and len(looked) == 2
+        assert bytes(late.replicas[ino].data) == b"saved at start"
+        # once a peer was reached, a node that finds none again degrades at once, as before
+        del cluster.peers["b"]
+        late.silent.set()
+        await wait_for(lambda: "b" not in sender.channels)
+        ino2, fd2 = create(ns, "g")
+        ns.files.write(ino2, fd2, 0, b"later")
+        await sender.replicated(ino2)
+        assert sender.degraded_writes == 1 and len(looked) == 2
+        close(ns, ino, fd)
+        close(ns, ino2, fd2)
         nursery.cancel_scope.cancel()
 
 
