@@ -123,6 +123,9 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
 
     if st.get("durability") == "peer":
         lines.append(peers_line(st))
+    elif st.get("peer_nodes_elsewhere"):  # durability = local among nodes that replicate
+        lines.append(_line("peers", Text(f"durability = local here, while {', '.join(st['peer_nodes_elsewhere'])} run durability = "
+                                         "peer on this prefix: this node's files are not replicated", style="yellow")))
 
     # upload: how fast, how long until the dirty bytes are in
     rate = g("upload_bytes_per_second")

@@ -48,6 +48,7 @@ from .namespace.keys import PROBE_NAME_PREFIX
 from .preflight import UserError, check_cache_dir, check_cold_extra, check_fuse, check_mountpoint, lock_cache_dir, secure_cache_dir
 from .objects import StoreError
 from .peering import PeerOptionError, node_name_of
+from .peers.membership import live_peer_nodes
 from .peers.service import Peers
 from .remote import Remote
 from .replication.service import Replicator
@@ -82,6 +83,7 @@ class Daemon:
         self.failure: str | None = None  # why the daemon stops on its own (the FUSE session, the journal): exit status 1
         self.supervisor = Supervisor(fatal=journal_failed_for_good, on_fatal=self._fatal, faults=faults_from_environment())
         self.peers: Peers | None = None  # durability = peer (built in prepare), else None
+        self.peers_elsewhere: list[str] = []  # durability = local: live nodes of this prefix that run durability = peer
 
     # ---- wiring, before trio
     def prepare(self) -> None:
@@ -209,6 +211,7 @@ class Daemon:
             durability=self.cfg.durability,
             node=node_name_of(self.cfg),
             **peer_fields(peer_status(self.peers), s["dirty_bytes"], s["oldest_close_age_seconds"]),
+            peer_nodes_elsewhere=self.peers_elsewhere,
         )
         return s
 
@@ -363,6 +366,8 @@ class Daemon:
             # kernel's cached attributes (1 s) expired between the two stats, as on a loaded machine
             await trio.to_thread.run_sync(set_kernel_read_ahead, cfg.mountpoint, cfg.kernel_read_ahead)
             await nursery.start(supervise, "replication", self.replicator.run)
+            if self.peers is None:
+                nursery.start_soon(local_among_peers, self)
             log.info("mounted s3://%s/%s at %s (cache %s)", cfg.bucket, cfg.prefix, cfg.mountpoint, cfg.cache_dir)
             self.ready = True
             if ready_fd is not None:
@@ -504,6 +509,20 @@ class Daemon:
                 self.ns.uploads.mark_urgent("")
                 with trio.move_on_after(0.1):
                     await self._stop_now.wait()
+
+
+async def local_among_peers(daemon: "Daemon") -> None:
+    """durability = local on a prefix where live nodes run durability = peer: said once at start (issue 43: their
+    status said `no peer known`, this one nothing), since this node's writes are not replicated as theirs are."""
+    try:
+        daemon.peers_elsewhere = await live_peer_nodes(daemon.store, daemon.ns.keys.of)  # type: ignore[arg-type]
+    except StoreError as e:
+        log.debug("could not read the node records of this prefix: %s", e)
+        return
+    if daemon.peers_elsewhere:
+        log.warning("this mount has durability = local while %s on this prefix run durability = peer: its files "
+                    "are on this node alone until they drain; set durability = peer (docs/peers.md) to replicate them too",
+                    ", ".join(daemon.peers_elsewhere))
 
 
 async def report_status(daemon: "Daemon") -> None:

@@ -105,8 +105,11 @@ def wait_for_predecessor(m: Any, rec: NodeRecord) -> bool:  # m: membership.Memb
     records.pop(m.me, None)
     dead_for = now - max(rec.expires_at, rec.taken_over_at or 0.0)
     if is_dead(rec, records, now) and dead_for >= 2 * m.ttl:
-        log.error("node %s: its predecessor under this name (journal %s, %s) was never taken over: no live node "
-                  "holds its replicas; its record is written over", m.me, rec.journal_id, rec.describe())
+        # the replacement path of a node that had nothing undrained: a warning, not an error (issue 43). What it had
+        # undrained, if anything, was on holders that are down too: CkptfsPeerTakeoverOverdue said so meanwhile
+        log.warning("node %s: its predecessor under this name (journal %s, %s) was not taken over within 2 x "
+                    "peer_lease_ttl: no live node holds copies of its files (it had nothing undrained, or its holders "
+                    "are down too); its record is written over", m.me, rec.journal_id, rec.describe())
         return False
     if m.waiting_for is None or now - m._warned_predecessor >= m.ttl:
         m._warned_predecessor = now

@@ -543,6 +543,19 @@ class Membership:
             nursery.start_soon(self._every_third, self.renew, "renew")
 
 
+async def live_peer_nodes(store: LifecycleStore, key_of: Callable[[str], str], limit: int = 16) -> list[str]:
+    """Nodes whose records under this prefix are live now (at most `limit` read): a mount with durability = local
+    says at start that it shares the prefix with nodes that replicate, where its own writes are not replicated."""
+    listing = await threads.call(lambda: store.list(key_of(NODES_DIR)))
+    live = []
+    for obj in [o for o in listing.objects if o.name.endswith(".json")][:limit]:
+        doc, etag = await threads.call(lambda: read_json(store, key_of(NODES_DIR + obj.name)))
+        rec = NodeRecord.from_doc(doc, etag) if doc is not None else None
+        if rec is not None and is_live(rec, time.time()):
+            live.append(rec.node)
+    return sorted(live)
+
+
 def known_hosts(peers: list[PeerState]) -> set[str]:
     """The hosts the other nodes' records (or the static list) announce: the listener serves them first."""
     hosts = set()

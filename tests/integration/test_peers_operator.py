@@ -123,3 +123,14 @@ def test_a_second_mount_with_a_live_nodes_name_is_refused_at_mount(cluster: Clus
     assert (after.get("incarnation"), after.get("journal_id"), after.get("state")) == (
         record["incarnation"], record["journal_id"], "live")  # a's record untouched
     assert a.status()["peer_state"] == "live"
+
+
+def test_a_local_mount_among_peer_nodes_says_so(cluster: Cluster) -> None:
+    """Issue 43: a node mounted with durability = local on a prefix where the others run peer said nothing of it."""
+    cluster.node("a")
+    cluster.wait_live(["a"])
+    local = cluster.node("l", durability="local")
+    wait_until("l to see a replicating", lambda: local.status().get("peer_nodes_elsewhere") == ["a"], 60)
+    screen = local.cli("status", str(local.path), timeout=30).stdout
+    assert "durability = local here, while a run durability = peer" in screen, screen
+    assert "durability = local while a on this prefix run durability = peer" in (local.cache_dir / "ckptfs.log").read_text()
