@@ -459,18 +459,18 @@ class Channel:
                 await link.barrier()  # and arrived
         else:
             t0 = s.clock()
-            xxh3 = await s.digests.digest(ino, version, size)
+            digest = await s.digests.digest(ino, version, size)
             t1 = s.clock()
-            if xxh3 is None:
+            if digest is None:
                 log.debug("seal of %d v%d (%d B): hashed in %.3f s, changed meanwhile", ino, version, size, t1 - t0)
                 return False  # it changed while hashed (or under passthrough the kernel wrote more): the seal stays wanted
             await self.sent_out(ino)  # its bytes go first
-            if not s.digests.holds(ino, version, xxh3):
+            if not s.digests.holds(ino, version, digest):
                 return False  # changed since it was hashed: hashed again
             t2 = s.clock()
             try:
                 with trio.fail_after(s.timeout):
-                    await link.seal(ino, version, size, xxh3)
+                    await link.seal(ino, version, size, digest)
                 log.debug("seal of %d v%d (%d B) on %s: hashed in %.3f s, bytes sent %.3f s later, answered %.3f s later",
                           ino, version, size, self.node, t1 - t0, t2 - t1, s.clock() - t2)
             except SealMismatch:

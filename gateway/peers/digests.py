@@ -1,6 +1,7 @@
-"""The owner's xxh3-128 of each file it replicates, kept between seals: one of the sender's jobs, in a room of its own.
+"""The owner's seal digests (xxh3-128 and BLAKE3: sealhash.py) of each file it replicates, kept between seals: one of
+the sender's jobs, in a room of its own.
 
-Why keep it: a seal carries the whole file's xxh3-128, and hashing a checkpoint shard again at every fsync and
+Why keep them: a seal carries the whole file's digests, and hashing a checkpoint shard again at every fsync and
 close would cost a read of the file each time. So the sender keeps, per file, the last digest and of which bytes
 (`Hashed`), and the hash state of the file's first bytes (`prefix`): a seal after an append hashes only the new
 bytes, and bytes streamed to the peers in order are hashed as they leave (`extend`). Under passthrough the kernel
@@ -17,20 +18,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import trio
-import xxhash
 
 from ..cache import mtimes_change_after_stat
 from ..journal import Row
 from ..namespace import Namespace
 from ..namespace.files import MTIME_SETTLED_NS
 from ..upload import hash_range
+from .sealhash import SealDigest, SealHash
 
 HASHING_THREADS = 2  # files hashed at once (each a sequential read of the page cache)
 
 
 @dataclass(frozen=True)
 class Hashed:
-    """The last xxh3 taken of a file, and of which bytes: its version and size, and its cache file's size and mtime
+    """The last digests taken of a file, and of which bytes: its version and size, and its cache file's size and mtime
     then. While the cache file still has that size and mtime (and no write callback came), the peers sealed at that
     version hold the file's bytes, even if a passthrough close or fsync has counted a new version since: but only
     if that mtime proves it (`proof`). On a kernel whose mtimes come from a coarse clock (before Linux 6.13's
@@ -40,7 +41,7 @@ class Hashed:
     version: int
     size: int
     stat: tuple[int, int]  # (st_size, st_mtime_ns) of the cache file when hashed
-    xxh3: str
+    seal: SealDigest
     proof: bool = True  # an unchanged stat proves unchanged bytes (see above): `Digests.fine_mtimes`, or an mtime a tick old
 
 
@@ -49,10 +50,10 @@ class Digests:
                  kernel_writes: Callable[[int], bool]) -> None:
         self.ns, self.current, self.kernel_writes_now = ns, current, kernel_writes
         self.hashed: dict[int, Hashed] = {}  # dropped at every change the namespace reports
-        # the xxh3 state of each file's first bytes, as hashed at its last seal: a seal after an append hashes only
+        # the hash state of each file's first bytes, as hashed at its last seal: a seal after an append hashes only
         # the new bytes (a file fsynced every few MiB is not hashed whole each time). Forgotten by a write or truncate
         # below it; never kept for a file the kernel writes itself (passthrough: a rewrite in place is not seen)
-        self.prefix: dict[int, tuple[int, Any]] = {}  # ino -> (bytes hashed, xxh3 state)
+        self.prefix: dict[int, tuple[int, Any]] = {}  # ino -> (bytes hashed, SealHash state)
         self._extending: dict[int, list[Any]] = {}  # ino -> [end, still valid] of a prefix being extended (`extend`)
         self._threads = trio.CapacityLimiter(HASHING_THREADS)
         # whether a size and mtime unchanged since a stat prove the bytes unchanged, whatever the mtime's age
@@ -90,10 +91,10 @@ class Digests:
         if extending is not None and offset < extending[0]:
             extending[1] = False
 
-    def holds(self, ino: int, version: int, xxh3: str) -> bool:
-        """The digest `digest` gave for `version` still holds: no change reported and the cache file as it was."""
+    def holds(self, ino: int, version: int, seal: SealDigest) -> bool:
+        """The digests `digest` gave for `version` still hold: no change reported and the cache file as it was."""
         h = self.hashed.get(ino)
-        return h is not None and (h.version, h.xxh3) == (version, xxh3) and bool(self.versions_held(ino, version))
+        return h is not None and (h.version, h.seal) == (version, seal) and bool(self.versions_held(ino, version))
 
     async def extend(self, ino: int, start: int, end: int) -> None:
         """Bytes [start, end) just sent that continue the file's hashed prefix (or start it) are hashed now, so its
@@ -109,7 +110,7 @@ class Digests:
         marker = self._extending[ino] = [end, True]
 
         def extend() -> Any:
-            h = state.copy() if state is not None else xxhash.xxh3_128()
+            h = state.copy() if state is not None else SealHash()
             with open(path, "rb", buffering=0) as f:
                 return h if hash_range(h, f.fileno(), start, end) == end - start else None  # shorter: truncated meanwhile
 
@@ -122,8 +123,8 @@ class Digests:
         if h is not None and marker[1] and self.prefix.get(ino) is prefix and not self.kernel_writes_now(ino):
             self.prefix[ino] = (end, h)
 
-    async def digest(self, ino: int, version: int, size: int) -> str | None:
-        """The xxh3-128 of the file's cache copy at `version` (shared by the channels). None if the cache file is not
+    async def digest(self, ino: int, version: int, size: int) -> SealDigest | None:
+        """The seal digests of the file's cache copy at `version` (shared by the channels). None if the cache file is not
         that version's bytes now: it changed while hashed, or the kernel wrote more under passthrough."""
         path = self.ns.cache.path(ino)
         try:
@@ -137,16 +138,16 @@ class Digests:
         proof = self.fine_mtimes or time.time_ns() - st.st_mtime_ns >= MTIME_SETTLED_NS
         known = self.hashed.get(ino)
         if known is not None and (known.version, known.size, known.stat) == (version, size, stat):
-            return known.xxh3
+            return known.seal
 
         prefix = self.prefix.get(ino)
         start, state = prefix if prefix is not None and prefix[0] <= size else (0, None)
 
-        def hash_file() -> tuple[str, Any]:
-            h = state.copy() if state is not None else xxhash.xxh3_128()
+        def hash_file() -> tuple[SealDigest, Any]:
+            h = state.copy() if state is not None else SealHash()
             with open(path, "rb", buffering=0) as f:
                 hash_range(h, f.fileno(), start, size)
-            return h.hexdigest(), h.copy()
+            return h.digest(), h.copy()
 
         try:
             value, state_after = await trio.to_thread.run_sync(hash_file, limiter=self._threads)

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from ..peering import PeerOptionError, parse_addr
+from .sealhash import SealDigest
 from .wire import (REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, PeerRefused, PeerUnreachable, Reader, SealMismatch, Session, WireError,
                    client_handshake, tune_socket)
 
@@ -145,10 +146,16 @@ class PeerLink:
 
     # -- answered -----------------------------------------------------------------------------------------
 
-    async def seal(self, ino: int, version: int, size: int, xxh3: str) -> None:
+    async def seal(self, ino: int, version: int, size: int, digest: SealDigest | str) -> None:
         """Wait until the peer applied every earlier frame of the file, fsynced its data and index and found the
-        same xxh3-128 in its copy. SealMismatch (send the whole file again), PeerFull, PeerError."""
-        await self._request(Kind.SEAL, {"ino": ino, "version": version, "size": size, "xxh3": xxh3})
+        same xxh3-128 and BLAKE3 in its copy. SealMismatch (send the whole file again), PeerFull, PeerError. A bare
+        xxh3 (no BLAKE3) is what an owner of an earlier release sends."""
+        meta: dict[str, Any] = {"ino": ino, "version": version, "size": size}
+        if isinstance(digest, SealDigest):
+            meta.update(xxh3=digest.xxh3, blake3=digest.blake3)
+        else:
+            meta["xxh3"] = digest
+        await self._request(Kind.SEAL, meta)
 
     async def barrier(self) -> None:
         """Wait until everything sent before is applied (a failed delete is raised here)."""

@@ -382,10 +382,11 @@ class _Connection:
     async def _seal(self, m: dict[str, Any]) -> None:
         request, ino = int(m["id"]), int(m["ino"])
         version, size, xxh3 = int(m["version"]), int(m["size"]), str(m["xxh3"])
+        blake3 = None if m.get("blake3") is None else str(m["blake3"])  # None: an owner of an earlier release
         failed = self.failed.pop(ino, None)
         if failed is None:
             try:
-                await trio.to_thread.run_sync(self.store.seal, self.owner, ino, version, size, xxh3)
+                await trio.to_thread.run_sync(self.store.seal, self.owner, ino, version, size, xxh3, blake3)
             except (OSError, sqlite3.Error, ReplicaMismatch, ReplicaUnknown) as e:
                 failed = e
         await self._answer(request, failed)

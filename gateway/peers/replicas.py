@@ -5,8 +5,8 @@ Apart from the node's own files: outside `data/`, so the cache's clean-up of fil
 eviction never see them, in a capacity of their own (`peer_capacity`; 0: a quarter of the cache file
 system), and kept until the owner (or a sweep) says the file is durable. A seal is acknowledged only once
 the data file and the index are on the disk (fsync of the file, of the index's WAL and of their directories), and once this
-node's own xxh3-128 of the bytes it wrote equals the owner's: what a takeover later uploads is what the
-owner acknowledged. Bytes that arrive in order (each write continuing the replica's hashed prefix) are hashed as
+node's own xxh3-128 and BLAKE3 of the bytes it wrote equal the owner's (sealhash.py: bytes altered on the wire
+cannot keep a BLAKE3): what a takeover later uploads is what the owner acknowledged. Bytes that arrive in order (each write continuing the replica's hashed prefix) are hashed as
 they are written (`writing`); the seal reads from the disk only the rest, so a file streamed in order is not read
 back. What the disk does to the bytes after they were written is the takeover's check (`verify`, from the disk). The index survives a restart of this daemon with the files; its commits reach the disk
 together (`sync`) when a seal or a barrier is answered, not one fsync per entry.
@@ -33,6 +33,7 @@ from ..config import auto_min_free
 from ..dbconnection import Connection
 from ..peering import NODE_NAME
 from ..upload import hash_range
+from .sealhash import SealDigest, SealHash
 
 
 _SCHEMA = """
@@ -40,7 +41,7 @@ CREATE TABLE IF NOT EXISTS replicas (
     owner TEXT NOT NULL, ino INTEGER NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, size INTEGER NOT NULL,
     sealed INTEGER NOT NULL DEFAULT 0, xxh3 TEXT, copy_from TEXT, marker INTEGER NOT NULL DEFAULT 0,
     seq INTEGER NOT NULL DEFAULT 0, mtime REAL NOT NULL DEFAULT 0, checkpoint TEXT, seen TEXT,
-    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '',
+    journal TEXT NOT NULL DEFAULT '', incarnation TEXT NOT NULL DEFAULT '', blake3 TEXT,
     PRIMARY KEY (owner, ino));
 CREATE TABLE IF NOT EXISTS deletes (
     owner TEXT NOT NULL, op_id INTEGER NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, after_ino INTEGER,
@@ -56,8 +57,9 @@ _ADDED = [("replicas", "seen", "TEXT"),
           ("replicas", "journal", "TEXT NOT NULL DEFAULT ''"), ("replicas", "incarnation", "TEXT NOT NULL DEFAULT ''"),
           ("deletes", "after_ino", "INTEGER"),
           ("deletes", "journal", "TEXT NOT NULL DEFAULT ''"), ("deletes", "incarnation", "TEXT NOT NULL DEFAULT ''"),
-          ("deletes", "etag", "TEXT NOT NULL DEFAULT ''")]
-_COLUMNS = "owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal, incarnation"
+          ("deletes", "etag", "TEXT NOT NULL DEFAULT ''"), ("replicas", "blake3", "TEXT")]
+_COLUMNS = ("owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal, incarnation, "
+            "blake3")
 # rows of `owner` whose journal is ? (or either is '': see records.same_journal)
 _OF_JOURNAL = "owner = ? AND (? = '' OR journal = '' OR journal = ?)"
 
@@ -101,6 +103,7 @@ class ReplicaEntry:
     seen: str | None = None
     journal: str = ""  # the owner's journal id and incarnation that sent it ("": an index of an earlier release)
     incarnation: str = ""
+    blake3: str | None = None  # the owner's BLAKE3 of the sealed bytes (sealhash.py; None: sealed by an earlier release)
 
 
 @dataclass
@@ -117,7 +120,7 @@ class ReplicaDelete:
 
 @dataclass
 class _Hashed:
-    """The xxh3 of a replica's first `upto` bytes as written (fed as they arrived in order, or read at a seal): a
+    """The seal digests' state (sealhash.SealHash) of a replica's first `upto` bytes as written (fed as they arrived in order, or read at a seal): a
     later seal reads only the bytes past it. Any write or truncate below `upto` forgets it."""
 
     state: Any
@@ -231,9 +234,10 @@ class ReplicaStore:
             return cur.rowcount
 
     def _entry(self, row: tuple[Any, ...]) -> ReplicaEntry:
-        owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal, incarnation = row
+        (owner, ino, key, version, size, sealed, xxh3, copy_from, marker, seq, mtime, checkpoint, seen, journal, incarnation,
+         blake3) = row
         return ReplicaEntry(owner, ino, key, version, size, bool(sealed), xxh3, copy_from, bool(marker), seq, mtime,
-                            checkpoint, self.path(owner, ino), seen, journal, incarnation)
+                            checkpoint, self.path(owner, ino), seen, journal, incarnation, blake3)
 
     def entries(self, owner: str, journal: str | None = None) -> list[ReplicaEntry]:
         """`owner`'s entries in its order; with `journal`: only those that journal's incarnations sent (a takeover of
@@ -260,8 +264,8 @@ class ReplicaStore:
             return sum(n for (o, _), n in self._bytes.items() if owner is None or o == owner)
 
     def verify(self, entry: ReplicaEntry) -> bool:
-        """The data file's xxh3-128 equals the entry's (blocking: run it in a thread). An entry renamed from a durable
-        file (`copy_from`) with no data file holds no bytes to check: True."""
+        """The data file's xxh3-128 and BLAKE3 equal the entry's, as the owner sealed it (blocking: run it in a thread).
+        An entry renamed from a durable file (`copy_from`) with no data file holds no bytes to check: True."""
         if entry.xxh3 is None:
             return False
         try:
@@ -271,9 +275,10 @@ class ReplicaStore:
         try:
             if os.fstat(fd).st_size != entry.size:
                 return False
-            h = xxhash.xxh3_128()
+            h = SealHash()
             _hash_range(fd, h, 0, entry.size)
-            return h.hexdigest() == entry.xxh3
+            mine = h.digest()
+            return mine.xxh3 == entry.xxh3 and (entry.blake3 is None or mine.blake3 == entry.blake3)
         finally:
             os.close(fd)
 
@@ -344,7 +349,7 @@ class ReplicaStore:
         if m["copy_from"] is not None and m["sealed"]:
             with self._lock:
                 self._forget_file(owner, ino)
-                self.db.execute(f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self.db.execute(f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
                                 (owner, ino, m["key"], m["version"], m["size"], m["xxh3"], m["copy_from"], m["marker"],
                                  m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal, incarnation))
                 self._sealed.add((owner, ino))
@@ -362,9 +367,10 @@ class ReplicaStore:
                 self._sealed.discard((owner, ino))
             self.db.execute(
                 f"INSERT OR REPLACE INTO replicas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, "
-                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(SELECT xxh3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?), ?, ?, ?, ?, ?, ?, ?, ?, "
+                "(SELECT blake3 FROM replicas WHERE owner = ? AND ino = ? AND sealed = 1 AND size = ?))",
                 (owner, ino, m["key"], m["version"], m["size"], sealed, owner, ino, m["size"], m["copy_from"],
-                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal, incarnation))
+                 m["marker"], m["seq"], m["mtime"], m["checkpoint"], m["seen"], journal, incarnation, owner, ino, m["size"]))
 
     def is_sealed(self, owner: str, ino: int) -> bool:
         return (owner, ino) in self._sealed
@@ -432,7 +438,7 @@ class ReplicaStore:
         with self._lock:
             self.wrote(owner, ino, offset)
             if offset == 0:
-                self._hashed[(owner, ino)] = _Hashed(xxhash.xxh3_128(), 0)
+                self._hashed[(owner, ino)] = _Hashed(SealHash(), 0)
             hashed = self._hashed.get((owner, ino))
             return hashed if hashed is not None and hashed.upto == offset else None
 
@@ -443,16 +449,16 @@ class ReplicaStore:
             self._bytes[(owner, ino)] = size
             self.wrote(owner, ino, size)
 
-    def seal(self, owner: str, ino: int, version: int, size: int, xxh3: str) -> str:
+    def seal(self, owner: str, ino: int, version: int, size: int, xxh3: str, blake3: str | None = None) -> str:
         """Make the replica durable and check it: fsync the data, hash what was not hashed as it arrived from the disk,
-        compare with the owner's xxh3, record it sealed (committed, fsynced). Raises ReplicaMismatch, ReplicaUnknown, OSError.
+        compare with the owner's xxh3 and BLAKE3 (None: an owner of an earlier release sent none), record it sealed (committed, fsynced). Raises ReplicaMismatch, ReplicaUnknown, OSError.
         Blocking: run it in a thread. An entry renamed from a durable file (`copy_from`) with no bytes sent is
         sealed as metadata: its bytes are in the bucket already."""
         entry = self.entry(owner, ino)
         if entry is None:
             raise ReplicaUnknown(f"no entry for inode {ino} of {owner}")
         if entry.copy_from is not None and (owner, ino) not in self._bytes:
-            mine = xxh3
+            mine = SealDigest(xxh3, blake3 or "")
         else:
             with self._lock:
                 fd = self._fd(owner, ino)
@@ -470,25 +476,28 @@ class ReplicaStore:
                 os.fsync(dir_fd)  # the file's name is durable too
             finally:
                 os.close(dir_fd)
-        if mine != xxh3:
-            raise ReplicaMismatch(f"the peer's xxh3 of inode {ino} ({size} bytes) is {mine}, the owner's {xxh3}")
+        if mine.xxh3 != xxh3:
+            raise ReplicaMismatch(f"the peer's xxh3 of inode {ino} ({size} bytes) is {mine.xxh3}, the owner's {xxh3}")
+        if blake3 is not None and mine.blake3 != blake3:  # bytes altered that the xxh3 let through: never an accident
+            raise ReplicaMismatch(f"the peer's BLAKE3 of inode {ino} ({size} bytes) differs from the owner's (its xxh3 "
+                                  "matches: bytes altered on the way?)")
         with self._lock:
-            self.db.execute("UPDATE replicas SET sealed = 1, xxh3 = ?, version = ?, size = ? WHERE owner = ? AND ino = ?",
-                            (mine, version, size, owner, ino))
+            self.db.execute("UPDATE replicas SET sealed = 1, xxh3 = ?, blake3 = ?, version = ?, size = ? WHERE owner = ? AND ino = ?",
+                            (mine.xxh3, blake3, version, size, owner, ino))
             self._sealed.add((owner, ino))
         self.sync()
-        return mine
+        return mine.xxh3
 
-    def _hash(self, owner: str, ino: int, fd: int, size: int) -> str:
+    def _hash(self, owner: str, ino: int, fd: int, size: int) -> SealDigest:
         with self._lock:
             hashed = self._hashed.pop((owner, ino), None)
         if hashed is None or hashed.upto > size:
-            hashed = _Hashed(xxhash.xxh3_128(), 0)
+            hashed = _Hashed(SealHash(), 0)
         _hash_range(fd, hashed.state, hashed.upto, size)
         hashed.upto = size
         with self._lock:
             self._hashed[(owner, ino)] = hashed
-        return hashed.state.copy().hexdigest()
+        return hashed.state.copy().digest()
 
     def forget(self, owner: str, ino: int, version: int | None, journal: str = "") -> None:
         """The owner's file is durable (or removed) at `version`: drop the replica unless it holds a newer one, or

@@ -22,6 +22,7 @@ from ckptfs.journal import ROOT_INODE
 from ckptfs.namespace import Namespace
 from ckptfs.peers.link import Held, PeerError, SealMismatch
 from ckptfs.peers.bandwidth import TokenBucket
+from ckptfs.peers.sealhash import SealDigest, seal_digest
 from ckptfs.peers.sender import Sender
 
 from tests.unit.test_journal import make_ns
@@ -119,13 +120,13 @@ class FakeLink:
         r.data.extend(b"\0" * (size - len(r.data)))
         r.sealed = None
 
-    async def seal(self, ino: int, version: int, size: int, xxh3: str) -> None:
+    async def seal(self, ino: int, version: int, size: int, digest: SealDigest) -> None:
         await self._op("seal")
         r = self.peer.replicas.setdefault(ino, Replica())
-        if len(r.data) != size or xxhash.xxh3_128_hexdigest(bytes(r.data)) != xxh3:
+        if len(r.data) != size or seal_digest(bytes(r.data)) != digest:  # the owner sends both: xxh3 and BLAKE3
             self.peer.mismatches += 1
-            raise SealMismatch("xxh3 differs")
-        r.sealed = (version, size, xxh3)
+            raise SealMismatch("digest differs")
+        r.sealed = (version, size, digest.xxh3)
 
     async def forget(self, ino: int, version: int | None) -> None:
         await self._op("forget")

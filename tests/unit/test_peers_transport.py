@@ -496,6 +496,36 @@ def test_replicas_keep_the_cache_disk_reserve_free(shm: Path) -> None:
     with_listener(cfg, shm / "b", body)
 
 
+def test_bytes_altered_under_a_matching_xxh3_fail_the_seal_and_the_takeovers_check(shm: Path) -> None:
+    """Issue 43: the seal compared xxh3-128, which is not cryptographic: bytes altered on the wire with the edit
+    compensated kept the owner's xxh3, were sealed, and a takeover uploaded them. The owner's BLAKE3 (in the MACed
+    seal frame) must match what the holder wrote, and the takeover's check reads both again from the disk. The
+    compensated edit is stood in for by an owner digest whose xxh3 is the altered bytes' own."""
+    from ckptfs.peers.replicas import ReplicaMismatch
+    from ckptfs.peers.sealhash import seal_digest
+
+    store = ReplicaStore(config(), str(shm))
+    sent, arrived = b"import os  # the owner's", b"os.system('evil')  # 24!"
+    assert len(sent) == len(arrived)
+    forged = seal_digest(arrived)._replace(blake3=seal_digest(sent).blake3)  # xxh3 "compensated", BLAKE3 the owner's
+    store.put_entry("node-a", 3, entry_meta("k", 1, len(arrived)))
+    os.pwrite(store.reserve("node-a", 3, len(arrived)), arrived, 0)
+    with pytest.raises(ReplicaMismatch, match="BLAKE3"):
+        store.seal("node-a", 3, 1, len(arrived), forged.xxh3, forged.blake3)
+    assert [e.sealed for e in store.entries("node-a")] == [False]  # never uploaded by a takeover: not acknowledged
+    # the owner re-sends it whole: sealed with both digests, and the takeover's check holds
+    store.wrote("node-a", 3, 0)  # as a write frame does: what was hashed of it is forgotten
+    os.pwrite(store.reserve("node-a", 3, len(sent)), sent, 0)
+    store.seal("node-a", 3, 1, len(sent), seal_digest(sent).xxh3, seal_digest(sent).blake3)
+    entry = store.entries("node-a")[0]
+    assert entry.sealed and entry.blake3 == seal_digest(sent).blake3 and store.verify(entry)
+    # altered on this disk afterwards, its xxh3 kept (stood in for, as above): the takeover's verify refuses it
+    os.pwrite(os.open(entry.path, os.O_WRONLY), arrived, 0)
+    store.db.execute("UPDATE replicas SET xxh3 = ? WHERE owner = 'node-a' AND ino = 3", (seal_digest(arrived).xxh3,))
+    assert not store.verify(store.entries("node-a")[0])
+    store.close()
+
+
 def test_the_caches_clean_up_of_files_no_inode_owns_leaves_replicas_alone(shm: Path) -> None:
     from ckptfs.cache import Cache
     store = ReplicaStore(config(), str(shm))
