@@ -560,7 +560,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
                 "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
                 "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
                 "peer_replicas_refused_total": 0, "peer_handshake_refused_total": 0, "peer_unclaimed_nodes": [],
-                "peer_refused_writes_total": 0}
+                "peer_refused_writes_total": 0, "peer_keys_refused_total": 0}
     return {
         "peers": list(peers.get("peers") or []),
         "peer_state": peers.get("state"),
@@ -577,6 +577,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "peer_replicated_bytes_total": peers.get("replicated_bytes", 0),
         "peer_degraded_writes_total": peers.get("degraded_writes", 0),
         "peer_refused_writes_total": peers.get("refused_writes", 0),
+        "peer_keys_refused_total": peers.get("keys_refused", 0),
         "peer_takeovers_total": peers.get("takeovers", 0),
         "peer_replicas_refused_total": peers.get("replicas_refused", 0),
         "peer_handshake_refused_total": peers.get("handshake_refused", 0),

@@ -164,6 +164,8 @@ PEER_COUNTERS = {
     "peer_replicated_bytes": "Bytes of this node's files sent to peers and acknowledged by them.",
     "peer_degraded_writes": "Fsyncs and closes acknowledged on this node alone because no peer took a copy in time "
                             "(on_no_peer = degrade): those files are single-copy until they drain.",
+    "peer_keys_refused": "Frames from other nodes that named a key outside this mount's prefix (or in its .ckptfs/): refused, "
+                         "their connection dropped. Nodes that share the secret but not the bucket and prefix, or a bad actor.",
     "peer_refused_writes": "Fsyncs and closes answered EIO because no peer took a copy in time (on_no_peer = fail).",
     "peer_replicas_refused": "Other nodes' files this node refused to hold because its replica space (peer_capacity) or its "
                              "cache disk was full; their owners tried another peer, then on_no_peer.",

@@ -59,6 +59,22 @@ class _Dropped(Exception):
     """The connection is closed: the peer broke the protocol or stalled."""
 
 
+class _OutsidePrefix(_Dropped):
+    """A frame names a key outside the mount's prefix (or in its `.ckptfs/`): a takeover would write or delete it."""
+
+
+def confined(key: str, prefix: str) -> bool:
+    """`key` is one a file or directory of this mount can have: under the prefix (the bucket's root when it is
+    empty), not in its `.ckptfs/` (node records, probes), not climbing out of it. A node that holds the secret but
+    names other keys (another prefix's, a record) would have a takeover here write or delete them: refused."""
+    base = prefix.strip("/")
+    rel = key[len(base) + 1:] if base and key.startswith(base + "/") else key if not base else None
+    if not rel:
+        return False
+    parts = rel.rstrip("/").split("/")
+    return parts[0] != ".ckptfs" and not any(p in ("", ".", "..") for p in parts)
+
+
 class _Stopping(Exception):
     """The listener is being stopped while a worker thread receives a frame's bytes."""
 
@@ -100,6 +116,8 @@ class Listener:
         self.connections = 0  # open, authenticated
         self.accepted_connections = 0
         self.refused_connections = 0  # never authenticated: wrong secret, not a peer, too slow
+        self.keys_refused = 0  # frames naming a key outside the mount's prefix (their connection dropped)
+        self.prefix: str = getattr(cfg, "prefix", "")  # the mount's: the keys a frame may name (`confined`)
         self.dropped_connections = 0  # authenticated, then a wrong MAC, a malformed frame, a stall
         self.full_answers = 0  # seals answered PeerFull
         self.bytes_received = 0
@@ -287,6 +305,13 @@ class _Connection:
         with trio.fail_after(self.listener.timeout):
             return await self.session.receive(self.reader, META_MAX)
 
+    def _confine(self, *keys: Any) -> None:
+        for key in keys:
+            if key is not None and not (isinstance(key, str) and confined(key, self.listener.prefix)):
+                self.listener.keys_refused += 1
+                raise _OutsidePrefix(f"it names {str(key)[:200]!r}, outside this mount's prefix "
+                                     f"{self.listener.prefix or '(the bucket)'!r}: refused (same bucket and prefix on every node?)")
+
     async def _reply(self, kind: Kind, meta: dict[str, Any]) -> None:
         with trio.fail_after(self.listener.timeout):
             await self.stream.send_all(self.session.encode(kind, meta))
@@ -298,6 +323,7 @@ class _Connection:
             await self._write(int(m["ino"]), int(m["offset"]), frame.data_length)
         elif kind is Kind.ENTRY:
             ino = int(m["ino"])
+            self._confine(m["meta"].get("key"), m["meta"].get("copy_from"))
             await self._run(ino, store.put_entry, owner, ino, m["meta"], self.journal, self.incarnation)
         elif kind is Kind.TRUNCATE:
             ino = int(m["ino"])
@@ -309,6 +335,7 @@ class _Connection:
             self.failed.pop(ino, None)  # whatever failed of it, the replica goes
             await self._run(ino, store.forget, owner, ino, None if version is None else int(version), self.journal)
         elif kind is Kind.DELETE:
+            self._confine(m.get("key"))
             after = m.get("after_ino")
             await self._run(None, store.add_delete, owner, int(m["op_id"]), str(m["key"]), int(m["seq"]),
                             None if after is None else int(after), self.journal, self.incarnation, str(m.get("etag") or ""))

@@ -239,6 +239,7 @@ class Peers:
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
             "handshake_refused": self.listener.refused_connections,  # connections closed unauthenticated: a flood, a wrong secret
             "unclaimed_nodes": self.unclaimed_nodes(),
+            "keys_refused": self.listener.keys_refused,  # frames naming keys outside the prefix: connection dropped
         }
 
     def unclaimed_nodes(self) -> list[str]:

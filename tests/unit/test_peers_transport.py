@@ -223,6 +223,38 @@ def test_the_listener_refuses_the_wrong_secret_garbage_and_silence_and_still_ser
     with_listener(cfg, shm / "b", body)
 
 
+def test_keys_outside_the_mounts_prefix_are_refused_and_counted(shm: Path) -> None:
+    """Issue 43: keys in ENTRY and DELETE frames (a takeover writes or deletes them) confined to the mount's prefix:
+    another prefix's key, a node record, a path climbing out: the frame is refused, the connection dropped, counted."""
+    from ckptfs.peers.listener import confined
+
+    assert confined("ckpt/run/step_1/a.pt", "ckpt") and confined("ckpt/run/", "ckpt/") and confined("x/y", "")
+    for key in ("other/run/a.pt", "ckpt", "ckpt/", "ckptx/a", "ckpt/.ckptfs/nodes/a.json", "ckpt/run/../../x",
+                "ckpt//a", ".ckptfs/nodes/a.json"):
+        assert not confined(key, "ckpt"), key
+    assert not confined(".ckptfs/nodes/a.json", "")
+
+    async def body(listener: Listener, addr: str) -> None:
+        for i, send in enumerate((lambda link: link.entry(1, entry_meta("other/step_1/a.pt", 1, 0)),
+                                  lambda link: link.entry(2, entry_meta("ckpt/a.pt", 1, 0, copy_from="ckpt/.ckptfs/nodes/b.json")),
+                                  lambda link: link.delete(3, "ckpt/.ckptfs/nodes/b.json", 1))):
+            link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+            await send(link)
+            with pytest.raises(PeerError):
+                await link.barrier()
+            await link.aclose()
+            assert listener.keys_refused == i + 1
+        assert listener.store.entries("node-a") == [] and listener.store.deletes("node-a") == []
+        link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        await link.entry(4, entry_meta("ckpt/step_1/a.pt", 1, 0))  # its own prefix: taken
+        await link.barrier()
+        await link.aclose()
+        assert [e.key for e in listener.store.entries("node-a")] == ["ckpt/step_1/a.pt"]
+
+    (shm / "b").mkdir()
+    with_listener(config(prefix="ckpt"), shm / "b", body)
+
+
 def test_an_authenticated_peer_sending_a_malformed_forged_or_stalled_frame_is_dropped(shm: Path) -> None:
     async def body(listener: Listener, addr: str) -> None:
         for bad in ("malformed", "forged", "stalled"):
