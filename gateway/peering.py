@@ -162,3 +162,5 @@ def check_peer_options(cfg: Any) -> None:
         where = "" if is_loopback(host) else f" (peer_addr {cfg.peer_addr} is not a loopback address: unauthenticated replication is refused)"
         raise PeerOptionError(f"durability = peer needs peer_secret_file{where}: give a file of at least {SECRET_MIN_BYTES} random bytes, chmod 600, the same on every node")
     read_secret(cfg.peer_secret_file)
+    if getattr(cfg, "peer_secret_previous_file", ""):
+        read_secret(cfg.peer_secret_previous_file)

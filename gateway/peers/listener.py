@@ -104,8 +104,9 @@ class OwnerJudge(Protocol):
 
 
 class Listener:
-    def __init__(self, cfg: Any, store: ReplicaStore, secret: bytes, me: str, judge: OwnerJudge | None = None) -> None:
-        self.cfg, self.store, self.secret, self.me = cfg, store, secret, me
+    def __init__(self, cfg: Any, store: ReplicaStore, secret: bytes | list[bytes], me: str, judge: OwnerJudge | None = None) -> None:
+        self.cfg, self.store, self.me = cfg, store, me
+        self.secret = secret  # or the secrets of a rotation: the current one and peer_secret_previous_file's
         self.judge = judge  # None: every authenticated owner is taken (a listener without node records: tests only)
         self.refused_owners = 0  # connections or frames refused: the owner's incarnation has no live record
         self._by_owner: dict[str, "_Connection"] = {}  # the connection each owner sends on now

@@ -25,7 +25,7 @@ from ..peering import node_name_of, peer_warnings, read_secret
 from ..publishing import store_refuses_stale_deletes, store_refuses_stale_writes
 from ..storeapi import ObjectStore
 from ..supervisor import Supervisor
-from .link import PeerLink, answers_as
+from .link import PeerLink, PeerRefused, answers_as
 from .listener import Listener
 from .departure import RemoveRefused, leave, remove_node
 from .membership import Membership, known_hosts, new_incarnation
@@ -48,10 +48,12 @@ class Peers:
         self.me = node_name_of(cfg)
         self.incarnation = new_incarnation()
         self.secret = read_secret(cfg.peer_secret_file)
+        # a rotation: the previous secret too, accepted by the listener and tried second when connecting
+        self.secrets = [self.secret] + ([read_secret(cfg.peer_secret_previous_file)] if cfg.peer_secret_previous_file else [])
         for warning in peer_warnings(cfg):
             log.warning(warning)
         self.replicas = ReplicaStore(cfg, cfg.cache_dir)
-        self.listener = Listener(cfg, self.replicas, self.secret, self.me)
+        self.listener = Listener(cfg, self.replicas, self.secrets, self.me)
         self.journal_id: str = getattr(ns.journal, "journal_id", "")
         self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr, journal_id=self.journal_id)
         self.listener.judge = self.membership.owners  # replicas only from an owner incarnation whose record is live
@@ -99,11 +101,22 @@ class Peers:
             log.info("node %s: could not read the node records to find a first peer: %s", self.me, e)
 
     async def _answers_as_me(self, addr: str) -> bool:
-        return await answers_as(addr, self.me, self.secret, self.me, self.incarnation, self.journal_id,
-                                min(self.cfg.peer_timeout, DUPLICATE_PROBE_SECONDS))
+        for secret in self.secrets:
+            if await answers_as(addr, self.me, secret, self.me, self.incarnation, self.journal_id,
+                                min(self.cfg.peer_timeout, DUPLICATE_PROBE_SECONDS)):
+                return True
+        return False
 
     async def _open_link(self, node: str, addr: str) -> PeerLink:
-        return await PeerLink.open(self.cfg, self.me, self.membership.incarnation, node, addr, self.secret, self.journal_id)
+        """Connect with peer_secret_file's secret; a peer that refuses it is tried with the previous one (a rotation:
+        a node that has only the old secret yet)."""
+        for i, secret in enumerate(self.secrets):
+            try:
+                return await PeerLink.open(self.cfg, self.me, self.membership.incarnation, node, addr, secret, self.journal_id)
+            except PeerRefused:
+                if i == len(self.secrets) - 1:
+                    raise
+        raise AssertionError("no secret")  # never: self.secrets holds peer_secret_file's at least
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listener, membership, sender, each supervised. An address the listener cannot bind raises the OSError

@@ -37,7 +37,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import trio
 
@@ -240,9 +240,12 @@ async def client_handshake(stream: trio.abc.Stream, reader: Reader, secret: byte
     return Session(_hmac(secret, b"session", nonce_s, nonce_c), is_server=False, peer=node)
 
 
-async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: bytes, me: str) -> Session:
+async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: bytes | Sequence[bytes], me: str) -> Session:
     """Challenge the client, check its proof, then prove the secret back. Raises WireError, having sent nothing
-    after the challenge, for anything but a client that holds the secret."""
+    after the challenge, for anything but a client that holds the secret. Several secrets (a rotation:
+    peer_secret_file and peer_secret_previous_file): the client's proof may be under any, and the answer and the
+    session are under the one it used."""
+    secrets = [secret] if isinstance(secret, bytes) else list(secret)
     nonce_s = os.urandom(NONCE_BYTES)
     await stream.send_all(MAGIC + nonce_s)
     head = await reader.exactly(len(MAGIC) + 2)
@@ -254,8 +257,10 @@ async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: byte
     hello = await reader.exactly(length)
     nonce_c = await reader.exactly(NONCE_BYTES)
     proof = await reader.exactly(PROOF_BYTES)
-    if not hmac.compare_digest(proof, _hmac(secret, CLIENT_LABEL, nonce_s, nonce_c, hello)):
+    matched = [k for k in secrets if hmac.compare_digest(proof, _hmac(k, CLIENT_LABEL, nonce_s, nonce_c, hello))]
+    if not matched:
         raise WireError("the client did not prove the shared secret")
+    secret = matched[0]
     try:
         fields = json.loads(hello)
         node, incarnation, journal = fields["node"], str(fields.get("incarnation", "")), str(fields.get("journal") or "")

@@ -134,3 +134,25 @@ def test_a_local_mount_among_peer_nodes_says_so(cluster: Cluster) -> None:
     screen = local.cli("status", str(local.path), timeout=30).stdout
     assert "durability = local here, while a run durability = peer" in screen, screen
     assert "durability = local while a on this prefix run durability = peer" in (local.cache_dir / "ckptfs.log").read_text()
+
+
+def test_a_secret_rotated_one_node_at_a_time_keeps_replicating_both_ways(cluster: Cluster, tmp_path: Path) -> None:
+    """Issue 43: rotation without an outage. Node a still has only the old secret; node b was remounted with the new
+    one and the old as peer_secret_previous_file. b accepts a's old-secret connections, and b's own connections,
+    refused under the new secret by a, go through under the old one: fsyncs on both are replicated."""
+    old = cluster.secret
+    new = write_secret(tmp_path / "new.secret")
+    a = cluster.node("a", failure_domain="r1", upload_delay=3600)
+    b = cluster.node("b", failure_domain="r2", upload_delay=3600, peer_secret_file=str(new), peer_secret_previous_file=str(old))
+    cluster.wait_live(["a", "b"])
+    for n in (a, b):
+        with open(n.path / f"from_{n.name}.bin", "wb") as f:
+            f.write(os.urandom(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())  # returns once the other node holds it (upload_delay keeps it out of the bucket)
+    for n, other in ((a, "b"), (b, "a")):
+        st = n.status()
+        assert st["peer_degraded_writes_total"] == 0 and st["single_copy_bytes"] == 0, (n.name, st)
+        assert peer(n, other)["state"] == "live", (n.name, peer(n, other))
+        assert n.state(f"from_{n.name}.bin") == "replicated"
+    assert a.replica_files("b") and b.replica_files("a")

@@ -223,6 +223,37 @@ def test_the_listener_refuses_the_wrong_secret_garbage_and_silence_and_still_ser
     with_listener(cfg, shm / "b", body)
 
 
+def test_during_a_rotation_the_listener_takes_either_secret_and_proves_the_one_used(shm: Path) -> None:
+    """Issue 43: rotation without an outage. A listener given the new and the previous secret authenticates a node
+    that has only the old one and a node that has the new one (each session under the secret it proved); any other
+    secret is refused."""
+    new = b"n" * 48
+
+    async def body(listener: Listener, addr: str) -> None:
+        for secret in (new, SECRET):
+            link = await PeerLink.open(config(), "node-a", "i", "node-b", addr, secret)
+            await link.barrier()  # frames MACed under the session of the secret it proved: accepted
+            await link.aclose()
+        with pytest.raises(PeerError, match="peer_secret_file"):
+            await PeerLink.open(config(), "node-a", "i", "node-b", addr, OTHER_SECRET)
+        assert listener.accepted_connections == 2 and listener.refused_connections == 1
+
+    async def main() -> None:
+        store = ReplicaStore(config(), str(shm / "b"))
+        try:
+            listener = Listener(config(), store, [new, SECRET], "node-b")
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(listener.run)
+                with trio.fail_after(120):
+                    await body(listener, f"127.0.0.1:{port}")
+                nursery.cancel_scope.cancel()
+        finally:
+            store.close()
+
+    (shm / "b").mkdir()
+    trio.run(main)
+
+
 def test_keys_outside_the_mounts_prefix_are_refused_and_counted(shm: Path) -> None:
     """Issue 43: keys in ENTRY and DELETE frames (a takeover writes or deletes them) confined to the mount's prefix:
     another prefix's key, a node record, a path climbing out: the frame is refused, the connection dropped, counted."""
