@@ -37,7 +37,7 @@ APT_PKGS := fuse3 libfuse3-dev pkg-config attr
 # only for the tests and benchmarks: promtool + a Prometheus server, NFS-Ganesha and the libnfs client,
 # systemd-analyze, s3fs (a peer in `make bench`, and in the tests' smoke run of it), chromium and
 # chromium-driver (the catalogue page's tests drive it headless)
-TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils systemd s3fs chromium chromium-driver
+TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils nfs-common systemd s3fs chromium chromium-driver
 # make bench: s3fs (a peer), NFS-Ganesha, rpcbind and libnfs's nfs-cp (what one NFS gateway serves)
 BENCH_APT_PKGS := s3fs nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils
 # make test-vm: QEMU, Debian 12's kernel (only adds /boot and /lib/modules/6.1.0-*) and a static
@@ -133,7 +133,8 @@ test: system-deps test-deps $(if $(filter 1,$(TEST_VM)),vm-deps) $(TEST_STAMP)
 	CKPTFS_REQUIRE_EXTRAS=1 $(PY) -m pytest $(PYTEST_ARGS)
 	@if [ "$(TEST_VM)" = 1 ]; then $(PY) scripts/test_vm.py --if-possible --selection auto; else echo "test-vm: skipped: TEST_VM=$(TEST_VM) (make test-vm runs them)"; fi
 
-test-vm: system-deps vm-deps $(TEST_STAMP)
+# test-deps: the guest runs the host's tools (Ganesha, rpcbind, nfs-common's mount.nfs4 for SELECTION=nfs)
+test-vm: system-deps test-deps vm-deps $(TEST_STAMP)
 	$(PY) scripts/test_vm.py $(if $(SELECTION),--selection $(SELECTION))
 
 run: deps

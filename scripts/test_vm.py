@@ -75,6 +75,8 @@ MODULES = ["virtio_pci", "9pnet_virtio", "9p", "fuse"]
 NFS_MODULES = ["sunrpc", "nfs", "nfsv4"]  # their dependencies (lockd, grace, fscache, netfs, dns_resolver) come from modules.dep
 BOOT_MARK = "vm: booted"
 EXIT_MARK = re.compile(r"^vm-exit: (\d+)")
+# pytest's last line: "===== 3 passed, 2 skipped in 41.2s =====" (or without the rules, with -q)
+SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s")
 KVM_BOOT_TIMEOUT = 30.0  # a KVM guest reaches its init in seconds where KVM works at all
 TCG_BOOT_TIMEOUT = 180.0  # ~10 s measured; generous for a loaded machine
 MEMORY_MB = 3072
@@ -377,7 +379,22 @@ def main() -> int:
         print(f"test-vm: the guest ended without a result after {minutes:.1f} min (timeout {args.timeout:.0f} s)", flush=True)
         return 1
     print(f"test-vm: {minutes:.1f} min, pytest exit status {guest.exit_status}", flush=True)
+    if guest.exit_status == 0 and all_skipped(guest.lines):
+        # a selection whose tests all skipped tested nothing (a tool missing in the guest: the skip reasons say which)
+        print("test-vm: every test of the selection skipped: nothing was tested (see the skip reasons above; "
+              "`make test-deps` installs what the NFS tests need)", flush=True)
+        return 1
     return guest.exit_status
+
+
+def all_skipped(lines: list[str]) -> bool:
+    """pytest's summary says tests were skipped and none passed."""
+    for line in reversed(lines):
+        m = SUMMARY.match(line.strip())
+        if m:
+            counts = {w.split()[1]: int(w.split()[0]) for w in m.group(1).split(", ") if w}
+            return counts.get("skipped", 0) > 0 and not counts.get("passed", 0)
+    return False
 
 
 if __name__ == "__main__":

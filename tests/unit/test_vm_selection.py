@@ -80,3 +80,12 @@ def test_the_nfs_selection_names_files_that_exist_and_loads_the_nfs_client() -> 
     assert {"sunrpc", "nfs", "nfsv4"} <= set(test_vm.guest_modules("nfs"))
     assert test_vm.guest_modules("core") == test_vm.MODULES
     assert "ip addr add" in test_vm.init_script([])  # Ganesha's AI_ADDRCONFIG needs an address besides 127.0.0.1
+
+
+def test_a_guest_run_whose_tests_all_skipped_is_a_failure() -> None:
+    """Issue 43: `make test-vm SELECTION=nfs` on a fresh machine said `12 skipped`, exit 0: the guest lacked
+    mount.nfs4. A run that tested nothing fails; one where some passed and some skipped does not."""
+    assert test_vm.all_skipped(["...", "============ 12 skipped in 3.45s ============"])
+    assert test_vm.all_skipped(["12 skipped, 1 warning in 3.45s"])
+    assert not test_vm.all_skipped(["===== 3 passed, 2 skipped in 41.2s ====="])
+    assert not test_vm.all_skipped(["no summary"])
