@@ -79,6 +79,8 @@ FAULTS: dict[str, int | None] = {
     "taker:silent": None,  # the owner lost, the taker stopped for good mid-takeover (its disk lost with it)
     "taker:pause": None,  # the owner lost, the taker paused past the lease mid-takeover, then resumed
     "taker:store_cut": None,  # the owner lost, the taker cut from the store mid-takeover past the lease
+    "taker:store_errors": None,  # the owner lost, the store answering 503 SlowDown to every node mid-takeover
+    "taker:store_outage": None,  # the owner lost, the store hanging for every node mid-takeover, less than a lease
 }
 # what the writer does (what trainers do), with the case each is known to meet when the owner is then lost
 OPS: dict[str, int | None] = {
@@ -134,6 +136,7 @@ LEASE = float(NODE_OPTIONS["peer_lease_ttl"])
 # how long an owner is given to notice a holder's fault and copy its undrained files to another node before it is
 # lost too: a peer_timeout to give the holder up, a lease for the records to say it is down, and as much again
 REREPLICATE_WINDOW = 2 * float(NODE_OPTIONS["peer_timeout"]) + 2 * LEASE
+STORE_ERRORS = 40  # requests of each node answered 503 by a store_errors fault
 PAUSE_FOR = 2.5 * LEASE  # a pause or a store cut: well past the lease
 SETTLE_TIMEOUT = float(os.environ.get("CKPTFS_CAMPAIGN_SETTLE", "90"))  # for the bucket to reach the expected state
 
@@ -831,6 +834,18 @@ class Campaign:
                 taker.proxy.set_mode("blackhole")
                 time.sleep(PAUSE_FOR)
                 taker.proxy.set_mode("pass")
+            elif kind == "store_errors":  # the store fails for everyone: the takeover retries, nobody regresses
+                for n in self.cc.live:
+                    n.proxy.fail(503, "SlowDown", STORE_ERRORS)
+                time.sleep(PAUSE_FOR)
+                for n in self.cc.live:
+                    n.proxy.set_mode("pass")
+            elif kind == "store_outage":  # the store hangs for everyone, shorter than a lease: no lease lapses
+                for n in self.cc.live:
+                    n.proxy.set_mode("blackhole")
+                time.sleep(LEASE / 2)
+                for n in self.cc.live:
+                    n.proxy.set_mode("pass")
         if owner_alive is None:
             w.end()
         else:
