@@ -5,7 +5,7 @@ with both nodes on this machine's cores. This measures, in the same run, the bes
 each writer process writes its file on tmpfs (as a passthrough mount does) while a thread of the same process
 streams what is written with `os.sendfile` to a separate receiving process (the peer), which `recv_into`s
 and `pwrite`s it into its own tmpfs file; the writer's fsync returns when the receiver has every byte and
-answered. With `checks`, the two hashes the design needs are added: the receiver hashes (xxh3-128) what
+answered. With `checks`, the two hashes the design needs are added: the receiver hashes (xxh3-128 and BLAKE3) what
 arrives, and the sender reads its file back and hashes it at the seal (under passthrough the kernel may have
 rewritten bytes it already sent), and the receiver compares.
 
@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import xxhash
+from ckptfs.peers.sealhash import SealHash
 
 from bench import writer
 from bench.env import MiB, ROOT, run_writers
 
-HEADER = 8  # the file's size, then its bytes, then (with checks) its xxh3-128 digest
-DIGEST = 16
+HEADER = 8  # the file's size, then its bytes, then (with checks) its seal digests
+DIGEST = 32 + 64  # the seal digests, hex: xxh3-128 and BLAKE3-256
 BUFFER = 1 << 20
 CHECKS = {"none": False, "hashed": True}
 
@@ -50,12 +50,18 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
+def _packed(h: SealHash) -> bytes:
+    """The seal's two digests as the design sends them (xxh3-128 and BLAKE3-256, hex): DIGEST bytes."""
+    d = h.digest()
+    return (d.xxh3 + d.blake3).encode()
+
+
 def _serve_one(conn: socket.socket, path: str, checks: bool) -> None:
     with conn:
         size = int.from_bytes(_recv_exactly(conn, HEADER), "little")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            h = xxhash.xxh3_128()
+            h = SealHash()
             buf = bytearray(BUFFER)
             view = memoryview(buf)
             done = 0
@@ -69,7 +75,7 @@ def _serve_one(conn: socket.socket, path: str, checks: bool) -> None:
                 done += n
             ok = True
             if checks:
-                ok = _recv_exactly(conn, DIGEST) == h.digest()
+                ok = _recv_exactly(conn, DIGEST) == _packed(h)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -133,7 +139,7 @@ def write_replicated(path: str, size: int, chunk: int, port: int, checks: bool) 
         if failed:
             raise failed[0]
         if checks:  # the seal: the file read back and hashed, the peer compares
-            h = xxhash.xxh3_128()
+            h = SealHash()
             read = bytearray(BUFFER)
             rview = memoryview(read)
             pos = 0
@@ -141,7 +147,7 @@ def write_replicated(path: str, size: int, chunk: int, port: int, checks: bool) 
                 n = os.preadv(rfd, [rview[:min(BUFFER, size - pos)]], pos)
                 h.update(rview[:n])
                 pos += n
-            sock.sendall(h.digest())
+            sock.sendall(_packed(h))
         if _recv_exactly(sock, 1) != b"k":
             raise RuntimeError("the peer's copy differs")
         fsynced = time.monotonic()
