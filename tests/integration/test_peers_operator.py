@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Iterator
@@ -56,7 +57,9 @@ def test_a_clean_unmount_leaves_a_lost_node_is_unclaimed_and_remove_node_takes_i
     screen = a.cli("status", str(a.path), timeout=30).stdout
     assert "b left" in screen and "no peer known" in screen, screen  # the only other node left: a has no peer now
 
-    cluster.restart(b)
+    shutil.rmtree(b.cache_dir)  # and back with an empty cache (a new disk): a node that left has no predecessor to
+    cluster.restart(b)          # wait for (it waited for 2 x ttl, as for a lost node, before)
+    assert b.status()["peer_state"] == "live"
     wait_until("a to see b live again", lambda: peer(a, "b").get("state") == "live", 60)
     refused = a.cli("remove-node", str(a.path), "b", timeout=90)
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
