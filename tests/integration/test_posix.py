@@ -13,6 +13,7 @@ import stat
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,6 +196,19 @@ def test_write_by_another_user_clears_setuid_and_setgid(make_mount, direct_io: b
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o0777  # in the journal, not only in memory
 
 
+def _mode_after_the_owners(where: Path, command: list[str], mode: int | None = None, **run: Any) -> int:
+    """`command` run as NOBODY in `where` on a file `tool` it owns (given `mode` first): the file's mode after."""
+    os.chmod(where, 0o777)
+    p = where / "tool"
+    p.write_bytes(b"#!/bin/sh\n")
+    os.chown(p, NOBODY, NOBODY)
+    if mode is not None:
+        os.chmod(p, mode)
+    proc = subprocess.run(command, cwd=where, user=NOBODY, group=NOBODY, capture_output=True, text=True, timeout=60, **run)
+    assert proc.returncode == 0, proc.stderr
+    return stat.S_IMODE(os.stat(p).st_mode)
+
+
 def test_chown_by_the_owner_clears_setuid_and_setgid_as_a_local_file_system_does(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """With HANDLE_KILLPRIV_V2 the kernel leaves clearing them on chown/chgrp to the daemon (found by a POSIX conformance run)."""
     if os.geteuid() != 0:
@@ -202,18 +216,9 @@ def test_chown_by_the_owner_clears_setuid_and_setgid_as_a_local_file_system_does
     m: Mount = make_mount(allow_other="true")
     local = tmp_path / "local"
     local.mkdir()
-    modes = {}
-    for where in (local, m.path):
-        os.chmod(where, 0o777)
-        p = where / "tool"
-        p.write_bytes(b"#!/bin/sh\n")
-        os.chown(p, NOBODY, NOBODY)
-        os.chmod(p, 0o6555)
-        # chgrp to another group of the owner's (a non-root owner may give the file to a group it is in)
-        proc = subprocess.run(["chgrp", str(OTHER_GROUP), "tool"], cwd=where, user=NOBODY, group=NOBODY, extra_groups=[OTHER_GROUP],
-                              capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        modes[where] = stat.S_IMODE(os.stat(p).st_mode)
+    # chgrp to another group of the owner's (a non-root owner may give the file to a group it is in)
+    modes = {where: _mode_after_the_owners(where, ["chgrp", str(OTHER_GROUP), "tool"], 0o6555, extra_groups=[OTHER_GROUP])
+             for where in (local, m.path)}
     assert modes[local] == 0o555, oct(modes[local])  # what Linux does; the mount must do the same
     assert modes[m.path] == modes[local], (oct(modes[m.path]), oct(modes[local]))
     m.stop()
@@ -225,23 +230,14 @@ def test_chown_by_the_owner_clears_setuid_and_setgid_as_a_local_file_system_does
 def test_chown_minus_one_minus_one_by_the_owner_clears_setuid_and_setgid_as_linux_does(make_mount, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue 43: the owner (not root) makes its file 06555, then calls chown(path, -1, -1), no change of owner or
     group. Linux's own file systems clear both bits (tmpfs: 06555 -> 0555); the kernel sends it to the daemon as a
-    SETATTR of the change time alone, which ckptfs kept as 06555."""
+    SETATTR that changes nothing, which ckptfs kept as 06555."""
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another user")
     m: Mount = make_mount(allow_other="true")
     local = tmp_path / "local"
     local.mkdir()
-    modes = {}
     script = "chmod 06555, 'tool' or die $!; chown -1, -1, 'tool' or die $!"  # perl: the venv's python is root's
-    for where in (local, m.path):
-        os.chmod(where, 0o777)
-        p = where / "tool"
-        p.write_bytes(b"#!/bin/sh\n")
-        os.chown(p, NOBODY, NOBODY)
-        proc = subprocess.run(["perl", "-e", script], cwd=where, user=NOBODY, group=NOBODY, capture_output=True,
-                              text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        modes[where] = stat.S_IMODE(os.stat(p).st_mode)
+    modes = {where: _mode_after_the_owners(where, ["perl", "-e", script]) for where in (local, m.path)}
     assert modes[local] == 0o555, oct(modes[local])
     assert modes[m.path] == modes[local], (oct(modes[m.path]), oct(modes[local]))
 

@@ -49,7 +49,7 @@ def entry_meta(key: str, version: int, size: int, seq: int = 1, **over: Any) -> 
 
 
 def with_listener(cfg: SimpleNamespace, cache_dir: Path, body: Callable[[Listener, str], Awaitable[None]],
-                  secret: bytes = SECRET) -> None:
+                  secret: bytes | list[bytes] = SECRET) -> None:
     async def main() -> None:
         store = ReplicaStore(cfg, str(cache_dir))
         try:
@@ -238,20 +238,8 @@ def test_during_a_rotation_the_listener_takes_either_secret_and_proves_the_one_u
             await PeerLink.open(config(), "node-a", "i", "node-b", addr, OTHER_SECRET)
         assert listener.accepted_connections == 2 and listener.refused_connections == 1
 
-    async def main() -> None:
-        store = ReplicaStore(config(), str(shm / "b"))
-        try:
-            listener = Listener(config(), store, [new, SECRET], "node-b")
-            async with trio.open_nursery() as nursery:
-                port = await nursery.start(listener.run)
-                with trio.fail_after(120):
-                    await body(listener, f"127.0.0.1:{port}")
-                nursery.cancel_scope.cancel()
-        finally:
-            store.close()
-
     (shm / "b").mkdir()
-    trio.run(main)
+    with_listener(config(), shm / "b", body, secret=[new, SECRET])
 
 
 def test_keys_outside_the_mounts_prefix_are_refused_and_counted(shm: Path) -> None:
