@@ -21,6 +21,8 @@ What is measured, in one run:
 * the sender's CPU: the owner daemon's CPU seconds over the peer windows per GiB replicated (<= 0.3
   targeted), and the same less the local node's over the same writes (what replication adds).
 * the drain rate: `ckptfs flush` of the local node's files after its windows (bytes / seconds).
+* encryption: the same pair and windows with `peer_encryption = aes-gcm` on both nodes (ack ratios, sender and
+  receiver CPU per GiB beside the clear run's).
 * node lost: the owner saves 4 files (tmp, fsync, rename) with its drain held back and is lost right
   after (SIGKILL, cache deleted); the time until every file is in the bucket, against
   `peer_lease_ttl` + 1.5 x its undrained bytes / the drain rate of this run (<= 1 targeted).
@@ -131,6 +133,19 @@ def peer_pair(cluster: Cluster, size: int, drain_rate: float | None) -> dict[str
     return out
 
 
+def encrypted_pair(cluster: Cluster, size: int) -> dict[str, Any]:
+    """The acknowledge windows of `peer_pair` with peer_encryption = aes-gcm on both nodes: what encryption costs."""
+    owner = cluster.node("owner", peer_encryption="aes-gcm", **HELD)
+    peer = cluster.node("peer", peer_encryption="aes-gcm")
+    cluster.wait_live(["owner", "peer"])
+    assert peer.pid
+    peer_cpu0 = cpu_seconds(peer.pid)
+    out = acknowledge(owner, size, "ack")
+    out["cpu_receiver_s"] = cpu_seconds(peer.pid) - peer_cpu0
+    out["degraded_writes"] = owner.metric("ckptfs_peer_degraded_writes_total")
+    return out
+
+
 def trials(cluster: Cluster, count: int, size: int, rng: random.Random, log: Callable[[str], None]) -> dict[str, Any]:
     survivors = [cluster.node("s1"), cluster.node("s2")]
     results = []
@@ -174,7 +189,7 @@ def peers(server: BenchServer, work: Path, tag: str, log: Callable[[str], None],
     log(f"peers: the floor of acknowledging on a peer here (no ckptfs), 1 file of {size >> 20} MiB, then {WRITERS} writers")
     out["floor"] = guarded(lambda: peerfloor.floor(root / "floor", size, WRITERS, CHUNK))
     shutil.rmtree(root, ignore_errors=True)
-    for part in ("local", "peer", "trials"):
+    for part in ("local", "peer", "encrypted", "trials"):
         bucket = f"bench-{tag}-peers-{part}"
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
@@ -189,6 +204,9 @@ def peers(server: BenchServer, work: Path, tag: str, log: Callable[[str], None],
                 rate = drain["bytes"] / drain["flush_s"] if drain.get("flush_s") else None
                 log("peers: durability=peer on a pair of nodes, then the owner lost after a save")
                 out["peer"] = guarded(lambda: peer_pair(cluster, size, rate))
+            elif part == "encrypted":
+                log("peers: the same pair with peer_encryption = aes-gcm")
+                out["encrypted"] = guarded(lambda: encrypted_pair(cluster, size))
             else:
                 log(f"peers: {count} node-loss trials at random instants")
                 out["trials"] = guarded(lambda: trials(cluster, count, max(MiB, size // 16), rng, log))

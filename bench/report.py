@@ -333,16 +333,22 @@ NFS_FIGURES: list[Figure] = [
 PEERS = ("peers.local", "peers.peer")
 
 
-def _peers_ack(part: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
-    """Acknowledge time with durability=local / with durability=peer (a throughput ratio: higher is better)."""
-    return lambda run, meta: _ratio(_get(run, "peers", "local", part, "ack_s"), _get(run, "peers", "peer", part, "ack_s"))
+def _peers_ack(part: str, pair: str = "peer") -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """Acknowledge time with durability=local / with durability=peer (a throughput ratio: higher is better); `pair`:
+    "peer", or "encrypted" (the same pair with peer_encryption = aes-gcm)."""
+    return lambda run, meta: _ratio(_get(run, "peers", "local", part, "ack_s"), _get(run, "peers", pair, part, "ack_s"))
 
 
-def _peers_cpu(extra: bool) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+def _peers_receiver(pair: str) -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    return lambda run, meta: _ratio(_get(run, "peers", pair, "cpu_receiver_s"),
+                                    sum((_get(run, "peers", pair, p, "bytes") or 0) for p in ("single", "writers")) / (1 << 30))
+
+
+def _peers_cpu(extra: bool, pair: str = "peer") -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
     """The owner daemon's CPU seconds per GiB replicated over both windows (less the local node's for the same writes)."""
     def f(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
         parts = ("single", "writers")
-        peer = [_get(run, "peers", "peer", p) for p in parts]
+        peer = [_get(run, "peers", pair, p) for p in parts]
         local = [_get(run, "peers", "local", p) for p in parts]
         if not all(isinstance(x, dict) for x in peer) or (extra and not all(isinstance(x, dict) for x in local)):
             return None
@@ -385,9 +391,16 @@ PEERS_FIGURES: list[Figure] = [
     Figure("peers_cpu_added", "Peer durability: the sending daemon's CPU per GiB, less a local node's for the same writes", "s/GiB", "", None,
            _peers_cpu(True), False, PEERS),
     Figure("peers_cpu_receiver", "Peer durability: the receiving daemon's CPU seconds per GiB held", "s/GiB", "", None,
-           lambda run, meta: _ratio(_get(run, "peers", "peer", "cpu_receiver_s"),
-                                    sum((_get(run, "peers", "peer", p, "bytes") or 0) for p in ("single", "writers")) / (1 << 30)),
-           False, PEERS[1:]),
+           _peers_receiver("peer"), False, PEERS[1:]),
+    Figure("peers_encrypted_ack_single", "Peer durability with peer_encryption = aes-gcm: acknowledge 1 file, local / peer", "x", "",
+           None, _peers_ack("single", "encrypted"), True, ("peers.local", "peers.encrypted")),
+    Figure("peers_encrypted_ack_writers", "Peer durability with peer_encryption = aes-gcm: acknowledge 4 writers, local / peer", "x", "",
+           None, _peers_ack("writers", "encrypted"), True, ("peers.local", "peers.encrypted")),
+    Figure("peers_encrypted_cpu_sender", "Peer durability with peer_encryption = aes-gcm: the sending daemon's CPU seconds per GiB "
+           "(against peers_cpu_sender in the same run: what encryption adds, <= 0.5 targeted)", "s/GiB", "", None,
+           _peers_cpu(False, "encrypted"), False, ("peers.encrypted",)),
+    Figure("peers_encrypted_cpu_receiver", "Peer durability with peer_encryption = aes-gcm: the receiving daemon's CPU seconds per GiB",
+           "s/GiB", "", None, _peers_receiver("encrypted"), False, ("peers.encrypted",)),
     Figure("peers_node_lost", "Peer durability: node lost right after a save -> all its files durable, / (peer_lease_ttl + 1.5 x undrained "
            "/ drain rate of this run)", "x", "<=", 1.0, _peers_loss, False, PEERS),
     Figure("peers_trials_lost", "Peer durability: acknowledged files lost in the node-loss trials at random instants", "files", "<=", 0.0,

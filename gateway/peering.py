@@ -140,6 +140,8 @@ def check_peer_options(cfg: Any) -> None:
         raise PeerOptionError(f"on_no_peer = {cfg.on_no_peer!r}: use degrade or fail")
     if cfg.node_name and not NODE_NAME.fullmatch(cfg.node_name):
         raise PeerOptionError(f"node_name = {cfg.node_name!r}: give letters, digits, '.', '_' or '-' (at most 63), starting with a letter or digit")
+    if getattr(cfg, "peer_encryption", "none") not in ("none", "aes-gcm"):
+        raise PeerOptionError(f"peer_encryption = {cfg.peer_encryption!r}: use none or aes-gcm (the same on every node)")
     if cfg.peer_replicas < 1:
         raise PeerOptionError(f"peer_replicas = {cfg.peer_replicas}: give at least 1")
     for name in ("peer_timeout", "peer_lease_ttl", "peer_drop_grace"):

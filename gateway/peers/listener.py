@@ -34,7 +34,8 @@ from ..dbconnection import DiskFull
 from ..peering import PeerOptionError, parse_addr
 
 from .replicas import ReplicaFull, ReplicaMismatch, ReplicaStore, ReplicaUnknown
-from .wire import META_MAX, Frame, Kind, Reader, Session, WireError, server_handshake, tune_socket
+from .wire import (ENC_CHUNK, GCM_TAG, META_MAX, Frame, Kind, Reader, Session, WireError, plain_length, server_handshake,
+                   tune_socket)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Listener:
         self.refused_connections = 0  # never authenticated: wrong secret, not a peer, too slow
         self.keys_refused = 0  # frames naming a key outside the mount's prefix (their connection dropped)
         self.prefix: str = getattr(cfg, "prefix", "")  # the mount's: the keys a frame may name (`confined`)
+        self.encryption: str = getattr(cfg, "peer_encryption", "none")  # every connection's data: wire.py
         self.dropped_connections = 0  # authenticated, then a wrong MAC, a malformed frame, a stall
         self.full_answers = 0  # seals answered PeerFull
         self.bytes_received = 0
@@ -212,7 +214,7 @@ class Listener:
             deadline = self.timeout if known else min(self.timeout, STRANGER_HANDSHAKE_SECONDS)
             try:
                 with trio.fail_after(deadline):
-                    session = await server_handshake(stream, reader, self.secret, self.me)
+                    session = await server_handshake(stream, reader, self.secret, self.me, self.encryption)
             except (WireError, trio.TooSlowError, trio.BrokenResourceError, OSError) as e:
                 self.refused_connections += 1
                 why = f"no handshake within {deadline:g}s" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
@@ -391,12 +393,14 @@ class _Connection:
         per call, from the raw socket (after the bytes the Reader already buffered): the event loop is not woken per
         64 KiB segment (measured: about half the receiver's CPU per GiB), and a cancel waits for one chunk at most.
         A sender silent for `peer_timeout` mid-frame is a stall (TooSlowError), however long the frame."""
-        sink = _Sink(self, ino, offset)
+        inner = _Sink(self, ino, offset)
+        plain = plain_length(length) if self.session.aead is not None else length
+        sink: _Sink | _Decrypting = inner if plain == length else _Decrypting(inner, self.session, length)
         await self._unseal(ino)
         if ino not in self.failed:
             try:
-                sink.fd = self.store.reserve(self.owner, ino, offset + length)
-                sink.hashed = self.store.writing(self.owner, ino, offset)
+                inner.fd = self.store.reserve(self.owner, ino, offset + plain)
+                inner.hashed = self.store.writing(self.owner, ino, offset)
             except OSError as e:
                 self.failed[ino] = e
         buffered = self.reader.take(length)
@@ -495,6 +499,34 @@ class _Sink:
         finally:
             if lowat > 1:
                 _set_rcvlowat(sock, 1)  # the event loop reads the next frame's header, however small
+
+
+class _Decrypting:
+    """peer_encryption: a WRITE frame's data as it arrives (any split), opened chunk by chunk (wire.Session.open_chunk:
+    a chunk that fails its tag drops the connection) into the replica's sink. `done` counts wire bytes."""
+
+    def __init__(self, sink: _Sink, session: Session, wire: int) -> None:
+        self.sink, self.session, self.conn = sink, session, sink.conn
+        self.number = session.received_number  # the WRITE frame being read: its chunks' nonces name it
+        self.pending = bytearray()
+        self.left = wire  # wire bytes of the chunks not yet opened
+        self.index = 0
+        self.done = 0
+
+    def put(self, view: memoryview) -> None:
+        self.done += len(view)
+        self.pending += view
+        while self.pending:
+            need = min(ENC_CHUNK + GCM_TAG, self.left)
+            if len(self.pending) < need:
+                return
+            plain = self.session.open_chunk(self.number, self.index, bytes(self.pending[:need]))
+            del self.pending[:need]
+            self.left -= need
+            self.index += 1
+            self.sink.put(memoryview(plain))
+
+    receive = _Sink.receive  # the same socket loop, feeding this put
 
 
 def _set_rcvlowat(sock: int, lowat: int) -> None:

@@ -52,6 +52,9 @@ class Peers:
         self.secrets = [self.secret] + ([read_secret(cfg.peer_secret_previous_file)] if cfg.peer_secret_previous_file else [])
         for warning in peer_warnings(cfg):
             log.warning(warning)
+        if cfg.peer_encryption != "none":  # kernel TLS would keep sendfile; not used (docs/peers.md)
+            log.info("peer_encryption = %s: replicated bytes are encrypted in the daemon (AES-256-GCM), read through it "
+                     "rather than sent by sendfile; kernel TLS offload is not used", cfg.peer_encryption)
         self.replicas = ReplicaStore(cfg, cfg.cache_dir)
         self.listener = Listener(cfg, self.replicas, self.secrets, self.me)
         self.journal_id: str = getattr(ns.journal, "journal_id", "")
@@ -103,7 +106,7 @@ class Peers:
     async def _answers_as_me(self, addr: str) -> bool:
         for secret in self.secrets:
             if await answers_as(addr, self.me, secret, self.me, self.incarnation, self.journal_id,
-                                min(self.cfg.peer_timeout, DUPLICATE_PROBE_SECONDS)):
+                                min(self.cfg.peer_timeout, DUPLICATE_PROBE_SECONDS), self.cfg.peer_encryption):
                 return True
         return False
 

@@ -4,9 +4,9 @@ secret, then MACed frames.
 Handshake, before anything else (both ends prove the secret; nothing is sent before the other end did):
 
     server -> client   MAGIC, nonce_s (32 B)
-    client -> server   MAGIC, u16 length, hello JSON {"node", "incarnation", "journal"}, nonce_c (32 B),
+    client -> server   MAGIC, u16 length, hello JSON {"node", "incarnation", "journal", "enc"}, nonce_c (32 B),
                        HMAC-SHA256(secret, "ckptfs-peer/1 client" | nonce_s | nonce_c | hello)
-    server -> client   u16 length, JSON {"node"}, HMAC-SHA256(secret, "ckptfs-peer/1 server" | nonce_c | nonce_s | hello | its JSON)
+    server -> client   u16 length, JSON {"node", "enc"}, HMAC-SHA256(secret, "ckptfs-peer/1 server" | nonce_c | nonce_s | hello | its JSON)
 
 Each side's proof covers the other side's fresh nonce, so a recorded handshake replayed on a new
 connection proves nothing; the labels differ, so a server's proof cannot be reflected as a client's.
@@ -22,9 +22,15 @@ over loopback with files on tmpfs, two processes, 1 GiB files (2 cores, busy): t
 costs the sender 0.2-0.45 s CPU per GiB (a bare blocking sendfile loop, no Python: 0.17-0.22, the kernel's
 loopback TCP); the same bytes read through Python and sent 0.46-0.52; read, keyed-blake2b'd and sent
 1.6 (blake2b alone 1.2 s/GiB, SHA-256 0.6), five times the budget of 0.3 s per GiB replicated.
-Their integrity is checked at seal by the xxh3-128 of the whole file, the sender's against the
-receiver's: a transmission error is caught, an on-path attacker who matches the xxh3 is not, so peer
-traffic belongs on a trusted network (docs/peers.md).
+Their integrity is checked at seal by the xxh3-128 and the BLAKE3 of the whole file (sealhash.py), the
+sender's against the receiver's, in the MACed seal frame: bytes altered on the way are refused there.
+
+`peer_encryption = aes-gcm` (both ends must agree: each hello names its setting, the proofs cover them, and a
+node refuses a peer whose setting differs): every WRITE frame's data goes as chunks of ENC_CHUNK bytes, each
+sealed with AES-256-GCM (its 16-byte tag after it) under a key derived from the session key, the nonce the
+direction, the frame's number and the chunk's index; the frame's data length counts the tags. Data bytes are
+then unreadable and unforgeable on the wire (a chunk that fails its tag drops the connection); names, sizes and
+offsets in the meta are MACed, not encrypted. The sender reads its file through Python then (no sendfile).
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ REPLY_META_MAX = 256 << 20  # the peer's reply to `holdings`: one line per file 
 CLIENT_LABEL = b"ckptfs-peer/1 client"
 SERVER_LABEL = b"ckptfs-peer/1 server"
 TO_SERVER, TO_CLIENT = b"c", b"s"
+ENCRYPTIONS = ("none", "aes-gcm")  # peer_encryption
+ENC_CHUNK = 1 << 20  # plaintext bytes per AES-GCM chunk of a WRITE frame's data
+GCM_TAG = 16
 RECEIVE_CHUNK = 1 << 20
 
 KEEPALIVE_PROBES = 3  # keepalive probes unanswered before the kernel ends a peer connection
@@ -163,15 +172,53 @@ class Reader:
         return bool(self.buf)
 
 
+def wire_length(plain: int) -> int:
+    """The data length on the wire of `plain` bytes sent encrypted: each chunk carries its tag."""
+    return plain + GCM_TAG * -(-plain // ENC_CHUNK)
+
+
+def plain_length(wire: int) -> int:
+    """The bytes a WRITE frame of `wire` encrypted data bytes carries (wire_length's inverse)."""
+    return wire - GCM_TAG * -(-wire // (ENC_CHUNK + GCM_TAG))
+
+
 class Session:
-    """The MACs of one authenticated connection, one frame counter per direction."""
+    """The MACs of one authenticated connection, one frame counter per direction; with peer_encryption, the AEAD
+    of its data bytes."""
 
     def __init__(self, key: bytes, is_server: bool, peer: str, peer_incarnation: str = "", peer_journal: str = "") -> None:
         self.key = key
+        self.aead: Any = None  # AESGCM once both ends asked for aes-gcm (encrypt_data)
         self.peer, self.peer_incarnation, self.peer_journal = peer, peer_incarnation, peer_journal
         self._out_dir, self._in_dir = (TO_CLIENT, TO_SERVER) if is_server else (TO_SERVER, TO_CLIENT)
         self._sent = 0
         self._received = 0
+
+    def encrypt_data(self) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only where peer_encryption asks for it
+
+        self.aead = AESGCM(_hmac(self.key, b"ckptfs-peer/1 data"))
+
+    @property
+    def sent_number(self) -> int:
+        """The number of the frame last encoded (its data follows it)."""
+        return self._sent - 1
+
+    @property
+    def received_number(self) -> int:
+        """The number of the frame last received (its data is being read)."""
+        return self._received - 1
+
+    def seal_chunk(self, number: int, index: int, plain: Any) -> bytes:
+        return bytes(self.aead.encrypt(self._out_dir + number.to_bytes(7, "big") + index.to_bytes(4, "big"), plain, None))
+
+    def open_chunk(self, number: int, index: int, sealed: bytes) -> bytes:
+        from cryptography.exceptions import InvalidTag
+
+        try:
+            return bytes(self.aead.decrypt(self._in_dir + number.to_bytes(7, "big") + index.to_bytes(4, "big"), sealed, None))
+        except InvalidTag:
+            raise WireError("a data chunk failed its AES-GCM tag (altered on the way, or out of step)") from None
 
     def _tag(self, direction: bytes, number: int, header: bytes, meta: bytes) -> bytes:
         h = hashlib.blake2b(key=self.key, digest_size=TAG_BYTES)
@@ -213,15 +260,22 @@ class Session:
         return Frame(kind, meta, data_length)
 
 
+def _agree(mine: str, theirs: str) -> None:
+    if mine != theirs:
+        raise WireError(f"peer_encryption differs: {mine} on this node, {theirs} on the peer (give every node the same "
+                        "peer_encryption)")
+
+
 async def client_handshake(stream: trio.abc.Stream, reader: Reader, secret: bytes, me: str, incarnation: str,
-                           expect: str | None, journal: str = "") -> Session:
+                           expect: str | None, journal: str = "", encryption: str = "none") -> Session:
     """Prove the secret to the server and check its proof; `expect`: the node name the server must have."""
     greeting = await reader.exactly(len(MAGIC) + NONCE_BYTES)
     if greeting[:len(MAGIC)] != MAGIC:
         raise WireError("not a ckptfs peer (wrong greeting)")
     nonce_s = greeting[len(MAGIC):]
     nonce_c = os.urandom(NONCE_BYTES)
-    hello = json.dumps({"node": me, "incarnation": incarnation, "journal": journal}, separators=(",", ":")).encode()
+    hello = json.dumps({"node": me, "incarnation": incarnation, "journal": journal, "enc": encryption},
+                       separators=(",", ":")).encode()
     proof = _hmac(secret, CLIENT_LABEL, nonce_s, nonce_c, hello)
     await stream.send_all(MAGIC + len(hello).to_bytes(2, "big") + hello + nonce_c + proof)
     length = int.from_bytes(await reader.exactly(2), "big")
@@ -232,15 +286,21 @@ async def client_handshake(stream: trio.abc.Stream, reader: Reader, secret: byte
     if not hmac.compare_digest(their_proof, _hmac(secret, SERVER_LABEL, nonce_c, nonce_s, hello, answer)):
         raise WireError("the peer did not prove the shared secret (peer_secret_file differs between the nodes?)")
     try:
-        node = json.loads(answer)["node"]
-    except (ValueError, KeyError, TypeError):
+        fields = json.loads(answer)
+        node, theirs = fields["node"], str(fields.get("enc") or "none")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise WireError("malformed handshake answer") from None
     if expect is not None and node != expect:
         raise WireError(f"the peer is node {node!r}, not {expect!r}")
-    return Session(_hmac(secret, b"session", nonce_s, nonce_c), is_server=False, peer=node)
+    _agree(encryption, theirs)
+    session = Session(_hmac(secret, b"session", nonce_s, nonce_c), is_server=False, peer=node)
+    if encryption != "none":
+        session.encrypt_data()
+    return session
 
 
-async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: bytes | Sequence[bytes], me: str) -> Session:
+async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: bytes | Sequence[bytes], me: str,
+                           encryption: str = "none") -> Session:
     """Challenge the client, check its proof, then prove the secret back. Raises WireError, having sent nothing
     after the challenge, for anything but a client that holds the secret. Several secrets (a rotation:
     peer_secret_file and peer_secret_previous_file): the client's proof may be under any, and the answer and the
@@ -264,13 +324,18 @@ async def server_handshake(stream: trio.abc.Stream, reader: Reader, secret: byte
     try:
         fields = json.loads(hello)
         node, incarnation, journal = fields["node"], str(fields.get("incarnation", "")), str(fields.get("journal") or "")
-    except (ValueError, KeyError, TypeError):
+        theirs = str(fields.get("enc") or "none")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise WireError("malformed handshake") from None
     if not isinstance(node, str) or not NODE_NAME.fullmatch(node):  # it names a directory: never a path
         raise WireError(f"malformed node name {node!r}")
     if nonce_c == nonce_s:
         raise WireError("the client echoed our nonce")
-    answer = json.dumps({"node": me}, separators=(",", ":")).encode()
+    answer = json.dumps({"node": me, "enc": encryption}, separators=(",", ":")).encode()
     await stream.send_all(len(answer).to_bytes(2, "big") + answer + _hmac(secret, SERVER_LABEL, nonce_c, nonce_s, hello, answer))
-    return Session(_hmac(secret, b"session", nonce_s, nonce_c), is_server=True, peer=node, peer_incarnation=incarnation,
-                   peer_journal=journal)
+    _agree(encryption, theirs)  # after the answer: the client learns the mismatch too, and says which option
+    session = Session(_hmac(secret, b"session", nonce_s, nonce_c), is_server=True, peer=node, peer_incarnation=incarnation,
+                      peer_journal=journal)
+    if encryption != "none":
+        session.encrypt_data()
+    return session

@@ -217,3 +217,19 @@ def test_a_handshake_flood_from_a_stranger_does_not_keep_owners_out(cluster: Clu
     assert [a.state(f"shard_{i}.bin") for i in range(4)] == ["replicated"] * 4
     assert a.status()["peer_degraded_writes_total"] == 0
     assert opened[0] > 1000 and b.metric("ckptfs_peer_handshake_refused_total") > 100, opened
+
+
+def test_peer_encryption_on_real_daemons_replicates_the_bytes_written(cluster: Cluster) -> None:
+    """peer_encryption = aes-gcm end to end: an fsync replicated through two daemons that encrypt, the holder's
+    copy the bytes written."""
+    a = cluster.node("a", failure_domain="r1", upload_delay=3600, peer_encryption="aes-gcm")
+    b = cluster.node("b", failure_domain="r2", peer_encryption="aes-gcm")
+    cluster.wait_live(["a", "b"])
+    data = os.urandom(3 << 20)
+    with open(a.path / "enc.bin", "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    assert a.state("enc.bin") == "replicated" and a.status()["peer_degraded_writes_total"] == 0
+    assert [p.read_bytes() for p in b.replica_files("a")] == [data]
+    assert "peer_encryption = aes-gcm" in (a.cache_dir / "ckptfs.log").read_text()

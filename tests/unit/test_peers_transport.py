@@ -242,6 +242,131 @@ def test_during_a_rotation_the_listener_takes_either_secret_and_proves_the_one_u
     with_listener(config(), shm / "b", body, secret=[new, SECRET])
 
 
+async def _relay(listen_port: int, to_port: int, captured: bytearray, flip_at: int | None,
+                 task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """A TCP proxy in front of the listener that keeps what the owner sends (and flips its byte `flip_at`, once)."""
+    async def handle(client: trio.SocketStream) -> None:
+        server = await trio.open_tcp_stream("127.0.0.1", to_port)
+
+        async def up() -> None:
+            try:
+                while chunk := await client.receive_some(1 << 16):
+                    start = len(captured)
+                    captured.extend(chunk)
+                    if flip_at is not None and start <= flip_at < len(captured) and not _relay.flipped:  # type: ignore[attr-defined]
+                        _relay.flipped = True  # type: ignore[attr-defined]
+                        chunk = bytearray(chunk)
+                        chunk[flip_at - start] ^= 0x01
+                    await server.send_all(bytes(chunk))
+            except trio.BrokenResourceError:
+                pass
+            await server.aclose()
+
+        async def down() -> None:
+            try:
+                while chunk := await server.receive_some(1 << 16):
+                    await client.send_all(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            await client.aclose()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(up)
+            nursery.start_soon(down)
+
+    listeners = await trio.open_tcp_listeners(listen_port, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handle, listeners)
+
+
+@pytest.mark.parametrize("encryption", ["none", "aes-gcm"])
+def test_what_crosses_the_wire_with_and_without_peer_encryption(shm: Path, encryption: str) -> None:
+    """Issue 43: with peer_encryption = aes-gcm nothing of the file crosses the wire readable (a proxy captures the
+    stream and greps it for a pattern of the file); without it the pattern is there. Either way the replica is the
+    owner's bytes, sealed with both digests."""
+    from ckptfs.peers.sealhash import seal_digest
+
+    data = b"CHECKPOINT-PATTERN-0123456789" * 80000 + os.urandom(3 * MiB)  # ~5 MiB: several AES-GCM chunks
+    src = shm / "src"
+    src.write_bytes(data)
+    captured = bytearray()
+    cfg = config(peer_encryption=encryption)
+
+    async def body(listener: Listener, addr: str) -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(_relay, 0, listener.port, captured, None)
+            link = await PeerLink.open(cfg, "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
+            fd = os.open(src, os.O_RDONLY)
+            try:
+                await link.entry(5, entry_meta("k", 1, len(data)))
+                await link.write(5, fd, 0, len(data))
+                await link.seal(5, 1, len(data), seal_digest(data))
+            finally:
+                os.close(fd)
+            await link.aclose()
+            nursery.cancel_scope.cancel()
+        entry = listener.store.entries("node-a")[0]
+        assert entry.sealed and Path(entry.path).read_bytes() == data
+
+    (shm / "b").mkdir()
+    with_listener(cfg, shm / "b", body)
+    assert len(captured) > len(data)
+    assert (b"CHECKPOINT-PATTERN" in captured) == (encryption == "none")
+
+
+def test_a_data_byte_flipped_on_the_wire_is_refused_and_the_owner_sends_again(shm: Path) -> None:
+    """Issue 43's tampering test: one byte of a WRITE frame's data flipped by a proxy. In clear the seal refuses the
+    copy (its digests differ) and the owner sends the file again whole; encrypted, the chunk fails its tag and the
+    connection drops before a byte of it is written. Nothing altered is ever sealed."""
+    from ckptfs.peers.sealhash import seal_digest
+
+    data = os.urandom(2 * MiB)
+    src = shm / "src"
+    src.write_bytes(data)
+    for encryption in ("none", "aes-gcm"):
+        captured = bytearray()
+        _relay.flipped = False  # type: ignore[attr-defined]
+        cfg = config(peer_encryption=encryption)
+
+        async def body(listener: Listener, addr: str) -> None:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(_relay, 0, listener.port, captured, 1 * MiB)  # well inside the data
+                fd = os.open(src, os.O_RDONLY)
+                try:
+                    link = await PeerLink.open(cfg, "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)
+                    await link.entry(5, entry_meta("k", 1, len(data)))
+                    await link.write(5, fd, 0, len(data))
+                    with pytest.raises((SealMismatch, PeerError)):
+                        await link.seal(5, 1, len(data), seal_digest(data))
+                    await link.aclose()
+                    assert not [e for e in listener.store.entries("node-a") if e.sealed]
+                    link = await PeerLink.open(cfg, "node-a", "i", "node-b", f"127.0.0.1:{port}", SECRET)  # sent again
+                    await link.entry(5, entry_meta("k", 1, len(data)))
+                    await link.write(5, fd, 0, len(data))
+                    await link.seal(5, 1, len(data), seal_digest(data))
+                    await link.aclose()
+                finally:
+                    os.close(fd)
+                nursery.cancel_scope.cancel()
+            entry = listener.store.entries("node-a")[0]
+            assert entry.sealed and Path(entry.path).read_bytes() == data
+
+        d = shm / f"b-{encryption}"
+        d.mkdir()
+        with_listener(cfg, d, body)
+        assert _relay.flipped  # type: ignore[attr-defined]
+
+
+def test_nodes_with_different_peer_encryption_refuse_each_other_naming_the_option(shm: Path) -> None:
+    async def body(listener: Listener, addr: str) -> None:
+        with pytest.raises(PeerError, match="peer_encryption differs: none on this node, aes-gcm on the peer"):
+            await PeerLink.open(config(), "node-a", "i", "node-b", addr, SECRET)
+        await wait_for(lambda: listener.refused_connections == 1)
+
+    (shm / "b").mkdir()
+    with_listener(config(peer_encryption="aes-gcm"), shm / "b", body)
+
+
 def test_keys_outside_the_mounts_prefix_are_refused_and_counted(shm: Path) -> None:
     """Issue 43: keys in ENTRY and DELETE frames (a takeover writes or deletes them) confined to the mount's prefix:
     another prefix's key, a node record, a path climbing out: the frame is refused, the connection dropped, counted."""
