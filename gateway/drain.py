@@ -119,7 +119,7 @@ class Drainer:
                  gate: Callable[[], Awaitable[None]] | None = None) -> None:
         self.cfg, self.ns, self.cache, self.store, self.metrics = cfg, ns, cache, store, metrics
         self.gate = gate  # awaited before each request that writes to the bucket (the fence); None: none
-        self.fence = DrainFence(store, ns.journal, node_name_of(cfg))  # and the store's: conditional writes (peers)
+        self.fence = DrainFence(store, ns.journal, node_name_of(cfg), key_of=ns.keys.of)  # and the store's: conditional writes (peers)
         self.parts = trio.CapacityLimiter(cfg.max_parts_in_flight)
         self.hashing = trio.CapacityLimiter(2)
         self.multipart_files = trio.CapacityLimiter(max(2, cfg.max_parts_in_flight))

@@ -28,7 +28,7 @@ import trio
 from .journal import Journal
 from .namespace import UploadTicket
 from .objects import NO_OBJECT, PRECONDITION, StoreError
-from .publishing import CONFLICT, DURABLE, Provenance, after_refusal
+from .publishing import CONFLICT, DURABLE, Provenance, after_refusal, own_stale_version
 from .storeapi import ObjectStore
 from .upload import file_digests, head_or_none
 
@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 
 class DrainFence:
-    def __init__(self, store: ObjectStore, journal: Journal, node: str, enabled: Callable[[], bool] | None = None) -> None:
-        self.store, self.journal, self.node = store, journal, node
+    def __init__(self, store: ObjectStore, journal: Journal, node: str, enabled: Callable[[], bool] | None = None,
+                 key_of: Callable[[str], str] = lambda path: path) -> None:
+        self.store, self.journal, self.node, self.key_of = store, journal, node, key_of
         # whether writes go conditional (the daemon: the peers' probe said the store refuses a stale write)
         self.enabled: Callable[[], bool] = enabled or (lambda: False)
         self.refusals_total = 0  # writes the store refused: the key changed since this node saw it
@@ -71,10 +72,45 @@ class DrainFence:
                     return
                 if e.kind != PRECONDITION:
                     raise
+                if self._delete_own_stale_version(key):
+                    return
                 self.deletes_refused_total += 1
                 log.info("delete of %s not done: the key holds another object than the one this node deleted (written "
                          "since, by another node or a takeover); it stays", key)
         return delete_if_still
+
+    def _delete_own_stale_version(self, key: str) -> bool:
+        """In the delete's worker thread, after its condition failed: the object at `key` now is another version of a
+        file of this node's that no longer lives there (publishing.own_stale_version: uploaded for it by a takeover
+        while it was away, whose ETag the journal never saw): deleted too, If-Match that ETag. True when the key is
+        done with (deleted, or gone meanwhile)."""
+        try:
+            info = self.store.head_object(key)
+        except StoreError as e:
+            if e.kind == NO_OBJECT:
+                return True
+            raise
+
+        def lives_at_key(ino: int) -> bool:  # asked of the journal on the trio thread, which owns it
+            def ask() -> bool:
+                row = self.journal.get(ino)
+                path = self.journal.path_of(ino) if row is not None and row.parent is not None else None
+                return path is not None and self.key_of(path) == key
+            return bool(trio.from_thread.run_sync(ask))
+
+        if not own_stale_version(self.node, self.journal.journal_id, info, lives_at_key):
+            return False
+        try:
+            self.store.delete_if_match(key, info.etag)
+        except StoreError as e:
+            if e.kind == NO_OBJECT:
+                return True
+            if e.kind == PRECONDITION:
+                return False  # changed again: judged by whoever wrote it
+            raise
+        log.info("deleted %s: it held another version of this node's own file (uploaded for it by a takeover), not the "
+                 "one the journal knew", key)
+        return True
 
     async def rejudge(self, ticket: UploadTicket, fd: int) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
         """After a refused write: (the condition to write again under, None) or (None, (etag, xxh3)) when the bytes

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from typing import Callable
 from dataclasses import dataclass
 
 from .objects import NO_OBJECT, OTHER, PRECONDITION, ObjectInfo, StoreError
@@ -135,6 +136,16 @@ def written_by(node: str, journal: str, info: ObjectInfo) -> bool | None:
     if theirs is None:
         return None
     return (theirs.node, theirs.journal) == (node, journal)
+
+
+def own_stale_version(node: str, journal: str, info: ObjectInfo, lives_at_key: Callable[[int], bool]) -> bool:
+    """After a conditional delete was refused (the key holds another object than the one deleted): True when that
+    object is a version of one of the node's own files (by provenance: its drain's, or a takeover's on its behalf,
+    which the node's journal never saw the ETag of) whose inode no longer has a file at that key
+    (`lives_at_key(ino)` False). The delete is meant for it too. Another node's object, one without provenance, or
+    one of a file of the node that is at that key now (a file created again where one was removed) stays."""
+    theirs = provenance_of(info.metadata)
+    return theirs is not None and (theirs.node, theirs.journal) == (node, journal) and not lives_at_key(theirs.ino)
 
 
 def store_refuses_stale_writes(store: LifecycleStore, key_of_probe: str) -> bool:

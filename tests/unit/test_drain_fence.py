@@ -131,6 +131,35 @@ def test_a_delete_removes_only_the_object_it_was_queued_for(tmp_path: Path) -> N
     assert "delete" not in store.calls  # never unconditional
 
 
+def test_a_delete_also_removes_a_version_of_its_own_file_a_takeover_uploaded(tmp_path: Path) -> None:
+    """Found by the peers campaign (seed 396681806, episodes 12 and 73: a file deleted on its node stayed in the
+    bucket): while the node was away, a takeover uploaded its file for it, with its provenance but an ETag its
+    journal never saw; the delete queued with the old ETag was refused and the object kept for good. It goes now,
+    If-Match its own ETag; another node's object at a deleted key stays (the test above)."""
+    ns, store = namespace(tmp_path), MemoryStore()
+    stale = write_file(ns, ROOT_INODE, "stale.bin", os.urandom(100))
+    d = fenced(ns, store)
+    d.fence.deletes_enabled = lambda: True
+    drain_until(d, lambda: durable(ns, stale))
+    store.objects["p/stale.bin"] = StoredObject(b"by the taker", "e-taker", mine(ns, stale).meta("taker"))
+    ns.tree.unlink(ROOT_INODE, "stale.bin")
+    drain_until(d, lambda: not ns.journal.pending_deletes())
+    assert "p/stale.bin" not in store.objects
+    assert d.fence.deletes_refused_total == 0
+    assert [c[0] for c in store.calls["delete_if_match"]] == ["p/stale.bin", "p/stale.bin"]  # refused, then its own
+
+
+def test_own_stale_version_keeps_a_live_files_object_and_another_nodes() -> None:
+    from ckptfs.publishing import own_stale_version
+
+    ours = ObjectInfo(1, "e", None, Provenance("a", "j", 7, 2).meta())
+    assert own_stale_version("a", "j", ours, lambda ino: False)
+    assert not own_stale_version("a", "j", ours, lambda ino: ino == 7)  # a file of ours lives at the key
+    assert not own_stale_version("b", "j", ours, lambda ino: False)  # another node's
+    assert not own_stale_version("a", "other-journal", ours, lambda ino: False)  # another incarnation's disk
+    assert not own_stale_version("a", "j", ObjectInfo(1, "e", None, {}), lambda ino: False)  # no provenance
+
+
 def test_the_probe_of_conditional_deletes() -> None:
     from ckptfs.publishing import store_refuses_stale_deletes
 

@@ -558,3 +558,19 @@ def test_a_delete_removes_only_the_object_the_owner_deleted(tmp_path: Path) -> N
     assert [k for k in sorted(store.objects) if ".ckptfs" not in k] == ["p/rewritten.pt"]
     assert store.objects["p/rewritten.pt"].etag == "e-theirs"
     assert report.deletes_kept == ["p/rewritten.pt"] and sorted(report.deleted) == ["p/legacy.pt", "p/mine.pt"]
+
+
+def test_a_delete_also_removes_a_version_of_the_owners_file_another_takeover_uploaded(tmp_path: Path) -> None:
+    """Found by the peers campaign (seed 396681806, episode 73): the owner removed a file whose object an earlier
+    takeover had uploaded for it (its provenance, an ETag the owner never saw); the delete, conditional on the ETag
+    the owner knew, was refused and the object stayed. A version of the owner's own file at a key none of its files
+    has goes, If-Match its ETag; another node's stays (the test above)."""
+    from ckptfs.publishing import Provenance
+
+    t, store, replicas, _ = setup(tmp_path)
+    t.conditional_deletes = lambda: True
+    store.objects["p/gone.pt"] = StoredObject(b"taken over", "e-taker", Provenance("a", "", 4, 1).meta("c"), mtime=time.time())
+    replicas.add_delete("a", 1, "p/gone.pt", 1, None, "", "", "e-owners")
+    [report] = run(t)
+    assert "p/gone.pt" not in store.objects
+    assert report.deleted == ["p/gone.pt"] and report.deletes_kept == []
