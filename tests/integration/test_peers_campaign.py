@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 import pytest
@@ -54,7 +55,17 @@ def test_peers_fault_campaign(s3: SeaweedServer, bucket: str, tmp_path: Path) ->
         run(campaign, seed)
     finally:
         cluster.stop()
+        keep_logs(cluster, tmp_path / "logs")  # the cache disks go with close(): their daemons' logs stay for a rerun
         campaign.cc.close()
+
+
+def keep_logs(cluster: Cluster, into: Path) -> None:
+    into.mkdir(exist_ok=True)
+    for n in cluster.nodes.values():
+        log = n.cache_dir / "ckptfs.log"
+        if log.exists():
+            shutil.copyfile(log, into / f"{n.name}.log")
+    print(f"peers campaign: the daemons' logs are in {into}")
 
 
 def run(campaign: Campaign, seed: int) -> None:
