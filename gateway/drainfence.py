@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import trio
 
-from .journal import Journal
+from .journal import OWN_OBJECT_ONLY, Journal
 from .namespace import UploadTicket
 from .objects import NO_OBJECT, PRECONDITION, StoreError
 from .publishing import CONFLICT, DURABLE, Provenance, after_refusal, own_stale_version
@@ -60,7 +60,10 @@ class DrainFence:
         """The request of a queued delete: conditional on the object it was queued for, when the store honours
         conditional deletes and the journal knows that object's ETag. A key another node wrote since is left to it
         (the delete was for an object that is gone already): done, not retried."""
-        etag = self.journal.delete_etag(delete_id) if self.deletes_enabled() else None
+        queued_for = self.journal.delete_etag(delete_id)
+        if queued_for == OWN_OBJECT_ONLY:  # whatever a takeover made of a file removed or renamed while away
+            return self._delete_if_own
+        etag = queued_for if self.deletes_enabled() else None
         if etag is None:
             return self.store.delete
 
@@ -78,6 +81,11 @@ class DrainFence:
                 log.info("delete of %s not done: the key holds another object than the one this node deleted (written "
                          "since, by another node or a takeover); it stays", key)
         return delete_if_still
+
+    def _delete_if_own(self, key: str) -> None:
+        if not self._delete_own_stale_version(key):
+            log.info("delete of %s not done: the key holds no version of this node's own file (nothing a takeover "
+                     "made of it, or another node's object): it stays", key)
 
     def _delete_own_stale_version(self, key: str) -> bool:
         """In the delete's worker thread, after its condition failed: the object at `key` now is another version of a

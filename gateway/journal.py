@@ -203,6 +203,12 @@ _ADDED_COLUMNS = [
 ]
 
 
+# deletes.etag of a delete queued for a key a file that this node never uploaded left (removed or renamed) while a
+# takeover may have been uploading the node's files for it (peers: its lease not valid): the object there, if it is a
+# version of that file by provenance, goes; anything else stays (drainfence.py, peers/takeover.py)
+OWN_OBJECT_ONLY = "ckptfs:own-object-only"
+
+
 def new_journal_id() -> str:
     return uuid.uuid4().hex
 
@@ -635,7 +641,7 @@ class Journal:
     # ----------------------------------------------------------------- deletes
     def queue_delete(self, key: str, after_ino: int | None = None, etag: str | None = None) -> None:
         """`etag`: the object to delete, as this node last saw it (a delete then removes only that object, never one
-        another node wrote at the key since: drainfence.py); None: whatever is there."""
+        another node wrote at the key since: drainfence.py); None: whatever is there; or OWN_OBJECT_ONLY."""
         self.db.execute("INSERT INTO deletes(key, after_ino, queued_at, etag) VALUES (?, ?, ?, ?)",
                         (key, after_ino, time.time(), etag or None))
 

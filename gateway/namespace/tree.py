@@ -24,7 +24,7 @@ from .backlog import Backlog
 from .files import OpenFiles
 from .keys import PROBE_NAME_PREFIX
 from .space import Space
-from .uploads import UploadQueue
+from .uploads import UploadQueue, keys_left_while_away
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +270,8 @@ class Tree:
                 raise OSError(errno.ENOTEMPTY, new_name)
         self.uploads.renamed()  # paths move: tickets of uploads in flight look at theirs again
         with j.transaction():
+            moved = [src] if not src.is_dir else [src, *j.descendants(src.ino)]
+            away = keys_left_while_away(self.uploads, moved)  # their old keys, while paths still give them
             if dst is not None:
                 if dst.is_dir:
                     self.uploads.drop_marker(dst)
@@ -277,7 +279,6 @@ class Tree:
                 else:
                     self.uploads.drop_object(dst)
                     self._detach(dst)
-            moved = [src] if not src.is_dir else [src, *j.descendants(src.ino)]
             for row in moved:
                 if row.is_dir:
                     self.uploads.drop_marker(row)  # still at its old path here
@@ -289,7 +290,7 @@ class Tree:
                     j.update(row.ino, state=None)
                     self.uploads.marker_if_empty(row.ino)
                 else:
-                    self.uploads.requeue_moved(row)
+                    self.uploads.requeue_moved(row, away.get(row.ino))
             self._touch_dir(old_parent)
             self.uploads.marker_if_empty(old_parent)
             if new_parent != old_parent:

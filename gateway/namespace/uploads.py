@@ -31,7 +31,7 @@ from typing import Callable, Container
 
 from ..config import Config
 from ..hooks import Hook
-from ..journal import DIRTY, DURABLE, ROOT_INODE, UPLOADING, Journal, Row
+from ..journal import DIRTY, DURABLE, OWN_OBJECT_ONLY, ROOT_INODE, UPLOADING, Journal, Row
 from .backlog import Backlog, Waiting
 from .deletes import DeleteQueue
 from .files import OpenFiles
@@ -74,6 +74,8 @@ class UploadQueue:
         self._on_change = on_change
         self.on_durable: Callable[[float], None] = lambda seconds: None
         self.on_settled: Callable[[str], None] = lambda key: None  # a key became durable or was deleted (lifecycle tracker)
+        # a takeover may be uploading this node's files now (peers wire it): keys never-uploaded files leave get cleaned
+        self.away: Callable[[], bool] = lambda: False
         # (ino, version): that version of a file is durable (peers/sender.py: its peers may drop their replicas)
         self.on_file_durable: Hook[[int, int]] = Hook()
         # before a file is made durable or published by a copy: stop writes the journal does not see
@@ -126,10 +128,12 @@ class UploadQueue:
         """The object of a file that leaves the tree must leave the bucket; an upload in flight is abandoned."""
         if row.remote_key:
             self.journal.queue_delete(row.remote_key, etag=row.etag)
+        elif self.away() and (path := self.journal.path_of(row.ino)) is not None:
+            self.journal.queue_delete(self.keys.of(path), etag=OWN_OBJECT_ONLY)  # what a takeover made of it, if any
         self.files.abandon_upload(row.ino)
         self.journal.forget_upload(row.ino)
 
-    def requeue_moved(self, row: Row) -> None:
+    def requeue_moved(self, row: Row, left_while_away: str | None = None) -> None:
         """A moved file must end up under its new key; nothing to do if it was never uploaded.
 
         A durable file whose bytes are still exactly its object's is copied inside
@@ -139,6 +143,8 @@ class UploadQueue:
         both, never neither, and the next mount finishes the job.
         """
         self.backlog.changed(row.ino)  # counted under its new directories from now
+        if left_while_away is not None:
+            self.journal.queue_delete(left_while_away, after_ino=row.ino, etag=OWN_OBJECT_ONLY)
         if row.state == DIRTY and not row.remote_key and not row.copy_from:
             return  # not uploaded yet: it will go straight to the final key
         live = self.files.get(row.ino)
@@ -484,35 +490,53 @@ class UploadQueue:
         self._on_change()
 
     def stats(self) -> dict[str, float]:
-        waiting = self.backlog.entries()
-        now = time.time()
-        dirty_bytes = 0
-        oldest = oldest_close = 0.0  # the drain's lag (held files not lagging), and the oldest close of them all
-        uploading = 0
-        held = 0  # under a temporary directory, not yet due
-        in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
-        for e in waiting:
-            size = self._size(e)
-            dirty_bytes += size
-            if e.cached:
-                in_cache[e.state] += size
-            age = now - e.closed_at if e.closed_at else 0.0
-            oldest_close = max(oldest_close, age)
-            if e.state == UPLOADING:
-                uploading += 1
-            elif e.temporary and self.backlog.due_at(e) > now:
-                held += 1
-                continue  # not lagging: waiting for its directory's rename, as asked
-            oldest = max(oldest, age)
-        return {
-            "dirty_files": len(waiting),
-            "dirty_bytes": dirty_bytes,
-            "uploading_files": uploading,
-            "temporary_held_files": held,
-            "oldest_dirty_age_seconds": round(oldest, 3),
-            "oldest_close_age_seconds": round(oldest_close, 3),  # on this node's disk alone since (durability = local)
-            "cache_dirty_bytes": in_cache[DIRTY],
-            "cache_uploading_bytes": in_cache[UPLOADING],
-            "pending_deletes": len(self.deletes),
-            "pending_markers": len(self.journal.pending_markers()),
-        }
+        return queue_stats(self)
+
+
+def queue_stats(q: "UploadQueue") -> dict[str, float]:
+    """The queue's figures for `ckptfs status` and the metrics: what waits, its bytes and ages, the queued deletes."""
+    waiting = q.backlog.entries()
+    now = time.time()
+    dirty_bytes = 0
+    oldest = oldest_close = 0.0  # the drain's lag (held files not lagging), and the oldest close of them all
+    uploading = 0
+    held = 0  # under a temporary directory, not yet due
+    in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
+    for e in waiting:
+        size = q._size(e)
+        dirty_bytes += size
+        if e.cached:
+            in_cache[e.state] += size
+        age = now - e.closed_at if e.closed_at else 0.0
+        oldest_close = max(oldest_close, age)
+        if e.state == UPLOADING:
+            uploading += 1
+        elif e.temporary and q.backlog.due_at(e) > now:
+            held += 1
+            continue  # not lagging: waiting for its directory's rename, as asked
+        oldest = max(oldest, age)
+    return {
+        "dirty_files": len(waiting),
+        "dirty_bytes": dirty_bytes,
+        "uploading_files": uploading,
+        "temporary_held_files": held,
+        "oldest_dirty_age_seconds": round(oldest, 3),
+        "oldest_close_age_seconds": round(oldest_close, 3),  # on this node's disk alone since (durability = local)
+        "cache_dirty_bytes": in_cache[DIRTY],
+        "cache_uploading_bytes": in_cache[UPLOADING],
+        "pending_deletes": len(q.deletes),
+        "pending_markers": len(q.journal.pending_markers()),
+    }
+
+
+def keys_left_while_away(q: "UploadQueue", rows: list[Row]) -> dict[int, str]:
+    """Before a rename: the keys files never uploaded here are about to leave, if a takeover may have uploaded them
+    for this node meanwhile (`UploadQueue.away`); each gets an OWN_OBJECT_ONLY delete once the file is durable under
+    its new key (`requeue_moved`). Nothing otherwise: no cost outside that window."""
+    if not q.away():
+        return {}
+    out = {}
+    for row in rows:
+        if not row.is_dir and not row.remote_key and (path := q.journal.path_of(row.ino)) is not None:
+            out[row.ino] = q.keys.of(path)
+    return out

@@ -153,7 +153,10 @@ class Reconcile:
                         "this node's unuploaded version is dropped and the file is read from the bucket", key)
         else:
             # an older object (the file's previous version): nobody uploaded this node's change, the drain does,
-            # as it would have without the takeover
+            # as it would have without the takeover. One the takeover made for this node is the object the file's
+            # upload replaces and its rename or removal deletes: the journal knows it from now
+            if written_by(self.me, j.journal_id, info) and (row.remote_key != key or not row.etag):
+                j.update(row.ino, remote_key=key, etag=info.etag)
             report.left_to_drain.append(key)
             return
         if upload is not None:

@@ -37,6 +37,7 @@ import trio
 
 from .. import threads
 from ..config import Config
+from ..journal import OWN_OBJECT_ONLY
 from ..namespace.keys import Keys
 from ..objects import NO_OBJECT, PRECONDITION, ObjectInfo, StoreError
 from ..publishing import CONFLICT, DURABLE, Provenance, Verdict, judge, own_stale_version
@@ -443,6 +444,9 @@ class Takeover:
                         d.owner, d.key, waits.key)
             return
         await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
+        if d.etag == OWN_OBJECT_ONLY:  # the owner removed or renamed, while away, a file it never uploaded itself
+            (report.deleted if await self._delete_own_stale_version(d) else report.deletes_kept).append(d.key)
+            return
         conditional = bool(d.etag) and self.conditional_deletes()
         try:
             if conditional:  # only the object the owner deleted: one another node wrote since stays

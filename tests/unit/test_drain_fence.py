@@ -173,3 +173,44 @@ def test_the_probe_of_conditional_deletes() -> None:
 
     ignores = Ignores()
     assert store_refuses_stale_deletes(ignores, "p/.ckptfs/probe-") is False and not ignores.objects
+
+
+def test_keys_a_never_uploaded_file_leaves_while_a_takeover_may_run_are_cleaned_of_what_it_made(tmp_path: Path) -> None:
+    """Found by the peers campaign (seed 396681806, episode 12, owner paused past its lease): a takeover uploaded the
+    paused node's files for it; right after it resumed, the node removed one (never uploaded by itself: no delete
+    was queued) and the takeover's object stayed for good; a file renamed likewise stayed under its old name.
+    While `away` (a takeover may be uploading for it), a key such a file leaves gets an OWN_OBJECT_ONLY delete:
+    the object there goes if it is a version of that file by provenance; another node's object stays."""
+    from ckptfs.journal import OWN_OBJECT_ONLY
+
+    ns, store = namespace(tmp_path), MemoryStore()
+    gone = write_file(ns, ROOT_INODE, "gone.bin", b"removed while away")
+    moved = write_file(ns, ROOT_INODE, "step.tmp", b"renamed while away")
+    theirs = write_file(ns, ROOT_INODE, "theirs.bin", b"removed, another node's object there")
+    for ino, name in ((gone, "gone.bin"), (moved, "step.tmp")):  # what the takeover made of them, with their provenance
+        store.objects[f"p/{name}"] = StoredObject(b"taken over", f"e-{name}", mine(ns, ino).meta("taker"))
+    store.objects["p/theirs.bin"] = StoredObject(b"theirs", "e-theirs", Provenance("other-node", "j", 3, 1).meta())
+    ns.uploads.away = lambda: True
+    ns.tree.unlink(ROOT_INODE, "gone.bin")
+    ns.tree.unlink(ROOT_INODE, "theirs.bin")
+    ns.tree.rename(ROOT_INODE, "step.tmp", ROOT_INODE, "step", False)
+    queued = {key: (after, ns.journal.delete_etag(i)) for i, key, after in
+              ns.journal.db.execute("SELECT id, key, after_ino FROM deletes").fetchall()}
+    assert queued == {"p/gone.bin": (None, OWN_OBJECT_ONLY), "p/theirs.bin": (None, OWN_OBJECT_ONLY),
+                      "p/step.tmp": (moved, OWN_OBJECT_ONLY)}
+    ns.uploads.away = lambda: False  # back: the drain runs (its gate waited for the rejoin)
+    d = fenced(ns, store)
+    d.fence.deletes_enabled = lambda: True
+    drain_until(d, lambda: not ns.journal.pending_deletes() and durable(ns, moved))
+    assert "p/gone.bin" not in store.objects and "p/step.tmp" not in store.objects
+    assert store.objects["p/theirs.bin"].body == b"theirs"
+    assert store.objects["p/step"].body == b"renamed while away"
+
+
+def test_nothing_is_queued_for_a_never_uploaded_file_outside_that_window(tmp_path: Path) -> None:
+    ns = namespace(tmp_path)
+    write_file(ns, ROOT_INODE, "a.bin", b"a")
+    write_file(ns, ROOT_INODE, "b.tmp", b"b")
+    ns.tree.unlink(ROOT_INODE, "a.bin")
+    ns.tree.rename(ROOT_INODE, "b.tmp", ROOT_INODE, "b", False)
+    assert ns.journal.pending_deletes() == []

@@ -574,3 +574,21 @@ def test_a_delete_also_removes_a_version_of_the_owners_file_another_takeover_upl
     [report] = run(t)
     assert "p/gone.pt" not in store.objects
     assert report.deleted == ["p/gone.pt"] and report.deletes_kept == []
+
+
+def test_an_own_object_only_delete_removes_the_owners_version_and_nothing_else(tmp_path: Path) -> None:
+    """The owner removed (or renamed away from), while a takeover may have run, a file it never uploaded itself: its
+    delete (OWN_OBJECT_ONLY) removes what a takeover made of it, by provenance, and never another node's object."""
+    from ckptfs.journal import OWN_OBJECT_ONLY
+    from ckptfs.publishing import Provenance
+
+    t, store, replicas, _ = setup(tmp_path)
+    store.objects["p/mine.pt"] = StoredObject(b"taken over", "e-1", Provenance("a", "", 4, 1).meta("c"), mtime=time.time())
+    store.objects["p/theirs.pt"] = StoredObject(b"theirs", "e-2", Provenance("b", "", 4, 1).meta(), mtime=time.time())
+    replicas.add_delete("a", 1, "p/mine.pt", 1, None, "", "", OWN_OBJECT_ONLY)
+    replicas.add_delete("a", 2, "p/theirs.pt", 2, None, "", "", OWN_OBJECT_ONLY)
+    replicas.add_delete("a", 3, "p/nothing.pt", 3, None, "", "", OWN_OBJECT_ONLY)
+    [report] = run(t)
+    assert "p/mine.pt" not in store.objects and store.objects["p/theirs.pt"].body == b"theirs"
+    assert sorted(report.deleted) == ["p/mine.pt", "p/nothing.pt"] and report.deletes_kept == ["p/theirs.pt"]
+    assert "delete" not in store.calls  # never unconditional
