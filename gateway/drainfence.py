@@ -28,7 +28,7 @@ import trio
 from .journal import OWN_OBJECT_ONLY, Journal
 from .namespace import UploadTicket
 from .objects import NO_OBJECT, PRECONDITION, StoreError
-from .publishing import CONFLICT, DURABLE, Provenance, after_refusal, own_stale_version
+from .publishing import CONFLICT, DURABLE, Provenance, after_refusal, delete_own_stale_version
 from .storeapi import ObjectStore
 from .upload import file_digests, head_or_none
 
@@ -92,33 +92,13 @@ class DrainFence:
         file of this node's that no longer lives there (publishing.own_stale_version: uploaded for it by a takeover
         while it was away, whose ETag the journal never saw): deleted too, If-Match that ETag. True when the key is
         done with (deleted, or gone meanwhile)."""
-        try:
-            info = self.store.head_object(key)
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return True
-            raise
-
         def lives_at_key(ino: int) -> bool:  # asked of the journal on the trio thread, which owns it
             def ask() -> bool:
-                row = self.journal.get(ino)
-                path = self.journal.path_of(ino) if row is not None and row.parent is not None else None
+                path = self.journal.path_of(ino)  # None: removed (or never this journal's)
                 return path is not None and self.key_of(path) == key
             return bool(trio.from_thread.run_sync(ask))
 
-        if not own_stale_version(self.node, self.journal.journal_id, info, lives_at_key):
-            return False
-        try:
-            self.store.delete_if_match(key, info.etag)
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return True
-            if e.kind == PRECONDITION:
-                return False  # changed again: judged by whoever wrote it
-            raise
-        log.info("deleted %s: it held another version of this node's own file (uploaded for it by a takeover), not the "
-                 "one the journal knew", key)
-        return True
+        return delete_own_stale_version(self.store, key, self.node, self.journal.journal_id, lives_at_key)  # type: ignore[arg-type]
 
     async def rejudge(self, ticket: UploadTicket, fd: int) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
         """After a refused write: (the condition to write again under, None) or (None, (etag, xxh3)) when the bytes

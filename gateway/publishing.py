@@ -27,6 +27,7 @@ uploaded. Every object ckptfs writes now carries provenance, so between ckptfs n
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from typing import Callable
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 from .objects import NO_OBJECT, OTHER, PRECONDITION, ObjectInfo, StoreError
 from .storeapi import LifecycleStore
 from .upload import XXH3_META
+
+log = logging.getLogger(__name__)
 
 # user metadata keys (x-amz-meta-...): lower case, as S3 returns them
 NODE_META = "ckptfs-node"  # the node whose file the object is (a taker writes the dead owner's name here)
@@ -146,6 +149,32 @@ def own_stale_version(node: str, journal: str, info: ObjectInfo, lives_at_key: C
     one of a file of the node that is at that key now (a file created again where one was removed) stays."""
     theirs = provenance_of(info.metadata)
     return theirs is not None and (theirs.node, theirs.journal) == (node, journal) and not lives_at_key(theirs.ino)
+
+
+def delete_own_stale_version(store: LifecycleStore, key: str, node: str, journal: str,
+                             lives_at_key: Callable[[int], bool]) -> bool:
+    """After a conditional delete was refused, or for a delete queued OWN_OBJECT_ONLY: the object at `key`, if it is
+    a version of `node`'s own file no longer there (`own_stale_version`), deleted If-Match its ETag. Blocking (a
+    worker thread). True when the key is done with (deleted, or nothing there); False when what is there stays."""
+    try:
+        info = store.head_object(key)
+    except StoreError as e:
+        if e.kind == NO_OBJECT:
+            return True
+        raise
+    if not own_stale_version(node, journal, info, lives_at_key):
+        return False
+    try:
+        store.delete_if_match(key, info.etag)
+    except StoreError as e:
+        if e.kind == NO_OBJECT:
+            return True
+        if e.kind == PRECONDITION:
+            return False  # changed again: judged by whoever wrote it
+        raise
+    log.info("deleted %s: it held another version of %s's own file (uploaded for it by a takeover), not the one "
+             "its journal knew", key, node)
+    return True
 
 
 def store_refuses_stale_writes(store: LifecycleStore, key_of_probe: str) -> bool:

@@ -128,8 +128,8 @@ class UploadQueue:
         """The object of a file that leaves the tree must leave the bucket; an upload in flight is abandoned."""
         if row.remote_key:
             self.journal.queue_delete(row.remote_key, etag=row.etag)
-        elif self.away() and (path := self.journal.path_of(row.ino)) is not None:
-            self.journal.queue_delete(self.keys.of(path), etag=OWN_OBJECT_ONLY)  # what a takeover made of it, if any
+        elif self.away() and (key := key_never_uploaded(self, row)) is not None:
+            self.journal.queue_delete(key, etag=OWN_OBJECT_ONLY)  # what a takeover made of it, if any
         self.files.abandon_upload(row.ino)
         self.journal.forget_upload(row.ino)
 
@@ -535,8 +535,11 @@ def keys_left_while_away(q: "UploadQueue", rows: list[Row]) -> dict[int, str]:
     its new key (`requeue_moved`). Nothing otherwise: no cost outside that window."""
     if not q.away():
         return {}
-    out = {}
-    for row in rows:
-        if not row.is_dir and not row.remote_key and (path := q.journal.path_of(row.ino)) is not None:
-            out[row.ino] = q.keys.of(path)
-    return out
+    return {row.ino: key for row in rows if not row.is_dir and (key := key_never_uploaded(q, row)) is not None}
+
+
+def key_never_uploaded(q: "UploadQueue", row: Row) -> str | None:
+    """The key of a file at its path now if this node never uploaded it (no object of its own it knows of): the one
+    a takeover may have written for it while the node was away."""
+    path = q.journal.path_of(row.ino) if not row.remote_key else None
+    return None if path is None else q.keys.of(path)

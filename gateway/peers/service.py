@@ -47,9 +47,9 @@ class Peers:
         self.cfg, self.ns, self.cache, self.store, self.metrics, self.supervisor = cfg, ns, cache, store, metrics, supervisor
         self.me = node_name_of(cfg)
         self.incarnation = new_incarnation()
-        self.secret = read_secret(cfg.peer_secret_file)
-        # a rotation: the previous secret too, accepted by the listener and tried second when connecting
-        self.secrets = [self.secret] + ([read_secret(cfg.peer_secret_previous_file)] if cfg.peer_secret_previous_file else [])
+        # the shared secret, and during a rotation the previous one too: accepted by the listener, tried second when connecting
+        self.secrets = [read_secret(cfg.peer_secret_file)] + (
+            [read_secret(cfg.peer_secret_previous_file)] if cfg.peer_secret_previous_file else [])
         for warning in peer_warnings(cfg):
             log.warning(warning)
         if cfg.peer_encryption != "none":  # kernel TLS would keep sendfile; not used (docs/peers.md)

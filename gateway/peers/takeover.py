@@ -40,7 +40,7 @@ from ..config import Config
 from ..journal import OWN_OBJECT_ONLY
 from ..namespace.keys import Keys
 from ..objects import NO_OBJECT, PRECONDITION, ObjectInfo, StoreError
-from ..publishing import CONFLICT, DURABLE, Provenance, Verdict, judge, own_stale_version
+from ..publishing import CONFLICT, DURABLE, Provenance, Verdict, delete_own_stale_version, judge
 from ..sizes import part_size_for, small_objects_in_flight
 from ..upload import XXH3_META, Abandoned, head_or_none, file_digests, put_multipart, put_whole
 
@@ -470,20 +470,8 @@ class Takeover:
         """The key holds another version of the owner's own file than the one it deleted (by provenance: one a
         takeover uploaded for it, whose ETag its journal never saw): deleted too, If-Match. No file of the owner is at
         that key now (`_delete` returned before for one). True when the key is done with."""
-        info = await head_or_none(self.store, d.key)
-        if info is None:
-            return True
-        if not own_stale_version(d.owner, d.journal, info, lambda ino: False):
-            return False
-        try:
-            await threads.call(functools.partial(self.store.delete_if_match, d.key, info.etag))
-        except StoreError as e:
-            if e.kind == NO_OBJECT:
-                return True
-            if e.kind == PRECONDITION:
-                return False
-            raise
-        return True
+        return await threads.call(functools.partial(delete_own_stale_version, self.store, d.key, d.owner, d.journal,
+                                                    lambda ino: False))
 
     def stats(self) -> dict[str, Any]:
         return {"takeovers": self.takeovers_total, "takeover_uploaded_files": self.uploaded_files_total,
