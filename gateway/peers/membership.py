@@ -53,9 +53,10 @@ from .. import threads
 from ..objects import NO_OBJECT, PRECONDITION, StoreError
 from ..peering import PeerOptionError, StaticPeer, parse_addr, parse_peer
 from ..storeapi import LifecycleStore, read_json
+from .holders import HolderListing
 from .identity import Owners, refuse_live_duplicate, stamp, wait_for_predecessor
-from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, nothing_to_take_over,
-                      other_domain, record_path, rendezvous, same_journal)
+from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, may_claim,
+                      nothing_to_take_over, other_domain, record_path, rendezvous, same_journal)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Membership:
         self.mounting = True  # until run() reports started: only then is a live duplicate of our name refused
         self._warned_predecessor = -1e18
         self.owners = Owners(self)  # whose replicas this node's listener takes
+        self.listing = HolderListing(self)  # the holders our record names: only they may claim this node
         self.admitted = self.owners.admitted
         self.announced = trio.Event()  # set once the record at start is known (and ours written, unless fenced)
         self._own: NodeRecord | None = None  # our record as last written or read by us (its etag: the next If-Match)
@@ -204,13 +206,6 @@ class Membership:
         records = self._with_own()
         return sorted(n for n, rec in self._records.items() if is_dead(rec, records, now))
 
-    def seconds_to_expiry(self, nodes: list[str]) -> float | None:
-        """Seconds until the first of `nodes`' leases runs out by the records last read (None: none is live). A
-        takeover looks then rather than at its next round: `claim` reads the record again, so a lease renewed since
-        the last read costs one GET, never a wrong claim."""
-        expiries = [rec.expires_at for n in nodes if (rec := self._records.get(n)) is not None and rec.state == LIVE]
-        return min(expiries) - self.clock() if expiries else None
-
     def _with_own(self) -> dict[str, NodeRecord]:
         """The others' records and ours (a takeover by this node is alive while ours is)."""
         records = dict(self._records)
@@ -225,7 +220,7 @@ class Membership:
     def status(self) -> dict[str, Any]:
         return {"node": self.me, "incarnation": self.incarnation, "journal_id": self.journal_id, "state": self.state(),
                 "failure_domain": self.failure_domain, "peer_addr": self.peer_addr, "must_reconcile": self.must_reconcile,
-                "copies_uncounted": self.copies_uncounted(),
+                "copies_uncounted": self.copies_uncounted(), "holders": sorted(self.listing.listed()),
                 "peers": [{"node": p.node, "addr": p.addr, "state": p.state, "failure_domain": p.failure_domain} for p in self.peers()]}
 
     # ------------------------------------------------------------ store calls
@@ -258,7 +253,7 @@ class Membership:
 
     def _live_record(self, now: float) -> NodeRecord:
         return NodeRecord(self.me, self.incarnation, self.peer_addr, self.failure_domain, LIVE, now + self.ttl, now,
-                          journal_id=self.journal_id)
+                          journal_id=self.journal_id, holders=list(self.listing.wanted))
 
     # ------------------------------------------------------------ our record
     async def announce(self) -> None:
@@ -274,6 +269,7 @@ class Membership:
             if not self._read_at_start:
                 self._read_at_start = True
                 self.record_at_start = rec  # a run restarted by the supervisor announces again: the first read stays
+                self.listing.keep(rec)
             for _ in range(ANNOUNCE_ATTEMPTS):
                 if rec is not None and not same_journal(rec.journal_id, self.journal_id) and not nothing_to_take_over(rec):
                     if self.mounting:
@@ -455,6 +451,9 @@ class Membership:
         rec = await self._read(node)
         if rec is None:
             return False
+        if not may_claim(rec, self.me):
+            self._records[node] = rec  # its replicas here are older than what the listed holders have (holders.py)
+            return False
         records = self._with_own()
         records[node] = rec
         if rec.state == TAKEN_OVER and rec.taken_over_by not in (None, node, self.me):
@@ -541,6 +540,7 @@ class Membership:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._every_third, self.refresh, "read")
             nursery.start_soon(self._every_third, self.renew, "renew")
+            nursery.start_soon(self.listing.run)
 
 
 async def live_peer_nodes(store: LifecycleStore, key_of: Callable[[str], str], limit: int = 16) -> list[str]:

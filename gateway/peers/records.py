@@ -6,7 +6,8 @@ node computes the same answers from the same records: the takeover of a dead nod
 of them agreeing whose replicas a node holds and when a node is dead.
 
 A record (`.ckptfs/nodes/<node>.json` under the mount's prefix, `FORMAT`) says: the node's name and
-incarnation (random per daemon start), its journal id (random per cache directory: `same_journal`), the address its peer listener answers on, its failure
+incarnation (random per daemon start), the nodes holding its replicas (`holders`: only they may claim it), its
+journal id (random per cache directory: `same_journal`), the address its peer listener answers on, its failure
 domain, `state` (`live`; `taken_over` once another node claimed it; `left` once it unmounted cleanly with
 everything durable, or an operator removed it: nothing of it to take over), `expires_at` (wall time,
 Unix seconds: renewed every ttl/3) and, once taken over, by whom (`taken_over_by` and that
@@ -53,6 +54,9 @@ class NodeRecord:
     # the node's journal (journal.Journal.journal_id): its cache directory's identity. Another one under the same name is
     # another incarnation of the node that lost the first one's files. "" in a record of an earlier release.
     journal_id: str = ""
+    # the nodes whose copies of this node's files count (peers/holders.py): written before a new holder's copies count,
+    # so only a node listed here holds everything the node acknowledged. None in a record of an earlier release.
+    holders: list[str] | None = None
 
     def to_json(self) -> bytes:
         doc = asdict(self)
@@ -74,7 +78,8 @@ class NodeRecord:
                        str(doc.get("failure_domain") or ""), doc["state"], float(doc["expires_at"]),
                        float(doc.get("renewed_at") or 0.0), None if by is None else str(by),
                        None if by_inc is None else str(by_inc), None if at is None else float(at),
-                       bool(doc.get("takeover_done", False)), etag, str(doc.get("journal_id") or ""))
+                       bool(doc.get("takeover_done", False)), etag, str(doc.get("journal_id") or ""),
+                       _holders(doc.get("holders")))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -91,6 +96,21 @@ class NodeRecord:
             return f"{self.node} (incarnation {self.incarnation}, until {time.strftime('%H:%M:%S', time.gmtime(self.expires_at))} UTC)"
         done = "finished" if self.takeover_done else "unfinished"
         return f"{self.node} (taken over by {self.taken_over_by}, {done})"
+
+
+def _holders(value: Any) -> list[str] | None:
+    if not isinstance(value, list):
+        return None
+    return [str(v) for v in value]
+
+
+def may_claim(rec: NodeRecord, node: str) -> bool:
+    """`node` may take `rec.node` over: its record lists `node` among the holders whose copies it counted, or lists
+    none (a record of an earlier release, or a node that has not counted a peer's copy yet: every holder may). A
+    holder it stopped sending to (its disk filled, it paused, its link broke) keeps copies older than what the owner
+    acknowledged since on another: only the holders listed hold it all, and a claim by another would bring back what
+    the owner deleted or renamed since."""
+    return not rec.holders or node in rec.holders
 
 
 def nothing_to_take_over(rec: NodeRecord) -> bool:

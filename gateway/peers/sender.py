@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -106,6 +107,9 @@ class Sender:
         self.on_sent: Callable[[int], None] = lambda n: None  # bytes sent to a peer (the metrics' counter)
         self.on_degraded: Callable[[], None] = lambda: None  # an fsync or close acknowledged without R peers
         self.uncounted: Callable[[], str | None] = lambda: None  # why peer copies do not count now (no record of ours)
+        # the holders our record lists (holders.py): only their copies count (None: every ready channel's, no record)
+        self.listed: Callable[[], frozenset[str] | None] = lambda: None
+        self.ask_listing: Callable[[list[str]], None] = lambda nodes: None  # list these holders in our record, now
         self._pt_sizes: dict[int, int] = {}
         self._seq = 0
         self._changed = trio.Event()
@@ -144,7 +148,16 @@ class Sender:
 
     def sealed_on(self, ino: int, version: int) -> int:
         held = self.digests.versions_held(ino, version) if self.uncounted() is None else set()
-        return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) in held)
+        listed = self.listed()
+        return sum(1 for ch in self._healthy()
+                   if ch.ready and ch.sealed.get(ino) in held and (listed is None or ch.node in listed))
+
+    def _list_ready(self) -> None:
+        """Our record lists the ready channels' nodes before their copies count (holders.py): asked once one is not."""
+        ready = [ch.node for ch in self._healthy() if ch.ready]
+        listed = self.listed()
+        if ready and listed is not None and not set(ready) <= listed:
+            self.ask_listing(ready)
 
     def notify(self) -> None:
         self._changed.set()
@@ -248,10 +261,16 @@ class Sender:
             why = self.uncounted()  # no record of ours: what the peers hold is not a replica
             if why is None and not healthy and await self._awaited_a_first_peer(deadline):
                 continue
-            if why is not None or len(healthy) < self.replicas and all(self.holds(ch, ino, version) for ch in healthy):
+            all_hold = all(self.holds(ch, ino, version) for ch in healthy)
+            if why is not None or len(healthy) < self.replicas and all_hold:
                 self._no_peer(ino, 0 if why else len(healthy), why)
                 return
-            await self._changed.wait()
+            if all_hold and self.clock() >= deadline:  # held, but our record could not list the holders in time
+                self._no_peer(ino, self.sealed_on(ino, version), "this node's record does not list the peers holding it: "
+                              "it could not be written (its lease, `ckptfs status`)")
+                return
+            with trio.move_on_after(max(0.0, deadline - self.clock()) if all_hold else math.inf):
+                await self._changed.wait()
 
     async def _awaited_a_first_peer(self, deadline: float) -> bool:
         """No peer known, in this node's first 2 x peer_lease_ttl and before it ever reached one: True after looking
@@ -360,6 +379,7 @@ class Sender:
                         last_housekeeping = self.clock()
                         close_down(self.channels.values(), self.down())
                         self._fill()
+                        self._list_ready()
                         for ch in self._healthy():
                             ch.deletes_due = True
                             ch.wake.set()
@@ -399,6 +419,7 @@ class Sender:
                     held = await ch.link.holdings()
                 ch.learn(self, held)
                 ch.ready = True
+                self._list_ready()
                 self._ever_connected = True
                 self.failures.pop(ch.node, None)
                 log.info("replicating to peer %s (%s)", ch.node, ch.addr)

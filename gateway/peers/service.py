@@ -66,6 +66,8 @@ class Peers:
         self.sender = Sender(cfg, ns, self._open_link, self.membership.targets, down=self.membership.down)
         self.sender.uncounted = self.membership.copies_uncounted  # no record of ours: peer copies are not replicas
         self.sender.find_peers = self._find_peers
+        self.sender.listed, self.sender.ask_listing = self.membership.listing.listed, self.membership.listing.ask
+        self.membership.listing.on_listed = self.sender.notify  # holders.py: their copies count once listed
         # a takeover may upload this node's files while its lease is not valid: keys they leave then are cleaned after
         ns.uploads.away = lambda: self.membership.must_reconcile or not self.membership.lease_valid()
         self.takeover = Takeover(cfg, store, self.replicas, self.membership, ns.keys)  # type: ignore[arg-type]

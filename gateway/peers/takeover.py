@@ -45,6 +45,7 @@ from ..sizes import part_size_for, small_objects_in_flight
 from ..upload import XXH3_META, Abandoned, head_or_none, file_digests, put_multipart, put_whole
 
 from .membership import Membership
+from .records import LIVE, may_claim
 from .replicas import ReplicaDelete, ReplicaEntry, ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,14 @@ class TakeoverReport:
     noted: list[str] = field(default_factory=list)  # checkpoints whose files were all durable before the loss (committed too)
 
 
+def seconds_to_expiry(membership: Membership, nodes: list[str]) -> float | None:
+    """Seconds until the first of `nodes`' leases runs out by the records last read (None: none is live). A
+    takeover looks then rather than at its next round: `claim` reads the record again, so a lease renewed since
+    the last read costs one GET, never a wrong claim."""
+    expiries = [rec.expires_at for n in nodes if (rec := membership.record_of(n)) is not None and rec.state == LIVE]
+    return min(expiries) - membership.clock() if expiries else None
+
+
 @dataclass
 class _Checked:
     xxh3: str
@@ -144,7 +153,7 @@ class Takeover:
         """Seconds to the next round: a third of the lease TTL, or sooner when a held owner's lease runs out before
         that (the node-lost time is the TTL plus this wait plus the uploads)."""
         wait = self.cfg.peer_lease_ttl / 3
-        expiry = self.membership.seconds_to_expiry(self.replicas.owners())
+        expiry = seconds_to_expiry(self.membership, self.replicas.owners())
         if expiry is not None and expiry > 0:  # one that ran out already and was not taken (another node won, or
             wait = min(wait, expiry + MARGIN_SECONDS)  # this one's own lease is not valid) waits for the next round
         return max(MIN_LOOK_SECONDS, wait)
@@ -179,7 +188,12 @@ class Takeover:
             if not await self.membership.claim(owner):
                 # the winner uploads; ours stay until its takeover is done (the sweep drops them then), in case
                 # it dies before: a takeover can be taken over
-                log.info("node %s is dead and taken over by another holder of its replicas", owner)
+                rec = self.membership.record_of(owner)
+                if rec is not None and not may_claim(rec, self.membership.me):
+                    log.info("node %s: its record lists the holders %s, not this node: the replicas here are older than "
+                             "theirs, left to them", owner, ", ".join(rec.holders or []) or "(none)")
+                else:
+                    log.info("node %s is dead and taken over by another holder of its replicas", owner)
                 return None
             self.claimed.add(owner)
             log.warning("node %s is dead: taking it over (%d files, %d deletes held here)", owner,

@@ -320,6 +320,51 @@ async def test_a_failing_peer_is_replaced_by_the_next_candidate(tmp_path: Path, 
         nursery.cancel_scope.cancel()
 
 
+class Listing:
+    """The holders our record lists (holders.HolderListing as the sender sees it): written when `write` says."""
+
+    def __init__(self) -> None:
+        self.listed: frozenset[str] = frozenset()
+        self.asked: list[list[str]] = []
+        self.writes = True
+
+    def ask(self, nodes: list[str]) -> None:
+        self.asked.append(list(nodes))
+        if self.writes:
+            self.listed = frozenset(nodes)
+
+
+@trio_test
+async def test_a_holder_counts_only_once_our_record_lists_it_and_a_replaced_one_is_dropped_from_the_list(tmp_path: Path) -> None:
+    """holders.py: a copy counts only on a node that may claim this one, and the holder the owner stopped sending to
+    (a, failing) leaves the list when the next (b) joins it, not before."""
+    ns = make_ns(tmp_path)
+    a, b = FakePeer("a"), FakePeer("b")
+    listing = Listing()
+    sender = sender_for(ns, Cluster(a, b), peer_timeout=0.5)
+    sender.listed, sender.ask_listing = lambda: listing.listed, listing.ask
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, b"first")
+        await sender.replicated(ino)
+        assert listing.asked == [["a"]] and sender.is_replicated(ino) and sender.degraded_writes == 0
+        a.fail_at = "write"
+        listing.writes = False  # the record cannot be written (the store is cut): b's copy does not count
+        ns.files.write(ino, fd, 0, b"second")
+        await sender.replicated(ino)  # held by b after peer_timeout, but not listed: acknowledged single-copy
+        assert "a" not in sender.channels and b.replicas[ino].sealed is not None
+        assert listing.listed == {"a"} and listing.asked[-1] == ["b"]
+        assert sender.degraded_writes == 1 and "does not list the peers holding it" in (sender.last_error or "")
+        assert not sender.is_replicated(ino) and sender.single_copy()[0] == len(b"second")
+        listing.writes = True
+        sender.notify()
+        await wait_for(lambda: sender.is_replicated(ino))  # asked again (housekeeping), written: b counts
+        assert listing.listed == {"b"}
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
 @trio_test
 async def test_a_connection_the_peer_closed_is_opened_again_at_once_not_degraded(tmp_path: Path) -> None:
     """The peer's listener restarted (its supervisor): the connection that worked is lost at the next write. The

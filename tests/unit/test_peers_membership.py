@@ -234,6 +234,65 @@ def test_a_live_node_cannot_be_claimed_and_a_node_without_a_lease_claims_nobody(
     run(main)
 
 
+def test_only_the_holders_an_owners_record_lists_may_claim_it() -> None:
+    """Campaign seed 396681806 episode 73: the owner moved from a full holder (b) to another (c) and sent c a delete
+    b never saw. Its record lists c once c's copies count; b, holding older copies, may no longer claim it."""
+    store, clock = MemoryStore(), Clock()
+    a, b, c = node(store, "a", clock), node(store, "b", clock), node(store, "c", clock)
+    listed: list[int] = []
+    a.listing.on_listed = lambda: listed.append(1)
+
+    async def main() -> None:
+        for m in (a, b, c):
+            await m.announce()
+        assert record(store, "a")["holders"] == [] and a.listing.listed() == frozenset()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.listing.run)
+            a.listing.ask(["b"])
+            with trio.fail_after(BOUND):
+                while not listed:
+                    await trio.sleep(0.01)
+            assert record(store, "a")["holders"] == ["b"] and a.listing.listed() == {"b"}
+            a.listing.ask(["c"])  # b stopped taking a's changes; c is ready
+            with trio.fail_after(BOUND):
+                while len(listed) < 2:
+                    await trio.sleep(0.01)
+            assert record(store, "a")["holders"] == ["c"] and a.listing.listed() == {"c"}
+            puts = len(store.calls["put_bytes"])
+            a.listing.ask(["c"])  # listed already: nothing written
+            await trio.sleep(0.1)
+            assert len(store.calls["put_bytes"]) == puts and len(listed) == 2
+            nursery.cancel_scope.cancel()
+        clock.now += TTL + 1
+        for m in (b, c):
+            await m.renew()
+        assert not await b.claim("a")  # dead, but b is not listed: its copies are older than c's
+        assert record(store, "a")["state"] == LIVE
+        assert await c.claim("a")
+
+    run(main)
+
+
+def test_a_restart_with_the_same_journal_keeps_the_holders_its_previous_incarnation_listed() -> None:
+    store, clock = MemoryStore(), Clock()
+    first = Membership(config(), store, key_of, "a", "a-1", "10.0.0.1:7470", clock=clock, monotonic=clock, journal_id="j1")
+
+    async def main() -> None:
+        await first.announce()
+        first.listing.wanted = ["b"]
+        await first.renew()
+        again = Membership(config(), store, key_of, "a", "a-2", "10.0.0.1:7470", clock=clock, monotonic=clock, journal_id="j1")
+        await again.announce()
+        assert record(store, "a")["holders"] == ["b"] and again.listing.listed() == {"b"}
+        store.objects.pop("p/.ckptfs/nodes/a.json")
+        first.listing.wanted = ["b"]
+        await first.announce()
+        other = Membership(config(), store, key_of, "a", "a-3", "10.0.0.1:7470", clock=clock, monotonic=clock, journal_id="j2")
+        assert other.listing.wanted == []  # another journal: nothing its predecessor counted is its own
+
+    run(main)
+
+
 def test_an_unfinished_takeover_whose_taker_died_is_claimed_again() -> None:
     store, clock = MemoryStore(), Clock()
     a, b, c = node(store, "a", clock), node(store, "b", clock), node(store, "c", clock)
