@@ -220,7 +220,7 @@ class Membership:
     def status(self) -> dict[str, Any]:
         return {"node": self.me, "incarnation": self.incarnation, "journal_id": self.journal_id, "state": self.state(),
                 "failure_domain": self.failure_domain, "peer_addr": self.peer_addr, "must_reconcile": self.must_reconcile,
-                "copies_uncounted": self.copies_uncounted(), "holders": sorted(self.listing.listed()),
+                "copies_uncounted": self.copies_uncounted(),
                 "peers": [{"node": p.node, "addr": p.addr, "state": p.state, "failure_domain": p.failure_domain} for p in self.peers()]}
 
     # ------------------------------------------------------------ store calls

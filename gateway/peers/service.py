@@ -255,6 +255,7 @@ class Peers:
             "journal_id": self.journal_id,
             # why this node's writes count no peer copies now (no record of its own in the bucket...): None when they do
             "copies_uncounted": self.membership.copies_uncounted(),
+            "holders": sorted(self.membership.listing.listed()),  # the nodes our record lists: only they may claim this one
             "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
             "handshake_refused": self.listener.refused_connections,  # connections closed unauthenticated: a flood, a wrong secret

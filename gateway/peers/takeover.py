@@ -133,6 +133,7 @@ class Takeover:
         self.files = trio.CapacityLimiter(small_objects_in_flight(cfg.max_parts_in_flight))
         self.hashing = trio.CapacityLimiter(HASHING_THREADS)
         self.claimed: set[str] = set()  # won, not finished (a failed request): finished on the next round
+        self._left_to_others: dict[str, str | None] = {}  # owner -> the ETag of its record that lists other holders
         self.takeovers_total = 0
         self.uploaded_files_total = 0
         self.uploaded_bytes_total = 0
@@ -163,7 +164,7 @@ class Takeover:
         dead_now = set(self.membership.dead())
         done = []
         for owner in self.replicas.owners():
-            if owner not in dead_now and owner not in self.claimed:
+            if owner not in dead_now and owner not in self.claimed or owner not in self.claimed and self._not_listed(owner):
                 continue
             try:
                 try:
@@ -182,17 +183,25 @@ class Takeover:
                 done.append(report)
         return done
 
+    def _not_listed(self, owner: str) -> str | None:
+        """Why this node may not claim `owner` by its record as last read (None: it may): the record lists other
+        holders (holders.py), whose copies are newer than the ones here. Logged once per record."""
+        rec = self.membership.record_of(owner)
+        if rec is None or may_claim(rec, self.membership.me):
+            return None
+        why = f"its record lists the holders {', '.join(rec.holders or [])}, not this node"
+        if self._left_to_others.get(owner) != rec.etag:
+            self._left_to_others[owner] = rec.etag
+            log.info("node %s: %s: the replicas here are older than theirs, left to them", owner, why)
+        return why
+
     async def take_over(self, owner: str) -> TakeoverReport | None:
         """Claim `owner` (unless claimed here already) and finish its work; None if another node won the claim."""
         if owner not in self.claimed:
             if not await self.membership.claim(owner):
                 # the winner uploads; ours stay until its takeover is done (the sweep drops them then), in case
                 # it dies before: a takeover can be taken over
-                rec = self.membership.record_of(owner)
-                if rec is not None and not may_claim(rec, self.membership.me):
-                    log.info("node %s: its record lists the holders %s, not this node: the replicas here are older than "
-                             "theirs, left to them", owner, ", ".join(rec.holders or []) or "(none)")
-                else:
+                if self._not_listed(owner) is None:
                     log.info("node %s is dead and taken over by another holder of its replicas", owner)
                 return None
             self.claimed.add(owner)

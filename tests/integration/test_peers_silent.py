@@ -130,3 +130,41 @@ def test_files_whose_only_holder_stopped_answering_are_single_copy_until_another
     assert b.metric("ckptfs_peer_degraded_writes_total") == 0  # its fsync found a peer (c): acknowledged with two copies
     assert b.flush().returncode == 0
     assert cluster.object_sha256(b.key("after.bin")) == digest
+
+
+def test_a_holder_the_owner_moved_away_from_cannot_take_it_over_with_older_copies(cluster: Cluster) -> None:
+    """The peers campaign, seed 396681806 episodes 73 and 103: the owner's holder stops answering (here paused past
+    peer_timeout), the owner copies its files to the third node and deletes one there; the old holder comes back
+    with the deleted file's sealed replica. The owner lost next: the file must stay deleted, so the old holder may
+    not claim it (holders.py: the owner's record lists the third node only); the third node takes it over."""
+    common = {"peer_lease_ttl": 12, "peer_timeout": 4}
+    a = cluster.node("a", failure_domain="rack1", upload_delay=HELD, **common)
+    b = cluster.node("b", failure_domain="rack2", **common)
+    c = cluster.node("c", failure_domain="rack3", **common)
+    cluster.wait_live("abc")
+    spec = file_spec(2, 1 * MiB + 7)
+    digests = save(a, spec)
+    holder = wait_until("a's replicas on b or c", lambda: next((n for n in (b, c) if held_by(n, "a", 2)), None), 60)
+    third = c if holder is b else b
+    assert a.status()["peer_holders"] == [holder.name] and (a.record() or {}).get("holders") == [holder.name]
+
+    holder.pause()
+    wait_until("a to copy its files to the third node and list it as their holder",
+               lambda: held_by(third, "a", 2) and states(a, spec) == ["replicated"] * 2
+               and a.status()["peer_holders"] == [third.name], 120)
+    assert (a.record() or {}).get("holders") == [third.name]
+    gone, kept = spec
+    (a.path / gone["name"]).unlink()  # reaches the third node only: the paused holder keeps its sealed replica
+    wait_until("the third node to forget the deleted file", lambda: held_by(third, "a", 1), 60)
+    holder.resume()
+    wait_until(f"{holder.name} to renew its record again", lambda: (holder.record() or {}).get("state") == "live"
+               and holder.status()["peer_state"] == "live", 120)
+    assert len(holder.replica_files("a")) == 2  # the older copies, the deleted file's among them
+
+    a.kill(delete_cache=True)
+    key = a.key(kept["name"])
+    wait_until(f"{key} in the bucket", lambda: cluster.object_sha256(key) == digests[kept["name"]], 240)
+    wait_until("a's takeover to finish", lambda: (a.record() or {}).get("takeover_done") is True, 120)
+    rec = a.record() or {}
+    assert rec["taken_over_by"] == third.name, rec
+    assert cluster.heads([a.key(gone["name"])]) == {}, "a deleted file came back from the old holder's copy"
