@@ -16,6 +16,7 @@ happened).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Protocol
 
 import trio
@@ -44,6 +45,7 @@ class Sender(Protocol):
     def notify(self) -> None: ...
     def _healthy(self) -> list[Channel]: ...
     def _fill(self) -> None: ...
+    def counts(self, ch: Channel) -> bool: ...
 
 
 class NameChanges:
@@ -90,23 +92,27 @@ class NameChanges:
         target = self.target()
         if target[0] <= self.told[0] and target[1] <= self.told[1]:
             return  # nothing new to tell (a rename of an empty directory, of files the peers need not hold)
+        deadline = s.clock() + s.timeout
         while True:
             healthy = s._healthy()
-            done = [ch for ch in healthy if ch.ready and ch.names_confirmed[0] >= target[0] and ch.names_confirmed[1] >= target[1]]
-            if len(done) >= s.replicas:
+            held = [ch for ch in healthy if ch.ready and ch.names_confirmed[0] >= target[0] and ch.names_confirmed[1] >= target[1]]
+            if len([ch for ch in held if s.counts(ch)]) >= s.replicas:  # on peers our record lists (holders.py)
                 break
             for ch in healthy:
-                if ch.ready and ch not in done:
+                if ch.ready and ch not in held:
                     ch.ask_names(s)
             s._fill()
             healthy = s._healthy()
-            if len(healthy) < s.replicas and all(ch in done for ch in healthy):
+            all_hold = all(ch in held for ch in healthy)
+            if len(healthy) < s.replicas and all_hold or all_hold and s.clock() >= deadline:  # (or: not listed in time)
+                counted = len([ch for ch in held if s.counts(ch)])
                 s.degraded_writes += 1
                 s.on_degraded()
                 if s.clock() - self.logged >= s.timeout:
                     self.logged = s.clock()
                     log.warning("a rename or delete returned with %d of %d peers holding it: a node lost now may lose the "
-                                "new names (no other peer answers; single-copy until it drains)", len(done), s.replicas)
+                                "new names (no other peer answers; single-copy until it drains)", counted, s.replicas)
                 break
-            await s._changed.wait()
+            with trio.move_on_after(max(0.0, deadline - s.clock()) if all_hold else math.inf):
+                await s._changed.wait()
         self.told = (max(self.told[0], target[0]), max(self.told[1], target[1]))

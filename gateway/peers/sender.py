@@ -148,9 +148,12 @@ class Sender:
 
     def sealed_on(self, ino: int, version: int) -> int:
         held = self.digests.versions_held(ino, version) if self.uncounted() is None else set()
+        return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) in held and self.counts(ch))
+
+    def counts(self, ch: Channel) -> bool:
+        """What `ch`'s peer holds counts: our record lists it (holders.py), or there is no list (no record)."""
         listed = self.listed()
-        return sum(1 for ch in self._healthy()
-                   if ch.ready and ch.sealed.get(ino) in held and (listed is None or ch.node in listed))
+        return listed is None or ch.node in listed
 
     def _list_ready(self) -> None:
         """Our record lists the ready channels' nodes before their copies count (holders.py): asked once one is not."""

@@ -357,6 +357,9 @@ async def test_a_holder_counts_only_once_our_record_lists_it_and_a_replaced_one_
         assert listing.listed == {"a"} and listing.asked[-1] == ["b"]
         assert sender.degraded_writes == 1 and "does not list the peers holding it" in (sender.last_error or "")
         assert not sender.is_replicated(ino) and sender.single_copy()[0] == len(b"second")
+        ns.tree.rename(ROOT_INODE, "f", ROOT_INODE, "g", False)
+        await sender.names.replicated()  # b confirms the rename, unlisted: returns after peer_timeout, degraded
+        assert b.replicas[ino].meta["key"] == "p/g" and sender.degraded_writes == 2
         listing.writes = True
         sender.notify()
         await wait_for(lambda: sender.is_replicated(ino))  # asked again (housekeeping), written: b counts
