@@ -10,7 +10,7 @@ what the bucket lacked then, and it is counted.
 `-k campaign` selects it (with the drain's). CKPTFS_CAMPAIGN_EPISODES (default 6: the CI size, every role twice),
 CKPTFS_CAMPAIGN_SEED (default CI_SEED, a schedule that passed; `random`: a new one, printed),
 CKPTFS_CAMPAIGN_EPISODE (one episode of the seed alone, to
-rerun a failure), CKPTFS_CAMPAIGN_NODES (3 or 4), CKPTFS_CAMPAIGN_OPS (the writer's operations per episode, 8),
+rerun a failure, or a range of them: "90-110"), CKPTFS_CAMPAIGN_NODES (3 or 4), CKPTFS_CAMPAIGN_OPS (the writer's operations per episode, 8),
 CKPTFS_CAMPAIGN_DISABLE / CKPTFS_CAMPAIGN_FAULTS (which faults, operations and checks: the tables at the top of
 the support module, each with the case of the issue it is known to meet), CKPTFS_CAMPAIGN_REPORT (a file to
 write the report's JSON to). The report is printed (-s) in words and as one JSON line `peers campaign report:`.
@@ -74,7 +74,8 @@ def run(campaign: Campaign, seed: int) -> None:
     report = Report(seed)
     started = time.monotonic()
     print(f"\npeers campaign: seed {seed} (CKPTFS_CAMPAIGN_SEED={seed} to rerun), faults {campaign.faults}")
-    for index in ([int(one)] if one else range(episodes)):
+    first, _, last = (one or "").partition("-")  # one episode, or a range "90-110" of the seed's
+    for index in (range(int(first), int(last or first) + 1) if one else range(episodes)):
         r = campaign.episode(index)
         report.add(r)
         print(f"  episode {r.seed}: {r.fault} owner {r.owner} target {r.target}: {r.ops} ops, {r.files} files, "

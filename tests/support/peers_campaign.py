@@ -122,11 +122,15 @@ def enabled_faults() -> list[str]:
 
 # the cluster's options: a short lease, so that a lost node is found dead in seconds; the drain held back a little,
 # so that a fault finds bytes the bucket lacks; a short quiet period, so that checkpoints commit in an episode's time
+# CKPTFS_CAMPAIGN_REPLICAS=2 (with CKPTFS_CAMPAIGN_NODES=4): every file on two peers, and then no loss is allowed: a
+# fault that loses the owner and one holder (or a taker mid-takeover) leaves another holder with every copy
+REPLICAS = int(os.environ.get("CKPTFS_CAMPAIGN_REPLICAS", "1"))
 NODE_OPTIONS: dict[str, Any] = {
     "peer_lease_ttl": 3,
     "peer_timeout": 4,
     "peer_drop_grace": 2,
     "checkpoint_quiet_seconds": 2,
+    "peer_replicas": REPLICAS,
 }
 # each node's drain waits one of these after a close (drawn per node from the seed): a quick drain, or one slow enough
 # that a fault, even REREPLICATE_WINDOW after the holder's, finds files the bucket lacks (`ckptfs flush`, which the
@@ -846,6 +850,8 @@ class Campaign:
                 time.sleep(LEASE / 2)
                 for n in self.cc.live:
                     n.proxy.set_mode("pass")
+        if REPLICAS > 1:
+            double_loss = None  # one holder lost with the owner (or a taker): another holds every copy
         if owner_alive is None:
             w.end()
         else:
