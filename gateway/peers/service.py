@@ -190,7 +190,17 @@ class Peers:
             log.info("node %s: %d files not in the bucket yet: it does not leave the cluster; a holder of their copies "
                      "takes it over if it is not mounted again within peer_lease_ttl", self.me, s["dirty_files"])
             return
-        await leave(self.membership)
+        bound = max(self.cfg.peer_timeout, 1.0)
+        try:
+            with trio.move_on_after(bound) as waited:  # a store that hangs at unmount must not hold the unmount
+                await leave(self.membership)
+        except StoreError as e:
+            log.warning("node %s: could not write its record `left` (%s): its lease runs out instead, and a holder "
+                        "finds nothing to take over", self.me, e)
+            return
+        if waited.cancelled_caught:
+            log.warning("node %s: the store did not answer the write of its record `left` within %.0fs: its lease runs "
+                        "out instead, and a holder finds nothing to take over", self.me, bound)
 
     async def remove_node(self, node: str, force: bool) -> dict[str, Any]:
         """`ckptfs remove-node`: a node that will not come back marked `left`; the control socket's answer."""

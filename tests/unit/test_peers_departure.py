@@ -107,3 +107,27 @@ def test_the_metrics_leave_a_node_that_left_out_and_count_a_refusing_peer_down()
     up = {s.labels["peer"]: s.value for s in families["ckptfs_peer_up"].samples}
     assert up == {"b": 1.0, "c": 0.0}
     assert [s.value for s in families["ckptfs_peer_unclaimed_nodes"].samples] == [1.0]
+
+
+def test_a_leave_or_a_removal_the_store_refuses_changes_nothing_and_says_why() -> None:
+    """A failure is a state: the store failing at unmount leaves the record live (its lease runs out, and a holder
+    finds nothing to take over); `remove-node` against a failing store raises the store's error (`Peers.remove_node`
+    answers it in one line, "cannot be read or written now ... try again") and writes nothing."""
+    from ckptfs.objects import StoreError
+
+    store, clock = MemoryStore(), Clock()
+    a, b = node(store, "a", clock), node(store, "b", clock)
+    run(a.announce)
+    run(b.announce)
+    store.fail("put_bytes", "server", times=1)
+    with pytest.raises(StoreError):
+        run(lambda: leave(a))
+    assert record(store, "a")["state"] == LIVE and a.lease_valid()
+    clock.now += TTL + 1
+    run(b.renew)
+    run(b.refresh)
+    assert b.dead() == ["a"]  # as after a crash: claimable, and its takeover finds nothing to upload
+    store.fail("get_bytes", "server", times=1)
+    with pytest.raises(StoreError):
+        run(lambda: remove_node(b, "a", False))
+    assert record(store, "a")["state"] == LIVE
