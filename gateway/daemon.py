@@ -555,7 +555,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
     (`live`, `fenced`, `reconciling`), and the single-copy window, from `Peers.status()`. With durability = local
     (`peers` None) no peer holds anything: every byte not yet durable is single-copy, since its file's last close."""
     if peers is None:
-        return {"peers": [], "peer_state": None, "peer_copies_uncounted": None, "peer_holders": [], "peer_addr": None, "failure_domain": None,
+        return {"peers": [], "peer_state": None, "peer_copies_uncounted": None, "peer_holders": [], "membership": None, "peer_addr": None, "failure_domain": None,
                 "peer_replica_bytes": 0, "peer_conditional_writes": None, "peer_conditional_deletes": None,
                 "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
                 "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
@@ -566,6 +566,8 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "peer_state": peers.get("state"),
         "peer_copies_uncounted": peers.get("copies_uncounted"),  # why this node's writes count no peer copies (None: they do)
         "peer_holders": list(peers.get("holders") or []),  # the nodes this node's record lists: only they may claim it
+        # the node records' backend, how old this node's view of them is, and what reading and writing them cost
+        "membership": peers.get("membership"),
         "peer_addr": peers.get("peer_addr"),
         "failure_domain": peers.get("failure_domain"),
         "peer_replica_bytes": peers.get("replica_bytes_held", 0),

@@ -191,7 +191,12 @@ def peer_families(values: dict[str, Any]) -> list[GaugeMetricFamily | CounterMet
     unclaimed = GaugeMetricFamily("ckptfs_peer_unclaimed_nodes", "Nodes dead for 2 x peer_lease_ttl that no node took over: "
                                   "no live node holds their copies (they had nothing undrained, or their holders are down too).")
     unclaimed.add_metric([], float(len(values.get("peer_unclaimed_nodes") or [])))
-    families: list[GaugeMetricFamily | CounterMetricFamily] = [up, lag, held, unclaimed]
+    requests = CounterMetricFamily("ckptfs_membership_requests", "Requests this node made to keep its node record and read the "
+                                   "others' (a LIST counted by its pages), by membership backend and kind.", labels=["backend", "kind"])
+    membership = values.get("membership") or {}
+    for kind, n in sorted((membership.get("requests") or {}).items()):
+        requests.add_metric([str(membership.get("backend") or "bucket"), str(kind)], float(n))
+    families: list[GaugeMetricFamily | CounterMetricFamily] = [up, lag, held, unclaimed, requests]
     for name, doc in PEER_COUNTERS.items():
         c = CounterMetricFamily(f"ckptfs_{name}", doc)
         c.add_metric([], float(values.get(f"{name}_total", 0)))

@@ -28,7 +28,8 @@ from ..supervisor import Supervisor
 from .link import PeerLink, PeerRefused, answers_as
 from .listener import Listener
 from .departure import RemoveRefused, leave, remove_node
-from .membership import Membership, known_hosts, new_incarnation
+from .membership import Membership, known_hosts, new_incarnation, stale_seconds
+from .requests import BACKEND, CountedStore
 from .records import LIVE, unclaimed_for
 from .reconcile import Reconcile
 from .replicas import ReplicaStore
@@ -37,6 +38,10 @@ from .sweep import Sweep
 from .takeover import Takeover
 
 log = logging.getLogger(__name__)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 DUPLICATE_PROBE_SECONDS = 5.0  # at mount, for an answer at the address a live record with our name announces
 REFUSING = "refusing"  # a peer's state in `ckptfs status`: its record is live, its listener refuses this node's handshake
@@ -58,7 +63,8 @@ class Peers:
         self.replicas = ReplicaStore(cfg, cfg.cache_dir)
         self.listener = Listener(cfg, self.replicas, self.secrets, self.me)
         self.journal_id: str = getattr(ns.journal, "journal_id", "")
-        self.membership = Membership(cfg, store, ns.keys.of, self.me, self.incarnation, cfg.peer_addr, journal_id=self.journal_id)
+        self.requests = CountedStore(store)  # what membership asks of the bucket, by kind (the metric)
+        self.membership = Membership(cfg, self.requests, ns.keys.of, self.me, self.incarnation, cfg.peer_addr, journal_id=self.journal_id)
         self.listener.judge = self.membership.owners  # replicas only from an owner incarnation whose record is live
         self.listener.known_hosts = lambda: known_hosts(self.membership.peers())  # the nodes' addresses: slots of their own
         self.listener.on_listening = self._listening
@@ -265,7 +271,9 @@ class Peers:
             "journal_id": self.journal_id,
             # why this node's writes count no peer copies now (no record of its own in the bucket...): None when they do
             "copies_uncounted": self.membership.copies_uncounted(),
-            "holders": sorted(self.membership.listing.listed()),  # the nodes our record lists: only they may claim this one
+            "holders": sorted(self.membership.listing.listed()),
+            "membership": {"backend": BACKEND, "stale_seconds": _rounded(stale_seconds(self.membership)),
+                           "requests": dict(self.requests.counts)},  # the nodes our record lists: only they may claim this one
             "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
             "handshake_refused": self.listener.refused_connections,  # connections closed unauthenticated: a flood, a wrong secret

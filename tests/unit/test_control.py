@@ -175,7 +175,7 @@ def test_a_client_that_goes_away_ends_the_wait_for_replicas(tmp_path: Path) -> N
 def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
     # durability = local: no peer, every byte not yet durable is single-copy since its file's close
     assert peer_fields(None, 5 << 20, 12.5) == {
-        "peers": [], "peer_state": None, "peer_copies_uncounted": None, "peer_holders": [], "peer_addr": None, "failure_domain": None,
+        "peers": [], "peer_state": None, "peer_copies_uncounted": None, "peer_holders": [], "membership": None, "peer_addr": None, "failure_domain": None,
         "peer_replica_bytes": 0, "peer_conditional_writes": None, "peer_conditional_deletes": None,
         "single_copy_bytes": 5 << 20, "single_copy_oldest_age_seconds": 12.5,
         "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
@@ -191,10 +191,12 @@ def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
                           "single_copy_oldest_age_seconds": 3.0, "replica_bytes_held": 11, "takeovers": 1, "degraded_writes": 2,
                           "replicated_bytes": 1 << 30, "replicas_refused": 4, "conditional_writes": True, "conditional_deletes": False,
                           "copies_uncounted": "this node was taken over and has not rejoined", "refused_writes": 3,
-                          "unclaimed_nodes": ["node-c"], "holders": ["node-b"]},
+                          "unclaimed_nodes": ["node-c"], "holders": ["node-b"],
+                          "membership": {"backend": "bucket", "stale_seconds": 1.5, "requests": {"list": 3, "get": 4, "put": 5, "delete": 0}}},
                          5 << 20, 12.5)
     assert fields == {"peers": [peer, down], "peer_state": "fenced", "peer_addr": "10.0.0.5:7470", "failure_domain": "rack1",
                       "peer_copies_uncounted": "this node was taken over and has not rejoined", "peer_holders": ["node-b"],
+                      "membership": {"backend": "bucket", "stale_seconds": 1.5, "requests": {"list": 3, "get": 4, "put": 5, "delete": 0}},
                       "peer_replica_bytes": 11, "peer_conditional_writes": True, "peer_conditional_deletes": False,
                       "single_copy_bytes": 7, "single_copy_oldest_age_seconds": 3.0,
                       "peer_replicated_bytes_total": 1 << 30, "peer_degraded_writes_total": 2, "peer_takeovers_total": 1,
