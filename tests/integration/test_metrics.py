@@ -69,8 +69,9 @@ def test_every_metric_documented_and_lint_clean(make_mount) -> None:  # type: ig
 
     # docs/metrics.md lists exactly what is served, with the right types and labels
     # (the replication metrics are served only with [replica.NAME] targets: test_replication checks them;
-    # the peer metrics only with durability = peer)
-    documented = {k: v for k, v in documented_metrics().items() if not k.startswith(("ckptfs_replication_", "ckptfs_peer_"))}
+    # the peer metrics, membership's among them, only with durability = peer)
+    documented = {k: v for k, v in documented_metrics().items()
+                  if not k.startswith(("ckptfs_replication_", "ckptfs_peer_", "ckptfs_membership_"))}
     served = {f.name if f.type != "counter" else f.name + "_total": f for f in text_string_to_metric_families(text)}
     assert sorted(served) == sorted(documented), "docs/metrics.md and /metrics differ"
     for name, family in served.items():

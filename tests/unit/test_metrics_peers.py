@@ -20,6 +20,7 @@ STATUS: dict[str, Any] = {
     "peer_takeovers_total": 1, "peer_degraded_writes_total": 2, "peer_replicated_bytes_total": 1 << 20,
     "peers": [{"node": "node-c", "addr": "10.0.0.7:7470", "state": "down", "lag_seconds": None},
               {"node": "node-b", "addr": "10.0.0.6:7470", "state": "live", "lag_seconds": 0.5}],
+    "membership": {"backend": "bucket", "stale_seconds": 2.0, "requests": {"list": 30, "get": 61, "put": 31, "delete": 0}},
 }
 
 
@@ -44,10 +45,12 @@ def test_peer_metrics_are_served_with_durability_peer_as_documented() -> None:
     assert got[("ckptfs_peer_takeovers_total", ())] == 1
     assert got[("ckptfs_peer_degraded_writes_total", ())] == 2
     assert got[("ckptfs_peer_replicated_bytes_total", ())] == 1 << 20
+    assert got[("ckptfs_membership_requests_total", (("backend", "bucket"), ("kind", "get")))] == 61
 
     served = {f.name if f.type != "counter" else f.name + "_total": f for f in text_string_to_metric_families(text)
-              if f.name.startswith("ckptfs_peer_") or f.name.startswith("ckptfs_single_copy_")}
-    documented = {k: v for k, v in documented_metrics().items() if k.startswith(("ckptfs_peer_", "ckptfs_single_copy_"))}
+              if f.name.startswith(("ckptfs_peer_", "ckptfs_single_copy_", "ckptfs_membership_"))}
+    documented = {k: v for k, v in documented_metrics().items()
+                  if k.startswith(("ckptfs_peer_", "ckptfs_single_copy_", "ckptfs_membership_"))}
     assert sorted(served) == sorted(documented), "docs/metrics.md (peer durability) and /metrics differ"
     for name, family in served.items():
         kind, labels = documented[name]

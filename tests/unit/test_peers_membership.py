@@ -603,3 +603,46 @@ def test_run_announces_renews_and_reads_the_others_on_its_own() -> None:
             nursery.cancel_scope.cancel()
 
     run(main)
+
+
+def test_membership_requests_are_counted_by_kind_and_a_refresh_reads_changed_records_at_once() -> None:
+    """Issue 44: what the records cost (ckptfs_membership_requests_total). A refresh after every other node renewed
+    GETs each changed record, 16 at a time (not one after another); a GET that fails fails the refresh as a whole,
+    with the store's error (not a group of them), and the last view is kept."""
+    from ckptfs.objects import StoreError
+    from ckptfs.peers.requests import CountedStore
+
+    store, clock = MemoryStore(), Clock()
+    counted = CountedStore(store)
+    me = Membership(config(), counted, key_of, "me", "me-1", "10.0.0.1:7470", clock=clock, monotonic=clock)  # type: ignore[arg-type]
+    others = [node(store, f"n{i:02d}", clock) for i in range(40)]
+    in_flight, most = [0], [0]
+    get = store.get_bytes
+
+    def slow_get(key: str) -> tuple[bytes, str]:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        time.sleep(0.02)
+        in_flight[0] -= 1
+        return get(key)
+
+    async def main() -> None:
+        await me.announce()
+        for m in others:
+            await m.announce()
+        assert dict(counted.counts) == {"list": 0, "get": 1, "put": 1, "delete": 0}  # our record read, then written
+        store.get_bytes = slow_get  # type: ignore[method-assign]
+        await me.refresh()
+        assert len(me.peers()) == 40 and dict(counted.counts) == {"list": 1, "get": 41, "put": 1, "delete": 0}
+        assert 1 < most[0] <= 16
+        await me.refresh()  # nothing changed: the LIST alone
+        assert dict(counted.counts) == {"list": 2, "get": 41, "put": 1, "delete": 0}
+        clock.now += TTL / 3
+        for m in others:
+            await m.renew()
+        store.fail("get_bytes", "server", times=1)
+        with pytest.raises(StoreError):
+            await me.refresh()
+        assert len(me.peers()) == 40  # the last view, kept
+
+    run(main)
