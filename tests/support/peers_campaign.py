@@ -131,6 +131,8 @@ NODE_OPTIONS: dict[str, Any] = {
     "peer_drop_grace": 2,
     "checkpoint_quiet_seconds": 2,
     "peer_replicas": REPLICAS,
+    # CKPTFS_CAMPAIGN_ENCRYPTION=aes-gcm: the stream encrypted (docs/peers.md), every fault as before
+    "peer_encryption": os.environ.get("CKPTFS_CAMPAIGN_ENCRYPTION", "none"),
 }
 # each node's drain waits one of these after a close (drawn per node from the seed): a quick drain, or one slow enough
 # that a fault, even REREPLICATE_WINDOW after the holder's, finds files the bucket lacks (`ckptfs flush`, which the
