@@ -77,7 +77,8 @@ class TakeoverStore(Protocol):
 
     def abort(self, key: str, upload_id: str) -> None: ...
 
-    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str: ...
+    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int, *, if_match: str | None = None,
+             if_none_match: bool = False) -> str: ...
 
     def delete(self, key: str) -> None: ...
 
@@ -384,13 +385,19 @@ class Takeover:
     async def _copy(self, e: ReplicaEntry, report: TakeoverReport, durable: set[str]) -> None:
         """A durable file renamed by its owner: its object copied inside the store to the new key."""
         assert e.copy_from is not None
-        if not self._judge(e, await self._head(e.key), report, durable):
+        v = self._verdict(e, await self._head(e.key), report, durable)
+        if v is None:
             return
+        await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
         try:
-            async with self.parts:
+            async with self.parts:  # conditional on what was judged, as an upload is: the store is the fence
                 await threads.call(functools.partial(self.store.copy, e.copy_from, e.key, e.size,
-                                                     part_size_for(e.size, self.cfg.part_size), self.cfg.copy_multipart_threshold))
+                                                     part_size_for(e.size, self.cfg.part_size), self.cfg.copy_multipart_threshold,
+                                                     if_match=v.if_match, if_none_match=v.if_none_match))
         except StoreError as err:
+            if err.kind == PRECONDITION or err.kind == NO_OBJECT and v.if_match is not None and await self._head(e.copy_from):
+                self._conflict(e, report, durable, f"it changed after it was judged: {err}")
+                return
             if err.kind != NO_OBJECT:
                 raise
             self.corrupt_total += 1

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 import boto3
@@ -32,7 +33,7 @@ from ..encryption import Encryption, EncryptionError
 # lifecycle/ and replication/ still import StoreError, its kinds and Listing from here
 from ..objects import (
     ARCHIVED, AUTH, CHANGED, NETWORK, NO_BUCKET, NO_OBJECT, NO_UPLOAD, OTHER, PRECONDITION, SERVER,
-    Listing, NoncurrentVersions, ObjectInfo, RemoteObject, RemotePart, StoreError,
+    Listing, NoncurrentVersions, ObjectInfo, RemoteObject, RemotePart, StoreError, crc32_b64,
 )
 from ..sizes import small_objects_in_flight
 from ..storageclass import ArchiveState, from_head
@@ -445,13 +446,22 @@ class Store(BucketGovernance):
         r = self._call("HeadObject", self.client.head_object, Key=key, **self.enc.customer())
         return r["ContentLength"], r["ETag"].strip('"'), {k.lower(): v for k, v in r.get("Metadata", {}).items()}
 
-    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str:
-        """Server-side copy (no bytes through this node); UploadPartCopy in parts for large objects."""
-        if size < multipart_threshold:
+    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int, *, if_match: str | None = None,
+             if_none_match: bool = False) -> str:
+        """Server-side copy (no bytes through this node); UploadPartCopy in parts for large objects.
+
+        A condition on the destination (`if_match` its ETag, `if_none_match`: it holds nothing; a takeover's copy of a
+        renamed file, judged by the object there) goes through the parts path at any size: CopyObject takes no
+        condition on its destination, CompleteMultipartUpload does. An empty source is written as an empty object
+        with its metadata, under the same condition."""
+        conditional = if_match is not None or if_none_match
+        if size < multipart_threshold and not conditional:
             r = self._call("CopyObject", self.client.copy_object, Key=dst, CopySource={"Bucket": self.bucket, "Key": src},
                            MetadataDirective="COPY", **self.enc.create(), **self.enc.copy_source())
             return r["CopyObjectResult"]["ETag"].strip('"')
         _, _, metadata = self.head(src)
+        if size == 0:
+            return self.put_object_body(dst, b"", crc32_b64(zlib.crc32(b"")), metadata, if_match=if_match, if_none_match=if_none_match)
         upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata,
                                **self.enc.create())["UploadId"]
         try:
@@ -462,8 +472,8 @@ class Store(BucketGovernance):
                                CopySource={"Bucket": self.bucket, "Key": src}, CopySourceRange=f"bytes={offset}-{end}",
                                **self.enc.customer(), **self.enc.copy_source())
                 parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
-            r = self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, Key=dst, UploadId=upload_id,
-                           MultipartUpload={"Parts": parts}, **self.enc.customer())
+            r = self._conditional("CompleteMultipartUpload", self.client.complete_multipart_upload, dst, if_match, if_none_match,
+                                  Key=dst, UploadId=upload_id, MultipartUpload={"Parts": parts}, **self.enc.customer())
             return r["ETag"].strip('"')
         except BaseException:
             try:

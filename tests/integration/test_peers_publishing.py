@@ -24,6 +24,7 @@ from ckptfs.config import Config
 from ckptfs.objects import PRECONDITION, StoreError, crc32_b64
 from ckptfs.publishing import store_refuses_stale_writes
 from ckptfs.store import Store
+from ckptfs.upload import XXH3_META
 from tests.conftest import peer_cluster
 from tests.support.peer_nodes import Cluster, Node, wait_until
 from tests.support.seaweed import SeaweedServer
@@ -179,3 +180,34 @@ def test_seaweedfs_refuses_a_conditional_write_whose_condition_no_longer_holds(s
     upload_id, parts = upload()
     store.complete("k/a", upload_id, parts, if_match=second)
     assert store.get_bytes("k/a")[0] == part
+
+
+@pytest.mark.parametrize("size", [0, 1000, 6 * MiB + 3])
+def test_a_conditional_copy_is_refused_by_seaweedfs_when_its_destination_changed(s3: SeaweedServer, bucket: str, size: int,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A takeover's copy of a renamed file is conditional on the object it judged at the new key (`Store.copy`: the
+    parts path at any size, since CopyObject takes no condition on its destination): a destination written since is
+    left as it is; the copy lands, with the source's bytes and metadata, only where the condition holds."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    store = Store(Config(bucket=bucket, endpoint_url=s3.endpoint_url))
+    body = os.urandom(size)
+    fd = os.memfd_create("src")
+    try:
+        os.write(fd, body)
+        store.put_object("src", fd, size, crc32_b64(zlib.crc32(body)), {XXH3_META: "abc"})
+    finally:
+        os.close(fd)
+    other = store.put_object_body("dst", b"another node's", crc32_b64(zlib.crc32(b"another node's")), {})
+    with pytest.raises(StoreError) as e:
+        store.copy("src", "dst", size, 5 * MiB, 8 * MiB, if_none_match=True)
+    assert e.value.kind == PRECONDITION
+    with pytest.raises(StoreError) as e:
+        store.copy("src", "dst", size, 5 * MiB, 8 * MiB, if_match="0" * 32)
+    assert e.value.kind == PRECONDITION
+    assert store.get_bytes("dst")[0] == b"another node's", "a refused copy changed the object"
+    store.copy("src", "dst", size, 5 * MiB, 8 * MiB, if_match=other)
+    assert store.get_bytes("dst")[0] == body
+    assert store.head_object("dst").metadata.get(XXH3_META) == "abc"
+    store.copy("src", "new", size, 5 * MiB, 8 * MiB, if_none_match=True)
+    assert store.get_bytes("new")[0] == body

@@ -226,11 +226,13 @@ class MemoryStore:
             del self.objects[key]
         self._answered()
 
-    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int) -> str:
+    def copy(self, src: str, dst: str, size: int, part_size: int, multipart_threshold: int, *, if_match: str | None = None,
+             if_none_match: bool = False) -> str:
         self._enter("copy", src, dst)
         obj = self.objects.get(src)
         if obj is None:
             raise StoreError(NO_OBJECT, f"{src} does not exist")
+        self._condition(dst, if_match, if_none_match)
         self.objects[dst] = StoredObject(obj.body, obj.etag, dict(obj.metadata))
         self._answered()
         return obj.etag

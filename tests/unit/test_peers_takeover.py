@@ -515,6 +515,33 @@ def test_a_delete_waiting_for_a_file_that_could_not_be_made_durable_is_not_appli
     assert report.deleted == ["p/forgotten.tmp"]
 
 
+def test_the_copy_of_a_renamed_file_is_conditional_on_what_was_judged_at_its_new_key(tmp_path: Path) -> None:
+    """Issue 42, "the store is the fence": another node writes the renamed file's new key between the takeover's HEAD
+    and its copy. The copy, conditional on the nothing it judged (If-None-Match), is refused: that node's object
+    stays, counted as a conflict. The rename happened before that write: its old key goes, as the owner's own drain
+    would have done (a newer write under the new name, none under the old)."""
+    t, store, replicas, _ = setup(tmp_path)
+    now = time.time() - 30
+    data = b"durable bytes under the old key"
+    store.objects["p/run/step_1.tmp/shard_0.bin"] = StoredObject(data, "e0", {XXH3_META: digest(data)}, mtime=now)
+    hold(replicas, "a", 90, "p/run/step_1/shard_0.bin", b"", seq=10, mtime=now, copy_from="p/run/step_1.tmp/shard_0.bin",
+         xxh3=digest(data), size=len(data))
+    hold_delete(replicas, "a", 1, "p/run/step_1.tmp/shard_0.bin", seq=11, after_ino=90)
+    copy = store.copy
+
+    def raced(src: str, dst: str, *args: Any, **kw: Any) -> str:
+        store.objects[dst] = StoredObject(b"another node's", "other", {}, mtime=time.time())
+        return copy(src, dst, *args, **kw)
+
+    store.copy = raced  # type: ignore[method-assign]
+
+    [report] = run(t)
+
+    assert store.objects["p/run/step_1/shard_0.bin"].body == b"another node's"
+    assert report.conflicts == ["p/run/step_1/shard_0.bin"] and report.copied == []
+    assert "p/run/step_1.tmp/shard_0.bin" not in store.objects and report.deleted == ["p/run/step_1.tmp/shard_0.bin"]
+
+
 def test_a_rename_whose_source_object_is_gone_deletes_nothing_more(tmp_path: Path) -> None:
     t, store, replicas, _ = setup(tmp_path)
     now = time.time() - 30
