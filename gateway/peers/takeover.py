@@ -40,7 +40,7 @@ from ..config import Config
 from ..journal import OWN_OBJECT_ONLY
 from ..namespace.keys import Keys
 from ..objects import NO_OBJECT, PRECONDITION, ObjectInfo, StoreError
-from ..publishing import CONFLICT, DURABLE, Provenance, Verdict, delete_own_stale_version, judge
+from ..publishing import CONFLICT, DURABLE, Provenance, Verdict, delete_own_stale_version, judge, provenance_of
 from ..sizes import part_size_for, small_objects_in_flight
 from ..upload import XXH3_META, Abandoned, head_or_none, file_digests, put_multipart, put_whole
 
@@ -477,10 +477,24 @@ class Takeover:
         if d.etag == OWN_OBJECT_ONLY:  # the owner removed or renamed, while away, a file it never uploaded itself
             (report.deleted if await self._delete_own_stale_version(d) else report.deletes_kept).append(d.key)
             return
-        conditional = bool(d.etag) and self.conditional_deletes()
+        etag = d.etag
+        if not etag and self.conditional_deletes():
+            # the owner did not know the object's ETag (a name never seen in a listing, an earlier release): judged by
+            # the object there now, by its provenance, and deleted only as that object (If-Match)
+            info = await self._head(d.key)
+            if info is None:
+                report.deleted.append(d.key)
+                return
+            writer = provenance_of(info.metadata)
+            if writer is not None and writer.node != d.owner:
+                report.deletes_kept.append(d.key)
+                log.warning("takeover of %s: %s not deleted: it holds another node's object (written since)", d.owner, d.key)
+                return
+            etag = info.etag
+        conditional = bool(etag) and self.conditional_deletes()
         try:
             if conditional:  # only the object the owner deleted: one another node wrote since stays
-                await threads.call(functools.partial(self.store.delete_if_match, d.key, d.etag))
+                await threads.call(functools.partial(self.store.delete_if_match, d.key, etag))
             else:
                 await threads.call(functools.partial(self.store.delete, d.key))
         except StoreError as e:

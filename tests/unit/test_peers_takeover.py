@@ -22,6 +22,7 @@ from ckptfs.namespace.keys import Keys
 from ckptfs.objects import OTHER, StoreError
 from ckptfs.peers.membership import Membership
 from ckptfs.peers.takeover import Takeover
+from ckptfs.publishing import Provenance
 from ckptfs.upload import XXH3_META
 from tests.support.replicas import hold, hold_delete, replica_store
 from tests.support.memstore import MemoryStore, StoredObject
@@ -572,19 +573,26 @@ def test_a_delete_of_a_key_one_of_the_owners_files_has_now_is_not_applied(tmp_pa
 def test_a_delete_removes_only_the_object_the_owner_deleted(tmp_path: Path) -> None:
     """The owner removed two files (its deletes carry the ETags it saw); another node wrote one key since. With a
     store that refuses a stale conditional delete, the takeover removes the owner's object and leaves the other
-    node's; without the owner's ETag (an older release) a delete removes whatever is there, as before."""
+    node's. Without the owner's ETag (an older release, a name it never saw listed) it is judged by what is there:
+    an object another node's provenance names stays, one without provenance or of the owner's goes (If-Match)."""
     t, store, replicas, _ = setup(tmp_path)
     t.conditional_deletes = lambda: True
     now = time.time() - 30
-    for name, etag in (("mine.pt", "e-mine"), ("rewritten.pt", "e-theirs"), ("legacy.pt", "e-legacy")):
-        store.objects[f"p/{name}"] = StoredObject(name.encode(), etag, {}, mtime=now)
+    theirs = Provenance("c", "jc", 5, 1).meta(by="c")
+    for name, etag, meta in (("mine.pt", "e-mine", {}), ("rewritten.pt", "e-theirs", {}), ("legacy.pt", "e-legacy", {}),
+                             ("legacy-theirs.pt", "e-lt", theirs), ("legacy-mine.pt", "e-lm", Provenance("a", "ja", 9, 2).meta())):
+        store.objects[f"p/{name}"] = StoredObject(name.encode(), etag, meta, mtime=now)
     replicas.add_delete("a", 1, "p/mine.pt", 1, None, "", "", "e-mine")
     replicas.add_delete("a", 2, "p/rewritten.pt", 2, None, "", "", "e-owners-old")
     replicas.add_delete("a", 3, "p/legacy.pt", 3)
+    replicas.add_delete("a", 4, "p/legacy-theirs.pt", 4)
+    replicas.add_delete("a", 5, "p/legacy-mine.pt", 5)
+    replicas.add_delete("a", 6, "p/never-there.pt", 6)
     [report] = run(t)
-    assert [k for k in sorted(store.objects) if ".ckptfs" not in k] == ["p/rewritten.pt"]
+    assert [k for k in sorted(store.objects) if ".ckptfs" not in k] == ["p/legacy-theirs.pt", "p/rewritten.pt"]
     assert store.objects["p/rewritten.pt"].etag == "e-theirs"
-    assert report.deletes_kept == ["p/rewritten.pt"] and sorted(report.deleted) == ["p/legacy.pt", "p/mine.pt"]
+    assert sorted(report.deletes_kept) == ["p/legacy-theirs.pt", "p/rewritten.pt"]
+    assert sorted(report.deleted) == ["p/legacy-mine.pt", "p/legacy.pt", "p/mine.pt", "p/never-there.pt"]
 
 
 def test_a_delete_also_removes_a_version_of_the_owners_file_another_takeover_uploaded(tmp_path: Path) -> None:
