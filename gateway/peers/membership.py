@@ -55,7 +55,7 @@ from ..peering import PeerOptionError, StaticPeer, parse_addr, parse_peer
 from ..storeapi import LifecycleStore, read_json
 from .holders import HolderListing
 from .identity import Owners, refuse_live_duplicate, stamp, wait_for_predecessor
-from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_expired, is_live, may_claim,
+from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, is_dead, is_live, may_claim,
                       nothing_to_take_over, other_domain, record_path, rendezvous, same_journal)
 
 log = logging.getLogger(__name__)
@@ -488,30 +488,6 @@ class Membership:
             return False
         self._records[node] = written
         return True
-
-    async def prune_expired(self, expiry: float) -> list[str]:
-        """Delete the records of nodes taken over or left long ago (`records.is_expired`, by the records last read), each If-Match
-        on the ETag it was judged by: a node that came back and wrote its record since is never removed, and of nodes
-        pruning at once one deletes, the others find it gone. The nodes whose records this call deleted."""
-        now = self.clock()
-        pruned = []
-        for node, rec in list(self._records.items()):
-            etag = rec.etag
-            if etag is None or not is_expired(rec, now, expiry):
-                continue
-            key = self.key_of(record_path(node))
-            try:
-                await threads.call(lambda: self.store.delete_if_match(key, etag))
-            except StoreError as e:
-                if e.kind in (PRECONDITION, NO_OBJECT):
-                    continue  # written again (the node is back) or pruned by another node: the next read says which
-                raise
-            self._records.pop(node, None)
-            pruned.append(node)
-            log.info("node record of %s deleted: %s, nothing written to it for %.0f s (peer_record_expiry)", node,
-                     "it left the cluster" if rec.state == LEFT else f"taken over by {rec.taken_over_by}",
-                     now - max(rec.renewed_at, rec.taken_over_at or 0.0))
-        return pruned
 
     # ------------------------------------------------------------ the service
     async def _every_third(self, step: Callable[[], Any], what: str) -> None:

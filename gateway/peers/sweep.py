@@ -30,10 +30,11 @@ from typing import Callable, Protocol
 import trio
 
 from ..config import Config
-from ..objects import ObjectInfo, StoreError
+from .. import threads
+from ..objects import NO_OBJECT, PRECONDITION, ObjectInfo, StoreError
 from ..upload import XXH3_META, head_or_none
 from .membership import Membership
-from .records import LEFT, LIVE, TAKEN_OVER, record_path, same_journal
+from .records import LEFT, LIVE, TAKEN_OVER, is_expired, record_path, same_journal
 from .replicas import ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -122,10 +123,35 @@ class Sweep:
                 if await self._head(d.key) is None:
                     self.replicas.drop_delete(owner, d.op_id)
                     report.deletes_dropped.append(d.key)
-        report.records_pruned = await self.membership.prune_expired(self.cfg.peer_record_expiry)
+        report.records_pruned = await prune_expired(self.membership, self.cfg.peer_record_expiry)
         dropped = len(report.entries_dropped) + len(report.deletes_dropped)
         self.dropped_total += dropped
         if dropped:
             log.info("sweep: %d replicas of durable files and %d done deletes dropped (their owners' word was lost)",
                      len(report.entries_dropped), len(report.deletes_dropped))
         return report
+
+
+async def prune_expired(m: Membership, expiry: float) -> list[str]:
+    """Delete the records of nodes taken over or left long ago (`records.is_expired`, by the records last read), each If-Match
+    on the ETag it was judged by: a node that came back and wrote its record since is never removed, and of nodes
+    pruning at once one deletes, the others find it gone. The nodes whose records this call deleted."""
+    now = m.clock()
+    pruned = []
+    for node, rec in list(m._records.items()):
+        etag = rec.etag
+        if etag is None or not is_expired(rec, now, expiry):
+            continue
+        key = m.key_of(record_path(node))
+        try:
+            await threads.call(lambda: m.store.delete_if_match(key, etag))
+        except StoreError as e:
+            if e.kind in (PRECONDITION, NO_OBJECT):
+                continue  # written again (the node is back) or pruned by another node: the next read says which
+            raise
+        m._records.pop(node, None)
+        pruned.append(node)
+        log.info("node record of %s deleted: %s, nothing written to it for %.0f s (peer_record_expiry)", node,
+                 "it left the cluster" if rec.state == LEFT else f"taken over by {rec.taken_over_by}",
+                 now - max(rec.renewed_at, rec.taken_over_at or 0.0))
+    return pruned
