@@ -113,6 +113,13 @@ def may_claim(rec: NodeRecord, node: str) -> bool:
     return not rec.holders or node in rec.holders
 
 
+def assume_renewed(rec: NodeRecord, etag: str | None, expires_at: float) -> NodeRecord:
+    """`rec` as last read, its object since rewritten (`etag`) and taken for a renewal: live until `expires_at` (a ttl
+    after the change was seen, by the reader's clock) unless read in full before. Its `renewed_at` stays the one read:
+    a full read of the record is always the later one."""
+    return replace(rec, etag=etag, expires_at=max(rec.expires_at, expires_at))
+
+
 def nothing_to_take_over(rec: NodeRecord) -> bool:
     """Its node's files are all in the bucket by its record: a takeover finished, or the node left the cluster."""
     return rec.state == LEFT or (rec.state == TAKEN_OVER and rec.takeover_done)

@@ -73,6 +73,7 @@ class Peers:
         self.sender.uncounted = self.membership.copies_uncounted  # no record of ours: peer copies are not replicas
         self.sender.find_peers = self._find_peers
         self.sender.listed, self.sender.ask_listing = self.membership.listing.listed, self.membership.listing.ask
+        self.membership.interest = self._interest  # whose records a refresh reads in full (the others: the LIST's word)
         self.membership.listing.on_listed = self.sender.notify  # holders.py: their copies count once listed
         # a takeover may upload this node's files while its lease is not valid: keys they leave then are cleaned after
         ns.uploads.away = lambda: self.membership.must_reconcile or not self.membership.lease_valid()
@@ -105,6 +106,15 @@ class Peers:
     def commit_taken_over_with(self, commit: Callable[[list[str], frozenset[str]], Awaitable[None]]) -> None:
         """What commits a takeover's checkpoints (the daemon: the lifecycle tracker), awaited before it is done."""
         self.takeover.commit = commit
+
+    def _interest(self) -> set[str]:
+        """The nodes whose records this node needs in full at each change: the owners whose replicas it holds and the
+        takers of their takeovers (a claim, a re-claim, the sweep), the peers it streams to, and its next candidates
+        (their addresses before a channel opens). O(peer_replicas), not O(nodes): membership.py's cost."""
+        held = set(self.replicas.owners())
+        takers = {rec.taken_over_by for n in held if (rec := self.membership.record_of(n)) is not None and rec.taken_over_by}
+        candidates = [p.node for p in self.membership.targets()[: self.cfg.peer_replicas + 2]]
+        return held | {t for t in takers if t} | set(self.sender.channels) | set(self.sender.rested) | set(candidates)
 
     async def _find_peers(self) -> None:
         """The node records read now, for an fsync at start-up that knows no peer yet (Sender._awaited_a_first_peer)."""

@@ -646,3 +646,61 @@ def test_membership_requests_are_counted_by_kind_and_a_refresh_reads_changed_rec
         assert len(me.peers()) == 40  # the last view, kept
 
     run(main)
+
+
+def test_a_refresh_reads_in_full_only_the_records_this_node_needs_and_confirms_a_death_it_assumed_away() -> None:
+    """Issue 44: at N nodes a refresh made N-1 GETs (every renewal changes every record). Now the records this node
+    needs (`interest`) are read at each change; another's change is taken for a renewal (no GET) until it stops
+    changing for a ttl, then read in full: a dead node is down by its real record, a node taken over shows
+    taken_over (up to a ttl late: the price). A node that becomes needed is read in full at the next refresh."""
+    from ckptfs.peers.requests import CountedStore
+
+    store, clock = MemoryStore(), Clock()
+    counted = CountedStore(store)
+    me = Membership(config(), counted, key_of, "me", "me-1", "10.0.0.1:7470", clock=clock, monotonic=clock)  # type: ignore[arg-type]
+    others = {f"n{i:02d}": node(store, f"n{i:02d}", clock) for i in range(30)}
+    interest = {"n00", "n01"}
+    me.interest = lambda: set(interest)
+
+    async def renew_all(skip: set[str] = set()) -> None:
+        for name, m in others.items():
+            if name not in skip:
+                await m.renew()
+
+    async def main() -> None:
+        await me.announce()
+        for m in others.values():
+            await m.announce()
+        await me.refresh()  # every record is new: read in full once
+        gets = counted.counts["get"]
+        for _ in range(3):
+            clock.now += TTL / 3
+            await me.renew()
+            await renew_all()
+            await me.refresh()
+        assert counted.counts["get"] - gets == 3 * 2  # n00 and n01 at each of their changes, nobody else
+        assert {p.node for p in me.peers() if p.state == LIVE} == set(others)
+        # n05 dies, n07 is taken over by n08 (a holder of its replicas), n09 becomes needed
+        gets = counted.counts["get"]
+        for _ in range(4):
+            clock.now += TTL / 3
+            await me.renew()
+            await renew_all(skip={"n05", "n07"})
+            if _ == 3:
+                await others["n08"].refresh()
+                assert await others["n08"].claim("n07")
+            await me.refresh()
+        assert "n05" in me.down() and "n05" in me.dead()
+        assert {p.node: p.state for p in me.peers()}["n07"] == LIVE  # its claim taken for a renewal, for now
+        for _ in range(4):  # a ttl with no change: read in full
+            clock.now += TTL / 3
+            await me.renew()
+            await renew_all(skip={"n05", "n07"})
+            await me.refresh()
+        assert {p.node: p.state for p in me.peers()}["n07"] == TAKEN_OVER
+        interest.add("n09")
+        await me.refresh()
+        assert me.record_of("n09") == await me._read("n09")  # read in full, not the assumed copy
+        assert counted.counts["get"] - gets <= 8 * 2 + 6  # the two needed, a few confirmations: not 29 a round (8 * 29)
+
+    run(main)
