@@ -108,13 +108,13 @@ class Peers:
         self.takeover.commit = commit
 
     def _interest(self) -> set[str]:
-        """The nodes whose records this node needs in full at each change: the owners whose replicas it holds and the
-        takers of their takeovers (a claim, a re-claim, the sweep), the peers it streams to, and its next candidates
-        (their addresses before a channel opens). O(peer_replicas), not O(nodes): membership.py's cost."""
-        held = set(self.replicas.owners())
-        takers = {rec.taken_over_by for n in held if (rec := self.membership.record_of(n)) is not None and rec.taken_over_by}
-        candidates = [p.node for p in self.membership.targets()[: self.cfg.peer_replicas + 2]]
-        return held | {t for t in takers if t} | set(self.sender.channels) | set(self.sender.rested) | set(candidates)
+        """The nodes whose records this node reads in full at each change (the others' changes are taken for renewals
+        until they stop: membership.py): the takers of the takeovers of owners it holds replicas of (a taker that
+        restarted must be seen at once, or its takeover is never taken over), and the peers its connections to failed
+        (their addresses as they are now). In steady state none: a renewal and the LIST's pages per ttl/3."""
+        takers = {rec.taken_over_by for n in self.replicas.owners()
+                  if (rec := self.membership.record_of(n)) is not None and rec.taken_over_by}
+        return {t for t in takers if t} | set(self.sender.rested) | set(self.sender.failures)
 
     async def _find_peers(self) -> None:
         """The node records read now, for an fsync at start-up that knows no peer yet (Sender._awaited_a_first_peer)."""
