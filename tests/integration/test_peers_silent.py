@@ -168,3 +168,24 @@ def test_a_holder_the_owner_moved_away_from_cannot_take_it_over_with_older_copie
     rec = a.record() or {}
     assert rec["taken_over_by"] == third.name, rec
     assert cluster.heads([a.key(gone["name"])]) == {}, "a deleted file came back from the old holder's copy"
+
+
+def test_what_keeping_the_node_records_costs_does_not_grow_with_the_cluster(cluster: Cluster) -> None:
+    """Issue 44: five real daemons, replicating, and in steady state each renews its record and lists the others' per
+    third of the lease, reading none of them in full (before: a GET of each of the four others each time). Counted by
+    each daemon (`ckptfs status --json` `membership`, `ckptfs_membership_requests_total`), compared with its own
+    renewals over the same stretch: no clock in the assertion."""
+    nodes = [cluster.node(f"n{i}", peer_lease_ttl=3) for i in range(5)]
+    cluster.wait_live([n.name for n in nodes])
+    write_random(nodes[0].path / "a.bin", 1 * MiB, seed=1)  # a channel open, replicas held: not an idle cluster
+    before = {n.name: n.status()["membership"]["requests"] for n in nodes}
+    wait_until("ten renewals on every node", lambda: all(
+        n.status()["membership"]["requests"]["put"] - before[n.name]["put"] >= 10 for n in nodes), 120)
+    for n in nodes:
+        st = n.status()["membership"]
+        assert st["backend"] == "bucket" and st["stale_seconds"] is not None
+        done = {k: st["requests"][k] - before[n.name][k] for k in ("put", "list", "get")}
+        assert done["get"] <= done["put"] // 4, (n.name, done)  # it was 4 GETs a renewal
+        assert done["list"] >= done["put"] // 2, (n.name, done)  # still reading the others: by the LIST
+        assert n.metric("ckptfs_membership_requests_total", 'kind="put"') >= st["requests"]["put"]
+        print(f"{n.name}: {done}")

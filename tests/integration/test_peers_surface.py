@@ -110,3 +110,4 @@ def test_a_busy_peer_addr_is_one_line_and_leaves_the_cache_directory_as_found(ma
     assert "cannot be listened on" in failed.stderr and "give a free port" in failed.stderr
     assert not os.path.ismount(m.path)
     assert sorted(n for n in os.listdir(m.cache_dir) if n != "ckptfs.log") == [n for n in before if n != "ckptfs.log"]
+
