@@ -513,16 +513,19 @@ class Membership:
 
     # ------------------------------------------------------------ the service
     async def _every_third(self, step: Callable[[], Any], what: str) -> None:
-        wait = self.ttl / 3
+        """`step` every ttl/3. After a failure a renewal is tried again in ttl/6 (the lease is at stake); a read backs
+        off, doubling up to the ttl (the last view is kept meanwhile: a throttled store is not asked harder)."""
+        wait, failures = self.ttl / 3, 0
         while True:
             await trio.sleep(wait)
             try:
                 await step()
-                wait = self.ttl / 3
+                wait, failures = self.ttl / 3, 0
             except StoreError as e:
+                failures += 1
                 if what == "renew":
                     self.renewals_failed_total += 1
-                wait = self.ttl / 6
+                wait = self.ttl / 6 if what == "renew" else min(self.ttl, self.ttl / 3 * 2 ** (failures - 1))
                 log.warning("node %s: could not %s the node records (%s): again in %.1fs", self.me, what, e, wait)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
