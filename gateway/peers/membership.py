@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 ANNOUNCE_ATTEMPTS = 5  # writes of our record at start that may each find it changed (a claim racing the restart)
 PARALLEL_GETS = 16  # records read at once by a refresh
+READ_ERRORS_TOLERATED = 3  # failed GETs after which a refresh stops asking (the store is failing, not one request)
 MARGIN = 0.25  # of the ttl: the lease is trusted locally until ttl * (1 - MARGIN) after its renewal was sent
 
 
@@ -456,8 +457,10 @@ class Membership:
                 assumed.add(node)
             else:
                 changed.append(node)
-        assumed.difference_update(changed)  # read in full now
-        for node, rec in (await read_records(self._read, changed)).items():
+        read, errors = await read_records(self._read, changed)
+        assumed.difference_update(read)  # read in full now
+        for node in changed:
+            rec = read[node] if node in read else self._records.get(node)  # not read (an error): its last view
             if rec is not None and rec.node == node:
                 seen[node] = rec
         for node, rec in list(seen.items()):
@@ -466,6 +469,8 @@ class Membership:
                 seen[node] = newer
                 assumed.discard(node)
         self._records, self._assumed = seen, assumed & set(seen)
+        if errors:  # what was read is kept; the view is not called fresh (`down`), and the failure is logged
+            raise errors[0]
         self._read_at = started
 
     async def claim(self, node: str) -> bool:
@@ -548,17 +553,18 @@ class Membership:
 
 
 async def read_records(read: Callable[[str], Awaitable[NodeRecord | None]], nodes: list[str],
-                       limit: int = PARALLEL_GETS) -> dict[str, NodeRecord | None]:
+                       limit: int = PARALLEL_GETS) -> tuple[dict[str, NodeRecord | None], list[StoreError]]:
     """Each of `nodes`' records (`read`), at most `limit` GETs at once: a refresh that found many records changed
-    takes a few round trips, not one per record (999 records at 20 ms each would outlast the ttl/3 between refreshes)."""
+    takes a few round trips, not one per record (999 records at 20 ms each would outlast the ttl/3 between refreshes).
+    (the records read, the errors met): one failed GET in a thousand does not lose the other 999."""
     out: dict[str, NodeRecord | None] = {}
     gets = trio.CapacityLimiter(limit)
     errors: list[StoreError] = []
 
     async def one(node: str) -> None:
         async with gets:
-            if errors:
-                return  # the refresh fails as a whole (the last view is kept): no more requests into a failing store
+            if len(errors) >= READ_ERRORS_TOLERATED:
+                return  # a failing store: no more requests into it (what was not read keeps its last view)
             try:
                 out[node] = await read(node)
             except StoreError as e:
@@ -567,9 +573,7 @@ async def read_records(read: Callable[[str], Awaitable[NodeRecord | None]], node
     async with trio.open_nursery() as nursery:
         for node in nodes:
             nursery.start_soon(one, node)
-    if errors:
-        raise errors[0]
-    return out
+    return out, errors
 
 
 def stale_seconds(m: Membership) -> float | None:

@@ -607,8 +607,8 @@ def test_run_announces_renews_and_reads_the_others_on_its_own() -> None:
 
 def test_membership_requests_are_counted_by_kind_and_a_refresh_reads_changed_records_at_once() -> None:
     """Issue 44: what the records cost (ckptfs_membership_requests_total). A refresh after every other node renewed
-    GETs each changed record, 16 at a time (not one after another); a GET that fails fails the refresh as a whole,
-    with the store's error (not a group of them), and the last view is kept."""
+    GETs each changed record, 16 at a time (not one after another); a GET that fails fails the refresh with the
+    store's error (not a group of them): what it read is kept, the rest keeps its last view."""
     from ckptfs.objects import StoreError
     from ckptfs.peers.requests import CountedStore
 
