@@ -55,12 +55,14 @@ def test_peers_fault_campaign(s3: SeaweedServer, bucket: str, tmp_path: Path) ->
         run(campaign, seed)
     finally:
         cluster.stop()
-        keep_logs(cluster, tmp_path / "logs")  # the cache disks go with close(): their daemons' logs stay for a rerun
+        # the cache disks go with close(): their daemons' logs stay for a rerun (CKPTFS_CAMPAIGN_LOGS: a directory that
+        # outlives pytest's, which keeps only its last three runs' temporary directories)
+        keep_logs(cluster, Path(os.environ.get("CKPTFS_CAMPAIGN_LOGS") or tmp_path / "logs"))
         campaign.cc.close()
 
 
 def keep_logs(cluster: Cluster, into: Path) -> None:
-    into.mkdir(exist_ok=True)
+    into.mkdir(parents=True, exist_ok=True)
     for n in cluster.nodes.values():
         log = n.cache_dir / "ckptfs.log"
         if log.exists():
