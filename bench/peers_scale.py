@@ -172,6 +172,7 @@ class Simulation:
         m = vn.m
         held = self.held[m.me]
         m.interest = lambda: {r.taken_over_by for o in held if (r := m.record_of(o)) is not None and r.taken_over_by} - {None}  # type: ignore[misc]
+        m.confirming = lambda: held
         if self.read_all:
             m.interest = lambda: None
         with trio.CancelScope() as scope:

@@ -133,6 +133,7 @@ class Membership:
         # the nodes whose full record a refresh reads when it changed (None: every node); the others' changes are taken
         # for renewals (`_assumed`: their records as last read, the expiry pushed to a ttl after the change was seen)
         self.interest: Callable[[], set[str] | None] = lambda: None
+        self.confirming: Callable[[], set[str]] = set  # whose silence this node reads in full (the owners it holds)
         self._assumed: set[str] = set()
         self._read_at: float | None = None  # monotonic: when the last refresh that succeeded started
         self._changed = trio.Event()  # set (and replaced) whenever admit() may now answer otherwise
@@ -217,6 +218,10 @@ class Membership:
         now = self.clock()
         records = self._with_own()
         return sorted(n for n, rec in self._records.items() if is_dead(rec, records, now))
+
+    def assumed(self, node: str) -> bool:
+        """`node`'s record as last read was taken for renewed since, not read in full (refresh)."""
+        return node in self._assumed
 
     def _with_own(self) -> dict[str, NodeRecord]:
         """The others' records and ours (a takeover by this node is alive while ours is)."""
@@ -440,7 +445,7 @@ class Membership:
         listing = await threads.call(lambda: self.store.list(prefix))
         seen: dict[str, NodeRecord] = {}
         changed: list[str] = []
-        interest, now = self.interest(), self.clock()
+        interest, confirming, now = self.interest(), self.confirming(), self.clock()
         assumed = set(self._assumed)
         for obj in listing.objects:
             if not obj.name.endswith(".json"):
@@ -450,8 +455,13 @@ class Membership:
                 continue
             old = self._records.get(node)
             wanted = interest is None or node in interest
-            if old is not None and old.etag == obj.etag and (node not in self._assumed or is_live(old, now) and not wanted):
-                seen[node] = old  # unchanged (taken for renewed and still live, unless it is needed in full now)
+            # a record taken for renewed that stopped changing is read in full by the nodes holding its replicas (they
+            # claim it: `confirming`, or its record lists them) and those that need it; the others take it for down,
+            # with no GET (a death costs R GETs, not N)
+            confirm = wanted or node in confirming or old is not None and self.me in (old.holders or [])
+            if old is not None and old.etag == obj.etag and (node not in self._assumed or (is_live(old, now) or not confirm)
+                                                             and not wanted):
+                seen[node] = old  # unchanged (taken for renewed: live, or down until it changes or is needed in full)
             elif old is not None and old.etag != obj.etag and old.state == LIVE and not wanted:
                 seen[node] = assume_renewed(old, obj.etag, now + self.ttl)  # no GET: see the module's docstring
                 assumed.add(node)

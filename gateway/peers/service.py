@@ -74,6 +74,7 @@ class Peers:
         self.sender.find_peers = self._find_peers
         self.sender.listed, self.sender.ask_listing = self.membership.listing.listed, self.membership.listing.ask
         self.membership.interest = self._interest  # whose records a refresh reads in full (the others: the LIST's word)
+        self.membership.confirming = lambda: set(self.replicas.owners())  # whose death it confirms: it may claim them
         self.membership.listing.on_listed = self.sender.notify  # holders.py: their copies count once listed
         # a takeover may upload this node's files while its lease is not valid: keys they leave then are cleaned after
         ns.uploads.away = lambda: self.membership.must_reconcile or not self.membership.lease_valid()
@@ -296,5 +297,5 @@ class Peers:
         takeover that cannot happen. No live node holds their copies: they had nothing undrained (then they can be
         removed), or their holders are down too (what only those held is lost until one comes back)."""
         now = self.membership.clock()
-        return [n for n in self.membership.dead()
-                if (rec := self.membership.record_of(n)) is not None and unclaimed_for(rec, now) >= 2 * self.cfg.peer_lease_ttl]
+        return [n for n in self.membership.dead() if not self.membership.assumed(n)  # read in full: by its holders, at least
+                and (rec := self.membership.record_of(n)) is not None and unclaimed_for(rec, now) >= 2 * self.cfg.peer_lease_ttl]

@@ -651,8 +651,9 @@ def test_membership_requests_are_counted_by_kind_and_a_refresh_reads_changed_rec
 def test_a_refresh_reads_in_full_only_the_records_this_node_needs_and_confirms_a_death_it_assumed_away() -> None:
     """Issue 44: at N nodes a refresh made N-1 GETs (every renewal changes every record). Now the records this node
     needs (`interest`) are read at each change; another's change is taken for a renewal (no GET) until it stops
-    changing for a ttl, then read in full: a dead node is down by its real record, a node taken over shows
-    taken_over (up to a ttl late: the price). A node that becomes needed is read in full at the next refresh."""
+    changing for a ttl: then it is down, read in full only by the nodes its record lists as holders (they claim it),
+    so a node taken over shows taken_over there (up to a ttl late: the price). A node that becomes needed is read in
+    full at the next refresh."""
     from ckptfs.peers.requests import CountedStore
 
     store, clock = MemoryStore(), Clock()
@@ -680,7 +681,8 @@ def test_a_refresh_reads_in_full_only_the_records_this_node_needs_and_confirms_a
             await me.refresh()
         assert counted.counts["get"] - gets == 3 * 2  # n00 and n01 at each of their changes, nobody else
         assert {p.node for p in me.peers() if p.state == LIVE} == set(others)
-        # n05 dies, n07 is taken over by n08 (a holder of its replicas), n09 becomes needed
+        # n05 dies, n07 (whose replicas this node holds, with n08) is taken over by n08, n09 becomes needed
+        me.confirming = lambda: {"n07"}
         gets = counted.counts["get"]
         for _ in range(4):
             clock.now += TTL / 3
@@ -690,7 +692,7 @@ def test_a_refresh_reads_in_full_only_the_records_this_node_needs_and_confirms_a
                 await others["n08"].refresh()
                 assert await others["n08"].claim("n07")
             await me.refresh()
-        assert "n05" in me.down() and "n05" in me.dead()
+        assert "n05" in me.down() and "n05" in me.dead() and me.assumed("n05")  # down, no GET: not its holder
         assert {p.node: p.state for p in me.peers()}["n07"] == LIVE  # its claim taken for a renewal, for now
         for _ in range(4):  # a ttl with no change: read in full
             clock.now += TTL / 3
