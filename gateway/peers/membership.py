@@ -459,8 +459,10 @@ class Membership:
             # claim it: `confirming`, or its record lists them) and those that need it; the others take it for down,
             # with no GET (a death costs R GETs, not N)
             confirm = wanted or node in confirming or old is not None and self.me in (old.holders or [])
-            if old is not None and old.etag == obj.etag and (node not in self._assumed or (is_live(old, now) or not confirm)
-                                                             and not wanted):
+            # (a holder reads it once it missed a renewal, half a ttl unchanged, so its claim comes as the lease runs out)
+            quiet_for = now - (old.expires_at - self.ttl) if old is not None else 0.0
+            if old is not None and old.etag == obj.etag and (node not in self._assumed or (
+                    quiet_for < (self.ttl / 2 if confirm else self.ttl) or not confirm) and not wanted):
                 seen[node] = old  # unchanged (taken for renewed: live, or down until it changes or is needed in full)
             elif old is not None and old.etag != obj.etag and old.state == LIVE and not wanted:
                 seen[node] = assume_renewed(old, obj.etag, now + self.ttl)  # no GET: see the module's docstring
