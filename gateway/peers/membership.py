@@ -31,13 +31,15 @@ own. The records are `records.NodeRecord`s at `.ckptfs/nodes/<node>.json` under 
   ETag changed since the last read, of the nodes this one needs in full (`interest`, the daemon's: the takers of
   takeovers of owners it holds, and peers whose connection failed). Another node's record that changed is taken
   for a renewal without a GET: its expiry is pushed to a ttl after the change was seen (it renews every ttl/3, so a
-  live node keeps changing), and it is read in full once that passes with no change (dead, taken over or left:
-  confirmed before anyone acts on it; a claim reads the record again anyway), or when it becomes needed. A new
-  node is read in full when it first appears; a listener reads an owner's record at each connection. So in steady
-  state a node makes one PUT and the LIST's pages per ttl/3, whatever N (before: N-1 GETs, N*(N+1) requests per
-  ttl/3 in all: 100,000/s at 1,000 nodes); `ckptfs_membership_requests_total` counts them. The price: a death is
-  seen up to ttl/3 later, a state change (taken over, left) up to a ttl later, an address as of its last full read
-  (a connection that fails has it read again).
+  live node keeps changing). When it stops changing, the nodes holding its replicas (`confirming`: they may have
+  to claim it) read it in full once it missed a renewal (half a ttl), the others take it for down after a ttl
+  with no GET: a death costs R GETs, not N (a claim reads the record again anyway). A new node is read in full
+  when it first appears, a needed one when it becomes needed; a listener reads an owner's record at each
+  connection. So in steady state a node makes one PUT and the LIST's pages per ttl/3, whatever N (before: N-1
+  GETs, N*(N+1) requests per ttl/3 in all: 100,000/s at 1,000 nodes); `ckptfs_membership_requests_total` counts
+  them, bench/peers_scale.py simulates them. The price: a node that does not hold a dead node's replicas sees it
+  down, not taken over, and a state change up to a ttl late; an address is as of its last full read (a connection
+  that fails has it read again).
 * `claim(node)`: a holder of a dead node's replicas writes its record `taken_over` by itself, If-Match
   on the ETag it judged dead: of any number of claimers exactly one wins. A takeover whose taker died
   before `mark_takeover_done` is dead again and can be claimed again (records.is_dead).
