@@ -531,22 +531,6 @@ class Membership:
         return True
 
     # ------------------------------------------------------------ the service
-    async def _every_third(self, step: Callable[[], Any], what: str) -> None:
-        """`step` every ttl/3. After a failure a renewal is tried again in ttl/6 (the lease is at stake); a read backs
-        off, doubling up to the ttl (the last view is kept meanwhile: a throttled store is not asked harder)."""
-        wait, failures = self.ttl / 3, 0
-        while True:
-            await trio.sleep(wait)
-            try:
-                await step()
-                wait, failures = self.ttl / 3, 0
-            except StoreError as e:
-                failures += 1
-                if what == "renew":
-                    self.renewals_failed_total += 1
-                wait = self.ttl / 6 if what == "renew" else min(self.ttl, self.ttl / 3 * 2 ** (failures - 1))
-                log.warning("node %s: could not %s the node records (%s): again in %.1fs", self.me, what, e, wait)
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Announce, then renew and read the others every ttl/3. Reports started after the first attempt to announce
         (a store that does not answer leaves the lease invalid and the drain waiting, never the mount's start)."""
@@ -561,9 +545,26 @@ class Membership:
         self.mounting = False
         task_status.started()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._every_third, self.refresh, "read")
-            nursery.start_soon(self._every_third, self.renew, "renew")
+            nursery.start_soon(every_third, self, self.refresh, "read")
+            nursery.start_soon(every_third, self, self.renew, "renew")
             nursery.start_soon(self.listing.run)
+
+
+async def every_third(m: Membership, step: Callable[[], Any], what: str) -> None:
+    """`step` every ttl/3. After a failure a renewal is tried again in ttl/6 (the lease is at stake); a read backs
+    off, doubling up to the ttl (the last view is kept meanwhile: a throttled store is not asked harder)."""
+    wait, failures = m.ttl / 3, 0
+    while True:
+        await trio.sleep(wait)
+        try:
+            await step()
+            wait, failures = m.ttl / 3, 0
+        except StoreError as e:
+            failures += 1
+            if what == "renew":
+                m.renewals_failed_total += 1
+            wait = m.ttl / 6 if what == "renew" else min(m.ttl, m.ttl / 3 * 2 ** (failures - 1))
+            log.warning("node %s: could not %s the node records (%s): again in %.1fs", m.me, what, e, wait)
 
 
 async def read_records(read: Callable[[str], Awaitable[NodeRecord | None]], nodes: list[str],
