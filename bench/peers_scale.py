@@ -14,8 +14,9 @@ list its holders, claim the dead): only the store under it and the clock are mod
   which the daemon makes in worker threads, run inline after their latency (`threads.call` replaced).
 * Faults: after a warm-up, 1% of the nodes die (their loops stop, their records stay) and 10% are paused for
   2 x ttl (their loops stop, then start again from where they were: a GC pause, a frozen VM).
-* Who claims whom: each node holds the replicas of the owners whose first rendezvous choice it is (records.py),
-  and its takeover loop claims a dead owner it holds every ttl/3, as the daemon's does.
+* Who claims whom: each node holds the replicas of the owners whose first rendezvous choice it is (records.py;
+  among 64 candidates, to keep the set-up linear), and its takeover loop claims a dead owner it holds every ttl/3,
+  as the daemon's does.
 
 It reports requests per second by kind and per node per ttl/3, the monthly bill at S3's list prices, throttled and
 failed requests, and for the dead and the paused: how long after the death the claim came, and false takeovers
@@ -41,7 +42,7 @@ import trio.testing
 from ckptfs import threads
 from ckptfs.config import load_config
 from ckptfs.objects import NO_OBJECT, PRECONDITION, SERVER, Listing, ObjectInfo, RemoteObject, StoreError
-from ckptfs.peers.membership import Membership
+from ckptfs.peers.membership import Membership, takers_of
 from ckptfs.peers.records import LIVE, rendezvous
 
 PUT_LIMIT, READ_LIMIT = 3500, 5500  # requests per second per prefix (S3's documented baseline)
@@ -171,7 +172,7 @@ class Simulation:
     async def _node(self, vn: VirtualNode) -> None:
         m = vn.m
         held = self.held[m.me]
-        m.interest = lambda: {r.taken_over_by for o in held if (r := m.record_of(o)) is not None and r.taken_over_by} - {None}  # type: ignore[misc]
+        m.interest = lambda: takers_of(m, sorted(held))
         m.confirming = lambda: held
         if self.read_all:
             m.interest = lambda: None

@@ -35,7 +35,6 @@ class HolderListing:
         self.wanted: list[str] = []  # what every write of our record lists
         self._asked = trio.Event()
         self.on_listed: Callable[[], None] = lambda: None  # the sender's notify: fsyncs waiting for a count look again
-        self.writes_failed_total = 0
 
     def listed(self) -> frozenset[str]:
         """The holders our record in the bucket lists, as this incarnation last wrote it: only their copies count."""
@@ -68,7 +67,6 @@ class HolderListing:
             try:
                 await m.renew()
             except StoreError as e:
-                self.writes_failed_total += 1
                 wait = m.ttl / 6
                 log.warning("node %s: could not write its record listing its holders %s (%s): again in %.1fs; their "
                             "copies do not count meanwhile", m.me, ", ".join(self.wanted) or "-", e, wait)

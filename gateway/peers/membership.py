@@ -458,13 +458,12 @@ class Membership:
             old = self._records.get(node)
             wanted = interest is None or node in interest
             # a record taken for renewed that stopped changing is read in full by the nodes holding its replicas (they
-            # claim it: `confirming`, or its record lists them) and those that need it; the others take it for down,
+            # claim it: `confirming`, or its record lists them) once it missed a renewal (half a ttl unchanged: the
+            # claim comes as the lease runs out), and by those that need it; the others take it for down after a ttl,
             # with no GET (a death costs R GETs, not N)
-            confirm = wanted or node in confirming or old is not None and self.me in (old.holders or [])
-            # (a holder reads it once it missed a renewal, half a ttl unchanged, so its claim comes as the lease runs out)
-            quiet_for = now - (old.expires_at - self.ttl) if old is not None else 0.0
-            if old is not None and old.etag == obj.etag and (node not in self._assumed or (
-                    quiet_for < (self.ttl / 2 if confirm else self.ttl) or not confirm) and not wanted):
+            holder = node in confirming or old is not None and self.me in (old.holders or [])
+            if old is not None and old.etag == obj.etag and not (node in self._assumed and (
+                    wanted or holder and now - (old.expires_at - self.ttl) >= self.ttl / 2)):
                 seen[node] = old  # unchanged (taken for renewed: live, or down until it changes or is needed in full)
             elif old is not None and old.etag != obj.etag and old.state == LIVE and not wanted:
                 seen[node] = assume_renewed(old, obj.etag, now + self.ttl)  # no GET: see the module's docstring
@@ -589,6 +588,12 @@ async def read_records(read: Callable[[str], Awaitable[NodeRecord | None]], node
         for node in nodes:
             nursery.start_soon(one, node)
     return out, errors
+
+
+def takers_of(m: Membership, owners: list[str]) -> set[str]:
+    """The nodes that took `owners` over, by their records as last read: a refresh reads them in full (a taker that
+    restarted has forgotten its takeover, which another holder must then take over)."""
+    return {rec.taken_over_by for n in owners if (rec := m.record_of(n)) is not None and rec.taken_over_by}
 
 
 def stale_seconds(m: Membership) -> float | None:

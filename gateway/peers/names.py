@@ -45,7 +45,7 @@ class Sender(Protocol):
     def notify(self) -> None: ...
     def _healthy(self) -> list[Channel]: ...
     def _fill(self) -> None: ...
-    def counts(self, ch: Channel) -> bool: ...
+    def counting(self) -> list[Channel]: ...
 
 
 class NameChanges:
@@ -96,7 +96,8 @@ class NameChanges:
         while True:
             healthy = s._healthy()
             held = [ch for ch in healthy if ch.ready and ch.names_confirmed[0] >= target[0] and ch.names_confirmed[1] >= target[1]]
-            if len([ch for ch in held if s.counts(ch)]) >= s.replicas:  # on peers our record lists (holders.py)
+            counted = len([ch for ch in s.counting() if ch in held])  # on peers our record lists (holders.py)
+            if counted >= s.replicas:
                 break
             for ch in healthy:
                 if ch.ready and ch not in held:
@@ -105,7 +106,6 @@ class NameChanges:
             healthy = s._healthy()
             all_hold = all(ch in held for ch in healthy)
             if len(healthy) < s.replicas and all_hold or all_hold and s.clock() >= deadline:  # (or: not listed in time)
-                counted = len([ch for ch in held if s.counts(ch)])
                 s.degraded_writes += 1
                 s.on_degraded()
                 if s.clock() - self.logged >= s.timeout:

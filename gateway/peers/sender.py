@@ -148,12 +148,12 @@ class Sender:
 
     def sealed_on(self, ino: int, version: int) -> int:
         held = self.digests.versions_held(ino, version) if self.uncounted() is None else set()
-        return sum(1 for ch in self._healthy() if ch.ready and ch.sealed.get(ino) in held and self.counts(ch))
+        return sum(1 for ch in self.counting() if ch.sealed.get(ino) in held)
 
-    def counts(self, ch: Channel) -> bool:
-        """What `ch`'s peer holds counts: our record lists it (holders.py), or there is no list (no record)."""
+    def counting(self) -> list[Channel]:
+        """The ready channels whose peers' copies count: our record lists them (holders.py), or there is no list."""
         listed = self.listed()
-        return listed is None or ch.node in listed
+        return [ch for ch in self._healthy() if ch.ready and (listed is None or ch.node in listed)]
 
     def _list_ready(self) -> None:
         """Our record lists the ready channels' nodes before their copies count (holders.py): asked once one is not."""

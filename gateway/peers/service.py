@@ -28,7 +28,7 @@ from ..supervisor import Supervisor
 from .link import PeerLink, PeerRefused, answers_as
 from .listener import Listener
 from .departure import RemoveRefused, leave, remove_node
-from .membership import Membership, known_hosts, new_incarnation, stale_seconds
+from .membership import Membership, known_hosts, new_incarnation, stale_seconds, takers_of
 from .requests import BACKEND, CountedStore
 from .records import LIVE, unclaimed_for
 from .reconcile import Reconcile
@@ -113,9 +113,7 @@ class Peers:
         until they stop: membership.py): the takers of the takeovers of owners it holds replicas of (a taker that
         restarted must be seen at once, or its takeover is never taken over), and the peers its connections to failed
         (their addresses as they are now). In steady state none: a renewal and the LIST's pages per ttl/3."""
-        takers = {rec.taken_over_by for n in self.replicas.owners()
-                  if (rec := self.membership.record_of(n)) is not None and rec.taken_over_by}
-        return {t for t in takers if t} | set(self.sender.rested) | set(self.sender.failures)
+        return takers_of(self.membership, self.replicas.owners()) | set(self.sender.rested) | set(self.sender.failures)
 
     async def _find_peers(self) -> None:
         """The node records read now, for an fsync at start-up that knows no peer yet (Sender._awaited_a_first_peer)."""
@@ -282,9 +280,9 @@ class Peers:
             "journal_id": self.journal_id,
             # why this node's writes count no peer copies now (no record of its own in the bucket...): None when they do
             "copies_uncounted": self.membership.copies_uncounted(),
-            "holders": sorted(self.membership.listing.listed()),
+            "holders": sorted(self.membership.listing.listed()),  # the nodes our record lists: only they may claim this one
             "membership": {"backend": BACKEND, "stale_seconds": _rounded(stale_seconds(self.membership)),
-                           "requests": dict(self.requests.counts)},  # the nodes our record lists: only they may claim this one
+                           "requests": dict(self.requests.counts)},
             "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
             "handshake_refused": self.listener.refused_connections,  # connections closed unauthenticated: a flood, a wrong secret

@@ -358,10 +358,6 @@ class Takeover:
         await self.membership.admit()  # this node's own fence: a taker paused past its lease sends nothing more
         return await head_or_none(self.store, key)
 
-    def _judge(self, e: ReplicaEntry, info: ObjectInfo | None, report: TakeoverReport, durable: set[str]) -> bool:
-        """True if `e` must be written; False if the bucket has it already, or has something newer from another node."""
-        return self._verdict(e, info, report, durable) is not None
-
     def _verdict(self, e: ReplicaEntry, info: ObjectInfo | None, report: TakeoverReport, durable: set[str]) -> Verdict | None:
         """publishing.judge's verdict on writing `e` over `info` (its condition with it); None (counted in `report`) when
         the bucket has it already, or has another node's write."""
