@@ -178,11 +178,15 @@ PEER_COUNTERS = {
 def peer_families(values: dict[str, Any]) -> list[GaugeMetricFamily | CounterMetricFamily]:
     """The peer metrics (durability = peer), from the status: its `peers` list, `peer_replica_bytes`, the counters."""
     up = GaugeMetricFamily("ckptfs_peer_up", "1 while the peer's node record is live (renewed within peer_lease_ttl) and it accepts "
-                           "this node's handshake, 0 while it is down, taken over or refusing; no series for a node that left.",
+                           "this node's handshake, 0 while it is down, taken over or refusing; no series for a node that left, nor for one "
+                           "whose record stopped changing that this node did not read since (its holders say).",
                            labels=["peer"])
     lag = GaugeMetricFamily("ckptfs_peer_replication_lag_seconds", "Seconds the peer's copies are behind what this node wrote for it "
                             "(0: it holds everything sent to it).", labels=["peer"])
-    for p in sorted((p for p in values.get("peers") or [] if p.get("node") and p.get("state") != "left"), key=lambda p: str(p["node"])):
+    # a peer whose record stopped changing that this node did not read since (`known_from` listing) may have died, left
+    # or been taken over: no series from here (its holders and the nodes sending to it read it and say which)
+    for p in sorted((p for p in values.get("peers") or [] if p.get("node") and p.get("state") != "left"
+                     and (p.get("state") == "live" or p.get("known_from") != "listing")), key=lambda p: str(p["node"])):
         up.add_metric([str(p["node"])], 1.0 if p.get("state") == "live" else 0.0)
         if p.get("lag_seconds") is not None:
             lag.add_metric([str(p["node"])], float(p["lag_seconds"]))

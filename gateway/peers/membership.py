@@ -63,13 +63,15 @@ from ..peering import PeerOptionError, StaticPeer, parse_addr, parse_peer
 from ..storeapi import LifecycleStore, read_json
 from .holders import HolderListing
 from .identity import Owners, refuse_live_duplicate, stamp, wait_for_predecessor
-from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, assume_renewed, is_dead, is_live, may_claim,
-                      nothing_to_take_over, other_domain, record_path, rendezvous, same_journal)
+from .candidates import SPARES, RendezvousOrder, to_read
+from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, assume_renewed, is_dead, is_live,
+                      listed_only, may_claim, nothing_to_take_over, other_domain, record_path, rendezvous, same_journal)
 
 log = logging.getLogger(__name__)
 
 ANNOUNCE_ATTEMPTS = 5  # writes of our record at start that may each find it changed (a claim racing the restart)
 PARALLEL_GETS = 16  # records read at once by a refresh
+CANDIDATE_ROUNDS = 4  # batches of candidates a refresh reads at most (the next refresh goes on)
 READ_ERRORS_TOLERATED = 3  # failed GETs after which a refresh stops asking (the store is failing, not one request)
 MARGIN = 0.25  # of the ttl: the lease is trusted locally until ttl * (1 - MARGIN) after its renewal was sent
 
@@ -104,6 +106,9 @@ class PeerState:
     failure_domain: str
     state: str  # LIVE | DOWN | TAKEN_OVER (until it rejoins) | LEFT
     incarnation: str | None  # of its record (None: no record read)
+    # "record": the state as its record was last read; "listing": as the LIST shows it since (it keeps changing:
+    # live; it stopped for a ttl: down, whether it died, left or was taken over, which only a read would tell)
+    known_from: str = "record"
 
 
 class Membership:
@@ -115,6 +120,7 @@ class Membership:
         self.peer_addr, self.failure_domain = peer_addr_bound, cfg.failure_domain
         self.ttl: float = cfg.peer_lease_ttl
         self.margin = self.ttl * MARGIN
+        self.candidates_wanted = cfg.peer_replicas + SPARES  # targets known in full (candidates.py)
         self.clock, self.monotonic = clock, monotonic
         self.static: dict[str, StaticPeer] = {p.name: p for p in map(parse_peer, cfg.peers) if p.name != me}
         self.record_at_start: NodeRecord | None = None  # what an earlier incarnation left (read at announce)
@@ -137,6 +143,7 @@ class Membership:
         self.interest: Callable[[], set[str] | None] = lambda: None
         self.confirming: Callable[[], set[str]] = set  # whose silence this node reads in full (the owners it holds)
         self._assumed: set[str] = set()
+        self._order = RendezvousOrder(me)  # the others' names in the order this node's replicas go to them
         self._read_at: float | None = None  # monotonic: when the last refresh that succeeded started
         self._changed = trio.Event()  # set (and replaced) whenever admit() may now answer otherwise
         self._own_lock = trio.Lock()
@@ -191,17 +198,21 @@ class Membership:
             for p in self.static.values():
                 rec = self._records.get(p.name)
                 domain = p.failure_domain or (rec.failure_domain if rec else "")  # the list's, else the node's own
-                out.append(PeerState(p.name, p.addr, domain, peer_state(rec, now),
-                                     rec.incarnation if rec else None))
+                out.append(PeerState(p.name, p.addr, domain, peer_state(rec, now), rec.incarnation if rec else None,
+                                     self._known_from(p.name)))
         else:
             for rec in self._records.values():
                 out.append(PeerState(rec.node, rec.peer_addr, rec.failure_domain, peer_state(rec, now),
-                                     rec.incarnation))
+                                     rec.incarnation or None, self._known_from(rec.node)))
         return sorted(out, key=lambda p: p.node)
+
+    def _known_from(self, node: str) -> str:
+        return "listing" if node in self._assumed else "record"
 
     def targets(self) -> list[PeerState]:
         """Live peers outside this node's failure domain, in the order this node's replicas go to them (rendezvous)."""
-        live = {p.node: p for p in self.peers() if p.state == LIVE and other_domain(self.failure_domain, p.failure_domain)}
+        live = {p.node: p for p in self.peers()
+                if p.state == LIVE and p.addr and other_domain(self.failure_domain, p.failure_domain)}  # addr: read in full
         return [live[n] for n in rendezvous(self.me, live)]
 
     def down(self) -> set[str]:
@@ -240,7 +251,8 @@ class Membership:
         return {"node": self.me, "incarnation": self.incarnation, "journal_id": self.journal_id, "state": self.state(),
                 "failure_domain": self.failure_domain, "peer_addr": self.peer_addr, "must_reconcile": self.must_reconcile,
                 "copies_uncounted": self.copies_uncounted(),
-                "peers": [{"node": p.node, "addr": p.addr, "state": p.state, "failure_domain": p.failure_domain} for p in self.peers()]}
+                "peers": [{"node": p.node, "addr": p.addr, "state": p.state, "failure_domain": p.failure_domain,
+                           "known_from": p.known_from} for p in self.peers()]}
 
     # ------------------------------------------------------------ store calls
     async def _read(self, node: str) -> NodeRecord | None:
@@ -441,7 +453,8 @@ class Membership:
     # ------------------------------------------------------------ the others
     async def refresh(self) -> None:
         """One LIST of the records and a GET of each one changed since that this node needs in full (`interest`), or that
-        it took for renewed and that then expired (see the module's docstring for the cost)."""
+        it took for renewed and that then expired, and of the first candidates it may send to that it has not read
+        (candidates.py); another new record is known from the LIST alone (see the module's docstring for the cost)."""
         prefix = self.key_of(NODES_DIR)
         started = self.monotonic()
         listing = await threads.call(lambda: self.store.list(prefix))
@@ -462,7 +475,10 @@ class Membership:
             # claim comes as the lease runs out), and by those that need it; the others take it for down after a ttl,
             # with no GET (a death costs R GETs, not N)
             holder = node in confirming or old is not None and self.me in (old.holders or [])
-            if old is not None and old.etag == obj.etag and not (node in self._assumed and (
+            if old is None and not wanted and not holder and node not in self.static:  # the LIST's word (no GET)
+                seen[node] = listed_only(node, obj.etag, min(now, obj.mtime or now) + self.ttl)
+                assumed.add(node)
+            elif old is not None and old.etag == obj.etag and not (node in self._assumed and (
                     wanted or holder and now - (old.expires_at - self.ttl) >= self.ttl / 2)):
                 seen[node] = old  # unchanged (taken for renewed: live, or down until it changes or is needed in full)
             elif old is not None and old.etag != obj.etag and old.state == LIVE and not wanted:
@@ -470,12 +486,7 @@ class Membership:
                 assumed.add(node)
             else:
                 changed.append(node)
-        read, errors = await read_records(self._read, changed)
-        assumed.difference_update(read)  # read in full now
-        for node in changed:
-            rec = read[node] if node in read else self._records.get(node)  # not read (an error): its last view
-            if rec is not None and rec.node == node:
-                seen[node] = rec
+        errors = await self._read_into(seen, assumed, changed, interest or set(), now)
         for node, rec in list(seen.items()):
             newer = self._records.get(node)  # read meanwhile by a listener admitting the node: the later read wins
             if newer is not None and stamp(newer) > stamp(rec):
@@ -485,6 +496,32 @@ class Membership:
         if errors:  # what was read is kept; the view is not called fresh (`down`), and the failure is logged
             raise errors[0]
         self._read_at = started
+
+    async def _read_into(self, seen: dict[str, NodeRecord], assumed: set[str], changed: list[str], excluded: set[str],
+                         now: float) -> list[StoreError]:
+        """Read `changed` and the candidates `candidates.to_read` names into `seen`, round after round until enough
+        candidates are known (a candidate read may share our domain or be down: the next one is read then). A record
+        that could not be read keeps its last view; one that is gone leaves `seen`. The errors met."""
+        reading, want = list(changed), self.candidates_wanted
+        for _ in range(CANDIDATE_ROUNDS):
+            batch = reading + to_read(self._order.of(seen), seen, self.failure_domain, now, want, excluded, set(reading))
+            if not batch:
+                return []
+            read, errors = await read_records(self._read, batch)
+            assumed.difference_update(read)  # read in full now
+            for node in batch:
+                if node in read:
+                    rec = read[node]
+                    if rec is not None and rec.node == node:
+                        seen[node] = rec
+                    else:
+                        seen.pop(node, None)
+                elif node not in seen and (old := self._records.get(node)) is not None:
+                    seen[node] = old  # not read (an error): its last view
+            if errors:
+                return errors
+            reading = []
+        return []
 
     async def claim(self, node: str) -> bool:
         """Take `node` over: its record `taken_over` by this node, If-Match on the ETag judged dead. True: this node

@@ -120,6 +120,19 @@ def assume_renewed(rec: NodeRecord, etag: str | None, expires_at: float) -> Node
     return replace(rec, etag=etag, expires_at=max(rec.expires_at, expires_at))
 
 
+def listed_only(node: str, etag: str | None, expires_at: float) -> NodeRecord:
+    """A node this one knows only from the LIST (its name, its record's ETag): never read in full because it did not
+    need it (membership.py). Taken for live until `expires_at` (a ttl after the LIST showed it written, by the LIST's
+    LastModified), pushed on like a renewal while its ETag keeps changing; its incarnation, address and domain are
+    unknown (empty), so it is never a target and nobody is judged by it (a claim or a listener reads the record)."""
+    return NodeRecord(node, "", "", "", LIVE, expires_at, 0.0, etag=etag)
+
+
+def is_listed_only(rec: NodeRecord) -> bool:
+    """`listed_only`'s stand-in, not a record read: every record written has an incarnation."""
+    return not rec.incarnation
+
+
 def nothing_to_take_over(rec: NodeRecord) -> bool:
     """Its node's files are all in the bucket by its record: a takeover finished, or the node left the cluster."""
     return rec.state == LEFT or (rec.state == TAKEN_OVER and rec.takeover_done)

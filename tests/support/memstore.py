@@ -68,6 +68,7 @@ def _etag(body: bytes) -> str:
 class MemoryStore:
     def __init__(self, bucket: str = "ckpt") -> None:
         self.bucket = bucket
+        self.clock: Callable[[], float] = time.time  # LastModified of what is written (a test moves it with its nodes')
         self.answered_at = 0.0
         self.objects: dict[str, StoredObject] = {}
         self.uploads: dict[str, Upload] = {}
@@ -152,7 +153,7 @@ class MemoryStore:
         if crc32 is not None and crc32 != crc32_b64(zlib.crc32(body)):
             raise StoreError(OTHER, f"BadDigest: the CRC32 sent for {key} does not match its bytes")
         etag = _etag(body)
-        self.objects[key] = StoredObject(body, etag, dict(metadata))
+        self.objects[key] = StoredObject(body, etag, dict(metadata), self.clock())
         return etag
 
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
@@ -233,7 +234,7 @@ class MemoryStore:
         if obj is None:
             raise StoreError(NO_OBJECT, f"{src} does not exist")
         self._condition(dst, if_match, if_none_match)
-        self.objects[dst] = StoredObject(obj.body, obj.etag, dict(obj.metadata))
+        self.objects[dst] = StoredObject(obj.body, obj.etag, dict(obj.metadata), self.clock())
         self._answered()
         return obj.etag
 
@@ -323,7 +324,7 @@ class MemoryStore:
             body += have[0]
         del self.uploads[upload_id]
         etag = f"{_etag(b''.join(bytes.fromhex(e) for _, e, _ in parts))}-{len(parts)}"
-        self.objects[key] = StoredObject(body, etag, dict(upload.metadata))
+        self.objects[key] = StoredObject(body, etag, dict(upload.metadata), self.clock())
         self._answered()
         return etag
 

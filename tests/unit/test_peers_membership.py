@@ -706,3 +706,134 @@ def test_a_refresh_reads_in_full_only_the_records_this_node_needs_and_confirms_a
         assert counted.counts["get"] - gets <= 8 * 2 + 6  # the two needed, a few confirmations: not 29 a round (8 * 29)
 
     run(main)
+
+
+def test_a_record_not_read_yet_is_read_in_full_only_when_it_is_among_the_first_candidates_or_needed() -> None:
+    """Issue 44: a node read every record in full when it first appeared, so a cluster started at once made N^2 GETs
+    (a million at 1,000 nodes: S3 throttled them for minutes and the views went stale). Now it reads, of the records
+    it has not read, its first candidates in rendezvous order (peer_replicas + 2 live ones of another domain), the
+    owners it holds and the nodes it needs; the others it knows from the LIST alone: live while they change, down
+    once they stop, with no address (never a target) and no peer_up series once silent."""
+    from ckptfs.metrics import peer_families
+    from ckptfs.peers.candidates import SPARES
+    from ckptfs.peers.records import rendezvous_score
+    from ckptfs.peers.requests import CountedStore
+
+    store, clock = MemoryStore(), Clock()
+    store.clock = clock
+    counted = CountedStore(store)
+    me = Membership(config(failure_domain="rack1"), counted, key_of, "me", "me-1", "10.0.0.1:7470",  # type: ignore[arg-type]
+                    clock=clock, monotonic=clock)
+    domains = {f"n{i:02d}": "rack1" if i % 4 == 0 else "rack2" for i in range(40)}
+    others = {name: node(store, name, clock, domain=d) for name, d in domains.items()}
+    interest: set[str] = set()
+    me.interest = lambda: set(interest)
+    order = rendezvous("me", others)
+
+    def first_candidates(skip: set[str] = set()) -> list[str]:
+        """The prefix of `order` a walk reads: up to the 1 + SPARES-th live node of another domain (not skipped)."""
+        out, found = [], 0
+        for n in order:
+            if n in skip or n in dead:
+                continue
+            out.append(n)
+            found += domains[n] != "rack1"
+            if found == 1 + SPARES:
+                return out
+        return out
+
+    dead: set[str] = set()
+
+    async def renew_all() -> None:
+        for name, m in others.items():
+            if name not in dead:
+                await m.renew()
+
+    async def main() -> None:
+        await me.announce()
+        for m in others.values():
+            await m.announce()
+        gets = counted.counts["get"]
+        await me.refresh()
+        read = first_candidates()
+        assert counted.counts["get"] - gets == len(read) < 10  # not 40
+        assert [p.node for p in me.targets()] == [n for n in read if domains[n] == "rack2"]
+        states = {p.node: p for p in me.peers()}
+        assert len(states) == 40 and all(p.state == LIVE for p in states.values())
+        unread = sorted(set(others) - set(read))
+        assert all(states[n].known_from == "listing" and states[n].addr == "" for n in unread)
+        assert all(states[n].known_from == "record" and states[n].addr for n in read)
+        # renewals, a ttl of them: the LIST alone (no GET), everyone still live
+        gets = counted.counts["get"]
+        for _ in range(3):
+            clock.now += TTL / 3
+            await me.renew()
+            await renew_all()
+            await me.refresh()
+        assert counted.counts["get"] == gets and all(p.state == LIVE for p in me.peers())
+        # a new node that ranks first joins: read at the next refresh, and first of the targets
+        name = next(f"new{i}" for i in range(10_000) if rendezvous_score("me", f"new{i}") > rendezvous_score("me", order[0]))
+        others[name], domains[name] = node(store, name, clock, domain="rack2"), "rack2"
+        await others[name].announce()
+        await me.refresh()
+        assert counted.counts["get"] == gets + 1 and me.targets()[0].node == name
+        # the connections to two targets fail (the sender names them in `interest`): they are read at each change, and
+        # candidates further down the order until 1 + SPARES usable ones are known again
+        first, second = [p.node for p in me.targets()][:2]
+        interest.update({first, second})
+        clock.now += TTL / 3
+        await me.renew()
+        await renew_all()
+        gets = counted.counts["get"]
+        await me.refresh()
+        usable = [p.node for p in me.targets() if p.node not in interest]
+        assert counted.counts["get"] - gets >= 3 and len(usable) == 1 + SPARES
+        assert usable == [n for n in rendezvous("me", others) if domains[n] == "rack2" and n not in interest][:1 + SPARES]
+        # an unread node dies: down after a ttl with no GET, and no ckptfs_peer_up series from this node
+        victim = next(p.node for p in me.peers() if p.addr == "")  # never read in full
+        dead.add(victim)
+        gets = counted.counts["get"]
+        for _ in range(4):
+            clock.now += TTL / 3
+            await me.renew()
+            await renew_all()
+            await me.refresh()
+        assert counted.counts["get"] - gets == 4 * 2  # the two needed at each of their changes, nothing for the victim
+        state = {p.node: p for p in me.peers()}[victim]
+        assert state.state == DOWN and state.known_from == "listing" and victim not in {p.node for p in me.targets()}
+        up = [f for f in peer_families({"peers": me.status()["peers"]}) if f.name == "ckptfs_peer_up"][0]
+        labelled = {s.labels["peer"]: s.value for s in up.samples}
+        assert victim not in labelled and labelled[first] == 1.0 and len(labelled) == len(others) - 1
+        # the owners it holds are read in full as they appear, like the nodes it needs
+        me.confirming = lambda: {"late"}
+        others["late"] = node(store, "late", clock, domain="rack2")
+        await others["late"].announce()
+        await me.refresh()
+        assert {p.node: p for p in me.peers()}["late"].known_from == "record"
+
+    run(main)
+
+
+def test_a_record_first_seen_long_after_it_was_last_written_is_down_without_a_get() -> None:
+    """The LIST's LastModified dates a record known from the LIST alone: a node that stopped renewing a ttl before
+    this node first listed it (it died, left or was taken over while this node was away) is down at once, and
+    never read as a candidate."""
+    from ckptfs.peers.requests import CountedStore
+
+    store, clock = MemoryStore(), Clock()
+    store.clock = clock
+    counted = CountedStore(store)
+    me = Membership(config(), counted, key_of, "me", "me-1", "10.0.0.1:7470", clock=clock, monotonic=clock)  # type: ignore[arg-type]
+    me.interest = set
+    gone = [node(store, f"gone{i}", clock) for i in range(5)]
+
+    async def main() -> None:
+        for m in gone:
+            await m.announce()
+        clock.now += 2 * TTL
+        await me.announce()
+        gets = counted.counts["get"]
+        await me.refresh()
+        assert counted.counts["get"] == gets and {p.state for p in me.peers()} == {DOWN} and me.targets() == []
+
+    run(main)
