@@ -489,7 +489,7 @@ class Membership:
         errors = await self._read_into(seen, assumed, changed, interest or set(), now)
         for node, rec in list(seen.items()):
             newer = self._records.get(node)  # read meanwhile by a listener admitting the node: the later read wins
-            if newer is not None and stamp(newer) > stamp(rec):
+            if newer is not None and newer is not rec and stamp(newer) > stamp(rec):
                 seen[node] = newer
                 assumed.discard(node)
         self._records, self._assumed = seen, assumed & set(seen)

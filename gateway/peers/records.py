@@ -116,8 +116,12 @@ def may_claim(rec: NodeRecord, node: str) -> bool:
 def assume_renewed(rec: NodeRecord, etag: str | None, expires_at: float) -> NodeRecord:
     """`rec` as last read, its object since rewritten (`etag`) and taken for a renewal: live until `expires_at` (a ttl
     after the change was seen, by the reader's clock) unless read in full before. Its `renewed_at` stays the one read:
-    a full read of the record is always the later one."""
-    return replace(rec, etag=etag, expires_at=max(rec.expires_at, expires_at))
+    a full read of the record is always the later one. (A copy with two fields set, not `dataclasses.replace`: a
+    refresh makes one per other node, and replace's checks cost 9 us each, most of a refresh at 1,000 nodes.)"""
+    new = NodeRecord.__new__(NodeRecord)
+    new.__dict__.update(rec.__dict__)
+    new.etag, new.expires_at = etag, max(rec.expires_at, expires_at)
+    return new
 
 
 def listed_only(node: str, etag: str | None, expires_at: float) -> NodeRecord:
