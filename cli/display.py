@@ -6,6 +6,8 @@ live progress bar on a terminal, unless NO_COLOR is set (rich honours it).
 
 from __future__ import annotations
 
+import collections
+
 import math
 import time
 from typing import Any, Callable, TextIO
@@ -203,6 +205,20 @@ def status_lines(st: dict[str, Any]) -> list[Text]:
     return lines
 
 
+PEERS_SHOWN = 12  # peers named one by one on the status line; the rest are counted by state
+
+
+def peers_shown(peers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the peers to name, the rest to count): in a large cluster most records are known only from the LIST
+    (`known_from` listing): those are counted, and of the others the ones that matter most are named (not live,
+    connected, then the rest), at most PEERS_SHOWN, in name order."""
+    read = [p for p in peers if p.get("known_from") != "listing"]
+    rank = sorted(read, key=lambda p: (p.get("state") == "live", not p.get("connected"), str(p.get("node"))))
+    shown = sorted(rank[:PEERS_SHOWN], key=lambda p: str(p.get("node")))
+    names = {p.get("node") for p in shown}
+    return shown, [p for p in peers if p.get("node") not in names]
+
+
 def peers_line(st: dict[str, Any]) -> Text:
     """Peer durability (durability = peer): this node's own state, each peer's, and the single-copy window (bytes
     acknowledged that only this node holds: losing it now would lose them)."""
@@ -211,13 +227,21 @@ def peers_line(st: dict[str, Any]) -> Text:
     parts: list[Text | str] = [own]
     if st.get("peer_copies_uncounted"):
         parts.append(Text(f"peer copies not counted: {st['peer_copies_uncounted']}", style="bold red"))
-    for p in st.get("peers") or []:
+    membership = st.get("membership") or {}
+    if membership.get("error"):
+        parts.append(Text(f"node records ({membership.get('backend') or 'bucket'}): {membership['error']}", style="bold red"))
+    shown, listed = peers_shown(st.get("peers") or [])
+    for p in shown:
         lag = p.get("lag_seconds")
         detail = f" (lag {fmt_duration(lag)})" if p.get("state") == "live" and lag else ""
         if p.get("state") == "refusing" and p.get("error"):
             detail = f" ({p['error']})"
         style = "" if p.get("state") == "live" else "dim" if p.get("state") == "left" else "bold red"
         parts.append(Text(f"{p.get('node')} {p.get('state')}{detail}", style=style))
+    if listed:
+        states = collections.Counter(str(p.get("state")) for p in listed)
+        parts.append(Text(f"and {len(listed)} more by the node records' listing: "
+                          + ", ".join(f"{n} {state}" for state, n in sorted(states.items())), style="dim"))
     if not [p for p in st.get("peers") or [] if p.get("state") != "left"]:
         parts.append(Text("no peer known", style="bold red"))
     single = st.get("single_copy_bytes") or 0

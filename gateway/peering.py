@@ -16,6 +16,7 @@ import socket
 import stat
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 DURABILITY_LEVELS = ("local", "peer")
 ON_NO_PEER = ("degrade", "fail")
@@ -119,6 +120,27 @@ def read_secret(path: str) -> bytes:
     return secret
 
 
+def parse_etcd_endpoints(value: str) -> list[tuple[str, str, int]]:
+    """`etcd_endpoints` (comma-separated http(s)://HOST:PORT URLs) -> [(scheme, host, port)]; one line otherwise."""
+    out = []
+    for url in (u.strip() for u in value.split(",")):
+        if not url:
+            continue
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None or parts.path.strip("/"):
+            raise PeerOptionError(f"etcd_endpoints: {url!r} is not http://HOST:PORT (for example http://10.0.0.5:2379; "
+                                  "several comma-separated)")
+        out.append((parts.scheme, parts.hostname, port))
+    if not out:
+        raise PeerOptionError("peer_membership = etcd needs etcd_endpoints: the etcd cluster's client URLs, comma-separated "
+                              "(for example http://10.0.0.5:2379)")
+    return out
+
+
 def peer_warnings(cfg: Any) -> list[str]:
     """What a mount's peer options leave unsafe though valid: one line each, naming the option to change (`ckptfs
     mount` prints them, the daemon logs them)."""
@@ -142,6 +164,13 @@ def check_peer_options(cfg: Any) -> None:
         raise PeerOptionError(f"node_name = {cfg.node_name!r}: give letters, digits, '.', '_' or '-' (at most 63), starting with a letter or digit")
     if getattr(cfg, "peer_encryption", "none") not in ("none", "aes-gcm"):
         raise PeerOptionError(f"peer_encryption = {cfg.peer_encryption!r}: use none or aes-gcm (the same on every node)")
+    if getattr(cfg, "peer_membership", "bucket") not in ("bucket", "etcd"):
+        raise PeerOptionError(f"peer_membership = {cfg.peer_membership!r}: use bucket or etcd (the same on every node)")
+    if getattr(cfg, "peer_membership", "bucket") == "etcd":
+        parse_etcd_endpoints(cfg.etcd_endpoints)
+        if not cfg.etcd_prefix.startswith("/") or not cfg.etcd_prefix.endswith("/"):
+            raise PeerOptionError(f"etcd_prefix = {cfg.etcd_prefix!r}: give a key prefix that starts and ends with '/' "
+                                  "(default /ckptfs/)")
     if cfg.peer_replicas < 1:
         raise PeerOptionError(f"peer_replicas = {cfg.peer_replicas}: give at least 1")
     for name in ("peer_timeout", "peer_lease_ttl", "peer_drop_grace"):

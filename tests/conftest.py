@@ -64,6 +64,19 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
 
 
 @pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real etcd on free loopback ports (peer_membership = etcd), one per test session (per xdist worker)."""
+    from tests.support.etcd import EtcdServer
+
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def second_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
     """A second S3 server on other ports: another region (replication) or a cold store (tier moves)."""
     yield from _server(tmp_path_factory.mktemp("seaweed-second"))

@@ -1,4 +1,4 @@
-"""Which records a refresh reads that nobody asked for: the first candidates this node may send to (issue 44).
+"""What a refresh reads in full: the records it needs, and the first candidates this node may send to (issue 44).
 
 Why: a node needs in full only the records of the peers it may send to (their addresses and domains), of the owners
 whose replicas it holds, and of a few others (membership.py's `interest`); every other record it knows from the LIST
@@ -12,11 +12,19 @@ candidates, and each later arrival that ranks above them: about want x ln(N) in 
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 
+import trio
+
+from ..objects import StoreError
 from .records import NodeRecord, is_listed_only, is_live, other_domain, rendezvous_score
 
 SPARES = 2  # candidates known beyond peer_replicas: a channel that fails moves on without waiting for a refresh
+PARALLEL_GETS = 16  # records read at once by a refresh
+CANDIDATE_ROUNDS = 4  # batches of candidates a refresh reads at most (the next refresh goes on)
+READ_ERRORS_TOLERATED = 3  # failed GETs after which a refresh stops asking (the store is failing, not one request)
+
+Read = Callable[[str], Awaitable["NodeRecord | None"]]
 
 
 class RendezvousOrder:
@@ -62,3 +70,56 @@ def to_read(order: list[str], records: Mapping[str, NodeRecord], domain: str, no
         elif other_domain(domain, rec.failure_domain):
             known += 1
     return out
+
+
+async def read_into(read: Read, last: Mapping[str, NodeRecord], seen: dict[str, NodeRecord], assumed: set[str],
+                    changed: list[str], order_of: Callable[[Iterable[str]], list[str]], domain: str, want: int,
+                    excluded: set[str], now: float) -> list[StoreError]:
+    """Read `changed` and the candidates `to_read` names into `seen` (the refresh's new view; `last`: the one before),
+    round after round until `want` are known (a candidate read may share our domain or be down: the next one is read
+    then). A record read is no longer `assumed`; one that could not be read keeps its last view; one gone leaves
+    `seen`. The errors met (the refresh raises the first)."""
+    reading = list(changed)
+    for _ in range(CANDIDATE_ROUNDS):
+        batch = reading + to_read(order_of(seen), seen, domain, now, want, excluded, set(reading))
+        if not batch:
+            return []
+        got, errors = await read_records(read, batch)
+        assumed.difference_update(got)  # read in full now
+        for node in batch:
+            if node in got:
+                rec = got[node]
+                if rec is not None and rec.node == node:
+                    seen[node] = rec
+                else:
+                    seen.pop(node, None)
+            elif node not in seen and (old := last.get(node)) is not None:
+                seen[node] = old  # not read (an error): its last view
+        if errors:
+            return errors
+        reading = []
+    return []
+
+
+async def read_records(read: Callable[[str], Awaitable[NodeRecord | None]], nodes: list[str],
+                       limit: int = PARALLEL_GETS) -> tuple[dict[str, NodeRecord | None], list[StoreError]]:
+    """Each of `nodes`' records (`read`), at most `limit` GETs at once: a refresh that found many records changed
+    takes a few round trips, not one per record (999 records at 20 ms each would outlast the ttl/3 between refreshes).
+    (the records read, the errors met): one failed GET in a thousand does not lose the other 999."""
+    out: dict[str, NodeRecord | None] = {}
+    gets = trio.CapacityLimiter(limit)
+    errors: list[StoreError] = []
+
+    async def one(node: str) -> None:
+        async with gets:
+            if len(errors) >= READ_ERRORS_TOLERATED:
+                return  # a failing store: no more requests into it (what was not read keeps its last view)
+            try:
+                out[node] = await read(node)
+            except StoreError as e:
+                errors.append(e)
+
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            nursery.start_soon(one, node)
+    return out, errors

@@ -53,7 +53,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import trio
 
@@ -63,16 +63,13 @@ from ..peering import PeerOptionError, StaticPeer, parse_addr, parse_peer
 from ..storeapi import LifecycleStore, read_json
 from .holders import HolderListing
 from .identity import Owners, refuse_live_duplicate, stamp, wait_for_predecessor
-from .candidates import SPARES, RendezvousOrder, to_read
+from .candidates import SPARES, RendezvousOrder, read_into
 from .records import (DOWN, LEFT, LIVE, NODES_DIR, TAKEN_OVER, NodeRecord, assume_renewed, is_dead, is_live,
                       listed_only, may_claim, nothing_to_take_over, other_domain, record_path, rendezvous, same_journal)
 
 log = logging.getLogger(__name__)
 
 ANNOUNCE_ATTEMPTS = 5  # writes of our record at start that may each find it changed (a claim racing the restart)
-PARALLEL_GETS = 16  # records read at once by a refresh
-CANDIDATE_ROUNDS = 4  # batches of candidates a refresh reads at most (the next refresh goes on)
-READ_ERRORS_TOLERATED = 3  # failed GETs after which a refresh stops asking (the store is failing, not one request)
 MARGIN = 0.25  # of the ttl: the lease is trusted locally until ttl * (1 - MARGIN) after its renewal was sent
 
 
@@ -148,6 +145,7 @@ class Membership:
         self._changed = trio.Event()  # set (and replaced) whenever admit() may now answer otherwise
         self._own_lock = trio.Lock()
         self._warned_other_incarnation = 0.0
+        self.errors: dict[str, str] = {}  # "renew" / "read" -> why the last one failed (status: membership.error)
         self.renewals_failed_total = 0
         self.claims_total = 0  # claims this node won
 
@@ -486,7 +484,8 @@ class Membership:
                 assumed.add(node)
             else:
                 changed.append(node)
-        errors = await self._read_into(seen, assumed, changed, interest or set(), now)
+        errors = await read_into(self._read, self._records, seen, assumed, changed, self._order.of, self.failure_domain,
+                                 self.candidates_wanted, interest or set(), now)
         for node, rec in list(seen.items()):
             newer = self._records.get(node)  # read meanwhile by a listener admitting the node: the later read wins
             if newer is not None and newer is not rec and stamp(newer) > stamp(rec):
@@ -496,32 +495,6 @@ class Membership:
         if errors:  # what was read is kept; the view is not called fresh (`down`), and the failure is logged
             raise errors[0]
         self._read_at = started
-
-    async def _read_into(self, seen: dict[str, NodeRecord], assumed: set[str], changed: list[str], excluded: set[str],
-                         now: float) -> list[StoreError]:
-        """Read `changed` and the candidates `candidates.to_read` names into `seen`, round after round until enough
-        candidates are known (a candidate read may share our domain or be down: the next one is read then). A record
-        that could not be read keeps its last view; one that is gone leaves `seen`. The errors met."""
-        reading, want = list(changed), self.candidates_wanted
-        for _ in range(CANDIDATE_ROUNDS):
-            batch = reading + to_read(self._order.of(seen), seen, self.failure_domain, now, want, excluded, set(reading))
-            if not batch:
-                return []
-            read, errors = await read_records(self._read, batch)
-            assumed.difference_update(read)  # read in full now
-            for node in batch:
-                if node in read:
-                    rec = read[node]
-                    if rec is not None and rec.node == node:
-                        seen[node] = rec
-                    else:
-                        seen.pop(node, None)
-                elif node not in seen and (old := self._records.get(node)) is not None:
-                    seen[node] = old  # not read (an error): its last view
-            if errors:
-                return errors
-            reading = []
-        return []
 
     async def claim(self, node: str) -> bool:
         """Take `node` over: its record `taken_over` by this node, If-Match on the ETag judged dead. True: this node
@@ -595,42 +568,25 @@ async def every_third(m: Membership, step: Callable[[], Any], what: str) -> None
         try:
             await step()
             wait, failures = m.ttl / 3, 0
+            m.errors.pop(what, None)
         except StoreError as e:
             failures += 1
+            m.errors[what] = str(e)
             if what == "renew":
                 m.renewals_failed_total += 1
             wait = m.ttl / 6 if what == "renew" else min(m.ttl, m.ttl / 3 * 2 ** (failures - 1))
             log.warning("node %s: could not %s the node records (%s): again in %.1fs", m.me, what, e, wait)
 
 
-async def read_records(read: Callable[[str], Awaitable[NodeRecord | None]], nodes: list[str],
-                       limit: int = PARALLEL_GETS) -> tuple[dict[str, NodeRecord | None], list[StoreError]]:
-    """Each of `nodes`' records (`read`), at most `limit` GETs at once: a refresh that found many records changed
-    takes a few round trips, not one per record (999 records at 20 ms each would outlast the ttl/3 between refreshes).
-    (the records read, the errors met): one failed GET in a thousand does not lose the other 999."""
-    out: dict[str, NodeRecord | None] = {}
-    gets = trio.CapacityLimiter(limit)
-    errors: list[StoreError] = []
-
-    async def one(node: str) -> None:
-        async with gets:
-            if len(errors) >= READ_ERRORS_TOLERATED:
-                return  # a failing store: no more requests into it (what was not read keeps its last view)
-            try:
-                out[node] = await read(node)
-            except StoreError as e:
-                errors.append(e)
-
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            nursery.start_soon(one, node)
-    return out, errors
-
-
 def takers_of(m: Membership, owners: list[str]) -> set[str]:
     """The nodes that took `owners` over, by their records as last read: a refresh reads them in full (a taker that
     restarted has forgotten its takeover, which another holder must then take over)."""
     return {rec.taken_over_by for n in owners if (rec := m.record_of(n)) is not None and rec.taken_over_by}
+
+
+def membership_error(m: Membership) -> str | None:
+    """Why the last renewal or read of the records failed (None: both succeeded): `ckptfs status`'s membership.error."""
+    return "; ".join(f"could not {what}: {why}" for what, why in sorted(m.errors.items())) or None
 
 
 def stale_seconds(m: Membership) -> float | None:

@@ -20,16 +20,21 @@ KINDS = ("list", "get", "put", "delete")
 
 
 class CountedStore:
-    """The store as membership uses it, each request counted (a LIST by its pages)."""
+    """The store as membership uses it, each request counted (a LIST by its pages). A store that counts its own
+    requests (`requests_by_kind`: store/etcd.py, whose LIST answers from a watched copy without a request) is taken at its word."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, backend: str = BACKEND) -> None:
         self._store = store
-        self.counts: collections.Counter[str] = collections.Counter({k: 0 for k in KINDS})
+        self.backend = backend
+        own = getattr(store, "requests_by_kind", None)
+        self.counting = own is None
+        self.counts: collections.Counter[str] = own if own is not None else collections.Counter({k: 0 for k in KINDS})
         self._lock = threading.Lock()  # the requests run in worker threads, several GETs at once
 
     def _count(self, kind: str) -> None:
-        with self._lock:
-            self.counts[kind] += 1
+        if self.counting:
+            with self._lock:
+                self.counts[kind] += 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

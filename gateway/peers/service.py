@@ -21,15 +21,15 @@ from ..cache import Cache
 from ..namespace import Namespace
 from .. import threads
 from ..objects import StoreError
-from ..peering import node_name_of, peer_warnings, read_secret
+from ..peering import PeerOptionError, node_name_of, peer_warnings, read_secret
 from ..publishing import store_refuses_stale_deletes, store_refuses_stale_writes
 from ..storeapi import ObjectStore
 from ..supervisor import Supervisor
 from .link import PeerLink, PeerRefused, answers_as
 from .listener import Listener
 from .departure import RemoveRefused, leave, remove_node
-from .membership import Membership, known_hosts, new_incarnation, stale_seconds, takers_of
-from .requests import BACKEND, CountedStore
+from .membership import Membership, known_hosts, membership_error, new_incarnation, stale_seconds, takers_of
+from .requests import CountedStore
 from .records import LIVE, unclaimed_for
 from .reconcile import Reconcile
 from .replicas import ReplicaStore
@@ -38,6 +38,19 @@ from .sweep import Sweep
 from .takeover import Takeover
 
 log = logging.getLogger(__name__)
+
+
+def records_store(cfg: Any, store: ObjectStore) -> Any:
+    """Where the node records are (`peer_membership`): the bucket itself, or etcd (store/etcd.py: the same conditional
+    writes, a watch instead of the LIST). etcd's client is the `etcd` extra: without it, one line at mount."""
+    if cfg.peer_membership != "etcd":
+        return store
+    try:
+        from ..store.etcd import EtcdRecords
+    except ImportError as e:
+        raise PeerOptionError(f"peer_membership = etcd needs the etcd client ({e.name} is not installed): "
+                              "pip install 'ckptfs[etcd]', or set peer_membership = bucket") from None
+    return EtcdRecords(cfg.etcd_endpoints, f"{cfg.etcd_prefix}{cfg.bucket}/", timeout=cfg.peer_timeout)
 
 
 def _rounded(seconds: float | None) -> float | None:
@@ -63,7 +76,8 @@ class Peers:
         self.replicas = ReplicaStore(cfg, cfg.cache_dir)
         self.listener = Listener(cfg, self.replicas, self.secrets, self.me)
         self.journal_id: str = getattr(ns.journal, "journal_id", "")
-        self.requests = CountedStore(store)  # what membership asks of the bucket, by kind (the metric)
+        self.records_store = records_store(cfg, store)  # where the node records are: the bucket, or etcd
+        self.requests = CountedStore(self.records_store, cfg.peer_membership)  # what membership asks of it, by kind (the metric)
         self.membership = Membership(cfg, self.requests, ns.keys.of, self.me, self.incarnation, cfg.peer_addr, journal_id=self.journal_id)
         self.listener.judge = self.membership.owners  # replicas only from an owner incarnation whose record is live
         self.listener.known_hosts = lambda: known_hosts(self.membership.peers())  # the nodes' addresses: slots of their own
@@ -144,15 +158,20 @@ class Peers:
         """Listener, membership, sender, each supervised. An address the listener cannot bind raises the OSError
         before started (the daemon's one line)."""
         supervise = self.supervisor.supervise
-        async with trio.open_nursery() as nursery:
-            await nursery.start(supervise, "peer-listener", self.listener.run)  # port 0: the one bound is announced
-            await nursery.start(supervise, "peer-membership", self.membership.run)
-            await nursery.start(supervise, "peer-reconcile", self._reconcile)
-            await nursery.start(supervise, "peer-sender", self.sender.run)
-            await nursery.start(supervise, "peer-takeover", self.takeover.run)
-            await nursery.start(supervise, "peer-sweep", self.sweep.run)
-            nursery.start_soon(self._probe_conditions)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(supervise, "peer-listener", self.listener.run)  # port 0: the one bound is announced
+                await nursery.start(supervise, "peer-membership", self.membership.run)
+                await nursery.start(supervise, "peer-reconcile", self._reconcile)
+                await nursery.start(supervise, "peer-sender", self.sender.run)
+                await nursery.start(supervise, "peer-takeover", self.takeover.run)
+                await nursery.start(supervise, "peer-sweep", self.sweep.run)
+                nursery.start_soon(self._probe_conditions)
+                task_status.started()
+        finally:
+            stop = getattr(self.records_store, "stop", None)
+            if stop is not None and self.records_store is not self.store:
+                stop()  # etcd's watch
 
     async def _probe_conditions(self) -> None:
         """Say at mount whether the store fences stale writes (docs/peers.md, "The store is the fence"): a takeover's
@@ -281,7 +300,8 @@ class Peers:
             # why this node's writes count no peer copies now (no record of its own in the bucket...): None when they do
             "copies_uncounted": self.membership.copies_uncounted(),
             "holders": sorted(self.membership.listing.listed()),  # the nodes our record lists: only they may claim this one
-            "membership": {"backend": BACKEND, "stale_seconds": _rounded(stale_seconds(self.membership)),
+            "membership": {"backend": self.cfg.peer_membership, "stale_seconds": _rounded(stale_seconds(self.membership)),
+                           "error": membership_error(self.membership),
                            "requests": dict(self.requests.counts)},
             "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full

@@ -128,7 +128,14 @@ class Node:
         return os.getxattr(self.path / rel, "user.ckptfs.state").decode()
 
     def record(self) -> dict[str, Any] | None:
-        """This node's record in the bucket (`.ckptfs/nodes/<node>.json`), None while it has none."""
+        """This node's record in the bucket (`.ckptfs/nodes/<node>.json`; with peer_membership = etcd, in etcd under
+        etcd_prefix + bucket), None while it has none."""
+        if self.options.get("peer_membership") == "etcd":
+            from tests.support.etcd import etcd_value
+
+            key = f"{self.options.get('etcd_prefix', '/ckptfs/')}{self.bucket}/{self.key(NODES_PREFIX + f'{self.name}.json')}"
+            value = etcd_value(str(self.options["etcd_endpoints"]).split(",")[0], key)
+            return None if value is None else dict(json.loads(value))
         client = self.s3.client()
         try:
             body = client.get_object(Bucket=self.bucket, Key=self.key(NODES_PREFIX + f"{self.name}.json"))["Body"].read()

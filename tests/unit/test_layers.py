@@ -49,6 +49,7 @@ MARKERS = {"", "fuse", "lifecycle", "replication", "namespace", "cli", "peers"}
 CONFINED = {
     "boto3": ("store",),
     "botocore": ("store",),
+    "etcd3gw": ("store",),
     "pyfuse3": ("fuse",),
 }
 
