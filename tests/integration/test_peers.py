@@ -339,9 +339,15 @@ def test_peer_options_a_user_gets_wrong_are_refused_in_one_line(s3: SeaweedServe
     base = ["mount", f"s3://{bucket}/ckpt", str(tmp_path / "m"), "--cache-dir", str(tmp_path / "cache"),
             "--endpoint-url", s3.endpoint_url, "-o", "durability=peer"]
     env = {**os.environ, **s3.env()}
+    good = ["-o", "peer_addr=127.0.0.1:0", "-o", f"peer_secret_file={write_secret(tmp_path / 'good.secret')}"]
     for opts, says in ((["-o", "peer_addr=10.1.2.3:7470"], "peer_secret_file"),
                        (["-o", "peer_addr=127.0.0.1:0", "-o", f"peer_secret_file={loose}"], "chmod 600"),
-                       (["-o", "peer_addr=nowhere"], "HOST:PORT")):
+                       (["-o", "peer_addr=nowhere"], "HOST:PORT"),
+                       ([*good, "-o", "peer_membership=zookeeper"], "use bucket or etcd"),
+                       ([*good, "-o", "peer_membership=etcd"], "needs etcd_endpoints"),
+                       ([*good, "-o", "peer_membership=etcd", "-o", "etcd_endpoints=10.0.0.5"], "is not http://HOST:PORT"),
+                       ([*good, "-o", "peer_membership=etcd", "-o", "etcd_endpoints=http://127.0.0.1:2379",
+                         "-o", "etcd_prefix=ckptfs"], "etcd_prefix")):
         r = run_cli(*base, *opts, env=env, timeout=60)
         assert r.returncode != 0
         lines = r.stderr.strip().splitlines()
