@@ -1,7 +1,7 @@
 """Membership at the size of the jobs that need it (issue 44): the real node-record code for N virtual nodes in one
 process, on a model of S3 with its limits, on a simulated clock.
 
-    python -m bench.peers_scale --nodes 1000 --minutes 10 [--ttl 30] [--json out.json]
+    python -m bench.peers_scale --nodes 1000 --minutes 10 [--ttl 30] [--membership bucket|etcd] [--json out.json]
 
 Why a simulator: what grows with the cluster is requests to the bucket, and a thousand daemons do not fit on one
 machine. Each virtual node runs gateway/peers/membership.py's own `Membership` (announce, renew, read the others,
@@ -10,6 +10,8 @@ list its holders, claim the dead): only the store under it and the clock are mod
 * The store: the node records in a dict, S3's answers to conditional writes (412 on a stale If-Match, 404 on a
   missing key), LIST in pages of 1,000, latency drawn per request (20-60 ms), S3's request limits per prefix (3,500
   PUT/DELETE and 5,500 GET/HEAD/LIST per second: 503 SlowDown above them), and 1% of requests failing at random.
+* `--membership etcd`: the same code on a model of etcd as store/etcd.py uses it (transactions for the
+  conditional writes, the LIST answered from the watched copy without a request, 1-5 ms a request).
 * The clock: trio's MockClock jumping whenever every task waits, so an hour runs in minutes. The store's calls,
   which the daemon makes in worker threads, run inline after their latency (`threads.call` replaced).
 * Faults: after a warm-up, 1% of the nodes die (their loops stop, their records stay) and 10% are paused for
@@ -132,6 +134,30 @@ class S3Model:
 
 
 @dataclass
+class EtcdModel(S3Model):
+    """etcd as store/etcd.py uses it: the same conditional writes (transactions on revisions), a LIST answered from
+    the watched copy of the prefix (no request: one process, one copy, the watch taken as instant), writes and
+    ranges at etcd's pace (1-5 ms; its own benchmark takes ~44,000 writes a second: 503-like errors above it)."""
+
+    write_limit: int = 40_000
+
+    def _enter(self, kind: str) -> None:
+        if kind == "list":
+            return  # the watch's copy
+        now = int(trio.current_time())
+        if now != self._second:
+            self._second, self._this_second = now, collections.Counter()
+        self._this_second["all"] += 1
+        if self._this_second["all"] > self.write_limit:
+            self.throttled[kind] += 1
+            raise StoreError(SERVER, "etcdserver: too many requests")
+        self.counts[kind] += 1
+        if self.rng.random() < self.failure_rate:
+            self.failed += 1
+            raise StoreError(SERVER, "etcdserver: request timed out (injected)")
+
+
+@dataclass
 class VirtualNode:
     m: Membership
     scope: trio.CancelScope | None = None
@@ -143,10 +169,13 @@ class VirtualNode:
 
 
 class Simulation:
-    def __init__(self, nodes: int, ttl: float, seed: int, failure_rate: float, read_all: bool = False) -> None:
+    def __init__(self, nodes: int, ttl: float, seed: int, failure_rate: float, read_all: bool = False,
+                 membership: str = "bucket") -> None:
         self.read_all = read_all  # every changed record read in full (the refresh before issue 44): the comparison
         self.rng = random.Random(seed)
-        self.store = S3Model(self.rng, failure_rate)
+        self.membership = membership
+        self.store = (EtcdModel if membership == "etcd" else S3Model)(self.rng, failure_rate)
+        self.latency = (0.001, 0.005) if membership == "etcd" else (0.02, 0.06)
         self.ttl = ttl
         self.cfg = load_config(environ={}, overrides=dict(bucket="ckpt", prefix="p", mountpoint="/m", cache_dir="/tmp",
                                                           peer_lease_ttl=ttl))
@@ -166,7 +195,7 @@ class Simulation:
             self.held[holder].add(owner)
 
     async def _latency(self, fn: Callable[[], Any], limiter: Any = None) -> Any:
-        await trio.sleep(self.rng.uniform(0.02, 0.06))
+        await trio.sleep(self.rng.uniform(*self.latency))
         return fn()
 
     async def _node(self, vn: VirtualNode) -> None:
@@ -243,12 +272,14 @@ class Simulation:
         periods = elapsed / (self.ttl / 3)
         delays = [vn.claimed_at - vn.died_at for vn in self.nodes.values() if vn.died_at is not None and vn.claimed_at is not None]
         false = [n for n, vn in self.nodes.items() if vn.claimed_at is not None and vn.died_at is None and vn.paused is None]
+        bill = 0.0 if self.membership == "etcd" else round(sum(per_second[k] * SECONDS_PER_MONTH / 1000 * PRICE_PER_1000[k] for k in done), 0)
         return {
+            "membership": self.membership, "bucket_requests_for_liveness": 0 if self.membership == "etcd" else sum(done.values()),
             "nodes": len(self.names), "ttl_seconds": self.ttl, "read_all": self.read_all, "simulated_seconds": round(elapsed, 1),
             "wall_seconds": round(time.monotonic() - started, 1),
             "requests_per_second": {k: round(v, 1) for k, v in per_second.items()},
             "requests_per_node_per_third_ttl": round(sum(done.values()) / len(self.names) / periods, 2),
-            "monthly_bill_usd": round(sum(per_second[k] * SECONDS_PER_MONTH / 1000 * PRICE_PER_1000[k] for k in done), 0),
+            "monthly_bill_usd": bill,
             "throttled": dict(self.store.throttled), "failed_at_random": self.store.failed,
             "dead": len([vn for vn in self.nodes.values() if vn.died_at is not None]),
             "dead_claimed": len(delays),
@@ -267,10 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--failure-rate", type=float, default=0.01)
     ap.add_argument("--read-all", action="store_true", help="read every changed record in full (the refresh before issue 44)")
+    ap.add_argument("--membership", choices=("bucket", "etcd"), default="bucket",
+                    help="peer_membership: the bucket (S3's limits) or etcd (a watch instead of the LIST)")
     ap.add_argument("--json", help="write the report here too")
     a = ap.parse_args(argv)
     logging.getLogger("ckptfs").setLevel(logging.CRITICAL)  # a thousand nodes' warnings about injected failures
-    sim = Simulation(a.nodes, a.ttl, a.seed, a.failure_rate, a.read_all)
+    sim = Simulation(a.nodes, a.ttl, a.seed, a.failure_rate, a.read_all, a.membership)
     report = trio.run(sim.run, a.minutes, 2 * a.ttl, clock=trio.testing.MockClock(autojump_threshold=0))
     print(json.dumps(report, indent=1, sort_keys=True))
     if a.json:

@@ -33,8 +33,11 @@ own. The records are `records.NodeRecord`s at `.ckptfs/nodes/<node>.json` under 
   for a renewal without a GET: its expiry is pushed to a ttl after the change was seen (it renews every ttl/3, so a
   live node keeps changing). When it stops changing, the nodes holding its replicas (`confirming`: they may have
   to claim it) read it in full once it missed a renewal (half a ttl), the others take it for down after a ttl
-  with no GET: a death costs R GETs, not N (a claim reads the record again anyway). A new node is read in full
-  when it first appears, a needed one when it becomes needed; a listener reads an owner's record at each
+  with no GET: a death costs R GETs, not N (a claim reads the record again anyway). A new record is read in full
+  only if this node needs it, holds its replicas, or it is among this node's first candidates (candidates.py: the
+  rendezvous order walked until peer_replicas + 2 live ones of another domain are known); any other is known from
+  the LIST alone (`records.listed_only`, dated by its LastModified): a cluster started at once costs N x (R + 2)
+  GETs, not N^2. A needed one is read when it becomes needed; a listener reads an owner's record at each
   connection. So in steady state a node makes one PUT and the LIST's pages per ttl/3, whatever N (before: N-1
   GETs, N*(N+1) requests per ttl/3 in all: 100,000/s at 1,000 nodes); `ckptfs_membership_requests_total` counts
   them, bench/peers_scale.py simulates them. The price: a node that does not hold a dead node's replicas sees it

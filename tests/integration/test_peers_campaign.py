@@ -8,7 +8,8 @@ file, every completed checkpoint committed; only a loss of the owner and its rep
 what the bucket lacked then, and it is counted.
 
 `-k campaign` selects it (with the drain's). CKPTFS_CAMPAIGN_EPISODES (default 6: the CI size, every role twice),
-CKPTFS_CAMPAIGN_SEED (default CI_SEED, a schedule that passed; `random`: a new one, printed),
+CKPTFS_CAMPAIGN_SEED (default CI_SEED, a schedule that passed; `random`: a new one, printed), CKPTFS_CAMPAIGN_MEMBERSHIP
+(`etcd`: the node records in a real etcd, peer_membership = etcd),
 CKPTFS_CAMPAIGN_EPISODE (one episode of the seed alone, to
 rerun a failure, or a range of them: "90-110"), CKPTFS_CAMPAIGN_NODES (3 or 4), CKPTFS_CAMPAIGN_OPS (the writer's operations per episode, 8),
 CKPTFS_CAMPAIGN_DISABLE / CKPTFS_CAMPAIGN_FAULTS (which faults, operations and checks: the tables at the top of
@@ -43,12 +44,16 @@ pytestmark = [pytest.mark.one_transport, pytest.mark.timeout(300 + 300 * EPISODE
 CI_SEED = 10
 
 
-def test_peers_fault_campaign(s3: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+def test_peers_fault_campaign(s3: SeaweedServer, bucket: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if not fuse_usable():
         pytest.skip("/dev/fuse is not usable here")
     asked = os.environ.get("CKPTFS_CAMPAIGN_SEED", "")
     seed = random.SystemRandom().randrange(1 << 31) if asked == "random" else int(asked or CI_SEED)
-    cluster = Cluster(s3, bucket, tmp_path)
+    membership: dict[str, str] = {}
+    if os.environ.get("CKPTFS_CAMPAIGN_MEMBERSHIP", "bucket") == "etcd":  # the node records in a real etcd
+        etcd = request.getfixturevalue("etcd")
+        membership = {"peer_membership": "etcd", "etcd_endpoints": etcd.endpoint, "etcd_prefix": f"/campaign-{seed}/"}
+    cluster = Cluster(s3, bucket, tmp_path, **membership)
     campaign = Campaign(cluster, seed, nodes=int(os.environ.get("CKPTFS_CAMPAIGN_NODES", "3")),
                         ops=int(os.environ.get("CKPTFS_CAMPAIGN_OPS", "8")))
     try:
