@@ -67,19 +67,28 @@ class S3Model:
     _this_second: collections.Counter[str] = field(default_factory=collections.Counter)
     serial: int = 0
 
+    slow_down = "SlowDown: please reduce your request rate"
+    injected = "InternalError (injected)"
+
+    def _limit(self, kind: str) -> tuple[str, int] | None:
+        """(the class of requests `kind` counts against, its limit per second); None: not a request."""
+        return ("write", PUT_LIMIT) if kind in ("put", "delete") else ("read", READ_LIMIT)
+
     def _enter(self, kind: str) -> None:
+        limit = self._limit(kind)
+        if limit is None:
+            return
         now = int(trio.current_time())
         if now != self._second:
             self._second, self._this_second = now, collections.Counter()
-        bucket = "write" if kind in ("put", "delete") else "read"
-        self._this_second[bucket] += 1
-        if self._this_second[bucket] > (PUT_LIMIT if bucket == "write" else READ_LIMIT):
+        self._this_second[limit[0]] += 1
+        if self._this_second[limit[0]] > limit[1]:
             self.throttled[kind] += 1
-            raise StoreError(SERVER, "SlowDown: please reduce your request rate")
+            raise StoreError(SERVER, self.slow_down)
         self.counts[kind] += 1
         if self.rng.random() < self.failure_rate:
             self.failed += 1
-            raise StoreError(SERVER, "InternalError (injected)")
+            raise StoreError(SERVER, self.injected)
 
     def _etag(self) -> str:
         self.serial += 1
@@ -140,21 +149,11 @@ class EtcdModel(S3Model):
     ranges at etcd's pace (1-5 ms; its own benchmark takes ~44,000 writes a second: 503-like errors above it)."""
 
     write_limit: int = 40_000
+    slow_down = "etcdserver: too many requests"
+    injected = "etcdserver: request timed out (injected)"
 
-    def _enter(self, kind: str) -> None:
-        if kind == "list":
-            return  # the watch's copy
-        now = int(trio.current_time())
-        if now != self._second:
-            self._second, self._this_second = now, collections.Counter()
-        self._this_second["all"] += 1
-        if self._this_second["all"] > self.write_limit:
-            self.throttled[kind] += 1
-            raise StoreError(SERVER, "etcdserver: too many requests")
-        self.counts[kind] += 1
-        if self.rng.random() < self.failure_rate:
-            self.failed += 1
-            raise StoreError(SERVER, "etcdserver: request timed out (injected)")
+    def _limit(self, kind: str) -> tuple[str, int] | None:
+        return None if kind == "list" else ("all", self.write_limit)  # a LIST: the watch's copy, no request
 
 
 @dataclass
