@@ -57,7 +57,7 @@ async def remove_node(m: Any, node: str, force: bool) -> str:
         raise RemoveRefused(f"{node} is this node: unmount it instead (`ckptfs unmount` leaves the cluster)")
     rec = await m._read(node)
     if rec is None:
-        raise RemoveRefused(f"no node {node} in the bucket's node records (`ckptfs status` lists the nodes)")
+        raise RemoveRefused(f"no node {node} in the node records (`ckptfs status` lists the nodes)")
     now = m.clock()
     if rec.state == LEFT:
         return f"node {node} already left the cluster"
