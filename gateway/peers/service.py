@@ -50,7 +50,8 @@ def records_store(cfg: Any, store: ObjectStore) -> Any:
     except ImportError as e:
         raise PeerOptionError(f"peer_membership = etcd needs the etcd client ({e.name} is not installed): "
                               "pip install 'ckptfs[etcd]', or set peer_membership = bucket") from None
-    return EtcdRecords(cfg.etcd_endpoints, f"{cfg.etcd_prefix}{cfg.bucket}/", timeout=cfg.peer_timeout)
+    return EtcdRecords(cfg.etcd_endpoints, f"{cfg.etcd_prefix}{cfg.bucket}/", timeout=cfg.peer_timeout,
+                       quiet=cfg.peer_lease_ttl)
 
 
 def _rounded(seconds: float | None) -> float | None:

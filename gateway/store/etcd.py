@@ -14,8 +14,10 @@ node's record (its incarnation, holders and journal) to claim it. The record's `
 conditional write every ttl/3, is the lease here as on the bucket; a renewal is one transaction either way.
 
 A watch that silently stopped would leave the copy stale, live nodes seeming silent: every write of ours goes
-through here, so `list` checks that the watch delivered our own last write; past `WATCH_LAG` it has not, the
-prefix is read again in one range request and a new watch started (counted, and logged).
+through here, so `list` checks that the watch delivered our own last write (past `WATCH_LAG` it has not) and that
+it delivered anything within a lease (`quiet`: our own renewals come every third of one; each read of the stream is
+bounded by it too); otherwise the prefix is read again in one range request and a new watch started (counted, and
+logged).
 
 The client: etcd3gw (OpenStack's, maintained), over etcd's JSON gateway (HTTP and JSON, from trio's worker
 threads like the S3 client): no gRPC and protobuf stack to pin, and the same endpoints answer curl. Each
@@ -59,13 +61,29 @@ def _value(kv: dict[str, Any]) -> bytes:
     return value if isinstance(value, bytes) else base64.b64decode(value)
 
 
+class _Bounded(requests.adapters.HTTPAdapter):
+    """etcd3gw starts a watch without a timeout: the one given here bounds its connection, and each read of its
+    stream by `quiet` (a lease: this node's own renewals come through it every third of one), so an etcd that stops
+    answering ends the watch (then read again, `EtcdRecords.list`) instead of hanging a thread on it."""
+
+    def __init__(self, timeout: float, quiet: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.default_timeout, self.quiet = timeout, quiet
+
+    def send(self, request: Any, **kw: Any) -> Any:  # type: ignore[override]
+        if kw.get("timeout") is None:
+            kw["timeout"] = (self.default_timeout, self.quiet if kw.get("stream") else self.default_timeout)
+        return super().send(request, **kw)
+
+
 class EtcdRecords:
     """list, get_bytes, put_bytes (If-None-Match / If-Match), delete_if_match, head_object over etcd under `prefix`."""
 
-    def __init__(self, endpoints: str, prefix: str, timeout: float = 10.0) -> None:
+    def __init__(self, endpoints: str, prefix: str, timeout: float = 10.0, quiet: float = 30.0) -> None:
         self.prefix = prefix.encode()
         self.endpoints = parse_etcd_endpoints(endpoints)
-        self.clients = [self._client(scheme, host, port, timeout) for scheme, host, port in self.endpoints]
+        self.quiet = quiet  # seconds the watch may go without an event before the copy is read again (a lease)
+        self.clients = [self._client(scheme, host, port, timeout, quiet) for scheme, host, port in self.endpoints]
         self.requests_by_kind: collections.Counter[str] = collections.Counter({k: 0 for k in KINDS})
         self._lock = threading.Lock()
         self._copy: dict[bytes, tuple[bytes, int]] = {}  # key (without our prefix) -> (value, mod_revision)
@@ -73,13 +91,14 @@ class EtcdRecords:
         self._watched: bytes | None = None  # the store prefix the copy holds
         self._seen_revision = 0  # the latest revision the copy reflects
         self._written: tuple[int, float] | None = None  # our last write's revision, and when (monotonic)
+        self._heard_at = 0.0  # monotonic: the last event of the watch, or its start
         self.resyncs_total = 0
 
     @staticmethod
-    def _client(scheme: str, host: str, port: int, timeout: float) -> Etcd3Client:
+    def _client(scheme: str, host: str, port: int, timeout: float, quiet: float) -> Etcd3Client:
         client = Etcd3Client(host=host, port=port, protocol=scheme, timeout=timeout, api_path="/v3/")
         # membership reads 16 records at once, and the watch holds a connection of its own
-        client.session.mount(f"{scheme}://", requests.adapters.HTTPAdapter(pool_maxsize=32))
+        client.session.mount(f"{scheme}://", _Bounded(timeout, quiet, pool_maxsize=32))
         return client
 
     def describe(self) -> str:
@@ -162,9 +181,10 @@ class EtcdRecords:
         """The records under `prefix` from the watched copy (no request); the first call, or one that finds the watch
         behind our own last write by WATCH_LAG, reads the prefix in one range request and watches from there."""
         p = prefix.encode()
+        now = time.monotonic()
         with self._lock:
-            stale = self._watched != p or (self._written is not None and self._written[0] > self._seen_revision
-                                           and time.monotonic() - self._written[1] > WATCH_LAG)
+            stale = self._watched != p or now - self._heard_at > self.quiet or (
+                self._written is not None and self._written[0] > self._seen_revision and now - self._written[1] > WATCH_LAG)
         if stale:
             self._resync(p)
         with self._lock:
@@ -175,8 +195,8 @@ class EtcdRecords:
     def _resync(self, p: bytes) -> None:
         if self._watched is not None:
             self.resyncs_total += 1
-            log.warning("etcd at %s: the watch of the node records fell behind this node's own writes: read again",
-                        self.describe())
+            log.warning("etcd at %s: the watch of the node records fell behind this node's own writes, or was silent "
+                        "for %.0f s: read again", self.describe(), self.quiet)
         self.stop()
         full = self.prefix + p
         end = full[:-1] + bytes([full[-1] + 1]) if full else b"\0"
@@ -184,7 +204,7 @@ class EtcdRecords:
         revision = int(out.get("header", {}).get("revision", 0))
         copy = {_key(kv)[len(self.prefix):]: (_value(kv), int(kv["mod_revision"])) for kv in out.get("kvs") or []}
         with self._lock:
-            self._copy, self._seen_revision, self._watched = copy, revision, p
+            self._copy, self._seen_revision, self._watched, self._heard_at = copy, revision, p, time.monotonic()
         self._watch(full, end, revision + 1)
 
     def _watch(self, full: bytes, end: bytes, start: int) -> None:
@@ -194,10 +214,12 @@ class EtcdRecords:
             revision = int(kv.get("mod_revision") or 0)
             with self._lock:
                 if ev.get("type") == "DELETE":
-                    self._copy.pop(key, None)
+                    if self._copy.get(key, (b"", 0))[1] < revision:  # not a key written again since (an older watch's event)
+                        self._copy.pop(key, None)
                 elif revision >= self._copy.get(key, (b"", 0))[1]:
                     self._copy[key] = (_value(kv), revision)
                 self._seen_revision = max(self._seen_revision, revision)
+                self._heard_at = time.monotonic()
 
         def start_watch(c: Etcd3Client) -> Watcher:
             return Watcher(c, full, event, range_end=end, start_revision=start)  # type: ignore[arg-type]

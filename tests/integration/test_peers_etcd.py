@@ -103,6 +103,21 @@ def test_a_watch_that_stopped_is_noticed_by_our_own_write_and_the_records_read_a
         other.stop()
 
 
+def test_a_watch_silent_for_a_lease_is_read_again_even_with_nothing_written_here(etcd: EtcdServer) -> None:
+    """A node that writes nothing (fenced, waiting for a predecessor) has no write of its own to check its watch by:
+    a watch that delivered nothing for `quiet` (a lease, in which every live node renews) is read again."""
+    from ckptfs.store.etcd import EtcdRecords
+
+    quiet = EtcdRecords(etcd.endpoint, fresh_prefix(), timeout=5, quiet=0.5)
+    try:
+        quiet.list("p/")
+        time.sleep(1.0)
+        quiet.list("p/")
+        assert quiet.resyncs_total == 1 and quiet.requests_by_kind["list"] == 2
+    finally:
+        quiet.stop()
+
+
 def test_an_unreachable_etcd_is_one_error_naming_its_endpoints() -> None:
     from ckptfs.store.etcd import EtcdRecords
 
