@@ -45,6 +45,25 @@ def up_series(n: Node, other: str) -> bool:
     return f'ckptfs_peer_up{{peer="{other}"}}' in n.metrics_text()
 
 
+def test_a_node_that_left_has_no_down_series_on_the_nodes_that_did_not_read_it_since(cluster: Cluster) -> None:
+    """c shares b's failure domain, so it never sends to b and holds nothing of b's: it sees b's record change (to
+    left) and then stop, and reads it no more (membership.py). It must not say b is down in ckptfs_peer_up, where the
+    nodes that read b's record serve no series: CkptfsPeerDown takes the max over nodes and would fire for a node
+    that left cleanly."""
+    a = cluster.node("a", failure_domain="r1")
+    b = cluster.node("b", failure_domain="r2")
+    c = cluster.node("c", failure_domain="r2")
+    cluster.wait_live("abc")
+    assert up_series(c, "b")
+    b.stop()
+    assert (b.record() or {}).get("state") == "left"
+    wait_until("c to see b's record stop changing", lambda: peer(c, "b").get("state") in ("down", "left"), 60)
+    wait_until("a to list b as left", lambda: peer(a, "b").get("state") == "left", 60)
+    assert not up_series(c, "b") and not up_series(a, "b")
+    if peer(c, "b")["state"] == "down":  # what c can tell of b from the LIST alone: it stopped; not whether it left
+        assert peer(c, "b")["known_from"] == "listing"
+
+
 def test_a_clean_unmount_leaves_a_lost_node_is_unclaimed_and_remove_node_takes_it_out(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
     cluster.wait_live(["a", "b"])
