@@ -560,6 +560,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
                 "single_copy_bytes": dirty_bytes, "single_copy_oldest_age_seconds": oldest_close_age,
                 "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
                 "peer_replicas_refused_total": 0, "peer_handshake_refused_total": 0, "peer_unclaimed_nodes": [],
+                "peer_owners_redirected_total": 0,
                 "peer_refused_writes_total": 0, "peer_keys_refused_total": 0}
     return {
         "peers": list(peers.get("peers") or []),
@@ -584,6 +585,7 @@ def peer_fields(peers: dict[str, Any] | None, dirty_bytes: int, oldest_close_age
         "peer_takeovers_total": peers.get("takeovers", 0),
         "peer_replicas_refused_total": peers.get("replicas_refused", 0),
         "peer_handshake_refused_total": peers.get("handshake_refused", 0),
+        "peer_owners_redirected_total": peers.get("owners_redirected", 0),  # its share of owners taken: spread.py
         # dead for 2 x peer_lease_ttl and claimed by nobody: a takeover that cannot happen (CkptfsPeerTakeoverOverdue)
         "peer_unclaimed_nodes": list(peers.get("unclaimed_nodes") or []),
     }

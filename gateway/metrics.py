@@ -169,6 +169,9 @@ PEER_COUNTERS = {
     "peer_refused_writes": "Fsyncs and closes answered EIO because no peer took a copy in time (on_no_peer = fail).",
     "peer_replicas_refused": "Other nodes' files this node refused to hold because its replica space (peer_capacity) or its "
                              "cache disk was full; their owners tried another peer, then on_no_peer.",
+    "peer_owners_redirected": "Owners this node sent on to their next candidate because it already took replicas from its "
+                              "share of them (2 x peer_replicas): the spread over unequal failure domains. An owner that "
+                              "every candidate redirects is taken anyway.",
     "peer_handshake_refused": "Connections to this node's peer_addr closed without authenticating: a wrong secret, no handshake "
                               "in time, or too many unauthenticated at once (from one address, or from addresses no node "
                               "announces). A steady rise is a flood or a misconfigured node.",

@@ -94,6 +94,7 @@ class Channel:
         self.node, self.addr = node, addr
         self.link: PeerLink | None = None
         self.ready = False  # connected and its holdings learnt
+        self.insist = False  # every other candidate had its share of owners: asked to take us anyway (spread.py)
         self.failed = False
         self.owed: dict[int, Owed] = {}
         self.sealed: dict[int, int] = {}  # ino -> version sealed on the peer

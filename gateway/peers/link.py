@@ -33,10 +33,10 @@ import trio
 
 from ..peering import PeerOptionError, parse_addr
 from .sealhash import SealDigest
-from .wire import (ENC_CHUNK, REPLY_META_MAX, Frame, Kind, PeerError, PeerFull, PeerRefused, PeerUnreachable, Reader,
+from .wire import (ENC_CHUNK, REPLY_META_MAX, Frame, Kind, PeerBusy, PeerError, PeerFull, PeerRefused, PeerUnreachable, Reader,
                    SealMismatch, Session, WireError, client_handshake, tune_socket, wire_length)
 
-__all__ = ["Held", "PeerError", "PeerFull", "PeerLink", "PeerRefused", "PeerUnreachable", "SealMismatch", "tune_socket"]
+__all__ = ["Held", "PeerBusy", "PeerError", "PeerFull", "PeerLink", "PeerRefused", "PeerUnreachable", "SealMismatch", "tune_socket"]
 
 SENDFILE_CHUNK = 8 << 20  # per worker thread call: what a cancel may have to wait for
 ZEROS = bytes(1 << 16)
@@ -188,9 +188,10 @@ class PeerLink:
                 continue
             await self.ping(self.timeout - every)
 
-    async def holdings(self) -> dict[int, Held]:
-        """What the peer holds of our files (at connect: sealed ones need not be sent again)."""
-        reply = await self._request(Kind.HOLDINGS, {})
+    async def holdings(self, insist: bool = False) -> dict[int, Held]:
+        """What the peer holds of our files (at connect: sealed ones need not be sent again). PeerBusy: it takes as
+        many owners as its share allows (peers/spread.py); `insist`: every other candidate said so, take us anyway."""
+        reply = await self._request(Kind.HOLDINGS, {"may_redirect": True, "insist": insist})
         out: dict[int, Held] = {}
         for h in reply.meta.get("held", []):
             out[int(h["ino"])] = Held(int(h["ino"]), int(h["version"]), int(h["size"]), bool(h["sealed"]), h.get("xxh3"))
@@ -340,6 +341,8 @@ class PeerLink:
             error = reply.meta.get("error")
             if error == "full":
                 raise PeerFull(message)
+            if error == "busy":
+                raise PeerBusy(message)
             if error == "mismatch":
                 raise SealMismatch(message)
             raise PeerError(message)

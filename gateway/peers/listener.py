@@ -34,6 +34,7 @@ from ..dbconnection import DiskFull
 from ..peering import PeerOptionError, parse_addr
 
 from .replicas import ReplicaFull, ReplicaMismatch, ReplicaStore, ReplicaUnknown
+from .spread import redirect
 from .wire import (ENC_CHUNK, GCM_TAG, META_MAX, Frame, Kind, Reader, Session, WireError, plain_length, server_handshake,
                    tune_socket)
 
@@ -123,6 +124,8 @@ class Listener:
         self.encryption: str = getattr(cfg, "peer_encryption", "none")  # every connection's data: wire.py
         self.dropped_connections = 0  # authenticated, then a wrong MAC, a malformed frame, a stall
         self.full_answers = 0  # seals answered PeerFull
+        self.owners_redirected = 0  # owners sent to their next candidate: this node's share taken (spread.py)
+        self.replicas: int = getattr(cfg, "peer_replicas", 1)  # R: the mean number of owners a node takes
         self.bytes_received = 0
         self._handshakes = 0  # strangers' handshakes now
         self._known_handshakes = 0
@@ -267,6 +270,9 @@ class Listener:
                 await stream.aclose()
 
 
+DATA_KINDS = (Kind.ENTRY, Kind.WRITE, Kind.TRUNCATE, Kind.DELETE)  # frames that give this node something to hold
+
+
 class _Connection:
     """One authenticated owner's frames applied to the store, in order."""
 
@@ -281,6 +287,9 @@ class _Connection:
         self.failed: dict[int, Exception] = {}  # ino -> the first failure of its frames since its last seal
         self.failed_other: Exception | None = None  # a delete's: answered at the next barrier
         self.buffer = bytearray(WRITE_BUFFER)
+        self.may_redirect = False  # its HOLDINGS said it knows a redirect (spread.py); an earlier release's does not
+        self.insist = False  # every other candidate redirected it: taken past the share
+        self.sends_data = False  # it sent something to hold since it connected: it counts in this node's share
 
     async def serve(self) -> None:
         while True:
@@ -297,10 +306,29 @@ class _Connection:
                 if "id" in frame.meta and frame.data_length == 0:
                     await self._reply(Kind.ERROR, {"id": int(frame.meta["id"]), "error": "refused", "message": why})
                 raise _Stopping  # closed: the owner's pending seals fail, its sender reconnects and is refused
+            if not self.sends_data and frame.kind in DATA_KINDS:
+                await self._first_data(frame)
             try:
                 await self._apply(frame)
             except (ValueError, KeyError, TypeError) as e:
                 raise _Dropped(f"malformed {frame.kind.name} frame ({e})") from None
+
+    async def _first_data(self, frame: Frame) -> None:
+        """The owner's first frame that brings something to hold: taken, or (this node already holds for its share of
+        owners: spread.py) the owner is told at its next request to send to its next candidate, and nothing it sent
+        on this connection is kept. Owners connect to their candidates at once and may send nothing for long: only
+        those that send count, so an idle connection takes no one's place."""
+        loaded = [c.owner for c in self.listener._by_owner.values() if c.sends_data and c is not self]
+        held = await trio.to_thread.run_sync(self.store.owners)
+        why = redirect(self.owner, loaded, held, self.listener.replicas, self.insist, self.may_redirect)
+        if why is None:
+            self.sends_data = True
+            return
+        self.listener.owners_redirected += 1
+        log.info("peer %s sent on to its next candidate: %s", self.owner, why)
+        await _refuse(self.stream, self.reader, self.session, why, self.listener.timeout, error="busy",
+                      first=frame)
+        raise _Stopping
 
     async def _next_frame(self) -> Frame:
         if not self.reader.pending():  # between frames an owner may be idle as long as it likes
@@ -355,6 +383,7 @@ class _Connection:
             failed, self.failed_other = self.failed_other, None
             await self._answer(int(m["id"]), failed)
         elif kind is Kind.HOLDINGS:
+            self.may_redirect, self.insist = bool(m.get("may_redirect")), bool(m.get("insist"))
             try:
                 held = await trio.to_thread.run_sync(store.holdings, owner, self.journal or None)
             except (OSError, sqlite3.Error) as e:  # the index cannot be read: the owner takes another peer
@@ -550,21 +579,24 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-async def _refuse(stream: trio.SocketStream, reader: Reader, session: Session, why: str, timeout: float) -> None:
+async def _refuse(stream: trio.SocketStream, reader: Reader, session: Session, why: str, timeout: float,
+                  error: str = "refused", first: Frame | None = None) -> None:
     """Tell an owner whose replicas this node does not take why, at its first request (a sender's first frame is
-    HOLDINGS), then close: its link fails with that message and the owner degrades or fails (`on_no_peer`)."""
+    HOLDINGS), then close: its link fails with that message and the owner degrades or fails (`on_no_peer`); with
+    `error` busy, it tries its next candidate. `first`: a frame already read (its data still to be read off)."""
     with trio.move_on_after(timeout):
         try:
             while True:
-                frame = await session.receive(reader, META_MAX)
+                frame, first = (first, None) if first is not None else (await session.receive(reader, META_MAX), None)
                 left = frame.data_length  # a write already on its way: read off and discarded, up to REFUSED_BYTES
                 if left > REFUSED_BYTES:
                     return
                 while left:
                     left -= len(await reader.exactly(min(left, WRITE_BUFFER)))
                 if "id" in frame.meta:
-                    await stream.send_all(session.encode(Kind.ERROR, {"id": int(frame.meta["id"]), "error": "refused",
-                                                                       "message": f"replicas refused: {why}"}))
+                    message = f"replicas refused: {why}" if error == "refused" else why
+                    await stream.send_all(session.encode(Kind.ERROR, {"id": int(frame.meta["id"]), "error": error,
+                                                                       "message": message}))
                     return
         except (WireError, ValueError, TypeError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return

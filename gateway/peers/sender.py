@@ -37,7 +37,7 @@ from ..patterns import Patterns
 from .bandwidth import TokenBucket
 from .digests import Digests
 from .channel import POLL_SECONDS, Channel, channel_status, close_down, single_copy_from_now
-from .link import PeerError, PeerLink, PeerRefused, PeerUnreachable
+from .link import PeerBusy, PeerError, PeerLink, PeerRefused, PeerUnreachable
 from .names import NameChanges
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class Sender:
         self.checkpoints = Patterns(cfg.checkpoint_patterns)
         self.channels: dict[str, Channel] = {}
         self.rested: dict[str, float] = {}  # node -> monotonic time its channel failed: not tried again for peer_timeout
+        self.busy: set[str] = set()  # of those, the ones that took their share of owners: insisted on if nobody else takes us
         self.reconnected: dict[str, float] = {}  # node -> monotonic time a broken channel to it was opened again at once
         # node -> (why its last channel failed, whether it refused the handshake): `ckptfs status`; gone once one works
         self.failures: dict[str, tuple[str, bool]] = {}
@@ -400,17 +401,23 @@ class Sender:
         now = self.clock()
         for node in [n for n, at in self.rested.items() if now - at >= self.timeout]:
             del self.rested[node]
+            self.busy.discard(node)
         missing = self.replicas - len(self._healthy())
         if missing <= 0:
             return
-        for target in self.targets():
-            if missing <= 0:
-                break
-            if target.node in self.channels or target.node in self.rested:
-                continue
-            ch = self.channels[target.node] = Channel(target.node, target.addr)
-            self._nursery.start_soon(self._serve, ch)
-            missing -= 1
+        targets = self.targets()
+        for insist in (False, True):  # then, every candidate left having its share of owners: the best, insisting
+            for target in targets:
+                if missing <= 0:
+                    return
+                if target.node in self.channels or target.node in self.rested and not (insist and target.node in self.busy):
+                    continue
+                self.rested.pop(target.node, None)
+                self.busy.discard(target.node)
+                ch = self.channels[target.node] = Channel(target.node, target.addr)
+                ch.insist = insist
+                self._nursery.start_soon(self._serve, ch)
+                missing -= 1
 
     async def _serve(self, ch: Channel) -> None:
         """One channel's life: connect, learn what the peer holds, send what it is owed (its link watched) until it fails."""
@@ -419,7 +426,7 @@ class Sender:
             with ch.scope:
                 with trio.fail_after(self.timeout):
                     ch.link = await connect(self.open_link, ch.node, ch.addr)
-                    held = await ch.link.holdings()
+                    held = await ch.link.holdings(insist=ch.insist)
                 ch.learn(self, held)
                 ch.ready = True
                 self._list_ready()
@@ -441,6 +448,8 @@ class Sender:
             if again:
                 self.reconnected[ch.node] = self.clock()
             self.failures[ch.node] = (why, isinstance(e, PeerRefused))
+            if isinstance(e, PeerBusy):
+                self.busy.add(ch.node)  # its share of owners taken (spread.py): asked again insisting if nobody else is
             log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why, "connecting again" if again else "its files go to the next candidate")
         finally:
             ch.failed = True

@@ -307,6 +307,7 @@ class Peers:
             "replicas_refused_owners": self.listener.refused_owners,
             "replicas_refused": self.listener.full_answers,  # others' files refused here: peer_capacity or the disk full
             "handshake_refused": self.listener.refused_connections,  # connections closed unauthenticated: a flood, a wrong secret
+            "owners_redirected": self.listener.owners_redirected,  # sent to their next candidate: this node's share taken
             "unclaimed_nodes": self.unclaimed_nodes(),
             "keys_refused": self.listener.keys_refused,  # frames naming keys outside the prefix: connection dropped
         }

@@ -107,6 +107,11 @@ class PeerFull(PeerError):
     """The peer's `peer_capacity` (or its disk) is full: try the next candidate."""
 
 
+class PeerBusy(PeerError):
+    """The peer takes replicas from as many owners as its share allows (peers/spread.py): try the next candidate,
+    and insist if every one says so."""
+
+
 class SealMismatch(PeerError):
     """The peer's xxh3 of its replica differs from ours: send the whole file again."""
 

@@ -180,7 +180,7 @@ def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
         "single_copy_bytes": 5 << 20, "single_copy_oldest_age_seconds": 12.5,
         "peer_replicated_bytes_total": 0, "peer_degraded_writes_total": 0, "peer_takeovers_total": 0,
         "peer_replicas_refused_total": 0, "peer_handshake_refused_total": 0, "peer_unclaimed_nodes": [],
-        "peer_refused_writes_total": 0, "peer_keys_refused_total": 0}
+        "peer_owners_redirected_total": 0, "peer_refused_writes_total": 0, "peer_keys_refused_total": 0}
     # durability = peer: what Peers.status() says, the window included
     peer = {"node": "node-b", "addr": "10.0.0.6:7470", "state": "live", "failure_domain": "rack2", "lag_seconds": 0.2,
             "replicated_bytes": 1 << 30, "connected": True}
@@ -191,7 +191,7 @@ def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
                           "single_copy_oldest_age_seconds": 3.0, "replica_bytes_held": 11, "takeovers": 1, "degraded_writes": 2,
                           "replicated_bytes": 1 << 30, "replicas_refused": 4, "conditional_writes": True, "conditional_deletes": False,
                           "copies_uncounted": "this node was taken over and has not rejoined", "refused_writes": 3,
-                          "unclaimed_nodes": ["node-c"], "holders": ["node-b"],
+                          "unclaimed_nodes": ["node-c"], "holders": ["node-b"], "owners_redirected": 6,
                           "membership": {"backend": "bucket", "stale_seconds": 1.5, "requests": {"list": 3, "get": 4, "put": 5, "delete": 0}}},
                          5 << 20, 12.5)
     assert fields == {"peers": [peer, down], "peer_state": "fenced", "peer_addr": "10.0.0.5:7470", "failure_domain": "rack1",
@@ -201,7 +201,7 @@ def test_the_status_lists_the_peers_and_the_single_copy_window() -> None:
                       "single_copy_bytes": 7, "single_copy_oldest_age_seconds": 3.0,
                       "peer_replicated_bytes_total": 1 << 30, "peer_degraded_writes_total": 2, "peer_takeovers_total": 1,
                       "peer_replicas_refused_total": 4, "peer_handshake_refused_total": 0, "peer_unclaimed_nodes": ["node-c"],
-                      "peer_refused_writes_total": 3, "peer_keys_refused_total": 0}
+                      "peer_owners_redirected_total": 6, "peer_refused_writes_total": 3, "peer_keys_refused_total": 0}
 
 
 def test_a_failing_peers_status_leaves_the_status_answered_with_the_worst_case(caplog: Any) -> None:

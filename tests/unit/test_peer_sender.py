@@ -20,7 +20,7 @@ import xxhash
 
 from ckptfs.journal import ROOT_INODE
 from ckptfs.namespace import Namespace
-from ckptfs.peers.link import Held, PeerError, SealMismatch
+from ckptfs.peers.link import Held, PeerBusy, PeerError, SealMismatch
 from ckptfs.peers.bandwidth import TokenBucket
 from ckptfs.peers.sealhash import SealDigest, seal_digest
 from ckptfs.peers.sender import Sender
@@ -65,6 +65,8 @@ class FakePeer:
         self.silent = trio.Event()  # set: the peer died silently; a link's idle ping goes unanswered (PeerLink.watch)
         self.links = 0
         self.closed = 0  # links to it closed by the owner
+        self.busy = False  # its share of owners taken (spread.py): it redirects us unless we insist
+        self.asked: list[bool] = []  # each HOLDINGS: whether we insisted
 
     def held(self) -> dict[int, Held]:
         return {ino: Held(ino, r.sealed[0], r.sealed[1], True, r.sealed[2]) if r.sealed else Held(ino, 0, len(r.data), False, None)
@@ -89,8 +91,11 @@ class FakeLink:
         if self.peer.hang_at == name:
             await trio.sleep_forever()
 
-    async def holdings(self) -> dict[int, Held]:
+    async def holdings(self, insist: bool = False) -> dict[int, Held]:
         await self._op("holdings")
+        self.peer.asked.append(insist)
+        if self.peer.busy and not insist:
+            raise PeerBusy(f"peer {self.node}: takes replicas from 2 owners already")
         return self.peer.held()
 
     async def entry(self, ino: int, meta: dict[str, Any]) -> None:
@@ -317,6 +322,39 @@ async def test_a_failing_peer_is_replaced_by_the_next_candidate(tmp_path: Path, 
         await wait_for(lambda: sender.is_replicated(older))
         assert bytes(b.replicas[older].data) == b"o" * 5000
         close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_peer_at_its_share_of_owners_sends_us_on_and_when_every_one_is_we_insist_on_the_first(tmp_path: Path) -> None:
+    """spread.py: a peer that takes replicas from its share of owners redirects a new one (PeerBusy): the owner goes
+    down its order, not to single-copy; when every candidate redirects it, it asks the best one again, insisting."""
+    ns = make_ns(tmp_path)
+    a, b, c = FakePeer("a"), FakePeer("b"), FakePeer("c")
+    a.busy = True
+    sender = sender_for(ns, Cluster(a, b, c))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns, "f")
+        ns.files.write(ino, fd, 0, os.urandom(10_000))
+        await sender.replicated(ino)
+        assert list(sender.channels) == ["b"] and a.asked == [False] and b.asked == [False]
+        assert sender.degraded_writes == 0
+        close(ns, ino, fd)
+        nursery.cancel_scope.cancel()
+    (tmp_path / "2").mkdir()
+    ns2 = make_ns(tmp_path / "2")
+    for p in (a, b, c):
+        p.busy, p.asked = True, []
+    sender = sender_for(ns2, Cluster(a, b, c))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        ino, fd = create(ns2, "g")
+        ns2.files.write(ino, fd, 0, os.urandom(10_000))
+        await sender.replicated(ino)
+        assert list(sender.channels) == ["a"] and a.asked == [False, True] and b.asked == [False] and c.asked == [False]
+        assert sender.degraded_writes == 0 and sender.is_replicated(ino)
+        close(ns2, ino, fd)
         nursery.cancel_scope.cancel()
 
 

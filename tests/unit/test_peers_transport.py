@@ -16,7 +16,7 @@ import trio
 import trio.testing
 import xxhash
 
-from ckptfs.peers.link import PeerError, PeerFull, PeerLink, SealMismatch
+from ckptfs.peers.link import PeerBusy, PeerError, PeerFull, PeerLink, SealMismatch
 from ckptfs.peers.listener import Listener
 from ckptfs.peers.replicas import ReplicaStore
 from ckptfs.peering import PeerOptionError
@@ -549,6 +549,55 @@ def test_past_peer_capacity_the_seal_answers_peer_full_and_the_link_goes_on(shm:
         assert [e.key for e in listener.store.entries("node-a")] == ["two"]
         assert listener.dropped_connections == 0
         await link.aclose()
+
+    with_listener(cfg, shm / "b", body)
+
+
+def test_past_its_share_of_owners_a_peer_redirects_a_new_one_unless_it_insists(shm: Path) -> None:
+    """spread.py: with peer_replicas = 1 a node holds for 2 owners; a third that sends it a file is told at its seal
+    to go to its next candidate (PeerBusy, counted, nothing of it kept). Idle connections take no place; an owner that
+    insists (every other candidate said the same), one whose replicas it holds, and an owner of an earlier release
+    (that knows no redirect) are taken all the same."""
+    src = shm / "a-cache-file"
+    digest = _cache_file(src, 1 * MiB)
+    (shm / "b").mkdir()
+    cfg = config(peer_replicas=1)
+
+    async def send(link: PeerLink, ino: int) -> None:
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            await link.entry(ino, entry_meta(f"file-{ino}", 1, 1 * MiB))
+            await link.write(ino, fd, 0, 1 * MiB)
+            await link.seal(ino, 1, 1 * MiB, digest)
+        finally:
+            os.close(fd)
+
+    async def body(listener: Listener, addr: str) -> None:
+        idle = await PeerLink.open(cfg, "idle", "i", "node-b", addr, SECRET)
+        assert await idle.holdings() == {}  # connected, sends nothing: takes no place
+        links = {}
+        for owner in ("owner-1", "owner-2", "owner-3"):
+            links[owner] = await PeerLink.open(cfg, owner, "i", "node-b", addr, SECRET)
+            assert await links[owner].holdings() == {}
+        await send(links["owner-1"], 1)
+        await send(links["owner-2"], 2)
+        with pytest.raises(PeerBusy, match="next candidate"):
+            await send(links["owner-3"], 3)
+        assert listener.owners_redirected == 1 and "owner-3" not in listener.store.owners()
+        insisting = await PeerLink.open(cfg, "owner-3", "i", "node-b", addr, SECRET)
+        assert await insisting.holdings(insist=True) == {}
+        await send(insisting, 3)
+        old = await PeerLink.open(cfg, "owner-4", "i", "node-b", addr, SECRET)  # an earlier release: no may_redirect
+        assert (await old._request(Kind.HOLDINGS, {})).kind is Kind.HELD
+        await send(old, 4)
+        await links["owner-1"].aclose()  # back: its replicas are here, taken though 3 others send now
+        again = await PeerLink.open(cfg, "owner-1", "i", "node-b", addr, SECRET)
+        assert set(await again.holdings()) == {1}
+        await send(again, 5)
+        assert listener.owners_redirected == 1
+        assert sorted(listener.store.owners()) == ["owner-1", "owner-2", "owner-3", "owner-4"]
+        for link in (idle, links["owner-2"], links["owner-3"], insisting, old, again):
+            await link.aclose()
 
     with_listener(cfg, shm / "b", body)
 
