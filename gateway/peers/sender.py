@@ -447,10 +447,13 @@ class Sender:
             again = ch.ready and ch.link is not None and ch.link.connection_lost and self.clock() - self.reconnected.get(ch.node, -1e18) >= self.timeout
             if again:
                 self.reconnected[ch.node] = self.clock()
-            self.failures[ch.node] = (why, isinstance(e, PeerRefused))
-            if isinstance(e, PeerBusy):
-                self.busy.add(ch.node)  # its share of owners taken (spread.py): asked again insisting if nobody else is
-            log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why, "connecting again" if again else "its files go to the next candidate")
+            if isinstance(e, PeerBusy):  # its share of owners taken (spread.py): not a failure of the node (its record
+                self.busy.add(ch.node)  # is not read again for it); asked again, insisting, if nobody else takes us
+                log.info("peer %s sent us on: %s", ch.node, why)
+            else:
+                self.failures[ch.node] = (why, isinstance(e, PeerRefused))
+                log.warning("peer %s (%s) dropped: %s; %s", ch.node, ch.addr, why,
+                            "connecting again" if again else "its files go to the next candidate")
         finally:
             ch.failed = True
             if self.channels.get(ch.node) is ch:
