@@ -7,7 +7,6 @@ live progress bar on a terminal, unless NO_COLOR is set (rich honours it).
 from __future__ import annotations
 
 import collections
-
 import math
 import time
 from typing import Any, Callable, TextIO
@@ -209,9 +208,9 @@ PEERS_SHOWN = 12  # peers named one by one on the status line; the rest are coun
 
 
 def peers_shown(peers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(the peers to name, the rest to count): in a large cluster most records are known only from the LIST
+    """(the peers to name, the rest to count by state): in a large cluster most records are known only from the LIST
     (`known_from` listing): those are counted, and of the others the ones that matter most are named (not live,
-    connected, then the rest), at most PEERS_SHOWN, in name order."""
+    connected, then the rest), at most PEERS_SHOWN, in name order; any past that are counted too."""
     read = [p for p in peers if p.get("known_from") != "listing"]
     rank = sorted(read, key=lambda p: (p.get("state") == "live", not p.get("connected"), str(p.get("node"))))
     shown = sorted(rank[:PEERS_SHOWN], key=lambda p: str(p.get("node")))
@@ -240,7 +239,7 @@ def peers_line(st: dict[str, Any]) -> Text:
         parts.append(Text(f"{p.get('node')} {p.get('state')}{detail}", style=style))
     if listed:
         states = collections.Counter(str(p.get("state")) for p in listed)
-        parts.append(Text(f"and {len(listed)} more by the node records' listing: "
+        parts.append(Text(f"and {len(listed)} more: "
                           + ", ".join(f"{n} {state}" for state, n in sorted(states.items())), style="dim"))
     if not [p for p in st.get("peers") or [] if p.get("state") != "left"]:
         parts.append(Text("no peer known", style="bold red"))

@@ -101,7 +101,7 @@ async def read_into(read: Read, last: Mapping[str, NodeRecord], seen: dict[str, 
     return []
 
 
-async def read_records(read: Callable[[str], Awaitable[NodeRecord | None]], nodes: list[str],
+async def read_records(read: Read, nodes: list[str],
                        limit: int = PARALLEL_GETS) -> tuple[dict[str, NodeRecord | None], list[StoreError]]:
     """Each of `nodes`' records (`read`), at most `limit` GETs at once: a refresh that found many records changed
     takes a few round trips, not one per record (999 records at 20 ms each would outlast the ttl/3 between refreshes).

@@ -319,8 +319,9 @@ class _Connection:
         on this connection is kept. Owners connect to their candidates at once and may send nothing for long: only
         those that send count, so an idle connection takes no one's place."""
         loaded = [c.owner for c in self.listener._by_owner.values() if c.sends_data and c is not self]
-        held = await trio.to_thread.run_sync(self.store.owners)
-        why = redirect(self.owner, loaded, held, self.listener.replicas, self.insist, self.may_redirect)
+        why = redirect(self.owner, loaded, (), self.listener.replicas, self.insist, self.may_redirect)
+        if why is not None and self.owner in await trio.to_thread.run_sync(self.store.owners):
+            why = None  # its replicas are here (it reconnected): the index is read only when the share is full
         if why is None:
             self.sends_data = True
             return
@@ -587,7 +588,8 @@ async def _refuse(stream: trio.SocketStream, reader: Reader, session: Session, w
     with trio.move_on_after(timeout):
         try:
             while True:
-                frame, first = (first, None) if first is not None else (await session.receive(reader, META_MAX), None)
+                frame = first if first is not None else await session.receive(reader, META_MAX)
+                first = None
                 left = frame.data_length  # a write already on its way: read off and discarded, up to REFUSED_BYTES
                 if left > REFUSED_BYTES:
                     return

@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 from ..objects import Listing
 
-BACKEND = "bucket"
 KINDS = ("list", "get", "put", "delete")
 
 
@@ -23,9 +22,8 @@ class CountedStore:
     """The store as membership uses it, each request counted (a LIST by its pages). A store that counts its own
     requests (`requests_by_kind`: store/etcd.py, whose LIST answers from a watched copy without a request) is taken at its word."""
 
-    def __init__(self, store: Any, backend: str = BACKEND) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
-        self.backend = backend
         own = getattr(store, "requests_by_kind", None)
         self.counting = own is None
         self.counts: collections.Counter[str] = own if own is not None else collections.Counter({k: 0 for k in KINDS})

@@ -78,7 +78,7 @@ class Peers:
         self.listener = Listener(cfg, self.replicas, self.secrets, self.me)
         self.journal_id: str = getattr(ns.journal, "journal_id", "")
         self.records_store = records_store(cfg, store)  # where the node records are: the bucket, or etcd
-        self.requests = CountedStore(self.records_store, cfg.peer_membership)  # what membership asks of it, by kind (the metric)
+        self.requests = CountedStore(self.records_store)  # what membership asks of it, by kind (the metric)
         self.membership = Membership(cfg, self.requests, ns.keys.of, self.me, self.incarnation, cfg.peer_addr, journal_id=self.journal_id)
         self.listener.judge = self.membership.owners  # replicas only from an owner incarnation whose record is live
         self.listener.known_hosts = lambda: known_hosts(self.membership.peers())  # the nodes' addresses: slots of their own

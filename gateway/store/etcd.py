@@ -124,8 +124,9 @@ class EtcdRecords:
         why = getattr(last, "detail_text", None) or str(last) or type(last).__name__
         raise StoreError(NETWORK, f"etcd at {self.describe()} cannot be reached: {why}")
 
-    def _txn(self, kind: str, compare: dict[str, Any], request: dict[str, Any]) -> tuple[bool, int]:
-        """One transaction: `request` if `compare` holds, else a range of the key. (succeeded, the revision)."""
+    def _txn(self, kind: str, compare: dict[str, Any], request: dict[str, Any]) -> int:
+        """One transaction: `request` if `compare` holds (its revision), else StoreError: PRECONDITION where the key
+        exists, NO_OBJECT where it does not (S3's answers to a conditional write)."""
         key = compare["key"]
         txn = {"compare": [compare], "success": [request], "failure": [{"request_range": {"key": key}}]}
         out = self._call(kind, lambda c: c.transaction(txn))
@@ -136,7 +137,7 @@ class EtcdRecords:
                              f"{'was written by someone else meanwhile' if kvs else 'does not exist'}")
         with self._lock:
             self._written = (revision, time.monotonic())
-        return True, revision
+        return revision
 
     def put_bytes(self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None,
                   **_: Any) -> str:
@@ -149,7 +150,7 @@ class EtcdRecords:
         else:
             compare = {"key": full, "result": "GREATER", "target": "MOD", "mod_revision": -1}  # always true
         try:
-            _, revision = self._txn("put", compare, put)
+            revision = self._txn("put", compare, put)
         except StoreError as e:
             if e.kind == NO_OBJECT and if_match is None:
                 raise StoreError(PRECONDITION, str(e)) from e  # If-None-Match found one (the range raced a delete)
@@ -214,9 +215,9 @@ class EtcdRecords:
             revision = int(kv.get("mod_revision") or 0)
             with self._lock:
                 if ev.get("type") == "DELETE":
-                    if self._copy.get(key, (b"", 0))[1] < revision:  # not a key written again since (an older watch's event)
+                    if self._revision(key) < revision:  # not a key written again since (an older watch's event)
                         self._copy.pop(key, None)
-                elif revision >= self._copy.get(key, (b"", 0))[1]:
+                elif revision >= self._revision(key):
                     self._copy[key] = (_value(kv), revision)
                 self._seen_revision = max(self._seen_revision, revision)
                 self._heard_at = time.monotonic()
@@ -226,10 +227,14 @@ class EtcdRecords:
 
         self._watcher = self._call("watch", start_watch)
 
+    def _revision(self, key: bytes) -> int:
+        """The mod_revision the copy holds of `key` (0: none); under the lock."""
+        return self._copy[key][1] if key in self._copy else 0
+
     def _learn(self, key: bytes, body: bytes, revision: int) -> None:
         """Our own write, into the copy at once (its watch event follows: the same revision, no change)."""
         with self._lock:
-            if self._watched is not None and key.startswith(self._watched) and revision >= self._copy.get(key, (b"", 0))[1]:
+            if self._watched is not None and key.startswith(self._watched) and revision >= self._revision(key):
                 self._copy[key] = (body, revision)
 
     def stop(self) -> None:

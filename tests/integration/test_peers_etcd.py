@@ -139,7 +139,7 @@ def test_membership_on_etcd_reads_no_record_list_per_refresh_and_a_claim_has_one
     clock = lambda: now[0]  # noqa: E731
     cfg = load_config(environ={}, overrides=dict(bucket="ckpt", prefix="p", mountpoint="/m", cache_dir="/tmp",
                                                  peer_lease_ttl=30.0, peer_membership="etcd", etcd_endpoints=etcd.endpoint))
-    stores = {n: CountedStore(records(etcd, prefix), "etcd") for n in ("a", "b", "c", "d")}
+    stores = {n: CountedStore(records(etcd, prefix)) for n in ("a", "b", "c", "d")}
     nodes = {n: Membership(cfg, s, lambda p: f"p/{p}", n, f"{n}-1", f"10.0.0.{i}:7470", clock=clock, monotonic=clock)
              for i, (n, s) in enumerate(stores.items())}
 
