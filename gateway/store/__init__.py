@@ -39,7 +39,7 @@ from ..sizes import small_objects_in_flight
 from ..storageclass import ArchiveState, from_head
 from . import keyprobe
 from .errors import classify as _classify
-from .signed import EndpointMoved, SignedPut
+from .signed import EndpointMoved, ListPage, SignedList, SignedPut
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +262,9 @@ class Store(BucketGovernance):
         self._signed: SignedPut | None = None
         self._signed_tried = False
         self._signed_probe = threading.Lock()  # one PutObject shows boto3's request; the others meanwhile go through boto3
+        self._lister: SignedList | None = None  # likewise for the pages of listings
+        self._lister_tried = False
+        self._lister_probe = threading.Lock()
 
     def put_object(self, key: str, fd: int, size: int, crc32: str, metadata: dict[str, str], *, if_match: str | None = None,
                    if_none_match: bool = False) -> str:
@@ -280,10 +283,14 @@ class Store(BucketGovernance):
             kw["IfNoneMatch"] = "*"
         if if_match is not None:
             kw["IfMatch"] = f'"{if_match}"'
+        return self._judged(what, key, if_match is not None or if_none_match, lambda: self._call(what, fn, **kw))
+
+    @staticmethod
+    def _judged(what: str, key: str, conditional: bool, send: Callable[[], Any]) -> Any:
         try:
-            return self._call(what, fn, **kw)
+            return send()
         except StoreError as e:
-            if (if_match is not None or if_none_match) and (e.kind in (CHANGED, PRECONDITION) or "ConditionalRequestConflict" in str(e)):
+            if conditional and (e.kind in (CHANGED, PRECONDITION) or "ConditionalRequestConflict" in str(e)):
                 raise StoreError(PRECONDITION, f"{key} was written by someone else meanwhile ({what} refused: {e})") from None
             raise
 
@@ -292,28 +299,38 @@ class Store(BucketGovernance):
         """PutObject of a small file read into memory: sent without `Expect: 100-continue` (botocore adds
         it to file-like bodies only), one round trip to the store instead of two. Conditional as `put_object`.
 
-        The first goes through boto3, which shows where and how it signs; the rest through `SignedPut`. A conditional
-        one (a takeover's, rare) always goes through boto3: its answer to a condition not met is the one it knows."""
-        if if_match is not None or if_none_match:
-            return self._put_body_boto3(key, body, crc32, metadata, if_match, if_none_match)
+        The first goes through boto3, which shows where and how it signs; the rest through `SignedPut`, conditional
+        ones too (under `durability = peer` every write of the drain is: drainfence.py)."""
         signed = self._signed
         if signed is not None:
-            headers = {"x-amz-checksum-crc32": crc32, **{f"x-amz-meta-{k}": v for k, v in metadata.items()}, **self.enc.create_headers()}
+            headers = {"x-amz-checksum-crc32": crc32, **{f"x-amz-meta-{k}": v for k, v in metadata.items()}, **self.enc.create_headers(),
+                       **({"If-Match": f'"{if_match}"'} if if_match is not None else {}), **({"If-None-Match": "*"} if if_none_match else {})}
             try:
-                return str(self._call("PutObject", lambda Bucket, Key: signed.put(Key, body, headers), Key=key))  # noqa: N803 - _call's keywords
+                return str(self._judged("PutObject", key, if_match is not None or if_none_match,
+                                        lambda: self._call("PutObject", lambda Bucket, Key: signed.put(Key, body, headers), Key=key)))  # noqa: N803
             except EndpointMoved as e:
                 log.info("the object store answered a PutObject with %s: learning its endpoint again through boto3", e)
                 self._signed, self._signed_tried = None, False
         if self._signed_tried or not self._signed_probe.acquire(blocking=False):
-            return self._put_body_boto3(key, body, crc32, metadata)
+            return self._put_body_boto3(key, body, crc32, metadata, if_match, if_none_match)
         try:
-            return self._put_body_learning(key, body, crc32, metadata)
+            return self._put_body_learning(key, body, crc32, metadata, if_match, if_none_match)
         finally:
             self._signed_probe.release()
 
-    def _put_body_learning(self, key: str, body: bytes, crc32: str, metadata: dict[str, str]) -> str:
-        """A PutObject through boto3 that records where and how boto3 signed it (its thread's request only:
-        other threads' PutObjects fire the same event meanwhile), then sets up `SignedPut` from it."""
+    def _put_body_learning(self, key: str, body: bytes, crc32: str, metadata: dict[str, str], if_match: str | None,
+                           if_none_match: bool) -> str:
+        """A PutObject through boto3 that sets up `SignedPut` from where and how boto3 signed it (a refused one too)."""
+        etag, seen = self._learning("PutObject", lambda: self._put_body_boto3(key, body, crc32, metadata, if_match, if_none_match))
+        self._signed = SignedPut.from_request(self.client, self._session.get_credentials(), key, **seen) if seen else None
+        self._signed_tried = True
+        if self._signed is None:
+            log.info("small PutObjects go through boto3: its request (%s) is not one SignedPut reproduces", seen.get("signature_version"))
+        return etag
+
+    def _learning(self, operation: str, send: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+        """`send()`'s result, and where and how boto3 signed its `operation` request (this thread's only: other
+        threads' requests fire the same event meanwhile)."""
         seen: dict[str, Any] = {}
         me = threading.get_ident()
 
@@ -321,17 +338,15 @@ class Store(BucketGovernance):
             if threading.get_ident() == me:
                 seen.update(url=request.url, signing_name=signing_name, region=region_name, signature_version=signature_version)
 
-        handler = f"ckptfs-signed-put-{id(self)}"
-        self.client.meta.events.register("before-sign.s3.PutObject", capture, unique_id=handler)
+        event, handler = f"before-sign.s3.{operation}", f"ckptfs-signed-{operation}-{id(self)}"
+        clients = [c for c in (self.client, self._writes_once) if c is not None]  # a fenced write goes by the second
+        for c in clients:
+            c.meta.events.register(event, capture, unique_id=handler)
         try:
-            etag = self._put_body_boto3(key, body, crc32, metadata)
+            return send(), seen
         finally:
-            self.client.meta.events.unregister("before-sign.s3.PutObject", unique_id=handler)
-        self._signed = SignedPut.from_request(self.client, self._session.get_credentials(), key, **seen) if seen else None
-        self._signed_tried = True
-        if self._signed is None:
-            log.info("small PutObjects go through boto3: its request (%s) is not one SignedPut reproduces", seen.get("signature_version"))
-        return etag
+            for c in clients:
+                c.meta.events.unregister(event, unique_id=handler)
 
     def _put_body_boto3(self, key: str, body: bytes, crc32: str, metadata: dict[str, str], if_match: str | None = None,
                         if_none_match: bool = False) -> str:
@@ -398,24 +413,44 @@ class Store(BucketGovernance):
         dirs: list[str] = []
         objects: list[RemoteObject] = []
         marker = False
-        kw: dict[str, Any] = {"Prefix": prefix}
-        if not recursive:
-            kw["Delimiter"] = "/"
+        token: str | None = None
         while True:
-            r = self._call("ListObjectsV2", self.client.list_objects_v2, **kw)
+            page = self._list_page(prefix, None if recursive else "/", token)
             if on_page is not None:
                 on_page()
-            dirs += [p["Prefix"][len(prefix):].rstrip("/") for p in r.get("CommonPrefixes", [])]
-            for o in r.get("Contents", []):
-                name = o["Key"][len(prefix):]
+            dirs += [p[len(prefix):].rstrip("/") for p in page.prefixes]
+            for key, size, etag, mtime, storage_class in page.objects:
+                name = key[len(prefix):]
                 if not name:
                     marker = True
                     continue
-                objects.append(RemoteObject(name, o["Size"], o["ETag"].strip('"'), o["LastModified"].timestamp(),
-                                            o.get("StorageClass") or "STANDARD"))
-            if not r.get("IsTruncated"):
+                objects.append(RemoteObject(name, size, etag, mtime, storage_class))
+            if page.next_token is None:
                 return Listing(dirs, objects, marker)
-            kw["ContinuationToken"] = r["NextContinuationToken"]
+            token = page.next_token
+
+    def _list_page(self, prefix: str, delimiter: str | None, token: str | None) -> ListPage:
+        """One ListObjectsV2 page: the first through boto3, which shows where and how it signs; the rest `SignedList`."""
+        lister = self._lister
+        if lister is not None:
+            try:
+                return self._call("ListObjectsV2", lambda Bucket: lister.page(prefix, delimiter, token))  # noqa: N803 - _call's keyword
+            except EndpointMoved as e:
+                log.info("the object store answered a ListObjectsV2 with %s: learning its endpoint again through boto3", e)
+                self._lister, self._lister_tried = None, False
+        kw: dict[str, Any] = {"Prefix": prefix, **({"Delimiter": delimiter} if delimiter else {}),
+                              **({"ContinuationToken": token} if token else {})}
+        if self._lister_tried or not self._lister_probe.acquire(blocking=False):
+            return _boto3_page(self._call("ListObjectsV2", self.client.list_objects_v2, **kw))
+        try:
+            r, seen = self._learning("ListObjectsV2", lambda: self._call("ListObjectsV2", self.client.list_objects_v2, **kw))
+            self._lister = SignedList.from_request(self.client, self._session.get_credentials(), **seen) if seen else None
+            self._lister_tried = True
+            if self._lister is None:
+                log.info("listings go through boto3: its request (%s) is not one SignedList reproduces", seen.get("signature_version"))
+            return _boto3_page(r)
+        finally:
+            self._lister_probe.release()
 
     def read_range(self, key: str, etag: str, start: int, length: int, fd: int) -> dict[str, str]:
         """Write bytes [start, start+length) of the object into `fd` at `start`; returns the object's metadata.
@@ -653,3 +688,11 @@ def _download_into(body: Any, path: str) -> tuple[str, int]:
             f.write(chunk)
             size += len(chunk)
     return h.hexdigest(), size
+
+
+def _boto3_page(r: dict[str, Any]) -> ListPage:
+    """boto3's parsed ListObjectsV2 answer as the page `SignedList` makes."""
+    return ListPage([p["Prefix"] for p in r.get("CommonPrefixes", [])],
+                    [(o["Key"], o["Size"], o["ETag"].strip('"'), o["LastModified"].timestamp(), o.get("StorageClass") or "STANDARD")
+                     for o in r.get("Contents", [])],
+                    r.get("NextContinuationToken") if r.get("IsTruncated") else None)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.config import Config
-from gateway.objects import AUTH, NETWORK, StoreError, crc32_b64
+from gateway.objects import AUTH, NETWORK, PRECONDITION, StoreError, crc32_b64
 from gateway.store import Store
 from tests.support.seaweed import SeaweedServer, free_port
 
@@ -156,3 +156,46 @@ def test_a_bucket_answered_elsewhere_is_learnt_again_through_boto3(s3: SeaweedSe
         moved.server_close()
     assert s3.client().get_object(Bucket=bucket, Key="moved.bin")["Body"].read() == body
     assert store._signed is not None and store._signed.base_url == f"{s3.endpoint_url}/{bucket}"
+
+
+def test_conditional_puts_go_signed_and_are_judged_as_boto3s(s3: SeaweedServer, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `durability = peer` every PutObject of the drain is conditional (drainfence.py): they take the signed path
+    too, and a condition not met is PRECONDITION on both paths, the object left as it was."""
+    store = make_store(s3, bucket, monkeypatch)
+    put(store, "first.bin", b"1")
+    assert store._signed is not None
+    sent = []
+    real = store._signed.put
+    monkeypatch.setattr(store._signed, "put", lambda *a: sent.append(a[0]) or real(*a))
+    body = os.urandom(3000)
+    crc = crc32_b64(zlib.crc32(body))
+    etag = store.put_object_body("c.bin", body, crc, {}, if_none_match=True)
+    assert sent == ["c.bin"], "a conditional PutObject went through boto3"
+    client = s3.client()
+    outcomes = []
+    for signed in (False, True):
+        kinds = []
+        for if_match, if_none_match in ((None, True), ("0" * 32, False), (etag, False)):
+            try:
+                if signed:
+                    store.put_object_body("c.bin", body, crc, {}, if_match=if_match, if_none_match=if_none_match)
+                else:
+                    store._put_body_boto3("c.bin", body, crc, {}, if_match, if_none_match)
+                kinds.append("written")
+            except StoreError as e:
+                kinds.append(e.kind)
+        outcomes.append(kinds)
+    assert outcomes[0] == outcomes[1] == [PRECONDITION, PRECONDITION, "written"]
+    assert client.get_object(Bucket=bucket, Key="c.bin")["Body"].read() == body
+
+
+def test_under_peer_durability_the_fenced_first_put_sets_up_the_signed_path(s3: SeaweedServer, bucket: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """boto3's PutObjects go by the client without retries there (Store._writes_once): its request is the one learnt."""
+    store = make_store(s3, bucket, monkeypatch, durability="peer")
+    assert store._writes_once is not None
+    body = os.urandom(2000)
+    store.put_object_body("p/first.bin", body, crc32_b64(zlib.crc32(body)), {}, if_none_match=True)
+    assert store._signed is not None and store._signed.base_url == f"{s3.endpoint_url}/{bucket}"
+    put(store, "p/second.bin", b"2")
+    assert s3.client().get_object(Bucket=bucket, Key="p/second.bin")["Body"].read() == b"2"
