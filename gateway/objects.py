@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from isal.isal_zlib import crc32 as _isal_crc32
+
 # kinds of failure
 NETWORK = "network"  # unreachable, timed out, connection reset: retry
 SERVER = "server"  # 5xx, SlowDown: retry
@@ -33,6 +35,11 @@ class StoreError(Exception):
         super().__init__(message)
         self.kind = kind
         self.denied = denied  # AUTH because the credentials are valid but lack the permission (AccessDenied)
+
+
+def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """zlib's CRC32 (S3's ChecksumCRC32) computed by ISA-L: a fifth of zlib's CPU per byte, with the GIL released."""
+    return _isal_crc32(data, value)
 
 
 def crc32_b64(crc: int) -> str:

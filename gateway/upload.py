@@ -12,14 +12,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import zlib
 from typing import Any, Awaitable, Callable
 
 import trio
 import xxhash
 
 from . import threads
-from .objects import NO_OBJECT, ObjectInfo, StoreError, crc32_b64
+from .objects import NO_OBJECT, ObjectInfo, StoreError, crc32, crc32_b64
 from .sizes import MiB
 from .storeapi import ObjectStore
 
@@ -78,7 +77,7 @@ def file_digests(fd: int, size: int, part_size: int, chunk: int = 4 * MiB) -> tu
             if not data:
                 raise Abandoned("cache file is shorter than its size: it was truncated meanwhile")
             h.update(data)
-            crc = zlib.crc32(data, crc)
+            crc = crc32(data, crc)
             offset += len(data)
         crcs.append(crc32_b64(crc))
         if offset >= size:
@@ -96,7 +95,7 @@ def put_whole(store: ObjectStore, key: str, fd: int, size: int, expect: str | No
     if size <= BODY_IN_MEMORY:
         body = read_whole(fd, size)
         xxh3 = xxhash.xxh3_128_hexdigest(body)
-        crc = crc32_b64(zlib.crc32(body))
+        crc = crc32_b64(crc32(body))
     else:
         xxh3, crcs = file_digests(fd, size, max(size, 1))
         crc = crcs[0]

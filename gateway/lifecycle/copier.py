@@ -36,13 +36,11 @@ Order, so that a checkpoint on a target is either complete or visibly incomplete
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import logging
 import mmap
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -52,7 +50,7 @@ import xxhash
 from .. import config
 from ..config import Config, Replica
 from ..namespace.keys import Keys
-from ..objects import AUTH, NO_OBJECT, StoreError, json_document
+from ..objects import AUTH, NO_OBJECT, StoreError, crc32 as crc32_of, crc32_b64, json_document
 from ..store import Store
 from ..storeapi import LifecycleStore
 from .manifest import MANIFEST, PROTECTED, Manifest, files_of, leaf_errors, now_iso
@@ -269,7 +267,7 @@ def one_error(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-
 
 def crc32(data: bytes | memoryview) -> str:
     """A part's CRC32 as S3's checksum header wants it."""
-    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    return crc32_b64(crc32_of(data))
 
 
 async def copy_checkpoint(job: Job, manifest: Manifest, manifest_body: bytes, protection: bytes | None,

@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from typing import Any, Callable
 
 import boto3
@@ -80,7 +79,8 @@ class BucketConnection:
                     # total_max_attempts: botocore's `max_attempts` counts the retries, one more request than asked
                     retries={"mode": "standard", "total_max_attempts": attempts},
                     max_pool_connections=pool,
-                    s3={"addressing_style": "path"} if cfg.endpoint_url else None,
+                    s3={**({"addressing_style": "path"} if cfg.endpoint_url else {}),
+                        **({} if cfg.sign_payload_over_http else {"payload_signing_enabled": False})} or None,
                     # we send our own CRC32 per part; no second pass by botocore
                     request_checksum_calculation="when_required",
                     response_checksum_validation="when_required",
@@ -97,6 +97,7 @@ class BucketConnection:
         # lease sends no retry after (issue 42, case 7: a retry landing after a taker's newer object)
         self._writes_once = client(cfg.read_timeout, 1, pool) if cfg.durability == "peer" else None
         self._session = session
+        self._sign_over_http = cfg.sign_payload_over_http
         # the mount's check has its own bound, and a client per attempt whose timeouts fit in what is left of it
         self._check_client = lambda left: client(min(cfg.mount_check_timeout / CHECK_ATTEMPTS, left), 1, 1,
                                                  connect_timeout=min(cfg.connect_timeout, left))
@@ -322,7 +323,8 @@ class Store(BucketGovernance):
                            if_none_match: bool) -> str:
         """A PutObject through boto3 that sets up `SignedPut` from where and how boto3 signed it (a refused one too)."""
         etag, seen = self._learning("PutObject", lambda: self._put_body_boto3(key, body, crc32, metadata, if_match, if_none_match))
-        self._signed = SignedPut.from_request(self.client, self._session.get_credentials(), key, **seen) if seen else None
+        self._signed = SignedPut.from_request(self.client, self._session.get_credentials(), key, sign_over_http=self._sign_over_http,
+                                              **seen) if seen else None
         self._signed_tried = True
         if self._signed is None:
             log.info("small PutObjects go through boto3: its request (%s) is not one SignedPut reproduces", seen.get("signature_version"))
@@ -496,7 +498,7 @@ class Store(BucketGovernance):
             return r["CopyObjectResult"]["ETag"].strip('"')
         _, _, metadata = self.head(src)
         if size == 0:
-            return self.put_object_body(dst, b"", crc32_b64(zlib.crc32(b"")), metadata, if_match=if_match, if_none_match=if_none_match)
+            return self.put_object_body(dst, b"", crc32_b64(0), metadata, if_match=if_match, if_none_match=if_none_match)
         upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, Key=dst, Metadata=metadata,
                                **self.enc.create())["UploadId"]
         try:

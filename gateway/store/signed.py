@@ -36,37 +36,42 @@ USER_AGENT = f"ckptfs/{VERSION} botocore/{botocore.__version__} (signed PutObjec
 class _TLSChecksumSigner(S3SigV4Auth):
     """SigV4 for a PutObject whose body travels with a signed `x-amz-checksum-crc32`: over TLS the body is not
     hashed into the signature (what botocore does for streamed bodies: TLS and a checksum are enough, and the
-    store is spared a SHA-256 of every body); over plain http it is."""
+    store is spared a SHA-256 of every body); over plain http it is, unless `sign_payload_over_http = false`."""
+
+    def __init__(self, credentials: Any, service_name: str, region_name: str, sign_over_http: bool) -> None:
+        super().__init__(credentials, service_name, region_name)
+        self._sign_over_http = sign_over_http
 
     def _should_sha256_sign_payload(self, request: AWSRequest) -> bool:
-        return not request.url.startswith("https:")
+        return self._sign_over_http and not request.url.startswith("https:")
 
 
 class SignedPut:
     """PutObjects to the endpoint of one PutObject boto3 sent: virtual-hosted buckets, FIPS or dual-stack
     endpoints and a custom `endpoint_url` come out as boto3's endpoint rules made them."""
 
-    def __init__(self, client: Any, credentials: Any, base_url: str, region: str, signing_name: str) -> None:
+    def __init__(self, client: Any, credentials: Any, base_url: str, region: str, signing_name: str, sign_over_http: bool = True) -> None:
         self._http = client._endpoint.http_session  # the client's pool, TLS verification, proxies and timeouts
         self._credentials = credentials
         self.base_url, self.region, self.signing_name = base_url, region, signing_name
+        self.sign_over_http = sign_over_http
 
     @classmethod
     def from_request(cls, client: Any, credentials: Any, key: str, url: str, region: str, signing_name: str,
-                     signature_version: str) -> SignedPut | None:
+                     signature_version: str, sign_over_http: bool = True) -> SignedPut | None:
         """The signer for the endpoint a PutObject of `key` was sent to, or None if this path cannot reproduce it."""
         tail = "/" + percent_encode(key, safe="/~")
         if signature_version not in ("s3v4", "v4") or "?" in url or not url.endswith(tail) or not region or credentials is None \
                 or not hasattr(getattr(client, "_endpoint", None), "http_session"):
             return None
-        return cls(client, credentials, url[: -len(tail)], region, signing_name)
+        return cls(client, credentials, url[: -len(tail)], region, signing_name, sign_over_http)
 
     def put(self, key: str, body: bytes, headers: dict[str, str]) -> str:
         """PUT `body` at `key`; the ETag. A connection the server closed while idle in the pool is retried."""
         url = f"{self.base_url}/{percent_encode(key, safe='/~')}"
         for attempt in range(3):
             request = AWSRequest("PUT", url, data=body, headers={**headers, "Content-Length": str(len(body)), "User-Agent": USER_AGENT})
-            _TLSChecksumSigner(self._credentials.get_frozen_credentials(), self.signing_name, self.region).add_auth(request)
+            _TLSChecksumSigner(self._credentials.get_frozen_credentials(), self.signing_name, self.region, self.sign_over_http).add_auth(request)
             try:
                 response = self._http.send(request.prepare())
                 break

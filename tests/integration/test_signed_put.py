@@ -199,3 +199,50 @@ def test_under_peer_durability_the_fenced_first_put_sets_up_the_signed_path(s3: 
     assert store._signed is not None and store._signed.base_url == f"{s3.endpoint_url}/{bucket}"
     put(store, "p/second.bin", b"2")
     assert s3.client().get_object(Bucket=bucket, Key="p/second.bin")["Body"].read() == b"2"
+
+
+@pytest.mark.parametrize("sign", [True, False])
+def test_sign_payload_over_http_decides_whether_bodies_are_hashed_into_the_signature(
+        s3: SeaweedServer, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sign: bool) -> None:
+    """`sign_payload_over_http = false`: small PutObjects (signed here) and parts (boto3's) go UNSIGNED-PAYLOAD over
+    plain http, and land whole all the same; by default each carries its body's SHA-256."""
+    store = make_store(s3, bucket, monkeypatch, sign_payload_over_http=sign)
+    seen: list[str] = []
+
+    def header(request: Any) -> str:
+        value = request.headers.get("X-Amz-Content-SHA256", "")
+        return value.decode() if isinstance(value, bytes) else value
+
+    def capture(request: Any, **_: Any) -> None:
+        seen.append(header(request))
+
+    store.client.meta.events.register("before-send.s3", capture)
+    small = {f"s/{i}.bin": os.urandom(5000 + i) for i in range(3)}
+    for key, body in small.items():
+        put(store, key, body)
+    assert store._signed is not None
+    http = store._signed._http
+    real_send = http.send
+    monkeypatch.setattr(http, "send", lambda request: seen.append(header(request)) or real_send(request))
+    put(store, "s/last.bin", small["s/0.bin"])
+    part = os.urandom(5 << 20)
+    path = tmp_path / "part.bin"
+    path.write_bytes(part + part)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        upload = store.create_multipart("big.bin", {})
+        parts = [(n, store.upload_part("big.bin", upload, n, fd, (n - 1) * len(part), len(part), crc32_b64(zlib.crc32(part))),
+                  crc32_b64(zlib.crc32(part))) for n in (1, 2)]
+        store.complete("big.bin", upload, parts)
+    finally:
+        os.close(fd)
+    bodies = [h for h in seen if h and h != hashlib.sha256(b"").hexdigest()]  # GETs and empty bodies aside
+    assert len(bodies) >= 4  # the small PutObjects (boto3's first, then signed) and the two parts
+    if sign:
+        assert "UNSIGNED-PAYLOAD" not in bodies and hashlib.sha256(part).hexdigest() in bodies
+    else:
+        assert set(bodies) == {"UNSIGNED-PAYLOAD"}
+    client = s3.client()
+    assert client.get_object(Bucket=bucket, Key="big.bin")["Body"].read() == part + part
+    for key, body in {**small, "s/last.bin": small["s/0.bin"]}.items():
+        assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == body
