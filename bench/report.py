@@ -249,6 +249,28 @@ SMALL_FIGURES: list[Figure] = [
 ]
 
 
+# ------------------------------------------------ the drain alone, signed and unsigned (bench/drain_cpu.py)
+def _drain_cpu(config: str, field: str = "cpu_per_gib") -> Callable[[dict[str, Any], dict[str, Any]], float | None]:
+    """The median over the workload's rounds of one configuration (rounds that failed left out)."""
+    def compute(run: dict[str, Any], meta: dict[str, Any]) -> float | None:
+        rounds = [r[field] for r in (_get(run, "drain_cpu", "rounds", config) or []) if isinstance(r, dict) and field in r]
+        return statistics.median(rounds) if rounds else None
+    return compute
+
+
+DC = ("drain_cpu.rounds",)
+DRAIN_CPU_FIGURES: list[Figure] = [
+    Figure("drain_cpu_signed", "Drain alone (1 file, cache on the work dir): daemon CPU seconds per GiB, bytes signed over http (the default)",
+           "s/GiB", "", None, _drain_cpu("signed"), False, DC),
+    Figure("drain_cpu_unsigned", "Drain alone: daemon CPU seconds per GiB with sign_payload_over_http = false (what https costs, less TLS)",
+           "s/GiB", "<=", 1.0, _drain_cpu("unsigned"), False, DC),
+    Figure("drain_cpu_base", "Drain alone: the --compare checkout's daemon CPU seconds per GiB (its defaults)", "s/GiB", "", None,
+           _drain_cpu("base"), False, DC),
+    Figure("drain_mib_s_signed", "Drain alone: MiB/s, signed (the server's ingest bounds it)", "MiB/s", "", None,
+           _drain_cpu("signed", "mib_per_s"), False, DC),
+]
+
+
 # ------------------------------------------------ a checkpoint in a temporary directory (bench/temporary_dir.py)
 TD = ("temporary_dir.ckptfs",)
 TEMPORARY_DIR_FIGURES: list[Figure] = [
@@ -555,6 +577,7 @@ FIGURES: list[Figure] = [
     Figure("cpu_boto3", "boto3 transfer manager CPU seconds per GiB uploaded (both workloads)", "s/GiB", "", None,
            lambda run, meta: _cpu_per_gib(run, meta, "boto3")),
     *SMALL_FIGURES,
+    *DRAIN_CPU_FIGURES,
     *TEMPORARY_DIR_FIGURES,
     *NFS_FIGURES,
     *PEERS_FIGURES,

@@ -21,7 +21,7 @@ from bench.replication import replication
 from bench.small_files import COUNT as SMALL_FILES
 from bench.workloads import Plan, guarded, one_run
 
-ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression", "small", "tmpdir", "nfs", "peers")
+ALL_TARGETS = ("raw", "direct", "ckptfs", "copy", "libfuse", "cold", "rclone", "s3fs", "replication", "compression", "small", "drain", "tmpdir", "nfs", "peers")
 SINGLE_SIZE = 4 * GiB
 SHARD_SIZE = 512 * MiB
 SHARDS = 8

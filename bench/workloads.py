@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from bench.env import (MiB, BenchServer, copy_requests, counters_delta, cpu_seconds, guarded, peak_rss_bytes, run_writers, venv_bin,
                        wait_for_objects)
+from bench.drain_cpu import drain_cpu
 from bench.mounts import CkptfsMount, Mounted, RcloneMount, S3fsMount
 from bench.nfs_gateway import nfs_gateway
 from bench.small_files import small_files
@@ -517,6 +518,9 @@ def one_run(plan: Plan, server: BenchServer, index: int, log: Callable[[str], No
         if "small" in want and plan.small_files:
             run["small_files"] = guarded(lambda: small_files(server, plan.work, tag, log, plan.small_files,
                                                              compare_root=plan.compare_root))
+        if "drain" in want:  # bench/drain_cpu.py: the drain alone, its bytes signed and not
+            run["drain_cpu"] = guarded(lambda: drain_cpu(server, plan.work, tag, log, min(1024 * MiB, plan.single_size),
+                                                         compare_root=plan.compare_root))
         if "tmpdir" in want:
             run["temporary_dir"] = guarded(lambda: temporary_dir(server, plan.work, tag, log, plan.shard_size,
                                                                  compare_root=plan.compare_root))

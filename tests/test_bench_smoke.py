@@ -116,6 +116,11 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path, request: pytest.Fix
     assert "error" not in td, td
     assert td["sent_bytes"] == td["bytes"] == 3 * MiB and td["temporary_keys_seen"] == 0 and td["listings"] > 0, td
 
+    # the drain alone, its bytes signed and not: every round drained the file (bench/drain_cpu.py)
+    dc = run["drain_cpu"]
+    assert dc["size"] == 4 * MiB and set(dc["rounds"]) == {"signed", "unsigned"}, dc
+    assert all(r["drain_s"] > 0 and r["cpu_per_gib"] >= 0 for rounds in dc["rounds"].values() for r in rounds), dc
+
     # the NFS gateway: Ganesha into ckptfs and over a plain directory, 1 and 4 nfs-cp clients of 1 MiB
     nfs_tools = not missing_tools()
     if nfs_tools:
@@ -136,7 +141,8 @@ def test_bench_quick_run_writes_every_figure(tmp_path: Path, request: pytest.Fix
     fids = ["ack_single", "ack_sharded", "rename_ms", "rename_store_ratio", "drain_single", "drain_sharded",
             "rss_peak", "cpu_written", "cpu_drained", "ack_copy_single", "ack_libfuse_single", "ack_libfuse_sharded",
             "cached_read_copy", "cached_read_libfuse", "cold_read", "cold_read_libfuse", "replication_rss",
-            "cz_bf16", "cz_training", "cz_vs_zstd3", "cz_compress_gbps", "cz_restore", "small_ack", "tmpdir_sent", "tmpdir_keys"]
+            "cz_bf16", "cz_training", "cz_vs_zstd3", "cz_compress_gbps", "cz_restore", "small_ack", "tmpdir_sent", "tmpdir_keys",
+            "drain_cpu_signed", "drain_cpu_unsigned"]
     if pt["passthrough"]:
         fids += ["ack_passthrough_single", "ack_passthrough_sharded", "cpu_passthrough_ack", "cached_read_passthrough"]
     else:  # never labelled passthrough when it was not
