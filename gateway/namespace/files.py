@@ -53,6 +53,9 @@ class OpenFiles:
     def __init__(self, cfg: Config, journal: Journal, cache: Cache, backlog: Backlog) -> None:
         self.cfg, self.journal, self.cache, self.backlog = cfg, journal, cache, backlog
         self.live: dict[int, Live] = {}
+        # files whose in-memory size may be ahead of the journal's (`live.modified` set since): what the upload queue's
+        # figures correct for without a scan of every file waiting. Stale members (persisted, gone) are dropped as read.
+        self.unpersisted: set[int] = set()
         self.fetching: set[int] = set()  # being read in from the bucket: never evicted meanwhile
         # which bytes changed, as they change (peers/sender.py streams them to the peers under durability = peer):
         # (ino, offset, length) after bytes reached the cache file; (ino, size) after a truncate. Must not raise.
@@ -89,6 +92,7 @@ class OpenFiles:
     def started(self, row: Row) -> None:
         """A new file: even an empty one is a change to persist and upload on its last close."""
         self.live[row.ino] = Live(version=row.version, size=0, mtime_ns=row.mtime_ns, ctime_ns=row.ctime_ns, modified=True, unclosed=True)
+        self.unpersisted.add(row.ino)
         self.on_bytes(row.ino, 0, 0)  # an empty file (a commit marker) is replicated too
 
     def abandon_upload(self, ino: int) -> None:
@@ -137,6 +141,7 @@ class OpenFiles:
             self.journal.update(ino, state=DIRTY, version=live.version, copy_from=None)
             self.backlog.changed(ino)
         live.modified = True
+        self.unpersisted.add(ino)
 
     def dirty_in_journal(self, ino: int) -> bool:
         """True if the journal already says the file is not durable (dirty or uploading, published by an

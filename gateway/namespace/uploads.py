@@ -494,34 +494,42 @@ class UploadQueue:
 
 
 def queue_stats(q: "UploadQueue") -> dict[str, float]:
-    """The queue's figures for `ckptfs status` and the metrics: what waits, its bytes and ages, the queued deletes."""
-    waiting = q.backlog.entries()
+    """The queue's figures for `ckptfs status` and the metrics: what waits, its bytes and ages, the queued deletes.
+
+    Read from the backlog's running figures (backlog.py) and corrected for the files whose in-memory size is ahead
+    of the journal's: a cost in the files being written and those under temporary directories, not in the files waiting."""
+    b = q.backlog
+    b.reconcile()
     now = time.time()
-    dirty_bytes = 0
-    oldest = oldest_close = 0.0  # the drain's lag (held files not lagging), and the oldest close of them all
-    uploading = 0
+    dirty_bytes = b.journal_bytes
+    in_cache = dict(b.cached_bytes)  # bytes of those files held in the cache (a renamed remote file has none)
+    for ino in list(q.files.unpersisted):
+        live = q.files.live.get(ino)
+        if live is None or not live.modified:
+            q.files.unpersisted.discard(ino)
+        e = b.entry(ino)
+        if live is not None and e is not None:
+            dirty_bytes += live.size - e.size
+            if e.cached:
+                in_cache[e.state] += live.size - e.size
+    oldest_close = b.oldest_close()
+    oldest = b.oldest_lagging_close()  # the drain's lag: files held in a temporary directory, as asked, do not lag
     held = 0  # under a temporary directory, not yet due
-    in_cache = {DIRTY: 0, UPLOADING: 0}  # bytes of those files held in the cache (a renamed remote file has none)
-    for e in waiting:
-        size = q._size(e)
-        dirty_bytes += size
-        if e.cached:
-            in_cache[e.state] += size
-        age = now - e.closed_at if e.closed_at else 0.0
-        oldest_close = max(oldest_close, age)
-        if e.state == UPLOADING:
-            uploading += 1
-        elif e.temporary and q.backlog.due_at(e) > now:
+    for ino in b.temporaries:
+        e = b.entry(ino)
+        if e is None:
+            continue
+        if e.state != UPLOADING and b.due_at(e) > now:
             held += 1
-            continue  # not lagging: waiting for its directory's rename, as asked
-        oldest = max(oldest, age)
+        elif e.closed_at and (oldest is None or e.closed_at < oldest):
+            oldest = e.closed_at
     return {
-        "dirty_files": len(waiting),
+        "dirty_files": len(b),
         "dirty_bytes": dirty_bytes,
-        "uploading_files": uploading,
+        "uploading_files": b.uploading,
         "temporary_held_files": held,
-        "oldest_dirty_age_seconds": round(oldest, 3),
-        "oldest_close_age_seconds": round(oldest_close, 3),  # on this node's disk alone since (durability = local)
+        "oldest_dirty_age_seconds": round(max(0.0, now - oldest), 3) if oldest else 0.0,
+        "oldest_close_age_seconds": round(max(0.0, now - oldest_close), 3) if oldest_close else 0.0,  # on this node's disk alone since
         "cache_dirty_bytes": in_cache[DIRTY],
         "cache_uploading_bytes": in_cache[UPLOADING],
         "pending_deletes": len(q.deletes),

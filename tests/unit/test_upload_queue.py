@@ -12,7 +12,9 @@ import random
 import time
 from pathlib import Path
 
-from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE
+import pytest
+
+from ckptfs.journal import DIRTY, DURABLE, ROOT_INODE, UPLOADING
 from ckptfs.namespace import Namespace
 from ckptfs.namespace.backlog import Backlog
 from ckptfs.namespace.deletes import DeleteQueue
@@ -270,6 +272,39 @@ def test_a_file_operation_costs_the_same_however_many_files_wait(tmp_path: Path)
 
 
 # ----------------------------------------------------- in step with the journal, whatever happens
+def scanned_stats(ns: Namespace, now: float) -> dict[str, float]:
+    """The queue's figures by a scan of every file waiting (what `queue_stats` computed before it kept them as they
+    change): the reference the running figures must equal."""
+    b = ns.backlog
+    dirty = uploading = held = 0
+    oldest = oldest_close = 0.0
+    in_cache = {DIRTY: 0, UPLOADING: 0}
+    for e in b.entries():
+        live = ns.files.live.get(e.ino)
+        size = live.size if live is not None else e.size
+        dirty += size
+        if e.cached:
+            in_cache[e.state] += size
+        age = now - e.closed_at if e.closed_at else 0.0
+        oldest_close = max(oldest_close, age)
+        if e.state == UPLOADING:
+            uploading += 1
+        elif e.temporary and b.due_at(e) > now:
+            held += 1
+            continue
+        oldest = max(oldest, age)
+    return {"dirty_files": len(b), "dirty_bytes": dirty, "uploading_files": uploading, "temporary_held_files": held,
+            "oldest_dirty_age_seconds": oldest, "oldest_close_age_seconds": oldest_close,
+            "cache_dirty_bytes": in_cache[DIRTY], "cache_uploading_bytes": in_cache[UPLOADING]}
+
+
+def assert_stats_as_scanned(ns: Namespace) -> None:
+    got = ns.uploads.stats()
+    want = scanned_stats(ns, time.time())
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, abs=0.05 if "age" in k else 0), k
+
+
 def test_the_backlog_stays_in_step_with_the_journal_through_random_changes(tmp_path: Path) -> None:
     ns = make_ns(tmp_path)
     rnd = random.Random(24)
@@ -281,7 +316,7 @@ def test_the_backlog_stays_in_step_with_the_journal_through_random_changes(tmp_p
 
     def step() -> None:
         op = rnd.choice(["mkdir", "create", "create", "close", "reopen", "rename", "rename_dir", "unlink", "rmdir",
-                         "upload", "upload", "fail", "abandon", "flush", "delete"])
+                         "upload", "upload", "fail", "abandon", "flush", "delete", "grow", "uploading"])
         if op == "mkdir":
             dirs.append(ns.tree.mkdir(rnd.choice(dirs), rnd.choice(["d", "tmp-d", "d.tmp"]).replace("d", f"d{rnd.randrange(10**6)}", 1), 0o755, 0, 0).ino)
         elif op == "create":
@@ -334,6 +369,16 @@ def test_the_backlog_stays_in_step_with_the_journal_through_random_changes(tmp_p
                 else:
                     ns.uploads.upload_failed(p.ino)
                 ns.uploads.upload_ended(p.ino, time.time() + 5 if op == "fail" else 0.0)
+        elif op == "grow" and open_fds:  # an open file's bytes ahead of the journal's size
+            ino = rnd.choice(list(open_fds))
+            ns.files.write(ino, open_fds[ino], rnd.randrange(8), b"more" * rnd.randrange(1, 4))
+        elif op == "uploading":  # begun, not finished: state uploading until the next step hands it back
+            taken, _ = ns.uploads.take(1e12, 2, set())
+            for p in taken:
+                ns.uploads.begin_upload(p.ino)
+                assert_stats_as_scanned(ns)
+                ns.uploads.upload_failed(p.ino)
+                ns.uploads.upload_ended(p.ino)
         elif op == "flush":
             ns.uploads.mark_urgent(rnd.choice(["", "d"]))
         elif op == "delete":
@@ -342,6 +387,7 @@ def test_the_backlog_stays_in_step_with_the_journal_through_random_changes(tmp_p
 
     for i in range(600):
         step()
+        assert_stats_as_scanned(ns)
         if i % 7 == 0:
             assert_in_step(ns)
             ready, _ = ns.uploads.candidates(1e12, set())
