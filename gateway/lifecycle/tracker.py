@@ -269,7 +269,11 @@ class Tracker:
                 await self._forget_file(ck)
             return True  # removed or moved away: nothing to commit
         base = place.files_base(lc.keys.prefix, ck)
-        if await lc.io(lc.store.list_uploads, base if not ck.file else lc.keys.of(path)):
+        uploads = await lc.io(lc.store.list_uploads, base if not ck.file else lc.keys.of(path))
+        # an upload open at a key a takeover here then wrote whole is one of its failed attempts whose abort failed too
+        # (a store answering 503s: campaign seed 307462893, episode 5), not another node at work: it held the commit
+        # until a later mount aborted it as stale
+        if any(key not in a.taken_over_keys for key, _, _ in uploads):
             a.last_work = now  # another node is still uploading into it
             return False
         listing = await lc.io(place.listing, lc.store, lc.keys.prefix, ck)

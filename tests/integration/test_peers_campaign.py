@@ -72,6 +72,9 @@ def keep_logs(cluster: Cluster, into: Path) -> None:
         log = n.cache_dir / "ckptfs.log"
         if log.exists():
             shutil.copyfile(log, into / f"{n.name}.log")
+    lost = cluster.root / "lost-logs"  # the logs of nodes lost with their cache (peers_campaign.keep_lost_log)
+    for log in sorted(lost.iterdir()) if lost.is_dir() else []:
+        shutil.copyfile(log, into / f"lost-{log.name}")
     print(f"peers campaign: the daemons' logs are in {into}")
 
 

@@ -264,6 +264,16 @@ def plan_ops(rng: random.Random, base: str, count: int, off: set[str]) -> list[d
     return ops
 
 
+def keep_lost_log(node: Node) -> None:
+    """A lost node's log, kept beside its cache directory before the directory goes (keep_logs copies it with the rest):
+    an owner's own account of its last seconds is what a violation's analysis needs first."""
+    log = node.cache_dir / "ckptfs.log"
+    if log.exists():
+        kept = node.cache_dir.parent / "lost-logs"
+        kept.mkdir(exist_ok=True)
+        shutil.copyfile(log, kept / f"{node.name}-{time.strftime('%H%M%S')}-{os.getpid()}-{len(list(kept.iterdir()))}.log")
+
+
 # ------------------------------------------------------------------ the model
 @dataclass
 class Version:
@@ -456,6 +466,7 @@ class CampaignCluster:
             writer.end(timeout=60)
         node.unmount_dead()
         if delete_cache:
+            keep_lost_log(node)
             shutil.rmtree(node.cache_dir, ignore_errors=True)  # on its own disk: what it held (the disk stays mounted)
             disk = self.disks.get(node.name)
             if disk is not None:
@@ -466,6 +477,7 @@ class CampaignCluster:
     def restart_same_name(self, node: Node, empty_cache: bool) -> None:
         """The node's name mounted again (its cache kept, or a new empty one: a rescheduled pod)."""
         if empty_cache:
+            keep_lost_log(node)
             shutil.rmtree(node.cache_dir, ignore_errors=True)
         node.proxy.set_mode("pass")
         self.cluster.restart(node)

@@ -627,3 +627,44 @@ def test_an_own_object_only_delete_removes_the_owners_version_and_nothing_else(t
     assert "p/mine.pt" not in store.objects and store.objects["p/theirs.pt"].body == b"theirs"
     assert sorted(report.deleted) == ["p/mine.pt", "p/nothing.pt"] and report.deletes_kept == ["p/theirs.pt"]
     assert "delete" not in store.calls  # never unconditional
+
+
+def test_an_upload_left_open_by_a_failed_attempt_at_a_key_the_takeover_then_wrote_does_not_hold_its_commit(tmp_path: Path) -> None:
+    """Campaign seed 307462893, episode 5: the store answered 503s mid-takeover; a multipart copy failed and so did its
+    abort, the next attempt copied the file whole, and the tracker took the upload still open there for another node
+    at work: the checkpoint was never committed while the taker stayed mounted."""
+    from types import SimpleNamespace
+
+    from ckptfs.lifecycle.manifest import MANIFEST, read_manifest
+    from ckptfs.lifecycle.tracker import Tracker
+    from ckptfs.patterns import Patterns
+    from tests.unit.test_journal import make_ns
+
+    (tmp_path / "taker").mkdir()
+    ns = make_ns(tmp_path / "taker", checkpoint_quiet_seconds=0, checkpoint_tags=False)
+    t, store, replicas, _ = setup(tmp_path)
+    shard = os.urandom(3000)
+    hold(replicas, "a", 1, "p/step_7/shard0.distcp", shard, seq=1, mtime=time.time(), checkpoint="step_7")
+    store.create_multipart("p/step_7/shard0.distcp", {})  # the failed attempt's, never aborted
+    other = store.create_multipart("p/step_8/shard0.distcp", {})  # another node's, at work elsewhere: not this one's business
+
+    async def io(fn, *args):  # type: ignore[no-untyped-def]
+        return await trio.to_thread.run_sync(fn, *args)
+
+    lc = SimpleNamespace(ns=ns, patterns=Patterns(["step_{step}"]), keys=ns.keys, cfg=ns.cfg, store=store, io=io, on_commit=[])
+    tracker = Tracker(lc, str(tmp_path / "taker"))  # type: ignore[arg-type]
+    t.commit = tracker.commit_taken_over
+
+    async def takeover() -> list:  # type: ignore[type-arg]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tracker.run)
+            reports = await t.round()
+            nursery.cancel_scope.cancel()
+            return reports
+
+    [report] = trio.run(takeover)
+    assert report.checkpoints == ["step_7"]
+    manifest = read_manifest(store, f"p/step_7/{MANIFEST}")
+    assert manifest is not None and [f["path"] for f in manifest.files] == ["shard0.distcp"]
+    assert record(store, "a")["takeover_done"]
+    assert [u[1] for u in store.list_uploads("p/step_8/")] == [other]
