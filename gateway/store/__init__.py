@@ -324,7 +324,7 @@ class Store(BucketGovernance):
         """A PutObject through boto3 that sets up `SignedPut` from where and how boto3 signed it (a refused one too)."""
         etag, seen = self._learning("PutObject", lambda: self._put_body_boto3(key, body, crc32, metadata, if_match, if_none_match))
         self._signed = SignedPut.from_request(self.client, self._session.get_credentials(), key, sign_over_http=self._sign_over_http,
-                                              **seen) if seen else None
+                                              attempts=1 if self._writes_once is not None else 3, **seen) if seen else None
         self._signed_tried = True
         if self._signed is None:
             log.info("small PutObjects go through boto3: its request (%s) is not one SignedPut reproduces", seen.get("signature_version"))

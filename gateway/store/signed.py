@@ -50,33 +50,36 @@ class SignedPut:
     """PutObjects to the endpoint of one PutObject boto3 sent: virtual-hosted buckets, FIPS or dual-stack
     endpoints and a custom `endpoint_url` come out as boto3's endpoint rules made them."""
 
-    def __init__(self, client: Any, credentials: Any, base_url: str, region: str, signing_name: str, sign_over_http: bool = True) -> None:
+    def __init__(self, client: Any, credentials: Any, base_url: str, region: str, signing_name: str, sign_over_http: bool = True,
+                 attempts: int = 3) -> None:
         self._http = client._endpoint.http_session  # the client's pool, TLS verification, proxies and timeouts
         self._credentials = credentials
         self.base_url, self.region, self.signing_name = base_url, region, signing_name
         self.sign_over_http = sign_over_http
+        # 1 under durability = peer: a write is sent once per call, the drain retries it behind its lease check
+        self.attempts = attempts
 
     @classmethod
     def from_request(cls, client: Any, credentials: Any, key: str, url: str, region: str, signing_name: str,
-                     signature_version: str, sign_over_http: bool = True) -> SignedPut | None:
+                     signature_version: str, sign_over_http: bool = True, attempts: int = 3) -> SignedPut | None:
         """The signer for the endpoint a PutObject of `key` was sent to, or None if this path cannot reproduce it."""
         tail = "/" + percent_encode(key, safe="/~")
         if signature_version not in ("s3v4", "v4") or "?" in url or not url.endswith(tail) or not region or credentials is None \
                 or not hasattr(getattr(client, "_endpoint", None), "http_session"):
             return None
-        return cls(client, credentials, url[: -len(tail)], region, signing_name, sign_over_http)
+        return cls(client, credentials, url[: -len(tail)], region, signing_name, sign_over_http, attempts)
 
     def put(self, key: str, body: bytes, headers: dict[str, str]) -> str:
-        """PUT `body` at `key`; the ETag. A connection the server closed while idle in the pool is retried."""
+        """PUT `body` at `key`; the ETag. A connection the server closed while idle in the pool is retried (`attempts`)."""
         url = f"{self.base_url}/{percent_encode(key, safe='/~')}"
-        for attempt in range(3):
+        for attempt in range(self.attempts):
             request = AWSRequest("PUT", url, data=body, headers={**headers, "Content-Length": str(len(body)), "User-Agent": USER_AGENT})
             _TLSChecksumSigner(self._credentials.get_frozen_credentials(), self.signing_name, self.region, self.sign_over_http).add_auth(request)
             try:
                 response = self._http.send(request.prepare())
                 break
             except bexc.ConnectionClosedError:
-                if attempt == 2:
+                if attempt == self.attempts - 1:
                     raise
         if response.status_code == 200:
             return str(response.headers.get("ETag", "")).strip('"')

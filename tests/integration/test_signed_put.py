@@ -197,6 +197,7 @@ def test_under_peer_durability_the_fenced_first_put_sets_up_the_signed_path(s3: 
     body = os.urandom(2000)
     store.put_object_body("p/first.bin", body, crc32_b64(zlib.crc32(body)), {}, if_none_match=True)
     assert store._signed is not None and store._signed.base_url == f"{s3.endpoint_url}/{bucket}"
+    assert store._signed.attempts == 1  # sent once per call, as the fenced client's: the drain retries behind its lease
     put(store, "p/second.bin", b"2")
     assert s3.client().get_object(Bucket=bucket, Key="p/second.bin")["Body"].read() == b"2"
 
