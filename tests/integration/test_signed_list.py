@@ -12,7 +12,7 @@ import pytest
 
 from gateway.objects import AUTH, NETWORK, NO_BUCKET, StoreError
 from gateway.store import Store, _boto3_page
-from tests.integration.test_signed_put import KEYS, make_store
+from tests.integration.test_signed_put import KEYS, _Moved, make_store
 from tests.support.seaweed import SeaweedServer, free_port
 
 
@@ -96,18 +96,6 @@ def test_listing_failures_read_as_boto3s_did(s3: SeaweedServer, bucket: str, mon
     assert e.value.kind == NETWORK and "cannot reach the object store" in str(e.value)
     lister.url = url
     store.list("")
-
-
-class _Moved(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = b"<Error><Code>PermanentRedirect</Code><Message>use the other endpoint</Message></Error>"
-        self.send_response(301)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def test_a_bucket_listed_elsewhere_is_learnt_again_through_boto3(s3: SeaweedServer, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
