@@ -302,6 +302,10 @@ class Model:
     # a rename that began and never returned (its node lost under it): it happened or it did not, so what was under
     # `src` may be in the bucket under `dst` instead, under one name, never both
     renaming: tuple[str, str] | None = None
+    # an unlink that began and never returned (its node lost under it): it happened or it did not (campaign seed
+    # 307462893 episode 18: the unlink reached the owner and its holder, then the node was lost; the file was gone
+    # from the bucket as the application may have been told)
+    deleting: str | None = None
     error: str | None = None
     done: bool = False
 
@@ -311,6 +315,7 @@ class Model:
             self.ops_started[ev["i"]] = ev["kind"]
             if ev["kind"].startswith("overwrite") and ev.get("path"):
                 self.unsettled.add(ev["path"])
+            self.deleting = ev.get("path") if ev["kind"] == "delete" else None
         elif kind == "ack":
             op = max(self.ops_started, default=-1)
             prev = self.files.get(ev["path"])
@@ -333,6 +338,7 @@ class Model:
                 if ev["dir"] and src in self.durable_before_rename:
                     self.durable_before_rename.add(new)
         elif kind == "unlink":
+            self.deleting = None
             self.files.pop(ev["path"], None)
             self.gone[ev["path"]] = "deleted"
         elif kind == "durable":
@@ -605,6 +611,8 @@ def check_episode(bucket: Bucket, prefix: str, model: Model, double_loss: dict[s
             continue
         if rel in model.unsettled and (got is None or got in v.older):
             continue  # its rewrite never returned: the version before it, or nothing, is what the application left
+        if rel == model.deleting and got is None:
+            continue  # its unlink never returned: gone is one of the two outcomes
         allowed = not was_durable_at_double_loss(rel, v)
         elsewhere = [o for o in by_sha.get(v.sha, []) if o != rel]
         if held(rel, v):

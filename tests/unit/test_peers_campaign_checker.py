@@ -97,6 +97,19 @@ def test_a_rewrite_that_never_returned_leaves_the_version_before_or_nothing() ->
         assert check_episode(HandBucket(bucket), "ckpt/ep0/", m, None, None, set()) == []
 
 
+def test_an_unlink_that_never_returned_leaves_the_file_or_nothing_and_a_returned_one_nothing() -> None:
+    """Campaign seed 307462893 episode 18: the writer lost mid-unlink; the file gone from the bucket was found lost."""
+    m = model(op(0, "file"), ack("ep0/f.bin", V1), {"ev": "op_done", "i": 0}, op(1, "delete", "ep0/f.bin"))
+    for bucket in ({"ckpt/ep0/f.bin": V1}, {}):
+        assert check_episode(HandBucket(bucket), "ckpt/ep0/", m, None, None, set()) == []
+    assert whats(check_episode(HandBucket({"ckpt/ep0/f.bin": V2}), "ckpt/ep0/", m, None, None, set()))  # other bytes: found
+    m.apply({"ev": "unlink", "path": "ep0/f.bin"})
+    assert [f.what for f in check_episode(HandBucket({"ckpt/ep0/f.bin": V1}), "ckpt/ep0/", m, None, None, set())] != []
+    # only the operation in flight when the writer stopped: one that began later cannot leave the delete unsettled
+    m2 = model(op(0, "file"), ack("ep0/f.bin", V1), op(1, "delete", "ep0/f.bin"), op(2, "file"))
+    assert whats(check_episode(HandBucket({}), "ckpt/ep0/", m2, None, None, set())) == [("lost", "ep0/f.bin", False)]
+
+
 def test_a_loss_is_allowed_only_for_what_the_bucket_lacked_when_owner_and_holder_were_lost_together() -> None:
     m = model(op(0, "file"), ack("ep0/a.bin", V1), op(1, "file"), ack("ep0/b.bin", V2))
     bucket = HandBucket({"ckpt/ep0/a.bin": V1})
