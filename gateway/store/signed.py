@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote_plus
 
 import botocore
@@ -31,6 +31,7 @@ from ..version import VERSION
 
 # what the store's access log shows for these requests (boto3's say Boto3/...)
 USER_AGENT = f"ckptfs/{VERSION} botocore/{botocore.__version__} (signed PutObject)"
+LIST_USER_AGENT = f"ckptfs/{VERSION} botocore/{botocore.__version__} (signed ListObjectsV2)"
 
 
 class _TLSChecksumSigner(S3SigV4Auth):
@@ -72,21 +73,31 @@ class SignedPut:
     def put(self, key: str, body: bytes, headers: dict[str, str]) -> str:
         """PUT `body` at `key`; the ETag. A connection the server closed while idle in the pool is retried (`attempts`)."""
         url = f"{self.base_url}/{percent_encode(key, safe='/~')}"
-        for attempt in range(self.attempts):
-            request = AWSRequest("PUT", url, data=body, headers={**headers, "Content-Length": str(len(body)), "User-Agent": USER_AGENT})
-            _TLSChecksumSigner(self._credentials.get_frozen_credentials(), self.signing_name, self.region, self.sign_over_http).add_auth(request)
-            try:
-                response = self._http.send(request.prepare())
-                break
-            except bexc.ConnectionClosedError:
-                if attempt == self.attempts - 1:
-                    raise
-        if response.status_code == 200:
-            return str(response.headers.get("ETag", "")).strip('"')
-        error = _error_response(response.status_code, response.content)
-        if response.status_code in (301, 307) or error["Error"]["Code"] in MOVED_CODES:
-            raise EndpointMoved(error["Error"]["Code"])
-        raise bexc.ClientError(error, "PutObject")
+        signer = _TLSChecksumSigner(self._credentials.get_frozen_credentials(), self.signing_name, self.region, self.sign_over_http)
+        response = _send(self._http, lambda: AWSRequest("PUT", url, data=body, headers={
+            **headers, "Content-Length": str(len(body)), "User-Agent": USER_AGENT}), signer, self.attempts, "PutObject")
+        return str(response.headers.get("ETag", "")).strip('"')
+
+
+def _send(http: Any, make: Callable[[], AWSRequest], signer: S3SigV4Auth, attempts: int, operation: str) -> Any:
+    """A request `make()` builds, signed and sent on the client's session; a connection the server closed while idle in
+    the pool is tried again, up to `attempts` in all. The answer if 200; otherwise raised as botocore's error, or as
+    EndpointMoved where the bucket is served elsewhere."""
+    for attempt in range(attempts):
+        request = make()
+        signer.add_auth(request)
+        try:
+            response = http.send(request.prepare())
+            break
+        except bexc.ConnectionClosedError:
+            if attempt == attempts - 1:
+                raise
+    if response.status_code == 200:
+        return response
+    error = _error_response(response.status_code, response.content)
+    if response.status_code in (301, 307) or error["Error"]["Code"] in MOVED_CODES:
+        raise EndpointMoved(error["Error"]["Code"])
+    raise bexc.ClientError(error, operation)
 
 
 @dataclass
@@ -124,20 +135,8 @@ class SignedList:
         if token:
             query["continuation-token"] = token
         url = self.url + "?" + "&".join(f"{k}={percent_encode(v)}" for k, v in sorted(query.items()))
-        for attempt in range(3):
-            request = AWSRequest("GET", url, headers={"User-Agent": USER_AGENT.replace("PutObject", "ListObjectsV2")})
-            S3SigV4Auth(self._credentials.get_frozen_credentials(), self.signing_name, self.region).add_auth(request)
-            try:
-                response = self._http.send(request.prepare())
-                break
-            except bexc.ConnectionClosedError:
-                if attempt == 2:
-                    raise
-        if response.status_code != 200:
-            error = _error_response(response.status_code, response.content)
-            if response.status_code in (301, 307) or error["Error"]["Code"] in MOVED_CODES:
-                raise EndpointMoved(error["Error"]["Code"])
-            raise bexc.ClientError(error, "ListObjectsV2")
+        signer = S3SigV4Auth(self._credentials.get_frozen_credentials(), self.signing_name, self.region)
+        response = _send(self._http, lambda: AWSRequest("GET", url, headers={"User-Agent": LIST_USER_AGENT}), signer, 3, "ListObjectsV2")
         return parse_page(response.content)
 
 
